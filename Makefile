@@ -1,0 +1,65 @@
+# strand build: `make` builds the CLI (build/strand), the library and the tests.
+# `make test` installs missing Debian packages, builds and runs every test.
+# Objects go to build/; no -march=native anywhere: SIMD kernels get per-file flags and
+# are chosen at run time.
+
+CC      ?= cc
+BUILD   ?= build
+OPT     ?= -O2
+CFLAGS  ?= $(OPT) -g
+WARN    := -Wall -Wextra -Wno-unused-parameter -Wshadow -Wstrict-prototypes \
+           -Werror=implicit-function-declaration -Werror=incompatible-pointer-types
+CPPFLAGS_ALL := -std=c11 -D_GNU_SOURCE -Isrc -MMD -MP
+LDLIBS  := -ljansson -lpcre2-8 -lutf8proc -lpthread -lm
+
+# library sources: everything under src/ except the CLI
+LIB_SRC  := $(shell find src -name '*.c' ! -path 'src/apps/*' | sort)
+APP_SRC  := $(sort $(wildcard src/apps/*.c))
+TEST_SRC := $(sort $(wildcard tests/test_*.c))
+
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+APP_OBJ  := $(APP_SRC:%.c=$(BUILD)/obj/%.o)
+TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+LIB      := $(BUILD)/libstrand.a
+
+.PHONY: all test deps clean fuzz demo
+all: $(BUILD)/strand $(TEST_BIN)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS_ALL) $(WARN) $(CFLAGS) $(KFLAGS) -c $< -o $@
+
+$(LIB): $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/strand: $(APP_OBJ) $(LIB)
+	$(CC) $(CFLAGS) -o $@ $(APP_OBJ) $(LIB) $(LDLIBS)
+
+$(BUILD)/tests/%: tests/%.c $(LIB) tests/tap.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS_ALL) -Itests $(WARN) $(CFLAGS) $< -o $@ $(LIB) $(LDLIBS)
+
+deps:
+	@scripts/deps.sh
+
+test: deps
+	@$(MAKE) --no-print-directory all
+	@tests/run.sh
+
+# libFuzzer targets (clang): build/fuzz/<name>
+FUZZ_SRC := $(sort $(wildcard fuzz/fuzz_*.c))
+FUZZ_BIN := $(FUZZ_SRC:fuzz/%.c=$(BUILD)/fuzz/%)
+fuzz: $(FUZZ_BIN)
+$(BUILD)/fuzz/%: fuzz/%.c $(LIB_SRC)
+	@mkdir -p $(dir $@)
+	clang $(CPPFLAGS_ALL) -O1 -g -fsanitize=fuzzer,address,undefined $< $(LIB_SRC) -o $@ $(LDLIBS)
+
+demo: deps
+	@$(MAKE) --no-print-directory $(BUILD)/strand
+	@scripts/demo.sh
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,41 @@
+/* ==== CLI: shared helpers and the command entry points ====
+ * Each command lives in its own file (cmd_*.c) and returns the process exit status. */
+#ifndef ST_APPS_CLI_H
+#define ST_APPS_CLI_H
+
+#include <stdint.h>
+
+#include "core/status.h"
+
+typedef int (*st_cmd_fn)(int argc, char **argv);
+
+/* Commands (argv[0] is the command name). Declared weak so that a command whose file is
+ * not built yet reports itself as unavailable instead of breaking the link. */
+#define ST_CMD(name) int name(int argc, char **argv) __attribute__((weak))
+ST_CMD(cmd_logits);
+ST_CMD(cmd_generate);
+ST_CMD(cmd_inspect);
+ST_CMD(cmd_synth);
+ST_CMD(cmd_tokenize);
+ST_CMD(cmd_detokenize);
+ST_CMD(cmd_template);
+ST_CMD(cmd_run);
+ST_CMD(cmd_serve);
+ST_CMD(cmd_bench);
+#undef ST_CMD
+
+/* Report an error the way every command does ("strand: <msg>") and return exit status 1. */
+int cli_fail(const st_error *err);
+int cli_failf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Parse "1,2,3" (commas and/or spaces) into a malloc'ed array. */
+st_status cli_parse_ids(const char *s, int32_t **ids, int *n, st_error *err);
+
+/* Parse a non-negative integer option value; returns 0 on success. */
+int cli_parse_int(const char *opt, const char *s, long long min, long long max, long long *out);
+int cli_parse_float(const char *opt, const char *s, double *out);
+
+/* Returns argv[i+1] and advances *i, or fails with a message naming the option. */
+const char *cli_value(int argc, char **argv, int *i);
+
+#endif /* ST_APPS_CLI_H */

@@ -1,0 +1,54 @@
+/* ==== strand: the command-line entry point ====
+ * Dispatches `strand <command> ...` to the command's function (cmd_*.c). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "apps/cli.h"
+#include "core/log.h"
+
+static const struct {
+    const char *name;
+    st_cmd_fn fn;
+    const char *help;
+} commands[] = {
+    {"run", cmd_run, "chat with a model: render the template, stream the answer"},
+    {"serve", cmd_serve, "OpenAI-compatible HTTP server"},
+    {"generate", cmd_generate, "generate token ids from token ids (greedy or sampled)"},
+    {"logits", cmd_logits, "write the logits of a prompt to a file"},
+    {"inspect", cmd_inspect, "describe a checkpoint: layers, dtypes, sizes, cache"},
+    {"synth", cmd_synth, "write a checkpoint with random weights (presets or a config)"},
+    {"tokenize", cmd_tokenize, "text to token ids"},
+    {"detokenize", cmd_detokenize, "token ids to text"},
+    {"template", cmd_template, "render the chat template for a request"},
+    {"bench", cmd_bench, "measure prefill/decode speed against this machine's bandwidth"},
+};
+
+static void usage(FILE *out) {
+    fprintf(out, "usage: strand <command> [options]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (commands[i].fn) fprintf(out, "  %-11s %s\n", commands[i].name, commands[i].help);
+    fprintf(out, "\n`strand <command> --help` describes a command's options.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
+        !strcmp(argv[1], "help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *lvl = getenv("STRAND_LOG");
+    if (lvl && !strcmp(lvl, "debug")) st_log_set_level(ST_LOG_DEBUG);
+    else if (lvl && !strcmp(lvl, "info")) st_log_set_level(ST_LOG_INFO);
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        if (strcmp(argv[1], commands[i].name) != 0) continue;
+        if (!commands[i].fn) {
+            fprintf(stderr, "strand: command '%s' is not available in this build\n", argv[1]);
+            return 2;
+        }
+        return commands[i].fn(argc - 1, argv + 1);
+    }
+    fprintf(stderr, "strand: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
