@@ -22,7 +22,7 @@ APP_OBJ  := $(APP_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 LIB      := $(BUILD)/libstrand.a
 
-.PHONY: all test deps clean fuzz demo
+.PHONY: all test deps clean fuzz demo bench
 all: $(BUILD)/strand $(TEST_BIN)
 
 $(BUILD)/obj/%.o: %.c
@@ -54,6 +54,14 @@ fuzz: $(FUZZ_BIN)
 $(BUILD)/fuzz/%: fuzz/%.c $(LIB_SRC)
 	@mkdir -p $(dir $@)
 	clang $(CPPFLAGS_ALL) -O1 -g -fsanitize=fuzzer,address,undefined $< $(LIB_SRC) -o $@ $(LDLIBS)
+
+# micro-benchmarks: build/bench/<name> (run by hand or by bench/*.sh)
+BENCH_SRC := $(sort $(wildcard bench/bench_*.c))
+BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+bench: $(BENCH_BIN) $(BUILD)/strand
+$(BUILD)/bench/%: bench/%.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS_ALL) $(WARN) $(CFLAGS) $< -o $@ $(LIB) $(LDLIBS)
 
 demo: deps
 	@$(MAKE) --no-print-directory $(BUILD)/strand
