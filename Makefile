@@ -27,18 +27,21 @@ all: $(BUILD)/strand $(TEST_BIN)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS_ALL) $(WARN) $(CFLAGS) $(KFLAGS) -c $< -o $@
+	@echo "  CC      $<"
+	@$(CC) $(CPPFLAGS_ALL) $(WARN) $(CFLAGS) $(KFLAGS) -c $< -o $@
 
 $(LIB): $(LIB_OBJ)
 	@rm -f $@
-	ar rcs $@ $^
+	@ar rcs $@ $^
 
 $(BUILD)/strand: $(APP_OBJ) $(LIB)
-	$(CC) $(CFLAGS) -o $@ $(APP_OBJ) $(LIB) $(LDLIBS)
+	@echo "  LINK    $@"
+	@$(CC) $(CFLAGS) -o $@ $(APP_OBJ) $(LIB) $(LDLIBS)
 
 $(BUILD)/tests/%: tests/%.c $(LIB) tests/tap.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS_ALL) -Itests $(WARN) $(CFLAGS) $< -o $@ $(LIB) $(LDLIBS)
+	@echo "  TEST    $@"
+	@$(CC) $(CPPFLAGS_ALL) -Itests $(WARN) $(CFLAGS) $< -o $@ $(LIB) $(LDLIBS)
 
 deps:
 	@scripts/deps.sh

@@ -1,0 +1,16 @@
+/* ==== Large zeroed allocations (anonymous mappings) ====
+ * Pools planned at start (KV blocks, state slots) are mapped, not malloc'ed: the pages are
+ * zero and only become resident when first written, and freeing returns them to the OS. */
+#ifndef ST_CORE_MEM_H
+#define ST_CORE_MEM_H
+
+#include <stddef.h>
+
+/* A zeroed region of `bytes` (page-aligned), or NULL. bytes == 0 returns NULL. */
+void *st_big_alloc(size_t bytes);
+void st_big_free(void *p, size_t bytes);
+
+/* Resident set size of this process in bytes (from /proc/self/statm), 0 if unknown. */
+size_t st_rss_bytes(void);
+
+#endif /* ST_CORE_MEM_H */

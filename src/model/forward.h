@@ -1,0 +1,60 @@
+/* ==== The forward pass of a Qwen3.5-family text model over a ragged batch ====
+ *
+ * A batch is a list of (sequence, new tokens) with no padding: each sequence contributes any
+ * number of consecutive tokens that continue its cache. One call runs every layer over all
+ * the batch's tokens (the matrix products see one [T, d] activation block) while the
+ * sequence-dependent parts (conv + delta-rule recurrence, attention over the sequence's own
+ * KV blocks) run per sequence, so a sequence gets the same result alone or in any batch.
+ *
+ * All scratch memory is allocated by st_fwd_create for at most `max_tokens` tokens per call;
+ * st_fwd_run allocates nothing.
+ */
+#ifndef ST_MODEL_FORWARD_H
+#define ST_MODEL_FORWARD_H
+
+#include <stdint.h>
+
+#include "core/status.h"
+#include "engine/cache.h"
+#include "kernels/kernels.h"
+#include "model/model.h"
+
+enum {
+    ST_LOGITS_NONE = 0, /* no logits for this item */
+    ST_LOGITS_LAST = 1, /* logits of the item's last token */
+    ST_LOGITS_ALL = 2,  /* logits of every token of the item */
+};
+
+typedef struct st_batch_item {
+    st_seq *seq;           /* started with st_cache_seq_start; advanced by n_tokens */
+    const int32_t *tokens; /* [n_tokens] token ids; borrowed */
+    int n_tokens;          /* >= 1 */
+    int logits;            /* ST_LOGITS_* */
+} st_batch_item;
+
+/* Called with the residual stream: index 0 = embeddings, i = input of layer i, n_layers =
+ * after the final norm (the same convention as transformers' hidden_states). */
+typedef void (*st_hidden_hook)(void *user, int index, int64_t n_tokens, int64_t dim,
+                               const float *hidden);
+
+typedef struct st_fwd st_fwd;
+
+/* Plan scratch for up to max_tokens tokens per call. kernels NULL = scalar reference. */
+st_status st_fwd_create(const st_model *m, st_cache *cache, int max_tokens,
+                        const st_kernels *kernels, st_fwd **out, st_error *err);
+void st_fwd_destroy(st_fwd *f);
+
+/* Logit rows a batch produces (the row count of st_fwd_run's output). */
+int64_t st_fwd_logit_rows(const st_batch_item *items, int n_items);
+
+/* Run the batch. logits: [st_fwd_logit_rows][vocab] floats, rows in item order. On an error
+ * caused by the request (bad token id, context or pool exhausted) nothing is changed. */
+st_status st_fwd_run(st_fwd *f, const st_batch_item *items, int n_items, float *logits,
+                     st_error *err);
+
+void st_fwd_set_hidden_hook(st_fwd *f, st_hidden_hook hook, void *user);
+
+/* Bytes of scratch the context planned. */
+size_t st_fwd_scratch_bytes(const st_fwd *f);
+
+#endif /* ST_MODEL_FORWARD_H */

@@ -1,0 +1,111 @@
+/* ==== Weight matrices: row conversion, MLX affine dequantization and quantization ==== */
+#include "tensor/matrix.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "core/numeric.h"
+#include "core/status.h"
+
+int st_affine_bits_supported(int bits) {
+    return bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8;
+}
+
+size_t st_matrix_row_bytes(const st_matrix *m) {
+    switch (m->fmt) {
+    case ST_WFMT_F32: return (size_t)m->cols * 4;
+    case ST_WFMT_F16:
+    case ST_WFMT_BF16: return (size_t)m->cols * 2;
+    case ST_WFMT_AFFINE:
+        return (size_t)m->cols * (size_t)m->bits / 8 +
+               2 * (size_t)(m->cols / m->group) * st_dtype_size(m->sdtype);
+    }
+    return 0;
+}
+
+static inline float load_scalar(const void *base, st_dtype dt, int64_t i) {
+    switch (dt) {
+    case ST_DTYPE_BF16: return st_bf16_to_f32(((const uint16_t *)base)[i]);
+    case ST_DTYPE_F16: return st_f16_to_f32(((const uint16_t *)base)[i]);
+    case ST_DTYPE_F32: return ((const float *)base)[i];
+    default: ST_ASSERT(0 && "bad scale dtype");
+    }
+    return 0;
+}
+
+void st_matrix_row_f32(const st_matrix *m, int64_t r, float *out) {
+    const int64_t n = m->cols;
+    switch (m->fmt) {
+    case ST_WFMT_F32: memcpy(out, (const float *)m->data + r * n, (size_t)n * 4); return;
+    case ST_WFMT_BF16: {
+        const uint16_t *w = (const uint16_t *)m->data + r * n;
+        for (int64_t j = 0; j < n; j++) out[j] = st_bf16_to_f32(w[j]);
+        return;
+    }
+    case ST_WFMT_F16: {
+        const uint16_t *w = (const uint16_t *)m->data + r * n;
+        for (int64_t j = 0; j < n; j++) out[j] = st_f16_to_f32(w[j]);
+        return;
+    }
+    case ST_WFMT_AFFINE: {
+        const int b = m->bits;
+        const int64_t words = n * b / 32, ngroups = n / m->group;
+        const uint32_t *w = (const uint32_t *)m->data + r * words;
+        const uint32_t mask = (1u << b) - 1u;
+        for (int64_t g = 0; g < ngroups; g++) {
+            float s = load_scalar(m->scales, m->sdtype, r * ngroups + g);
+            float bias = load_scalar(m->biases, m->sdtype, r * ngroups + g);
+            for (int64_t j = g * m->group; j < (g + 1) * m->group; j++) {
+                uint64_t p = (uint64_t)j * (uint64_t)b;
+                uint64_t wi = p >> 5;
+                unsigned sh = (unsigned)(p & 31);
+                uint32_t q = w[wi] >> sh;
+                if (sh + (unsigned)b > 32) q |= w[wi + 1] << (32 - sh);
+                out[j] = s * (float)(q & mask) + bias;
+            }
+        }
+        return;
+    }
+    }
+    ST_ASSERT(0 && "bad matrix format");
+}
+
+void st_affine_quantize_row(const float *w, int64_t n, int bits, int group, uint32_t *packed,
+                            uint16_t *scales_bf16, uint16_t *biases_bf16) {
+    ST_ASSERT(n % group == 0 && (n * bits) % 32 == 0 && st_affine_bits_supported(bits));
+    const float levels = (float)((1 << bits) - 1);
+    memset(packed, 0, (size_t)(n * bits / 32) * sizeof *packed);
+    for (int64_t g = 0; g < n / group; g++) {
+        const float *x = w + g * group;
+        float lo = x[0], hi = x[0];
+        for (int i = 1; i < group; i++) {
+            if (x[i] < lo) lo = x[i];
+            if (x[i] > hi) hi = x[i];
+        }
+        /* the edge of larger magnitude is the bias; the scale points away from it */
+        int use_min = fabsf(lo) > fabsf(hi);
+        float scale = (hi - lo) / levels;
+        if (scale < 1e-7f) scale = 1e-7f;
+        if (!use_min) scale = -scale;
+        float edge = use_min ? lo : hi;
+        float q0 = roundf(edge / scale);
+        float bias = edge;
+        if (q0 != 0.0f) scale = edge / q0; /* snap: edge is an exact multiple of scale */
+        else bias = 0.0f;
+        uint16_t sb = st_f32_to_bf16(scale), bb = st_f32_to_bf16(bias);
+        scales_bf16[g] = sb;
+        biases_bf16[g] = bb;
+        float s = st_bf16_to_f32(sb), b0 = st_bf16_to_f32(bb);
+        for (int i = 0; i < group; i++) {
+            float q = s != 0.0f ? roundf((x[i] - b0) / s) : 0.0f;
+            if (!(q >= 0.0f)) q = 0.0f; /* also catches NaN */
+            if (q > levels) q = levels;
+            uint32_t qi = (uint32_t)q;
+            uint64_t p = (uint64_t)(g * group + i) * (uint64_t)bits;
+            uint64_t wi = p >> 5;
+            unsigned sh = (unsigned)(p & 31);
+            packed[wi] |= qi << sh;
+            if (sh + (unsigned)bits > 32) packed[wi + 1] |= qi >> (32 - sh);
+        }
+    }
+}

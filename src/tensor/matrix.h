@@ -1,0 +1,57 @@
+/* ==== Weight matrices as stored: dense (f32/f16/bf16) or MLX affine-quantized ====
+ *
+ * MLX affine format (spec/text-model.md section 3): each row is a little-endian bit stream of
+ * `bits`-bit unsigned integers q packed into uint32 words (element j at stream bits
+ * j*bits .. j*bits+bits-1); per group of `group` consecutive elements a scale and a bias,
+ * w = scale * q + bias. Scales may be negative.
+ */
+#ifndef ST_TENSOR_MATRIX_H
+#define ST_TENSOR_MATRIX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tensor/dtype.h"
+
+/* Storage format of a weight matrix (append-only). */
+typedef enum st_wformat {
+    ST_WFMT_F32 = 0,
+    ST_WFMT_F16 = 1,
+    ST_WFMT_BF16 = 2,
+    ST_WFMT_AFFINE = 3, /* MLX affine: w = scale * q + bias per group */
+} st_wformat;
+
+/* A weight matrix W, logically [rows][cols]; a linear layer computes y = W x. */
+typedef struct st_matrix {
+    st_wformat fmt;
+    int64_t rows, cols;
+    const void *data;   /* dense: [rows][cols] of fmt; AFFINE: uint32 [rows][cols*bits/32];
+                           borrowed from the mapping */
+    const void *scales; /* AFFINE: [rows][cols/group] of sdtype; borrowed */
+    const void *biases; /* AFFINE: [rows][cols/group] of sdtype; borrowed */
+    st_dtype sdtype;    /* AFFINE: BF16, F16 or F32 */
+    int bits;           /* AFFINE: 2, 3, 4, 5, 6 or 8 */
+    int group;          /* AFFINE: 32, 64 or 128 (any divisor of cols accepted) */
+} st_matrix;
+
+/* Bytes one row occupies (data plus scales and biases). */
+size_t st_matrix_row_bytes(const st_matrix *m);
+static inline size_t st_matrix_bytes(const st_matrix *m) {
+    return st_matrix_row_bytes(m) * (size_t)m->rows;
+}
+
+/* Convert/dequantize row r to fp32: out[cols]. */
+void st_matrix_row_f32(const st_matrix *m, int64_t r, float *out);
+
+/* 1 when bits is a supported affine width (2, 3, 4, 5, 6, 8). */
+int st_affine_bits_supported(int bits);
+
+/* Quantize one row of n floats (n % group == 0, n * bits % 32 == 0) the MLX way: per group
+ * the edge of larger magnitude becomes the bias, the scale is snapped so that the edge is an
+ * exact multiple of it (zero stays representable), q = clamp(round((w - bias) / scale)).
+ * Writes packed[n*bits/32] words and scales/biases[n/group] as bf16 (rounded before q is
+ * computed, so dequantization reproduces q exactly). */
+void st_affine_quantize_row(const float *w, int64_t n, int bits, int group, uint32_t *packed,
+                            uint16_t *scales_bf16, uint16_t *biases_bf16);
+
+#endif /* ST_TENSOR_MATRIX_H */
