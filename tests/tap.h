@@ -40,7 +40,7 @@ static int tap_done(void) {
 }
 
 /* Directory holding test data (tests/data by default, run from the repo root). */
-static const char *tap_data_dir(void) {
+__attribute__((unused)) static const char *tap_data_dir(void) {
     const char *d = getenv("STRAND_TEST_DATA");
     return d && *d ? d : "tests/data";
 }

@@ -1,0 +1,117 @@
+/* ==== strand logits: write the logits of a prompt to a file ====
+ * strand logits -m DIR --ids 1,2,3 [--all] [--chunk N] [--kv-dtype f32|bf16] -o FILE
+ * Output: float32 little-endian, [T][V] with --all, else [V] for the last position. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "apps/cli.h"
+#include "model/forward.h"
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage: strand logits -m DIR --ids 1,2,3 [--all] [--chunk N] [--kv-dtype f32|bf16] "
+            "-o FILE\n"
+            "  Writes float32 little-endian logits: [T][vocab] with --all, else [vocab] for the\n"
+            "  last position. The prompt runs in chunks of N tokens (default 512).\n");
+}
+
+int cmd_logits(int argc, char **argv) {
+    const char *dir = NULL, *ids_s = NULL, *out_path = NULL;
+    int all = 0;
+    long long chunk = 512;
+    st_kv_dtype kvd = ST_KV_F32;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage();
+            return 0;
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            if (!(dir = cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--ids")) {
+            if (!(ids_s = cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "-o")) {
+            if (!(out_path = cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--all")) {
+            all = 1;
+        } else if (!strcmp(a, "--chunk")) {
+            const char *v = cli_value(argc, argv, &i);
+            if (!v || cli_parse_int(a, v, 1, 1 << 20, &chunk)) return 2;
+        } else if (!strcmp(a, "--kv-dtype")) {
+            const char *v = cli_value(argc, argv, &i);
+            if (!v) return 2;
+            if (!strcmp(v, "f32")) kvd = ST_KV_F32;
+            else if (!strcmp(v, "bf16")) kvd = ST_KV_BF16;
+            else return cli_failf("--kv-dtype: expected f32 or bf16, got '%s'", v);
+        } else {
+            usage();
+            return cli_failf("logits: unknown option '%s'", a);
+        }
+    }
+    if (!dir || !ids_s || !out_path) {
+        usage();
+        return cli_failf("logits: -m, --ids and -o are required");
+    }
+    st_error err = {0};
+    int32_t *ids = NULL;
+    int n = 0;
+    if (cli_parse_ids(ids_s, &ids, &n, &err) != ST_OK) return cli_fail(&err);
+    if (n == 0) {
+        free(ids);
+        return cli_failf("logits: --ids is empty");
+    }
+    st_model *m = NULL;
+    st_cache *cache = NULL;
+    st_fwd *f = NULL;
+    float *lg = NULL;
+    FILE *fp = NULL;
+    int rc = 1;
+    if (st_model_load(dir, &m, &err) != ST_OK) goto done;
+    st_cache_params cp = st_cache_default_params();
+    cp.max_seq_len = n;
+    cp.kv_dtype = kvd;
+    if (st_cache_create(m, &cp, &cache, &err) != ST_OK) goto done;
+    if (chunk > n) chunk = n;
+    if (st_fwd_create(m, cache, (int)chunk, NULL, &f, &err) != ST_OK) goto done;
+    int64_t V = m->cfg.vocab_size;
+    lg = malloc((size_t)chunk * (size_t)V * sizeof(float));
+    if (!lg) {
+        st_error_set(&err, ST_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    st_seq seq = {.slot = -1};
+    if (st_cache_seq_start(cache, &seq, &err) != ST_OK) goto done;
+    fp = fopen(out_path, "wb");
+    if (!fp) {
+        st_error_set(&err, ST_ERR_IO, "%s: cannot create", out_path);
+        goto done;
+    }
+    for (int i = 0; i < n; i += (int)chunk) {
+        int take = n - i < chunk ? n - i : (int)chunk;
+        int last = i + take == n;
+        st_batch_item it = {&seq, ids + i, take,
+                            all ? ST_LOGITS_ALL : (last ? ST_LOGITS_LAST : ST_LOGITS_NONE)};
+        if (st_fwd_run(f, &it, 1, lg, &err) != ST_OK) goto done;
+        size_t rows = (size_t)st_fwd_logit_rows(&it, 1);
+        if (rows && fwrite(lg, sizeof(float) * (size_t)V, rows, fp) != rows) {
+            st_error_set(&err, ST_ERR_IO, "%s: write failed", out_path);
+            goto done;
+        }
+    }
+    if (fclose(fp) != 0) {
+        fp = NULL;
+        st_error_set(&err, ST_ERR_IO, "%s: write failed", out_path);
+        goto done;
+    }
+    fp = NULL;
+    rc = 0;
+done:
+    if (fp) fclose(fp);
+    if (rc) cli_fail(&err);
+    free(lg);
+    free(ids);
+    st_fwd_destroy(f);
+    st_cache_destroy(cache);
+    st_model_free(m);
+    return rc;
+}

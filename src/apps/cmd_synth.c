@@ -1,0 +1,68 @@
+/* ==== strand synth: write a checkpoint with random weights ====
+ * strand synth (--preset NAME | --config FILE) [--dtype bf16|q2..q8] [--group N] [--mixed]
+ *              [--seed N] [--tokenizer DIR] [--shard-mb N] -o DIR */
+#include <stdio.h>
+#include <string.h>
+
+#include "apps/cli.h"
+#include "model/synth.h"
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage: strand synth (--preset NAME | --config FILE) [--dtype bf16|q8|q6|q5|q4|q3|q2]\n"
+            "                    [--group 32|64|128] [--mixed] [--seed N] [--tokenizer DIR]\n"
+            "                    [--shard-mb N] -o DIR\n"
+            "  presets:");
+    for (const char *const *p = st_synth_presets(); *p; p++) fprintf(stderr, " %s", *p);
+    fprintf(stderr,
+            "\n  bf16 writes the Hugging Face layout; qN the MLX layout with N-bit affine weights.\n"
+            "  --mixed (MLX): first/last layers' v_proj and down_proj and the LM head at 8 bits.\n");
+}
+
+int cmd_synth(int argc, char **argv) {
+    st_synth_params p = st_synth_default_params();
+    const char *out = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        long long x;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage();
+            return 0;
+        } else if (!strcmp(a, "--preset")) {
+            if (!(p.preset = cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--config")) {
+            if (!(p.config_path = cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--dtype")) {
+            if (!(v = cli_value(argc, argv, &i))) return 2;
+            if (!strcmp(v, "bf16")) p.bits = 0;
+            else if (v[0] == 'q' && strlen(v) == 2 && v[1] >= '2' && v[1] <= '8' && v[1] != '7') p.bits = v[1] - '0';
+            else return cli_failf("--dtype: expected bf16, q2, q3, q4, q5, q6 or q8, got '%s'", v);
+        } else if (!strcmp(a, "--group")) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 1, 4096, &x)) return 2;
+            p.group_size = (int)x;
+        } else if (!strcmp(a, "--mixed")) {
+            p.mixed = 1;
+        } else if (!strcmp(a, "--seed")) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 0, INT64_MAX, &x)) return 2;
+            p.seed = (uint64_t)x;
+        } else if (!strcmp(a, "--tokenizer")) {
+            if (!(p.tokenizer_dir = cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--shard-mb")) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 1, 1 << 30, &x)) return 2;
+            p.shard_bytes = x << 20;
+        } else if (!strcmp(a, "-o")) {
+            if (!(out = cli_value(argc, argv, &i))) return 2;
+        } else {
+            usage();
+            return cli_failf("synth: unknown option '%s'", a);
+        }
+    }
+    if (!out || (!p.preset == !p.config_path)) {
+        usage();
+        return cli_failf("synth: -o and exactly one of --preset / --config are required");
+    }
+    if (p.mixed && !p.bits) return cli_failf("synth: --mixed needs a quantized --dtype");
+    st_error err = {0};
+    if (st_synth_write(&p, out, &err) != ST_OK) return cli_fail(&err);
+    return 0;
+}

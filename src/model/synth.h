@@ -1,0 +1,37 @@
+/* ==== Synthetic checkpoints: random weights with real Qwen3.5 shapes ====
+ *
+ * Writes a complete checkpoint directory (config.json, safetensors shards with an index when
+ * larger than the shard size, optionally the tokenizer files) so that tests, the README demo
+ * and benchmarks need no download. bf16 output uses the Hugging Face CausalLM layout; quantized
+ * output (2-8 bits) uses the MLX layout mlx-lm writes (language_model.* keys, conv1d [C,K,1],
+ * norms stored as 1+w, affine quantization with a `quantization` object in config.json).
+ * Weights are a deterministic function of (seed, tensor name, row).
+ */
+#ifndef ST_MODEL_SYNTH_H
+#define ST_MODEL_SYNTH_H
+
+#include <stdint.h>
+
+#include "core/status.h"
+
+typedef struct st_synth_params {
+    const char *preset;        /* tiny, tiny-moe, 0.8b, 2b, 4b, 9b, 27b, 35b-a3b; or NULL */
+    const char *config_path;   /* a config.json to take the shapes from (instead of a preset) */
+    int bits;                  /* 0 = bf16 (HF layout); 2, 3, 4, 5, 6, 8 = MLX affine */
+    int group_size;            /* MLX group size; 0 = 64 when every input width allows, else 32 */
+    int mixed;                 /* MLX: v_proj/down_proj of the first and last layer and the LM
+                                  head at 8 bits, recorded as per-module overrides */
+    uint64_t seed;
+    const char *tokenizer_dir; /* copy tokenizer files from here (NULL = none) */
+    int64_t shard_bytes;       /* 0 = 4 GiB */
+} st_synth_params;
+
+st_synth_params st_synth_default_params(void);
+
+/* Names of the presets, NULL-terminated. */
+const char *const *st_synth_presets(void);
+
+/* Write the checkpoint into out_dir (created if missing). */
+st_status st_synth_write(const st_synth_params *p, const char *out_dir, st_error *err);
+
+#endif /* ST_MODEL_SYNTH_H */
