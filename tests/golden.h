@@ -9,14 +9,14 @@
 #include "model/safetensors.h"
 
 /* A golden tensor of the given dtype, or NULL. */
-static const st_tensor *golden_get(const st_checkpoint *g, const char *name, st_dtype dt) {
+__attribute__((unused)) static const st_tensor *golden_get(const st_checkpoint *g, const char *name, st_dtype dt) {
     const st_tensor *t = st_checkpoint_find(g, name);
     if (!t || t->dtype != dt) return NULL;
     return t;
 }
 
 /* max |a - b| / max |b| over a row of n values: the fixtures' tolerance measure */
-static double rel_row_err(const float *a, const float *b, int64_t n) {
+__attribute__((unused)) static double rel_row_err(const float *a, const float *b, int64_t n) {
     double md = 0, mb = 0;
     for (int64_t i = 0; i < n; i++) {
         double dd = fabs((double)a[i] - (double)b[i]);
@@ -27,7 +27,7 @@ static double rel_row_err(const float *a, const float *b, int64_t n) {
 }
 
 /* worst rel_row_err over rows */
-static double rel_rows_err(const float *a, const float *b, int64_t rows, int64_t n) {
+__attribute__((unused)) static double rel_rows_err(const float *a, const float *b, int64_t rows, int64_t n) {
     double worst = 0;
     for (int64_t r = 0; r < rows; r++) {
         double e = rel_row_err(a + r * n, b + r * n, n);
@@ -37,7 +37,7 @@ static double rel_rows_err(const float *a, const float *b, int64_t rows, int64_t
 }
 
 /* gap between the two largest values */
-static double top2_margin(const float *x, int64_t n) {
+__attribute__((unused)) static double top2_margin(const float *x, int64_t n) {
     double a = -INFINITY, b = -INFINITY;
     for (int64_t i = 0; i < n; i++) {
         if (x[i] > a) {

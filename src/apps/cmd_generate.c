@@ -1,6 +1,6 @@
 /* ==== strand generate: token ids in, generated token ids out ====
  * strand generate -m DIR (--ids 1,2,3 | --batch-file F) -n N [--temp 0] [--print-ids]
- *                 [--ignore-eos] [--chunk N] [--kv-dtype f32|bf16]
+ *                 [--ignore-eos] [--ctx N] [--chunk N] [--kv-dtype f32|bf16]
  * With --batch-file every line (comma-separated ids) is a prompt; all run as one ragged batch
  * and one line of generated ids is printed per prompt, in order. */
 #include <stdio.h>
@@ -14,7 +14,9 @@
 static void usage(void) {
     fprintf(stderr,
             "usage: strand generate -m DIR (--ids 1,2,3 | --batch-file F) -n N [--temp 0]\n"
-            "                       [--print-ids] [--ignore-eos] [--chunk N] [--kv-dtype f32|bf16]\n"
+            "                       [--print-ids] [--ignore-eos] [--ctx N] [--chunk N]\n"
+            "                       [--kv-dtype f32|bf16]\n"
+            "  --ctx N: context length (default: the model's max_position_embeddings).\n"
             "  Greedy generation; prints the generated ids space-separated, one line per prompt.\n"
             "  --batch-file F: one prompt per line (comma-separated ids), run as one batch.\n");
 }
@@ -98,6 +100,11 @@ int cmd_generate(int argc, char **argv) {
         } else if (!strcmp(a, "--chunk")) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 1, 1 << 20, &chunk))
                 return 2;
+        } else if (!strcmp(a, "--ctx")) {
+            long long ctx;
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 1, (long long)1 << 30, &ctx))
+                return 2;
+            opt.max_seq_len = ctx;
         } else if (!strcmp(a, "--temp")) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_float(a, v, &temp)) return 2;
         } else if (!strcmp(a, "--print-ids")) {

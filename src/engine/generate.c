@@ -43,7 +43,7 @@ st_status st_generate_greedy(const st_model *m, st_gen_request *reqs, int n_reqs
         if (len > need) need = len;
         reqs[i].n_out = 0;
     }
-    int64_t ctx = opt->max_seq_len > 0 ? opt->max_seq_len : need;
+    int64_t ctx = opt->max_seq_len > 0 ? opt->max_seq_len : c->max_position_embeddings;
     for (int i = 0; i < n_reqs; i++)
         if (reqs[i].n_prompt + (int64_t)reqs[i].n_new > ctx)
             return st_error_set(err, ST_ERR_LIMIT,
@@ -52,7 +52,7 @@ st_status st_generate_greedy(const st_model *m, st_gen_request *reqs, int n_reqs
                                 i, reqs[i].n_prompt, reqs[i].n_new, (long long)ctx);
     st_cache_params cp = st_cache_default_params();
     cp.n_slots = n_reqs;
-    cp.max_seq_len = ctx;
+    cp.max_seq_len = need; /* the pool holds what these requests can use, nothing more */
     cp.block_size = opt->block_size;
     cp.kv_dtype = opt->kv_dtype;
     st_cache *cache = NULL;

@@ -18,7 +18,7 @@ typedef struct st_gen_options {
     int max_batch_tokens;     /* tokens per forward step (prefill chunk budget) */
     int block_size;           /* KV block size */
     st_kv_dtype kv_dtype;
-    int64_t max_seq_len;      /* context; 0 = just enough for the longest request */
+    int64_t max_seq_len;      /* context limit; 0 = the model's max_position_embeddings */
     int stop_at_eos;          /* stop a sequence after it emits one of the config's eos ids */
     const st_kernels *kernels;/* NULL = scalar reference */
 } st_gen_options;

@@ -151,7 +151,10 @@ static float source_value(const tplan *t, uint64_t i) {
     float u = unif(t->key, i);
     switch (t->kind) {
     case SRC_MATRIX: return u * t->scale; /* std 1/sqrt(cols) */
-    case SRC_NORM_ZC: return t->mlx ? st_bf16_to_f32(st_f32_to_bf16(1.0f + 0.1f * u)) : 0.1f * u;
+    case SRC_NORM_ZC: { /* HF stores w; mlx-lm stores 1+w computed in bf16 from that w */
+        float w = st_bf16_to_f32(st_f32_to_bf16(0.1f * u));
+        return t->mlx ? st_bf16_to_f32(st_f32_to_bf16(1.0f + w)) : w;
+    }
     case SRC_NORM_PLAIN: return 1.0f + 0.1f * u;
     case SRC_CONV: return 0.5f * u;
     case SRC_ALOG: return logf(8.5f + 7.5f * u); /* log(uniform(1, 16)) */

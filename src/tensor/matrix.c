@@ -88,9 +88,12 @@ void st_affine_quantize_row(const float *w, int64_t n, int bits, int group, uint
         if (scale < 1e-7f) scale = 1e-7f;
         if (!use_min) scale = -scale;
         float edge = use_min ? lo : hi;
-        float q0 = roundf(edge / scale);
+        /* snap: the edge becomes an exact multiple of the scale so that 0 is representable.
+         * Truncating (not rounding) edge/scale only ever widens the step, so the grid still
+         * covers [lo, hi] and nothing is clipped. */
+        float q0 = truncf(edge / scale);
         float bias = edge;
-        if (q0 != 0.0f) scale = edge / q0; /* snap: edge is an exact multiple of scale */
+        if (q0 != 0.0f) scale = edge / q0;
         else bias = 0.0f;
         uint16_t sb = st_f32_to_bf16(scale), bb = st_f32_to_bf16(bias);
         scales_bf16[g] = sb;

@@ -46,9 +46,10 @@ void st_matrix_row_f32(const st_matrix *m, int64_t r, float *out);
 /* 1 when bits is a supported affine width (2, 3, 4, 5, 6, 8). */
 int st_affine_bits_supported(int bits);
 
-/* Quantize one row of n floats (n % group == 0, n * bits % 32 == 0) the MLX way: per group
- * the edge of larger magnitude becomes the bias, the scale is snapped so that the edge is an
- * exact multiple of it (zero stays representable), q = clamp(round((w - bias) / scale)).
+/* Quantize one row of n floats (n % group == 0, n * bits % 32 == 0) in MLX's format and
+ * manner: per group the edge of larger magnitude becomes the bias and the scale is snapped so
+ * that the edge is an exact multiple of it (zero stays representable; the snap widens the
+ * step rather than rounding it, so no value is clipped), q = clamp(round((w - bias) / scale)).
  * Writes packed[n*bits/32] words and scales/biases[n/group] as bf16 (rounded before q is
  * computed, so dequantization reproduces q exactly). */
 void st_affine_quantize_row(const float *w, int64_t n, int bits, int group, uint32_t *packed,

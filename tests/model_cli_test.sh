@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# CLI checks for the model commands: generate (single and --batch-file) against the
+# reference's greedy ids, logits file layout, synth + inspect, and clear errors (non-zero
+# exit, a message naming the problem, never a crash) for bad input.
+set -u
+cd "$(dirname "$0")/.."
+S=build/strand
+D=tests/data
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+n=0
+ok() { n=$((n + 1)); echo "ok $n - $*"; }
+nok() { n=$((n + 1)); echo "not ok $n - $*"; }
+check() { local what=$1; shift; if "$@" >/dev/null; then ok "$what"; else nok "$what"; fi; }
+# fails cleanly: exit status 1 or 2 (not a signal) and stderr containing $2
+fails_with() {
+    local what=$1 pattern=$2; shift 2
+    "$@" >"$T/out" 2>"$T/err"
+    local rc=$?
+    if [ $rc -ge 1 ] && [ $rc -le 2 ] && grep -q -- "$pattern" "$T/err"; then ok "$what (exit $rc: $(head -c 150 "$T/err"))"
+    else nok "$what (exit $rc, stderr: $(head -c 300 "$T/err"))"; fi
+}
+
+for fx in tiny-a tiny-b; do
+    out=$($S generate -m $D/fixtures/$fx --ids "$(cat $D/cli/$fx-p1.ids)" -n 24 --temp 0 --print-ids)
+    check "$fx: generate --ids gives the reference's 24 greedy ids" [ "$out" = "$(cat $D/cli/$fx-p1.expected)" ]
+    $S generate -m $D/fixtures/$fx --batch-file $D/cli/$fx-batch.txt -n 16 --temp 0 --print-ids >"$T/batch.out"
+    check "$fx: generate --batch-file prints each prompt's reference greedy ids, in order" cmp -s "$T/batch.out" $D/cli/$fx-batch.expected
+done
+
+$S logits -m $D/fixtures/tiny-a --ids 5,6,7,8 --all -o "$T/all.bin" && $S logits -m $D/fixtures/tiny-a --ids 5,6,7,8 -o "$T/last.bin"
+check "logits --all writes [T][V] float32 (4 x 1024 x 4 bytes)" [ "$(stat -c %s "$T/all.bin")" = 16384 ]
+check "logits without --all writes the last row of --all" cmp -s "$T/last.bin" <(tail -c 4096 "$T/all.bin")
+$S logits -m $D/fixtures/tiny-a --ids 5,6,7,8 --all --chunk 3 -o "$T/chunked.bin"
+check "logits --chunk 3 writes the same bytes as one chunk" cmp -s "$T/all.bin" "$T/chunked.bin"
+
+$S synth --preset tiny -o "$T/tiny" >/dev/null && $S inspect -m "$T/tiny" >"$T/inspect"
+check "synth tiny + inspect: vocabulary 151936, tied" grep -q "vocab 151936, tied" "$T/inspect"
+check "inspect reports bytes read per token" grep -q "read per token" "$T/inspect"
+check "inspect reports cache bytes per token and sequence" grep -q "per sequence:" "$T/inspect"
+$S synth --preset tiny --dtype q4 -o "$T/tiny-q4" >/dev/null && $S inspect -m "$T/tiny-q4" >"$T/inspect4"
+check "synth --dtype q4 is an MLX checkpoint with 4-bit weights" grep -q "affine 4-bit" "$T/inspect4"
+check "generate runs on the q4 synth model" $S generate -m "$T/tiny-q4" --ids 1,2,3 -n 4
+
+fails_with "no arguments prints usage" "usage" $S
+fails_with "unknown command" "unknown command" $S frobnicate
+fails_with "missing model directory" "/nonexistent/config.json" $S generate -m /nonexistent --ids 1 -n 1
+fails_with "bad --ids" "bad token id" $S generate -m $D/fixtures/tiny-a --ids 1,x -n 1
+fails_with "token id outside the vocabulary" "outside the vocabulary" $S generate -m $D/fixtures/tiny-a --ids 1,5000 -n 1
+fails_with "missing -n" "required" $S generate -m $D/fixtures/tiny-a --ids 1
+fails_with "bad -n" "-n" $S generate -m $D/fixtures/tiny-a --ids 1 -n abc
+fails_with "unknown option" "unknown option" $S logits -m $D/fixtures/tiny-a --ids 1 -o "$T/x" --bogus
+fails_with "unknown synth preset" "unknown preset" $S synth --preset 99b -o "$T/x99"
+mkdir -p "$T/trunc" && cp $D/fixtures/tiny-a/config.json "$T/trunc/" && head -c 300000 $D/fixtures/tiny-a/model.safetensors >"$T/trunc/model.safetensors"
+fails_with "truncated checkpoint" "model.safetensors" $S inspect -m "$T/trunc"
+printf '1,2\nnot,ids\n' >"$T/badbatch"
+fails_with "bad line in a batch file" "line 2" $S generate -m $D/fixtures/tiny-a --batch-file "$T/badbatch" -n 2
+fails_with "prompt + max tokens past the model's context (4096) is refused" "context length 4096" $S generate -m $D/fixtures/tiny-a --ids 1,2,3 -n 5000
+fails_with "prompt longer than --ctx is refused" "context length 2" $S generate -m $D/fixtures/tiny-a --ids 1,2,3 -n 1 --ctx 2
+echo "# $n checks"
