@@ -1,0 +1,569 @@
+/* ==== Continuous batching (see scheduler.h) ==== */
+#include "engine/scheduler.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "model/forward.h"
+
+/* A request from submit to done. Allocated by st_sched_submit (submitting thread), freed by
+ * the scheduler thread after its DONE event. */
+typedef struct req {
+    uint64_t id;
+    int32_t *prompt;            /* [n_prompt], owned until admission */
+    int64_t n_prompt;
+    st_req_params p;            /* stop pointers point into stop_buf */
+    char stop_buf[ST_MAX_STOP][ST_MAX_STOP_LEN + 1];
+    st_event_fn fn;
+    void *user;
+    double t_submit;
+    atomic_int cancelled;
+    struct req *prev, *next;    /* the live list (guarded by the mutex) */
+    struct req *qnext;          /* the waiting queue (guarded by the mutex) */
+} req;
+
+/* A running sequence. A fixed pool of these is allocated at creation. */
+typedef struct rec {
+    req *r;                 /* NULL when free */
+    st_seq seq;
+    int32_t *hist;          /* [ctx] prompt then generated tokens; owned by the scheduler */
+    int64_t n_hist;         /* tokens in hist */
+    int64_t n_prompt;
+    int64_t n_fed;          /* tokens the model has seen */
+    int64_t max_new;        /* effective max_tokens */
+    int64_t n_new;          /* generated so far */
+    int64_t n_reasoning;    /* generated while inside the think block */
+    int64_t budget_blocks;  /* KV blocks this sequence may come to hold */
+    uint64_t order;         /* admission order (prefill is served oldest first) */
+    st_sampler_state ss;
+    st_textout *tx;         /* owned; NULL without a tokenizer */
+    st_logprobs lp;
+    double t_admit, t_first;
+} rec;
+
+struct st_sched {
+    const st_model *m;        /* borrowed */
+    const st_tokenizer *tok;  /* borrowed, may be NULL */
+    st_sched_params p;
+    st_cache *cache;          /* owned */
+    st_fwd *fwd;              /* owned */
+    st_sampler *sampler;      /* owned */
+    rec *recs;                /* [max_seqs] */
+    st_batch_item *items;     /* [max_seqs] */
+    int *item_rec;            /* [max_seqs] */
+    float *logits;            /* [max_seqs][vocab] */
+    uint64_t admit_counter;
+    size_t planned_bytes;
+    /* shared with other threads */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    req *live;                /* every request not yet done */
+    req *qhead, *qtail;       /* waiting, FIFO */
+    int n_waiting, n_running;
+    uint64_t next_id;
+    int shutdown;
+    st_sched_stats stats;
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+const char *st_finish_name(st_finish_reason r) {
+    switch (r) {
+    case ST_FINISH_STOP: return "stop";
+    case ST_FINISH_LENGTH: return "length";
+    case ST_FINISH_CANCELLED: return "cancelled";
+    case ST_FINISH_ERROR: return "error";
+    default: return "none";
+    }
+}
+
+st_req_params st_req_default_params(void) {
+    st_req_params p;
+    memset(&p, 0, sizeof p);
+    p.max_tokens = 0;
+    p.sampling = st_sampling_default();
+    p.logprobs = -1;
+    p.skip_special = 1;
+    return p;
+}
+
+st_sched_params st_sched_default_params(void) {
+    st_sched_params p = {
+        .max_seqs = 8,
+        .ctx = 0,
+        .step_tokens = 512,
+        .block_size = 16,
+        .kv_blocks = 0,
+        .kv_dtype = ST_KV_F32,
+        .max_queue = 256,
+        .kernels = NULL,
+    };
+    return p;
+}
+
+void st_sched_destroy(st_sched *s) {
+    if (!s) return;
+    if (s->recs)
+        for (int i = 0; i < s->p.max_seqs; i++) {
+            st_textout_destroy(s->recs[i].tx);
+            free(s->recs[i].hist);
+            if (s->recs[i].r) {
+                free(s->recs[i].r->prompt);
+                free(s->recs[i].r);
+            }
+        }
+    for (req *r = s->qhead; r;) {
+        req *n = r->qnext;
+        free(r->prompt);
+        free(r);
+        r = n;
+    }
+    free(s->recs);
+    free(s->items);
+    free(s->item_rec);
+    free(s->logits);
+    st_sampler_destroy(s->sampler);
+    st_fwd_destroy(s->fwd);
+    st_cache_destroy(s->cache);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s);
+}
+
+st_status st_sched_create(const st_model *m, const st_tokenizer *tok, const st_sched_params *p,
+                          st_sched **out, st_error *err) {
+    *out = NULL;
+    if (p->max_seqs < 1 || p->max_seqs > 4096)
+        return st_error_set(err, ST_ERR_ARG, "max_seqs must be in [1, 4096]");
+    if (p->step_tokens < p->max_seqs)
+        return st_error_set(err, ST_ERR_ARG, "step_tokens (%d) must be at least max_seqs (%d)",
+                            p->step_tokens, p->max_seqs);
+    if (p->max_queue < 0) return st_error_set(err, ST_ERR_ARG, "max_queue must be >= 0");
+    st_sched *s = calloc(1, sizeof *s);
+    if (!s) return st_error_set(err, ST_ERR_NOMEM, "out of memory");
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    s->m = m;
+    s->tok = tok;
+    s->p = *p;
+    if (s->p.ctx <= 0) s->p.ctx = m->cfg.max_position_embeddings;
+    s->next_id = 1;
+    st_status st;
+    st_cache_params cp = st_cache_default_params();
+    cp.n_slots = p->max_seqs;
+    cp.max_seq_len = s->p.ctx;
+    cp.block_size = p->block_size;
+    cp.n_blocks = p->kv_blocks;
+    cp.kv_dtype = p->kv_dtype;
+    if ((st = st_cache_create(m, &cp, &s->cache, err)) != ST_OK) goto fail;
+    if ((st = st_fwd_create(m, s->cache, p->step_tokens, p->kernels, &s->fwd, err)) != ST_OK) goto fail;
+    if ((st = st_sampler_create(m->cfg.vocab_size, &s->sampler, err)) != ST_OK) goto fail;
+    size_t n = (size_t)p->max_seqs;
+    s->recs = calloc(n, sizeof *s->recs);
+    s->items = calloc(n, sizeof *s->items);
+    s->item_rec = calloc(n, sizeof *s->item_rec);
+    s->logits = malloc(n * (size_t)m->cfg.vocab_size * sizeof(float));
+    if (!s->recs || !s->items || !s->item_rec || !s->logits) {
+        st = st_error_set(err, ST_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    size_t max_tok = tok ? st_textout_max_token_bytes(tok) : 0;
+    for (size_t i = 0; i < n; i++) {
+        rec *r = &s->recs[i];
+        r->seq.slot = -1;
+        r->hist = malloc((size_t)s->p.ctx * sizeof *r->hist);
+        if (!r->hist) {
+            st = st_error_set(err, ST_ERR_NOMEM, "out of memory for %lld-token histories",
+                              (long long)s->p.ctx);
+            goto fail;
+        }
+        if (tok && (st = st_textout_create(tok, max_tok, &r->tx, err)) != ST_OK) goto fail;
+    }
+    s->planned_bytes = s->cache->planned_bytes + st_fwd_scratch_bytes(s->fwd) +
+                       n * ((size_t)s->p.ctx * 4 + sizeof(rec) + (size_t)m->cfg.vocab_size * 4) +
+                       (size_t)m->cfg.vocab_size * 17;
+    s->stats.kv_blocks_total = s->cache->p.n_blocks;
+    s->stats.planned_bytes = s->planned_bytes;
+    *out = s;
+    return ST_OK;
+fail:
+    st_sched_destroy(s);
+    return st;
+}
+
+const st_cache *st_sched_cache(const st_sched *s) { return s->cache; }
+
+/* ---------------------------------------------------------------------------------------- */
+/* submission (any thread) */
+
+st_status st_sched_submit(st_sched *s, const int32_t *prompt, int64_t n_prompt,
+                          const st_req_params *p, st_event_fn fn, void *user, uint64_t *id,
+                          st_error *err) {
+    const st_config *c = &s->m->cfg;
+    if (n_prompt < 1) return st_error_set(err, ST_ERR_ARG, "the prompt is empty");
+    if (n_prompt >= s->p.ctx)
+        return st_error_set(err, ST_ERR_LIMIT,
+                            "the prompt has %lld tokens; the context length is %lld",
+                            (long long)n_prompt, (long long)s->p.ctx);
+    for (int64_t i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= c->vocab_size)
+            return st_error_set(err, ST_ERR_ARG, "prompt token %lld (id %d) is outside the "
+                                "vocabulary [0, %lld)", (long long)i, prompt[i], (long long)c->vocab_size);
+    st_status st = st_sampling_validate(&p->sampling, c->vocab_size, err);
+    if (st != ST_OK) return st;
+    if (p->logprobs > ST_MAX_LOGPROBS)
+        return st_error_set(err, ST_ERR_ARG, "logprobs must be at most %d", ST_MAX_LOGPROBS);
+    if (p->n_stop_ids < 0 || p->n_stop_ids > ST_MAX_STOP_IDS)
+        return st_error_set(err, ST_ERR_ARG, "at most %d stop token ids", ST_MAX_STOP_IDS);
+    if (p->n_stop < 0 || p->n_stop > ST_MAX_STOP)
+        return st_error_set(err, ST_ERR_ARG, "at most %d stop strings", ST_MAX_STOP);
+    if ((p->n_stop || p->split_reasoning) && !s->tok)
+        return st_error_set(err, ST_ERR_ARG, "stop strings and reasoning need a tokenizer");
+    req *r = calloc(1, sizeof *r);
+    if (!r) return st_error_set(err, ST_ERR_NOMEM, "out of memory");
+    r->prompt = malloc((size_t)n_prompt * sizeof *r->prompt);
+    if (!r->prompt) {
+        free(r);
+        return st_error_set(err, ST_ERR_NOMEM, "out of memory");
+    }
+    memcpy(r->prompt, prompt, (size_t)n_prompt * sizeof *prompt);
+    r->n_prompt = n_prompt;
+    r->p = *p;
+    for (int i = 0; i < p->n_stop; i++) {
+        size_t len = p->stop[i] ? strlen(p->stop[i]) : 0;
+        if (len == 0 || len > ST_MAX_STOP_LEN) {
+            free(r->prompt);
+            free(r);
+            return st_error_set(err, ST_ERR_ARG, "stop strings must be 1 to %d bytes", ST_MAX_STOP_LEN);
+        }
+        memcpy(r->stop_buf[i], p->stop[i], len + 1);
+        r->p.stop[i] = r->stop_buf[i];
+    }
+    r->fn = fn;
+    r->user = user;
+    r->t_submit = now_s();
+    pthread_mutex_lock(&s->mu);
+    if (s->n_waiting >= s->p.max_queue) {
+        pthread_mutex_unlock(&s->mu);
+        free(r->prompt);
+        free(r);
+        return st_error_set(err, ST_ERR_BUSY, "the server is busy: %d requests are waiting",
+                            s->p.max_queue);
+    }
+    r->id = s->next_id++;
+    r->next = s->live;
+    if (s->live) s->live->prev = r;
+    s->live = r;
+    if (s->qtail) s->qtail->qnext = r;
+    else s->qhead = r;
+    s->qtail = r;
+    s->n_waiting++;
+    s->stats.waiting = s->n_waiting;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    if (id) *id = r->id;
+    return ST_OK;
+}
+
+void st_sched_cancel(st_sched *s, uint64_t id) {
+    pthread_mutex_lock(&s->mu);
+    for (req *r = s->live; r; r = r->next)
+        if (r->id == id) {
+            atomic_store(&r->cancelled, 1);
+            break;
+        }
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+int st_sched_wait(st_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    while (!s->shutdown && s->n_waiting == 0 && s->n_running == 0) pthread_cond_wait(&s->cv, &s->mu);
+    int alive = !s->shutdown;
+    pthread_mutex_unlock(&s->mu);
+    return alive;
+}
+
+void st_sched_shutdown(st_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    s->shutdown = 1;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void st_sched_get_stats(st_sched *s, st_sched_stats *out) {
+    pthread_mutex_lock(&s->mu);
+    *out = s->stats;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* the scheduler thread */
+
+/* unlink from the live list and free (after its DONE event) */
+static void retire(st_sched *s, req *r, st_finish_reason why) {
+    pthread_mutex_lock(&s->mu);
+    if (r->prev) r->prev->next = r->next;
+    else s->live = r->next;
+    if (r->next) r->next->prev = r->prev;
+    s->stats.finished[why]++;
+    pthread_mutex_unlock(&s->mu);
+    free(r->prompt);
+    free(r);
+}
+
+/* End a running sequence: release text, emit DONE, return its slot and blocks. */
+static void finish_rec(st_sched *s, rec *c, st_finish_reason why, const char *error) {
+    req *r = c->r;
+    st_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = ST_EV_DONE;
+    ev.id = r->id;
+    ev.finish = why;
+    ev.error = error;
+    if (c->tx && why != ST_FINISH_ERROR) {
+        st_text_delta d;
+        st_textout_finish(c->tx, &d);
+        ev.content = d.content;
+        ev.content_len = d.content_len;
+        ev.reasoning = d.reasoning;
+        ev.reasoning_len = d.reasoning_len;
+    }
+    ev.usage.prompt_tokens = c->n_prompt;
+    ev.usage.completion_tokens = c->n_new;
+    ev.usage.reasoning_tokens = c->n_reasoning;
+    double t = now_s();
+    ev.queue_s = c->t_admit - r->t_submit;
+    ev.ttft_s = c->t_first > 0 ? c->t_first - r->t_submit : 0;
+    ev.total_s = t - r->t_submit;
+    if (r->fn) r->fn(r->user, &ev);
+    st_cache_seq_release(s->cache, &c->seq);
+    c->r = NULL;
+    pthread_mutex_lock(&s->mu);
+    s->n_running--;
+    pthread_mutex_unlock(&s->mu);
+    retire(s, r, why);
+}
+
+/* DONE for a request that never ran (cancelled while waiting, or refused at admission) */
+static void finish_queued(st_sched *s, req *r, st_finish_reason why, const char *error) {
+    st_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = ST_EV_DONE;
+    ev.id = r->id;
+    ev.finish = why;
+    ev.error = error;
+    ev.usage.prompt_tokens = r->n_prompt;
+    ev.total_s = now_s() - r->t_submit;
+    ev.queue_s = ev.total_s;
+    if (r->fn) r->fn(r->user, &ev);
+    retire(s, r, why);
+}
+
+static int64_t blocks_for(const st_sched *s, int64_t positions) {
+    if (s->cache->n_full == 0) return 0;
+    return (positions + s->p.block_size - 1) / s->p.block_size;
+}
+
+/* KV blocks promised to running sequences but not yet taken */
+static int64_t committed_blocks(const st_sched *s) {
+    int64_t c = 0;
+    for (int i = 0; i < s->p.max_seqs; i++)
+        if (s->recs[i].r) c += s->recs[i].budget_blocks - s->recs[i].seq.n_blocks;
+    return c;
+}
+
+static void admit(st_sched *s) {
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        /* drop cancelled requests at the head of the queue */
+        req *r = s->qhead;
+        if (!r) {
+            pthread_mutex_unlock(&s->mu);
+            return;
+        }
+        int cancelled = atomic_load(&r->cancelled);
+        int slot = -1;
+        if (!cancelled) {
+            for (int i = 0; i < s->p.max_seqs && slot < 0; i++)
+                if (!s->recs[i].r) slot = i;
+            int64_t max_new = r->p.max_tokens > 0 ? r->p.max_tokens : s->p.ctx;
+            if (max_new > s->p.ctx - r->n_prompt) max_new = s->p.ctx - r->n_prompt;
+            int64_t need = blocks_for(s, r->n_prompt + max_new);
+            if (slot < 0 || s->cache->n_free_blocks - committed_blocks(s) < need) {
+                pthread_mutex_unlock(&s->mu);
+                return; /* first come, first served: wait for room */
+            }
+        }
+        s->qhead = r->qnext;
+        if (!s->qhead) s->qtail = NULL;
+        s->n_waiting--;
+        if (!cancelled) s->n_running++;
+        s->stats.waiting = s->n_waiting;
+        pthread_mutex_unlock(&s->mu);
+        if (cancelled) {
+            finish_queued(s, r, ST_FINISH_CANCELLED, NULL);
+            continue;
+        }
+        rec *c = &s->recs[slot];
+        st_error err = {0};
+        st_status st = st_cache_seq_start(s->cache, &c->seq, &err);
+        if (st == ST_OK && c->tx)
+            st = st_textout_reset(c->tx, r->p.stop, r->p.n_stop, r->p.split_reasoning,
+                                  r->p.start_in_reasoning, r->p.skip_special, &err);
+        if (st != ST_OK) {
+            if (c->seq.slot >= 0) st_cache_seq_release(s->cache, &c->seq);
+            pthread_mutex_lock(&s->mu);
+            s->n_running--;
+            pthread_mutex_unlock(&s->mu);
+            finish_queued(s, r, ST_FINISH_ERROR, err.msg);
+            continue;
+        }
+        c->r = r;
+        memcpy(c->hist, r->prompt, (size_t)r->n_prompt * sizeof *c->hist);
+        c->n_hist = c->n_prompt = r->n_prompt;
+        free(r->prompt);
+        r->prompt = NULL;
+        c->n_fed = c->n_new = c->n_reasoning = 0;
+        c->max_new = r->p.max_tokens > 0 ? r->p.max_tokens : s->p.ctx;
+        if (c->max_new > s->p.ctx - c->n_prompt) c->max_new = s->p.ctx - c->n_prompt;
+        c->budget_blocks = blocks_for(s, c->n_prompt + c->max_new);
+        c->order = s->admit_counter++;
+        c->t_admit = now_s();
+        c->t_first = 0;
+        st_sampler_state_init(&c->ss, &r->p.sampling);
+    }
+}
+
+static int is_stop_token(const st_sched *s, const rec *c, int32_t t) {
+    const st_req_params *p = &c->r->p;
+    for (int i = 0; i < p->n_stop_ids; i++)
+        if (p->stop_ids[i] == t) return 1;
+    if (!p->ignore_eos)
+        for (int i = 0; i < s->m->cfg.n_eos; i++)
+            if (s->m->cfg.eos_ids[i] == t) return 1;
+    return 0;
+}
+
+/* After the model produced logits for c: sample, emit, and maybe finish. */
+static void on_logits(st_sched *s, rec *c, float *logits) {
+    req *r = c->r;
+    st_logprobs *lp = r->p.logprobs >= 0 ? &c->lp : NULL;
+    int32_t t = st_sampler_sample(s->sampler, &r->p.sampling, &c->ss, logits, c->hist,
+                                  c->n_prompt, c->n_hist, r->p.logprobs, lp);
+    c->hist[c->n_hist++] = t;
+    c->n_new++;
+    if (c->t_first == 0) c->t_first = now_s();
+    int stop_token = is_stop_token(s, c, t);
+    st_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = ST_EV_TOKEN;
+    ev.id = r->id;
+    ev.token = t;
+    ev.logprobs = lp;
+    int stopped = 0;
+    if (c->tx) {
+        int was_reasoning = st_textout_in_reasoning(c->tx);
+        st_text_delta d;
+        if (!stop_token) st_textout_feed(c->tx, t, &d);
+        else memset(&d, 0, sizeof d);
+        if (was_reasoning) c->n_reasoning++;
+        ev.content = d.content;
+        ev.content_len = d.content_len;
+        ev.reasoning = d.reasoning;
+        ev.reasoning_len = d.reasoning_len;
+        stopped = d.stopped;
+    }
+    if (r->fn) r->fn(r->user, &ev);
+    pthread_mutex_lock(&s->mu);
+    s->stats.tokens_generated++;
+    pthread_mutex_unlock(&s->mu);
+    if (stop_token || stopped) finish_rec(s, c, ST_FINISH_STOP, NULL);
+    else if (c->n_new >= c->max_new) finish_rec(s, c, ST_FINISH_LENGTH, NULL);
+}
+
+int st_sched_step(st_sched *s) {
+    /* cancellations of running sequences take effect now */
+    for (int i = 0; i < s->p.max_seqs; i++)
+        if (s->recs[i].r && atomic_load(&s->recs[i].r->cancelled))
+            finish_rec(s, &s->recs[i], ST_FINISH_CANCELLED, NULL);
+    admit(s);
+    /* the batch: decode tokens first, then prompt chunks, oldest sequence first */
+    int n = 0, budget = s->p.step_tokens;
+    for (int i = 0; i < s->p.max_seqs; i++) {
+        rec *c = &s->recs[i];
+        if (!c->r || c->n_fed < c->n_prompt) continue;
+        s->items[n] = (st_batch_item){&c->seq, &c->hist[c->n_hist - 1], 1, ST_LOGITS_LAST};
+        s->item_rec[n++] = i;
+        budget--;
+    }
+    for (;;) {
+        int best = -1;
+        for (int i = 0; i < s->p.max_seqs; i++) {
+            rec *c = &s->recs[i];
+            int queued = 0;
+            for (int k = 0; k < n; k++) queued |= s->item_rec[k] == i;
+            if (c->r && c->n_fed < c->n_prompt && !queued &&
+                (best < 0 || c->order < s->recs[best].order))
+                best = i;
+        }
+        if (best < 0 || budget <= 0) break;
+        rec *c = &s->recs[best];
+        int64_t take = c->n_prompt - c->n_fed;
+        if (take > budget) take = budget;
+        s->items[n] = (st_batch_item){&c->seq, &c->hist[c->n_fed], (int)take,
+                                      c->n_fed + take == c->n_prompt ? ST_LOGITS_LAST : ST_LOGITS_NONE};
+        s->item_rec[n++] = best;
+        budget -= (int)take;
+    }
+    if (n > 0) {
+        st_error err = {0};
+        st_status st = st_fwd_run(s->fwd, s->items, n, s->logits, &err);
+        if (st != ST_OK) {
+            for (int k = 0; k < n; k++) finish_rec(s, &s->recs[s->item_rec[k]], ST_FINISH_ERROR, err.msg);
+        } else {
+            int64_t row = 0, prefilled = 0;
+            for (int k = 0; k < n; k++) {
+                rec *c = &s->recs[s->item_rec[k]];
+                if (c->n_fed < c->n_prompt) prefilled += s->items[k].n_tokens;
+                c->n_fed += s->items[k].n_tokens;
+                if (s->items[k].logits == ST_LOGITS_NONE) continue;
+                on_logits(s, c, s->logits + row * s->m->cfg.vocab_size);
+                row++;
+            }
+            pthread_mutex_lock(&s->mu);
+            s->stats.steps++;
+            s->stats.tokens_prefilled += prefilled;
+            pthread_mutex_unlock(&s->mu);
+        }
+    }
+    pthread_mutex_lock(&s->mu);
+    s->stats.running = s->n_running;
+    s->stats.kv_blocks_used = s->cache->p.n_blocks - s->cache->n_free_blocks;
+    int left = s->n_waiting + s->n_running;
+    pthread_mutex_unlock(&s->mu);
+    return left;
+}
+
+int st_sched_seq_info(st_sched *s, uint64_t id, st_seq_info *out) {
+    for (int i = 0; i < s->p.max_seqs; i++) {
+        rec *c = &s->recs[i];
+        if (!c->r || c->r->id != id) continue;
+        out->slot = c->seq.slot;
+        out->n_past = c->seq.n_past;
+        out->n_tokens = c->n_hist;
+        out->n_generated = c->n_new;
+        out->n_blocks = c->seq.n_blocks;
+        out->blocks = c->seq.blocks;
+        out->record_bytes = sizeof *c;
+        return 1;
+    }
+    return 0;
+}

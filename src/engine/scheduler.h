@@ -1,0 +1,146 @@
+/* ==== The scheduler: continuous batching over a fixed pool of sequences ====
+ *
+ * One thread (the scheduler thread) owns the model step, the cache and every running
+ * sequence. Other threads only submit requests and cancel them (both thread-safe); results
+ * come back through each request's callback, called on the scheduler thread.
+ *
+ * Each step is one ragged batch: one decode token for every generating sequence, then prompt
+ * chunks of admitted sequences (oldest first) up to `step_tokens` tokens in all. A request is
+ * admitted when a sequence record is free and the KV pool can hold its whole budget
+ * (min(context, prompt + max_tokens) positions); otherwise it waits in a bounded queue, and
+ * beyond that submit fails with ST_ERR_BUSY. Finished and cancelled sequences return their
+ * blocks and slot within the step. Every per-sequence structure is fixed-size and allocated
+ * when the scheduler is created; a step that only decodes allocates nothing.
+ */
+#ifndef ST_ENGINE_SCHEDULER_H
+#define ST_ENGINE_SCHEDULER_H
+
+#include <stdint.h>
+
+#include "engine/cache.h"
+#include "engine/textout.h"
+#include "kernels/kernels.h"
+#include "model/model.h"
+#include "sampler/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+#define ST_MAX_STOP_IDS 16
+
+typedef enum st_finish_reason {
+    ST_FINISH_NONE = 0,
+    ST_FINISH_STOP = 1,      /* eos, a stop token id or a stop string */
+    ST_FINISH_LENGTH = 2,    /* max_tokens or the context length */
+    ST_FINISH_CANCELLED = 3, /* st_sched_cancel */
+    ST_FINISH_ERROR = 4,     /* see the event's error text */
+} st_finish_reason;
+
+const char *st_finish_name(st_finish_reason r); /* "stop", "length", ... */
+
+typedef struct st_req_params {
+    int64_t max_tokens;     /* <= 0: until the context is full */
+    st_sampling sampling;
+    int logprobs;           /* -1: none; 0..20: the chosen token's logprob and N alternatives */
+    int ignore_eos;         /* do not stop at the model's eos ids */
+    int32_t stop_ids[ST_MAX_STOP_IDS];
+    int n_stop_ids;
+    const char *stop[ST_MAX_STOP]; /* stop strings; copied at submit */
+    int n_stop;
+    int skip_special;       /* special tokens are not part of the text (default 1) */
+    int split_reasoning;    /* split <think> ... </think> into reasoning */
+    int start_in_reasoning; /* the rendered prompt opened a think block */
+} st_req_params;
+
+st_req_params st_req_default_params(void);
+
+typedef struct st_usage {
+    int64_t prompt_tokens;
+    int64_t completion_tokens;
+    int64_t reasoning_tokens;
+    int64_t cached_tokens;
+} st_usage;
+
+typedef enum st_event_kind {
+    ST_EV_TOKEN = 1, /* a token was generated (its text may be held back: empty deltas) */
+    ST_EV_DONE = 2,  /* the request ended; carries the text released at the end */
+} st_event_kind;
+
+typedef struct st_event {
+    st_event_kind kind;
+    uint64_t id;
+    int32_t token;                /* TOKEN */
+    const st_logprobs *logprobs;  /* TOKEN, when asked; valid during the callback */
+    const char *content;          /* text deltas, valid during the callback */
+    size_t content_len;
+    const char *reasoning;
+    size_t reasoning_len;
+    st_finish_reason finish;      /* DONE */
+    const char *error;            /* DONE with ST_FINISH_ERROR */
+    st_usage usage;               /* DONE */
+    double queue_s;               /* DONE: seconds waiting for admission */
+    double ttft_s;                /* DONE: submit to first token */
+    double total_s;               /* DONE: submit to done */
+} st_event;
+
+typedef void (*st_event_fn)(void *user, const st_event *ev);
+
+typedef struct st_sched_params {
+    int max_seqs;            /* sequences generating at once */
+    int64_t ctx;             /* context length; 0 = the model's max_position_embeddings */
+    int step_tokens;         /* tokens per step (prefill chunk budget); >= max_seqs */
+    int block_size;          /* KV positions per block */
+    int64_t kv_blocks;       /* KV pool; 0 = max_seqs full contexts */
+    st_kv_dtype kv_dtype;
+    int max_queue;           /* waiting requests before ST_ERR_BUSY */
+    const st_kernels *kernels;
+} st_sched_params;
+
+st_sched_params st_sched_default_params(void);
+
+typedef struct st_sched st_sched;
+
+/* tok may be NULL: then there is no text (stop strings and reasoning need a tokenizer). */
+st_status st_sched_create(const st_model *m, const st_tokenizer *tok, const st_sched_params *p,
+                          st_sched **out, st_error *err);
+void st_sched_destroy(st_sched *s);
+
+/* Any thread. Validates and queues a request; *id identifies it in events and cancel.
+ * ST_ERR_LIMIT: the prompt does not fit the context; ST_ERR_BUSY: the queue is full. */
+st_status st_sched_submit(st_sched *s, const int32_t *prompt, int64_t n_prompt,
+                          const st_req_params *p, st_event_fn fn, void *user, uint64_t *id,
+                          st_error *err);
+
+/* Any thread. The request ends (ST_FINISH_CANCELLED) at the next step; unknown ids are
+ * ignored. */
+void st_sched_cancel(st_sched *s, uint64_t id);
+
+/* Scheduler thread: run one step. Returns the number of requests still queued or running. */
+int st_sched_step(st_sched *s);
+
+/* Scheduler thread: sleep until there is work or st_sched_shutdown was called. Returns 0 on
+ * shutdown. */
+int st_sched_wait(st_sched *s);
+void st_sched_shutdown(st_sched *s);
+
+typedef struct st_sched_stats {
+    int waiting, running;
+    int64_t kv_blocks_used, kv_blocks_total;
+    int64_t steps, tokens_prefilled, tokens_generated;
+    int64_t finished[5];      /* by st_finish_reason */
+    size_t planned_bytes;     /* cache + scratch + sequence records */
+} st_sched_stats;
+
+void st_sched_get_stats(st_sched *s, st_sched_stats *out);
+
+/* A running sequence's state, for tests and debugging (scheduler thread). 0 if not running. */
+typedef struct st_seq_info {
+    int slot;
+    int64_t n_past, n_tokens, n_generated;
+    int32_t n_blocks;
+    const int32_t *blocks; /* [n_blocks] */
+    size_t record_bytes;   /* size of the per-sequence record (constant) */
+} st_seq_info;
+int st_sched_seq_info(st_sched *s, uint64_t id, st_seq_info *out);
+
+const st_cache *st_sched_cache(const st_sched *s);
+
+#endif /* ST_ENGINE_SCHEDULER_H */

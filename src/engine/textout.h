@@ -1,0 +1,59 @@
+/* ==== From generated tokens to text deltas: stop strings and reasoning ====
+ *
+ * Per sequence, a fixed-size pipeline turns each generated token into the text deltas a
+ * client sees:
+ *   token -> streaming detokenizer (complete UTF-8 only, special tokens skipped)
+ *         -> stop strings: matched on the text across token boundaries; the text that could
+ *            still become a stop string is held back, a matched stop string is not emitted
+ *         -> reasoning split: text inside <think> ... </think> goes to `reasoning`, the rest
+ *            to `content` (starting in reasoning when the prompt already opened a think
+ *            block, as the Qwen3.5 template does); whitespace around the reasoning and at the
+ *            start of the content is trimmed; a partial tag is held back.
+ * All buffers are sized at creation; feeding a token allocates nothing.
+ */
+#ifndef ST_ENGINE_TEXTOUT_H
+#define ST_ENGINE_TEXTOUT_H
+
+#include <stddef.h>
+
+#include "core/status.h"
+#include "tokenizer/tokenizer.h"
+
+#define ST_MAX_STOP 16      /* stop strings per request */
+#define ST_MAX_STOP_LEN 256 /* bytes per stop string */
+
+typedef struct st_textout st_textout;
+
+typedef struct st_text_delta {
+    const char *content;   /* [content_len] bytes, owned by the textout, valid until next call */
+    size_t content_len;
+    const char *reasoning; /* [reasoning_len] */
+    size_t reasoning_len;
+    int stopped;           /* a stop string matched: the sequence ends (finish "stop") */
+    int in_reasoning;      /* the state after this delta */
+} st_text_delta;
+
+/* max_token_bytes: the longest token's byte length (see st_textout_max_token_bytes). */
+st_status st_textout_create(const st_tokenizer *tok, size_t max_token_bytes, st_textout **out,
+                            st_error *err);
+void st_textout_destroy(st_textout *t);
+
+/* The longest byte string any token of tok decodes to. */
+size_t st_textout_max_token_bytes(const st_tokenizer *tok);
+
+/* Start a new sequence. stops: n_stop strings (copied; each 1..ST_MAX_STOP_LEN bytes);
+ * split_reasoning: 0 = all text is content; start_in_reasoning: the prompt opened <think>. */
+st_status st_textout_reset(st_textout *t, const char *const *stops, int n_stop,
+                           int split_reasoning, int start_in_reasoning, int skip_special,
+                           st_error *err);
+
+/* Feed one generated token; fills *d. After d->stopped, further feeds produce nothing. */
+void st_textout_feed(st_textout *t, int32_t token, st_text_delta *d);
+
+/* End of generation (eos, length, cancel): release everything held back. */
+void st_textout_finish(st_textout *t, st_text_delta *d);
+
+/* 1 while the text is inside a think block. */
+int st_textout_in_reasoning(const st_textout *t);
+
+#endif /* ST_ENGINE_TEXTOUT_H */

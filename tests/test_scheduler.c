@@ -1,0 +1,482 @@
+/* ==== The scheduler: batch invariance, bounded per-sequence state, stops, cancel ====
+ * - the fixtures' batch.* prompts submitted together give the reference's greedy ids and
+ *   exactly what each gives alone; the same holds for seeded sampling, for requests that
+ *   arrive while others run, and for small prefill chunks;
+ * - after 1, 256, 1,000 and 20,000 decode steps a sequence's metadata is the same size with
+ *   the right values, and no heap allocation happened in between (malloc is interposed);
+ * - finished and cancelled sequences return their blocks and slot within one step;
+ * - context limits, a full queue, stop ids, stop strings, logprobs. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/scheduler.h"
+#include "golden.h"
+#include "model/synth.h"
+#include "tap.h"
+
+extern void *__libc_malloc(size_t);
+extern void *__libc_calloc(size_t, size_t);
+extern void *__libc_realloc(void *, size_t);
+extern void __libc_free(void *);
+static int counting;
+static long n_allocs;
+void *malloc(size_t n) {
+    if (counting) n_allocs++;
+    return __libc_malloc(n);
+}
+void *calloc(size_t a, size_t b) {
+    if (counting) n_allocs++;
+    return __libc_calloc(a, b);
+}
+void *realloc(void *p, size_t n) {
+    if (counting) n_allocs++;
+    return __libc_realloc(p, n);
+}
+void free(void *p) { __libc_free(p); }
+
+/* collects one request's output */
+typedef struct out {
+    int32_t ids[256];
+    int n;
+    int done;
+    st_finish_reason finish;
+    st_usage usage;
+    char text[4096];
+    size_t text_len;
+    float first_logprob;
+    int n_top;
+    char err[256];
+} out;
+
+static void on_event(void *user, const st_event *ev) {
+    out *o = user;
+    if (ev->kind == ST_EV_TOKEN) {
+        if (o->n < 256) o->ids[o->n] = ev->token;
+        if (o->n == 0 && ev->logprobs) {
+            o->first_logprob = ev->logprobs->logprob;
+            o->n_top = ev->logprobs->n_top;
+        }
+        o->n++;
+    } else {
+        o->done = 1;
+        o->finish = ev->finish;
+        o->usage = ev->usage;
+        if (ev->error) snprintf(o->err, sizeof o->err, "%s", ev->error);
+    }
+    if (ev->content_len && o->text_len + ev->content_len < sizeof o->text) {
+        memcpy(o->text + o->text_len, ev->content, ev->content_len);
+        o->text_len += ev->content_len;
+    }
+}
+
+static void run_all(st_sched *s) {
+    while (st_sched_step(s) > 0) {
+    }
+}
+
+typedef struct prompts {
+    int32_t ids[4][16];
+    int len[4];
+    int B, G;
+    const int32_t *greedy; /* [B][G] */
+} prompts;
+
+static int load_batch(const st_checkpoint *g, prompts *p) {
+    const st_tensor *tb = golden_get(g, "batch.ids", ST_DTYPE_I32), *tm = golden_get(g, "batch.mask", ST_DTYPE_I32);
+    const st_tensor *tg = golden_get(g, "batch.greedy", ST_DTYPE_I32);
+    if (!tb || !tm || !tg) return 0;
+    p->B = (int)tb->shape[0];
+    p->G = (int)tg->shape[1];
+    p->greedy = tg->data;
+    int W = (int)tb->shape[1];
+    for (int b = 0; b < p->B; b++) {
+        p->len[b] = 0;
+        for (int j = 0; j < W; j++)
+            if (((const int32_t *)tm->data)[b * W + j]) p->ids[b][p->len[b]++] = ((const int32_t *)tb->data)[b * W + j];
+    }
+    return 1;
+}
+
+static st_sched *make(const st_model *m, const st_tokenizer *tok, int max_seqs, int step_tokens, int64_t ctx) {
+    st_sched_params sp = st_sched_default_params();
+    sp.max_seqs = max_seqs;
+    sp.step_tokens = step_tokens;
+    sp.ctx = ctx;
+    sp.max_queue = 8;
+    st_sched *s = NULL;
+    st_error err = {0};
+    if (st_sched_create(m, tok, &sp, &s, &err) != ST_OK) printf("# sched: %s\n", err.msg);
+    return s;
+}
+
+static void test_invariance(const char *fx) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/fixtures/%s", tap_data_dir(), fx);
+    st_model *m = NULL;
+    st_checkpoint *g = NULL;
+    st_error err = {0};
+    if (!CHECK(st_model_load(path, &m, &err) == ST_OK, "%s loads", fx)) return;
+    snprintf(path, sizeof path, "%s/fixtures/%s/golden.safetensors", tap_data_dir(), fx);
+    prompts P;
+    if (st_checkpoint_open(path, &g, &err) != ST_OK || !load_batch(g, &P)) {
+        CHECK(0, "%s: golden batch", fx);
+        st_model_free(m);
+        return;
+    }
+    for (int mode = 0; mode < 2; mode++) { /* greedy, then seeded sampling */
+        st_req_params rp = st_req_default_params();
+        rp.max_tokens = P.G;
+        rp.ignore_eos = 1;
+        if (mode) {
+            rp.sampling.temperature = 1.5f;
+            rp.sampling.top_p = 0.95f;
+            rp.sampling.top_k = 50;
+            rp.sampling.has_seed = 1;
+        }
+        out together[4], alone[4], staggered[4], chunked[4];
+        memset(together, 0, sizeof together);
+        memset(alone, 0, sizeof alone);
+        memset(staggered, 0, sizeof staggered);
+        memset(chunked, 0, sizeof chunked);
+        st_sched *s = make(m, NULL, 4, 64, 64);
+        for (int b = 0; b < P.B; b++) {
+            rp.sampling.seed = 1000 + (uint64_t)b;
+            st_sched_submit(s, P.ids[b], P.len[b], &rp, on_event, &together[b], NULL, &err);
+        }
+        run_all(s);
+        /* alone, each on a fresh scheduler */
+        for (int b = 0; b < P.B; b++) {
+            st_sched *s1 = make(m, NULL, 1, 64, 64);
+            rp.sampling.seed = 1000 + (uint64_t)b;
+            st_sched_submit(s1, P.ids[b], P.len[b], &rp, on_event, &alone[b], NULL, &err);
+            run_all(s1);
+            st_sched_destroy(s1);
+        }
+        /* staggered arrivals on the shared scheduler: one new request every 3 steps */
+        for (int b = 0; b < P.B; b++) {
+            rp.sampling.seed = 1000 + (uint64_t)b;
+            st_sched_submit(s, P.ids[b], P.len[b], &rp, on_event, &staggered[b], NULL, &err);
+            for (int k = 0; k < 3; k++) st_sched_step(s);
+        }
+        run_all(s);
+        st_sched_destroy(s);
+        /* prefill in chunks of at most 5 tokens per step */
+        s = make(m, NULL, 4, 5, 64);
+        for (int b = 0; b < P.B; b++) {
+            rp.sampling.seed = 1000 + (uint64_t)b;
+            st_sched_submit(s, P.ids[b], P.len[b], &rp, on_event, &chunked[b], NULL, &err);
+        }
+        run_all(s);
+        st_sched_destroy(s);
+        int same = 1, ref = 1, chunk_same = 1, stag_same = 1;
+        for (int b = 0; b < P.B; b++) {
+            same &= together[b].n == P.G && alone[b].n == P.G &&
+                    !memcmp(together[b].ids, alone[b].ids, (size_t)P.G * 4);
+            stag_same &= staggered[b].n == P.G && !memcmp(staggered[b].ids, alone[b].ids, (size_t)P.G * 4);
+            chunk_same &= chunked[b].n == P.G && !memcmp(chunked[b].ids, alone[b].ids, (size_t)P.G * 4);
+            ref &= !memcmp(together[b].ids, P.greedy + b * P.G, (size_t)P.G * 4);
+            same &= together[b].finish == ST_FINISH_LENGTH;
+        }
+        const char *what = mode ? "seeded sampling" : "greedy";
+        CHECK(same, "%s %s: %d prompts together give exactly what each gives alone", fx, what, P.B);
+        CHECK(stag_same, "%s %s: requests arriving while others run give the same ids", fx, what);
+        CHECK(chunk_same, "%s %s: prefill in 5-token chunks gives the same ids", fx, what);
+        if (!mode) CHECK(ref, "%s greedy: the scheduler's ids equal the reference's batch.greedy", fx);
+        if (mode && !strcmp(fx, "tiny-a")) { /* tiny-b's top-2 margins (up to 25) make it greedy anyway */
+            int differs = 0;
+            for (int b = 0; b < P.B; b++) differs |= memcmp(together[b].ids, P.greedy + b * P.G, (size_t)P.G * 4) != 0;
+            CHECK(differs, "%s seeded sampling: differs from greedy (sampling is real)", fx);
+        }
+    }
+    st_checkpoint_close(g);
+    st_model_free(m);
+}
+
+static int blocks_valid(const st_seq_info *in, int64_t total) {
+    for (int i = 0; i < in->n_blocks; i++) {
+        if (in->blocks[i] < 0 || in->blocks[i] >= total) return 0;
+        for (int j = 0; j < i; j++)
+            if (in->blocks[j] == in->blocks[i]) return 0;
+    }
+    return 1;
+}
+
+/* the seed regression in our terms: metadata after many decode steps */
+static void test_bounded(const st_model *m) {
+    enum { STEPS = 20000 };
+    if (!m) return;
+    st_sched *s = make(m, NULL, 2, 64, STEPS + 64);
+    if (!s) return;
+    st_req_params rp = st_req_default_params();
+    rp.max_tokens = STEPS + 8;
+    rp.ignore_eos = 1;
+    rp.sampling.temperature = 1.0f;
+    rp.sampling.has_seed = 1;
+    out o;
+    memset(&o, 0, sizeof o);
+    int32_t prompt[7] = {5, 99, 300, 2, 7, 1000, 17};
+    uint64_t id = 0;
+    st_error err = {0};
+    st_sched_submit(s, prompt, 7, &rp, on_event, &o, &id, &err);
+    st_sched_step(s); /* prefill + first token */
+    const st_cache *c = st_sched_cache(s);
+    st_seq_info first, info;
+    int checkpoints[] = {1, 256, 1000, STEPS};
+    int ok_all = 1;
+    int step = 1;
+    st_sched_seq_info(s, id, &first);
+    n_allocs = 0;
+    counting = 1;
+    for (int k = 0; k < 4; k++) {
+        while (step < checkpoints[k]) {
+            st_sched_step(s);
+            step++;
+        }
+        counting = 0;
+        int ok = st_sched_seq_info(s, id, &info);
+        int64_t gen = step; /* one token per step, the first with the prefill */
+        ok = ok && info.slot == first.slot && info.record_bytes == first.record_bytes &&
+             info.n_generated == gen && info.n_tokens == 7 + gen && info.n_past == 7 + gen - 1 &&
+             info.n_blocks == (info.n_past + c->p.block_size - 1) / c->p.block_size &&
+             info.blocks == first.blocks && blocks_valid(&info, c->p.n_blocks);
+        CHECK(ok, "after %d decode steps: slot %d, %lld positions, %d blocks (valid, distinct), record %zu bytes as after step 1",
+              step, info.slot, (long long)info.n_past, info.n_blocks, info.record_bytes);
+        ok_all &= ok;
+        counting = 1;
+    }
+    counting = 0;
+    CHECK(n_allocs == 0, "no heap allocation in %d decode steps (%ld)", STEPS - 1, n_allocs);
+    st_sched_cancel(s, id);
+    run_all(s);
+    CHECK(o.done && o.finish == ST_FINISH_CANCELLED && c->n_free_blocks == c->p.n_blocks,
+          "cancelled: all %lld blocks free again", (long long)c->p.n_blocks);
+    st_sched_destroy(s);
+}
+
+/* blocks held by the given running requests */
+static int64_t held_blocks(st_sched *s, const uint64_t *ids, int n, int *running) {
+    int64_t h = 0;
+    *running = 0;
+    for (int i = 0; i < n; i++) {
+        st_seq_info in;
+        if (st_sched_seq_info(s, ids[i], &in)) {
+            h += in.n_blocks;
+            (*running)++;
+        }
+    }
+    return h;
+}
+
+static void test_release(const st_model *m) {
+    st_sched *s = make(m, NULL, 3, 64, 256);
+    const st_cache *c = st_sched_cache(s);
+    st_req_params rp = st_req_default_params();
+    rp.ignore_eos = 1;
+    out o[3];
+    memset(o, 0, sizeof o);
+    int32_t prompt[40];
+    for (int i = 0; i < 40; i++) prompt[i] = (i * 37) % 1000;
+    uint64_t id[3];
+    st_error err = {0};
+    rp.max_tokens = 100;
+    st_sched_submit(s, prompt, 40, &rp, on_event, &o[0], &id[0], &err);
+    rp.max_tokens = 5;
+    st_sched_submit(s, prompt, 33, &rp, on_event, &o[1], &id[1], &err);
+    rp.max_tokens = 100;
+    st_sched_submit(s, prompt, 20, &rp, on_event, &o[2], &id[2], &err);
+    /* step until request 1 finishes, then count: nothing may still be held for it */
+    st_seq_info b = {0};
+    int steps = 0;
+    while (!o[1].done && steps < 50) {
+        st_sched_seq_info(s, id[1], &b);
+        st_sched_step(s);
+        steps++;
+    }
+    int running;
+    int64_t held = held_blocks(s, id, 3, &running);
+    CHECK(o[1].done && o[1].finish == ST_FINISH_LENGTH && o[1].n == 5 && running == 2 &&
+              c->n_free_blocks == c->p.n_blocks - held && c->n_free_slots == 1,
+          "a sequence finishing mid-batch (it held %d blocks) returns them and its slot in that step: "
+          "%lld free = %lld - %lld held by the 2 running",
+          b.n_blocks, (long long)c->n_free_blocks, (long long)c->p.n_blocks, (long long)held);
+    st_sched_step(s);
+    st_seq_info a;
+    st_sched_seq_info(s, id[0], &a);
+    st_sched_cancel(s, id[0]);
+    st_sched_step(s);
+    held = held_blocks(s, id, 3, &running);
+    CHECK(o[0].done && o[0].finish == ST_FINISH_CANCELLED && running == 1 &&
+              c->n_free_blocks == c->p.n_blocks - held && c->n_free_slots == 2,
+          "a cancelled sequence (it held %d blocks) returns them and its slot within one step", a.n_blocks);
+    run_all(s);
+    CHECK(c->n_free_blocks == c->p.n_blocks && c->n_free_slots == 3, "everything free at the end");
+    st_sched_destroy(s);
+}
+
+static void test_limits(const st_model *m) {
+    st_sched *s = make(m, NULL, 1, 64, 32);
+    st_req_params rp = st_req_default_params();
+    int32_t prompt[40] = {0};
+    st_error err = {0};
+    out o;
+    memset(&o, 0, sizeof o);
+    CHECK(st_sched_submit(s, prompt, 40, &rp, on_event, &o, NULL, &err) == ST_ERR_LIMIT &&
+              strstr(err.msg, "context length is 32"),
+          "a prompt longer than the context is refused: %s", err.msg);
+    rp.max_tokens = 1000;
+    rp.ignore_eos = 1;
+    st_sched_submit(s, prompt, 20, &rp, on_event, &o, NULL, &err);
+    run_all(s);
+    CHECK(o.done && o.finish == ST_FINISH_LENGTH && o.n == 12,
+          "max_tokens past the context stops at the context with finish length (%d tokens)", o.n);
+    /* queue bound: 1 running + 8 waiting, the 10th is refused */
+    out q[10];
+    memset(q, 0, sizeof q);
+    rp.max_tokens = 3;
+    int busy = -1;
+    for (int i = 0; i < 10; i++)
+        if (st_sched_submit(s, prompt, 4, &rp, on_event, &q[i], NULL, &err) == ST_ERR_BUSY && busy < 0) busy = i;
+    CHECK(busy == 8, "the bounded queue refuses request %d with busy: %s", busy, err.msg);
+    run_all(s);
+    int all = 1;
+    for (int i = 0; i < 8; i++) all &= q[i].done && q[i].n == 3;
+    CHECK(all, "the queued requests all complete");
+    /* bad input */
+    int32_t bad[2] = {1, 5000};
+    CHECK(st_sched_submit(s, bad, 2, &rp, on_event, &o, NULL, &err) == ST_ERR_ARG, "token outside the vocabulary refused: %s", err.msg);
+    rp.sampling.top_p = 2;
+    CHECK(st_sched_submit(s, prompt, 2, &rp, on_event, &o, NULL, &err) == ST_ERR_ARG, "bad sampling refused: %s", err.msg);
+    st_sched_destroy(s);
+}
+
+static void test_stops_logprobs(const st_model *m, const st_checkpoint *g) {
+    const st_tensor *ti = golden_get(g, "p1.ids", ST_DTYPE_I32), *tg = golden_get(g, "p1.greedy", ST_DTYPE_I32);
+    const st_tensor *tl = golden_get(g, "p1.greedy_logits", ST_DTYPE_F32);
+    if (!ti || !tg || !tl) return;
+    st_sched *s = make(m, NULL, 2, 64, 128);
+    st_req_params rp = st_req_default_params();
+    rp.max_tokens = 20;
+    rp.logprobs = 5;
+    rp.stop_ids[0] = ((const int32_t *)tg->data)[3];
+    rp.n_stop_ids = 1;
+    out o;
+    memset(&o, 0, sizeof o);
+    st_error err = {0};
+    st_sched_submit(s, ti->data, ti->numel, &rp, on_event, &o, NULL, &err);
+    run_all(s);
+    CHECK(o.finish == ST_FINISH_STOP && o.n == 4 && o.usage.completion_tokens == 4 &&
+              o.usage.prompt_tokens == ti->numel,
+          "a stop token id ends the request after it (finish %s, %d tokens)", st_finish_name(o.finish), o.n);
+    const float *row = tl->data;
+    int64_t V = m->cfg.vocab_size;
+    double mx = -INFINITY, z = 0;
+    for (int64_t i = 0; i < V; i++) mx = row[i] > mx ? row[i] : mx;
+    for (int64_t i = 0; i < V; i++) z += exp(row[i] - mx);
+    double want = row[o.ids[0]] - mx - log(z);
+    CHECK(fabs(o.first_logprob - want) < 1e-4 && o.n_top == 5,
+          "logprob of the first token = log-softmax of the reference logits (%.5f vs %.5f), 5 alternatives",
+          o.first_logprob, want);
+    st_sched_destroy(s);
+}
+
+/* stop strings and text need a tokenizer: a synthetic tiny model with the Qwen3 tokenizer */
+static void test_text(void) {
+    char dir[] = "/tmp/strand-sched-XXXXXX";
+    if (!mkdtemp(dir)) return;
+    char tokdir[512];
+    snprintf(tokdir, sizeof tokdir, "%s/tokenizers/qwen3", tap_data_dir());
+    st_synth_params sp = st_synth_default_params();
+    sp.preset = "tiny";
+    sp.tokenizer_dir = tokdir;
+    st_error err = {0};
+    st_model *m = NULL;
+    st_tokenizer *tok = NULL;
+    if (!CHECK(st_synth_write(&sp, dir, &err) == ST_OK && st_model_load(dir, &m, &err) == ST_OK &&
+                   st_tok_load_dir(dir, &tok, &err) == ST_OK,
+               "tiny model with the Qwen3 tokenizer (%s)", err.msg))
+        return;
+    st_sched *s = make(m, tok, 2, 64, 256);
+    st_req_params rp = st_req_default_params();
+    rp.max_tokens = 40;
+    rp.ignore_eos = 1;
+    int32_t prompt[3] = {9707, 11, 1879};
+    out full, cut;
+    memset(&full, 0, sizeof full);
+    memset(&cut, 0, sizeof cut);
+    st_sched_submit(s, prompt, 3, &rp, on_event, &full, NULL, &err);
+    run_all(s);
+    /* a stop string taken from the middle of the text, spanning bytes of several tokens */
+    char stop[16] = "";
+    size_t at = full.text_len / 2;
+    if (full.text_len > 20) {
+        while (at < full.text_len && ((unsigned char)full.text[at] & 0xc0) == 0x80) at++;
+        size_t len = 6;
+        while (at + len < full.text_len && ((unsigned char)full.text[at + len] & 0xc0) == 0x80) len++;
+        memcpy(stop, full.text + at, len);
+        stop[len] = 0;
+        /* the stop must not occur earlier */
+        char *first = strstr(full.text, stop);
+        at = first ? (size_t)(first - full.text) : at;
+    }
+    rp.stop[0] = stop;
+    rp.n_stop = 1;
+    st_sched_submit(s, prompt, 3, &rp, on_event, &cut, NULL, &err);
+    run_all(s);
+    CHECK(full.text_len > 20 && cut.finish == ST_FINISH_STOP && cut.text_len == at &&
+              !memcmp(cut.text, full.text, at),
+          "a stop string ends the text just before it, not emitted (%zu of %zu bytes)", cut.text_len, full.text_len);
+    st_sched_destroy(s);
+    st_tok_free(tok);
+    st_model_free(m);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) printf("# cleanup failed\n");
+}
+
+int main(void) {
+    test_invariance("tiny-a");
+    test_invariance("tiny-b");
+    char path[512];
+    snprintf(path, sizeof path, "%s/fixtures/tiny-a", tap_data_dir());
+    st_model *m = NULL;
+    st_checkpoint *g = NULL;
+    st_error err = {0};
+    /* a 2-layer model (one of each kind) keeps 20,000 steps of attention cheap */
+    {
+        char dir[] = "/tmp/strand-long-XXXXXX", cfg[600];
+        st_model *small = NULL;
+        if (mkdtemp(dir)) {
+            snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+            const char *text =
+                "{\"model_type\": \"qwen3_5_text\", \"vocab_size\": 1100, \"hidden_size\": 32,"
+                "\"intermediate_size\": 32, \"num_hidden_layers\": 2, \"num_attention_heads\": 1,"
+                "\"num_key_value_heads\": 1, \"head_dim\": 16, \"linear_key_head_dim\": 8,"
+                "\"linear_value_head_dim\": 8, \"linear_num_key_heads\": 1, \"linear_num_value_heads\": 1,"
+                "\"full_attention_interval\": 2, \"max_position_embeddings\": 32768}";
+            FILE *f = fopen(cfg, "w");
+            if (f) {
+                fputs(text, f);
+                fclose(f);
+            }
+            st_synth_params sp = st_synth_default_params();
+            sp.config_path = cfg;
+            if (st_synth_write(&sp, dir, &err) != ST_OK || st_model_load(dir, &small, &err) != ST_OK)
+                printf("# small model: %s\n", err.msg);
+            test_bounded(small);
+            st_model_free(small);
+            snprintf(cfg, sizeof cfg, "rm -rf %s", dir);
+            if (system(cfg) != 0) printf("# cleanup failed\n");
+        }
+    }
+    if (CHECK(st_model_load(path, &m, &err) == ST_OK, "tiny-a loads")) {
+        test_release(m);
+        test_limits(m);
+        snprintf(path, sizeof path, "%s/fixtures/tiny-a/golden.safetensors", tap_data_dir());
+        if (st_checkpoint_open(path, &g, &err) == ST_OK) test_stops_logprobs(m, g);
+        st_checkpoint_close(g);
+        st_model_free(m);
+    }
+    test_text();
+    return tap_done();
+}
