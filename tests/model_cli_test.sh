@@ -17,8 +17,8 @@ fails_with() {
     local what=$1 pattern=$2; shift 2
     "$@" >"$T/out" 2>"$T/err"
     local rc=$?
-    if [ $rc -ge 1 ] && [ $rc -le 2 ] && grep -q -- "$pattern" "$T/err"; then ok "$what (exit $rc: $(head -c 150 "$T/err"))"
-    else nok "$what (exit $rc, stderr: $(head -c 300 "$T/err"))"; fi
+    if [ $rc -ge 1 ] && [ $rc -le 2 ] && grep -q -- "$pattern" "$T/err"; then ok "$what (exit $rc: $(head -c 150 "$T/err" | tr '\n' ' '))"
+    else nok "$what (exit $rc, stderr: $(head -c 300 "$T/err" | tr '\n' ' '))"; fi
 }
 
 for fx in tiny-a tiny-b; do
@@ -55,6 +55,16 @@ mkdir -p "$T/trunc" && cp $D/fixtures/tiny-a/config.json "$T/trunc/" && head -c 
 fails_with "truncated checkpoint" "model.safetensors" $S inspect -m "$T/trunc"
 printf '1,2\nnot,ids\n' >"$T/badbatch"
 fails_with "bad line in a batch file" "line 2" $S generate -m $D/fixtures/tiny-a --batch-file "$T/badbatch" -n 2
-fails_with "prompt + max tokens past the model's context (4096) is refused" "context length 4096" $S generate -m $D/fixtures/tiny-a --ids 1,2,3 -n 5000
-fails_with "prompt longer than --ctx is refused" "context length 2" $S generate -m $D/fixtures/tiny-a --ids 1,2,3 -n 1 --ctx 2
+check "-n past the context stops at the context (--ctx 10, 3-token prompt: 7 tokens)" [ "$($S generate -m $D/fixtures/tiny-a --ids 1,2,3 -n 50 --ctx 10 | wc -w)" = 7 ]
+fails_with "prompt longer than --ctx is refused" "context length is 2" $S generate -m $D/fixtures/tiny-a --ids 1,2,3 -n 1 --ctx 2
+a=$($S generate -m $D/fixtures/tiny-a --ids 1,2,3 -n 8 --temp 0.8 --top-p 0.9 --seed 7)
+b=$($S generate -m $D/fixtures/tiny-a --ids 1,2,3 -n 8 --temp 0.8 --top-p 0.9 --seed 7)
+c=$($S generate -m $D/fixtures/tiny-a --ids 1,2,3 -n 8 --temp 0.8 --top-p 0.9 --seed 8)
+check "generate --seed: same seed same ids, another seed other ids" [ "$a" = "$b" -a "$a" != "$c" ]
+printf '1,2,3\n1,2,3\n' >"$T/twice"
+check "seeded sampling: the same prompt twice in one batch gives identical lines" [ "$($S generate -m $D/fixtures/tiny-a --batch-file "$T/twice" -n 8 --temp 0.8 --seed 7 | sort -u | wc -l)" = 1 ]
+$S generate -m $D/fixtures/tiny-a --ids 1,2,3 -n 3 --logprobs 4 >"$T/lp"
+check "--logprobs 4: one line per token with 4 alternatives" [ "$(grep -c '|' "$T/lp")" = 3 -a "$(sed -n 2p "$T/lp" | tr ' ' '\n' | grep -c ':')" = 4 ]
+fails_with "bad sampling value" "top_p" $S generate -m $D/fixtures/tiny-a --ids 1 -n 1 --top-p 0
+fails_with "--stop without a tokenizer" "tokenizer" $S generate -m $D/fixtures/tiny-a --ids 1 -n 1 --stop x
 echo "# $n checks"

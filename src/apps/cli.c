@@ -1,6 +1,8 @@
 /* ==== CLI helpers (see cli.h) ==== */
 #include "apps/cli.h"
 
+#include "engine/scheduler.h"
+
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -88,4 +90,79 @@ const char *cli_value(int argc, char **argv, int *i) {
         return NULL;
     }
     return argv[++*i];
+}
+
+const char *cli_sampling_help(void) {
+    return "  sampling: --temp T (0 = greedy, the default) --top-k K --top-p P --min-p P\n"
+           "            --repeat-penalty R --presence-penalty P --frequency-penalty F\n"
+           "            --seed N --logit-bias ID=BIAS (repeatable)\n"
+           "  stopping: --stop STR (repeatable) --ignore-eos\n"
+           "  output:   --logprobs N (the chosen token's log-probability and N <= 20 alternatives)\n";
+}
+
+int cli_parse_sampling(int argc, char **argv, int *i, struct st_req_params *rp) {
+    const char *a = argv[*i], *v;
+    double x;
+    long long k;
+    st_sampling *s = &rp->sampling;
+#define FLOAT_OPT(name, field)                                                                 \
+    if (!strcmp(a, name)) {                                                                    \
+        if (!(v = cli_value(argc, argv, i)) || cli_parse_float(a, v, &x)) return -1;           \
+        field = (float)x;                                                                      \
+        return 1;                                                                              \
+    }
+    FLOAT_OPT("--temp", s->temperature)
+    FLOAT_OPT("--top-p", s->top_p)
+    FLOAT_OPT("--min-p", s->min_p)
+    FLOAT_OPT("--repeat-penalty", s->repetition_penalty)
+    FLOAT_OPT("--repetition-penalty", s->repetition_penalty)
+    FLOAT_OPT("--presence-penalty", s->presence_penalty)
+    FLOAT_OPT("--frequency-penalty", s->frequency_penalty)
+#undef FLOAT_OPT
+    if (!strcmp(a, "--top-k")) {
+        if (!(v = cli_value(argc, argv, i)) || cli_parse_int(a, v, 0, 1 << 30, &k)) return -1;
+        s->top_k = (int)k;
+        return 1;
+    }
+    if (!strcmp(a, "--seed")) {
+        if (!(v = cli_value(argc, argv, i)) || cli_parse_int(a, v, 0, INT64_MAX, &k)) return -1;
+        s->seed = (uint64_t)k;
+        s->has_seed = 1;
+        return 1;
+    }
+    if (!strcmp(a, "--logprobs")) {
+        if (!(v = cli_value(argc, argv, i)) || cli_parse_int(a, v, 0, ST_MAX_LOGPROBS, &k)) return -1;
+        rp->logprobs = (int)k;
+        return 1;
+    }
+    if (!strcmp(a, "--ignore-eos")) {
+        rp->ignore_eos = 1;
+        return 1;
+    }
+    if (!strcmp(a, "--stop")) {
+        if (!(v = cli_value(argc, argv, i))) return -1;
+        if (rp->n_stop >= ST_MAX_STOP) {
+            fprintf(stderr, "strand: at most %d --stop strings\n", ST_MAX_STOP);
+            return -1;
+        }
+        rp->stop[rp->n_stop++] = v;
+        return 1;
+    }
+    if (!strcmp(a, "--logit-bias")) {
+        if (!(v = cli_value(argc, argv, i))) return -1;
+        char *end;
+        long long id = strtoll(v, &end, 10);
+        if (end == v || *end != '=' || id < 0 || id > INT32_MAX) {
+            fprintf(stderr, "strand: --logit-bias: expected ID=BIAS, got '%s'\n", v);
+            return -1;
+        }
+        if (cli_parse_float(a, end + 1, &x)) return -1;
+        if (s->n_bias >= ST_MAX_LOGIT_BIAS) {
+            fprintf(stderr, "strand: at most %d --logit-bias entries\n", ST_MAX_LOGIT_BIAS);
+            return -1;
+        }
+        s->bias[s->n_bias++] = (st_logit_bias){(int32_t)id, (float)x};
+        return 1;
+    }
+    return 0;
 }

@@ -38,4 +38,14 @@ int cli_parse_float(const char *opt, const char *s, double *out);
 /* Returns argv[i+1] and advances *i, or fails with a message naming the option. */
 const char *cli_value(int argc, char **argv, int *i);
 
+struct st_req_params;
+/* Sampling and stopping options shared by generate and run:
+ *   --temp T --top-k K --top-p P --min-p P --repeat-penalty R --presence-penalty P
+ *   --frequency-penalty F --seed N --logit-bias ID=BIAS --stop STR --ignore-eos --logprobs N
+ * Returns 1 when argv[*i] was one of them (consumed, *i advanced), 0 when it is not, -1 on a
+ * bad value (message printed). */
+int cli_parse_sampling(int argc, char **argv, int *i, struct st_req_params *rp);
+/* The help text of those options. */
+const char *cli_sampling_help(void);
+
 #endif /* ST_APPS_CLI_H */

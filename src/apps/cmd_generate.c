@@ -1,6 +1,6 @@
 /* ==== strand generate: token ids in, generated token ids out ====
- * strand generate -m DIR (--ids 1,2,3 | --batch-file F) -n N [--temp 0] [--print-ids]
- *                 [--ignore-eos] [--ctx N] [--chunk N] [--kv-dtype f32|bf16]
+ * strand generate -m DIR (--ids 1,2,3 | --batch-file F) -n N [--print-ids] [sampling options]
+ *                 [--ctx N] [--chunk N] [--kv-dtype f32|bf16]
  * With --batch-file every line (comma-separated ids) is a prompt; all run as one ragged batch
  * and one line of generated ids is printed per prompt, in order. */
 #include <stdio.h>
@@ -9,16 +9,18 @@
 
 #include "apps/cli.h"
 #include "core/fileio.h"
-#include "engine/generate.h"
+#include "engine/scheduler.h"
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: strand generate -m DIR (--ids 1,2,3 | --batch-file F) -n N [--temp 0]\n"
-            "                       [--print-ids] [--ignore-eos] [--ctx N] [--chunk N]\n"
-            "                       [--kv-dtype f32|bf16]\n"
+            "usage: strand generate -m DIR (--ids 1,2,3 | --batch-file F) -n N [--print-ids]\n"
+            "                       [sampling options] [--ctx N] [--chunk N] [--kv-dtype f32|bf16]\n"
+            "  Prints the generated ids space-separated, one line per prompt (after each line,\n"
+            "  with --logprobs N, one line per token: id logprob | alternative:logprob ...).\n"
+            "  --batch-file F: one prompt per line (comma-separated ids); all run as one batch.\n"
             "  --ctx N: context length (default: the model's max_position_embeddings).\n"
-            "  Greedy generation; prints the generated ids space-separated, one line per prompt.\n"
-            "  --batch-file F: one prompt per line (comma-separated ids), run as one batch.\n");
+            "  --chunk N: tokens per step while prefilling (default 512).\n%s",
+            cli_sampling_help());
 }
 
 /* Split the batch file into prompts (one per non-empty line). */
@@ -76,15 +78,50 @@ static st_status read_batch(const char *path, int32_t ***prompts, int **lens, in
     return ST_OK;
 }
 
+/* one prompt's output, filled by the scheduler's events */
+typedef struct gen_out {
+    int32_t *ids;        /* [cap] */
+    float *lp;           /* [cap] chosen token logprob (when --logprobs) */
+    int32_t *alt;        /* [cap][n_alt] */
+    float *alt_lp;       /* [cap][n_alt] */
+    int n, cap, n_alt;
+    int done;
+    st_finish_reason finish;
+    char error[512];
+} gen_out;
+
+static void on_event(void *user, const st_event *ev) {
+    gen_out *o = user;
+    if (ev->kind == ST_EV_TOKEN) {
+        if (o->n >= o->cap) return;
+        o->ids[o->n] = ev->token;
+        if (ev->logprobs && o->lp) {
+            o->lp[o->n] = ev->logprobs->logprob;
+            for (int k = 0; k < o->n_alt; k++) {
+                int have = k < ev->logprobs->n_top;
+                o->alt[(size_t)o->n * (size_t)o->n_alt + (size_t)k] = have ? ev->logprobs->top_tokens[k] : -1;
+                o->alt_lp[(size_t)o->n * (size_t)o->n_alt + (size_t)k] = have ? ev->logprobs->top_logprobs[k] : 0;
+            }
+        }
+        o->n++;
+        return;
+    }
+    o->done = 1;
+    o->finish = ev->finish;
+    if (ev->error) snprintf(o->error, sizeof o->error, "%s", ev->error);
+}
+
 int cmd_generate(int argc, char **argv) {
     const char *dir = NULL, *ids_s = NULL, *batch = NULL;
-    long long n_new = -1, chunk = 512;
-    double temp = 0;
-    st_gen_options opt = st_gen_default_options();
-    opt.stop_at_eos = 1;
+    long long n_new = -1, chunk = 512, ctx = 0;
+    st_kv_dtype kvd = ST_KV_F32;
+    st_req_params rp = st_req_default_params();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v;
+        int r = cli_parse_sampling(argc, argv, &i, &rp);
+        if (r < 0) return 2;
+        if (r > 0) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage();
             return 0;
@@ -95,26 +132,17 @@ int cmd_generate(int argc, char **argv) {
         } else if (!strcmp(a, "--batch-file")) {
             if (!(batch = cli_value(argc, argv, &i))) return 2;
         } else if (!strcmp(a, "-n")) {
-            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 0, 1 << 30, &n_new))
-                return 2;
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 0, 1 << 30, &n_new)) return 2;
         } else if (!strcmp(a, "--chunk")) {
-            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 1, 1 << 20, &chunk))
-                return 2;
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 1, 1 << 20, &chunk)) return 2;
         } else if (!strcmp(a, "--ctx")) {
-            long long ctx;
-            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 1, (long long)1 << 30, &ctx))
-                return 2;
-            opt.max_seq_len = ctx;
-        } else if (!strcmp(a, "--temp")) {
-            if (!(v = cli_value(argc, argv, &i)) || cli_parse_float(a, v, &temp)) return 2;
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 1, (long long)1 << 30, &ctx)) return 2;
         } else if (!strcmp(a, "--print-ids")) {
             /* ids are what this command prints */
-        } else if (!strcmp(a, "--ignore-eos")) {
-            opt.stop_at_eos = 0;
         } else if (!strcmp(a, "--kv-dtype")) {
             if (!(v = cli_value(argc, argv, &i))) return 2;
-            if (!strcmp(v, "f32")) opt.kv_dtype = ST_KV_F32;
-            else if (!strcmp(v, "bf16")) opt.kv_dtype = ST_KV_BF16;
+            if (!strcmp(v, "f32")) kvd = ST_KV_F32;
+            else if (!strcmp(v, "bf16")) kvd = ST_KV_BF16;
             else return cli_failf("--kv-dtype: expected f32 or bf16, got '%s'", v);
         } else {
             usage();
@@ -125,9 +153,6 @@ int cmd_generate(int argc, char **argv) {
         usage();
         return cli_failf("generate: -m, -n and one of --ids / --batch-file are required");
     }
-    if (temp != 0)
-        return cli_failf("generate: only greedy decoding (--temp 0) is available in this build");
-    opt.max_batch_tokens = (int)chunk;
     st_error err = {0};
     int32_t **prompts = NULL;
     int *lens = NULL, n = 0;
@@ -142,30 +167,102 @@ int cmd_generate(int argc, char **argv) {
         n = 1;
     }
     st_model *m = NULL;
-    st_gen_request *reqs = calloc((size_t)n, sizeof *reqs);
-    int32_t *outs = calloc((size_t)n * (size_t)(n_new ? n_new : 1), sizeof *outs);
+    st_tokenizer *tok = NULL;
+    st_sched *s = NULL;
+    gen_out *outs = calloc((size_t)n, sizeof *outs);
     int rc = 1;
-    if (!reqs || !outs) {
+    if (!outs) {
         st_error_set(&err, ST_ERR_NOMEM, "out of memory");
         goto done;
     }
     if (st_model_load(dir, &m, &err) != ST_OK) goto done;
-    for (int i = 0; i < n; i++)
-        reqs[i] = (st_gen_request){prompts[i], lens[i], (int)n_new, outs + (size_t)i * (size_t)n_new,
-                                   0, NULL};
-    if (st_generate_greedy(m, reqs, n, &opt, &err) != ST_OK) goto done;
+    if (rp.n_stop && st_tok_load_dir(dir, &tok, &err) != ST_OK) {
+        st_error_prefix(&err, "--stop needs the model's tokenizer: ");
+        goto done;
+    }
+    if (ctx <= 0) ctx = m->cfg.max_position_embeddings;
+    /* the KV pool holds what these prompts can use */
+    st_sched_params sp = st_sched_default_params();
+    sp.max_seqs = n;
+    sp.ctx = ctx;
+    sp.step_tokens = (int)(chunk > n ? chunk : n);
+    sp.kv_dtype = kvd;
+    sp.max_queue = n;
+    sp.kv_blocks = 0;
     for (int i = 0; i < n; i++) {
-        for (int j = 0; j < reqs[i].n_out; j++) printf(j ? " %d" : "%d", reqs[i].out[j]);
+        if (lens[i] >= ctx) {
+            st_error_set(&err, ST_ERR_LIMIT, "prompt %d has %d tokens; the context length is %lld",
+                         i, lens[i], ctx);
+            goto done;
+        }
+        /* generation stops at the context length (finish "length") */
+        long long pos = lens[i] + n_new < ctx ? lens[i] + n_new : ctx;
+        sp.kv_blocks += (pos + sp.block_size - 1) / sp.block_size;
+    }
+    if (sp.kv_blocks == 0) sp.kv_blocks = 1;
+    if (st_sched_create(m, tok, &sp, &s, &err) != ST_OK) goto done;
+    rp.max_tokens = n_new;
+    for (int i = 0; i < n; i++) {
+        gen_out *o = &outs[i];
+        o->cap = (int)n_new;
+        o->n_alt = rp.logprobs > 0 ? rp.logprobs : 0;
+        o->ids = calloc((size_t)(n_new ? n_new : 1), sizeof *o->ids);
+        if (rp.logprobs >= 0) {
+            o->lp = calloc((size_t)(n_new ? n_new : 1), sizeof *o->lp);
+            o->alt = calloc((size_t)(n_new ? n_new : 1) * (size_t)(o->n_alt ? o->n_alt : 1), sizeof *o->alt);
+            o->alt_lp = calloc((size_t)(n_new ? n_new : 1) * (size_t)(o->n_alt ? o->n_alt : 1), sizeof *o->alt_lp);
+        }
+        if (!o->ids || (rp.logprobs >= 0 && (!o->lp || !o->alt || !o->alt_lp))) {
+            st_error_set(&err, ST_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+        if (n_new == 0) {
+            o->done = 1;
+            continue;
+        }
+        if (st_sched_submit(s, prompts[i], lens[i], &rp, on_event, o, NULL, &err) != ST_OK) {
+            st_error_prefix(&err, "prompt %d: ", i);
+            goto done;
+        }
+    }
+    while (st_sched_step(s) > 0) {
+    }
+    for (int i = 0; i < n; i++) {
+        if (outs[i].finish == ST_FINISH_ERROR) {
+            st_error_set(&err, ST_ERR_INTERNAL, "prompt %d: %s", i, outs[i].error);
+            goto done;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        gen_out *o = &outs[i];
+        for (int j = 0; j < o->n; j++) printf(j ? " %d" : "%d", o->ids[j]);
         printf("\n");
+        for (int j = 0; o->lp && j < o->n; j++) {
+            printf("  %d %.6f |", o->ids[j], o->lp[j]);
+            for (int k = 0; k < o->n_alt; k++)
+                if (o->alt[(size_t)j * (size_t)o->n_alt + (size_t)k] >= 0)
+                    printf(" %d:%.6f", o->alt[(size_t)j * (size_t)o->n_alt + (size_t)k],
+                           o->alt_lp[(size_t)j * (size_t)o->n_alt + (size_t)k]);
+            printf("\n");
+        }
     }
     rc = 0;
 done:
     if (rc) cli_fail(&err);
-    for (int i = 0; i < n; i++) free(prompts[i]);
+    for (int i = 0; i < n; i++) {
+        free(prompts[i]);
+        if (outs) {
+            free(outs[i].ids);
+            free(outs[i].lp);
+            free(outs[i].alt);
+            free(outs[i].alt_lp);
+        }
+    }
+    free(outs);
     free(prompts);
     free(lens);
-    free(reqs);
-    free(outs);
+    st_sched_destroy(s);
+    st_tok_free(tok);
     st_model_free(m);
     return rc;
 }
