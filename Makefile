@@ -10,7 +10,7 @@ CFLAGS  ?= $(OPT) -g
 WARN    := -Wall -Wextra -Wno-unused-parameter -Wshadow -Wstrict-prototypes \
            -Werror=implicit-function-declaration -Werror=incompatible-pointer-types
 CPPFLAGS_ALL := -std=c11 -D_GNU_SOURCE -Isrc -MMD -MP
-LDLIBS  := -ljansson -lpcre2-8 -lutf8proc -lpthread -lm
+LDLIBS  := -lmicrohttpd -ljansson -lpcre2-8 -lutf8proc -lpthread -lm
 
 # library sources: everything under src/ except the CLI
 LIB_SRC  := $(shell find src -name '*.c' ! -path 'src/apps/*' | sort)

@@ -1,0 +1,190 @@
+/* ==== strand run: chat with a model from the command line ====
+ * strand run -m DIR -p "..." [--system "..."] [--no-think] [-n N] [sampling options]
+ * Renders the model's chat template for one user message, streams the answer (the model's
+ * reasoning set apart from the answer), and ends with a timing line. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "apps/cli.h"
+#include "engine/scheduler.h"
+#include "template/template.h"
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage: strand run -m DIR -p PROMPT [--system TEXT] [--no-think] [-n N] [--ctx N]\n"
+            "                  [--raw] [--kv-dtype f32|bf16] [sampling options]\n"
+            "  Renders the chat template, streams the reply, prints timings to stderr.\n"
+            "  --no-think: enable_thinking=false for the template; --raw: no template, the\n"
+            "  prompt is tokenized as is. -n N: at most N new tokens (default: to the context).\n%s",
+            cli_sampling_help());
+}
+
+typedef struct run_state {
+    int tty;
+    int in_reasoning_out; /* the reasoning header is open on the terminal */
+    int any_content;
+    st_event done;
+    int finished;
+    char error[512];
+} run_state;
+
+static void put(const char *s, size_t n) {
+    if (n) fwrite(s, 1, n, stdout);
+}
+
+static void on_event(void *user, const st_event *ev) {
+    run_state *r = user;
+    if (ev->reasoning_len) {
+        if (!r->in_reasoning_out) {
+            fputs(r->tty ? "\x1b[2m" : "[thinking]\n", stdout);
+            r->in_reasoning_out = 1;
+        }
+        put(ev->reasoning, ev->reasoning_len);
+    }
+    if (ev->content_len) {
+        if (r->in_reasoning_out) {
+            fputs(r->tty ? "\x1b[0m\n\n" : "\n[/thinking]\n\n", stdout);
+            r->in_reasoning_out = 0;
+        }
+        put(ev->content, ev->content_len);
+        r->any_content = 1;
+    }
+    fflush(stdout);
+    if (ev->kind == ST_EV_DONE) {
+        if (r->in_reasoning_out) fputs(r->tty ? "\x1b[0m" : "\n[/thinking]", stdout);
+        fputc('\n', stdout);
+        fflush(stdout);
+        r->done = *ev;
+        r->finished = 1;
+        if (ev->error) snprintf(r->error, sizeof r->error, "%s", ev->error);
+    }
+}
+
+/* 1 when the rendered prompt leaves a think block open (the generation starts inside it) */
+static int opens_think(const char *text) {
+    const char *open = NULL, *close = NULL, *p = text;
+    while ((p = strstr(p, "<think>"))) open = p++;
+    p = text;
+    while ((p = strstr(p, "</think>"))) close = p++;
+    return open && (!close || open > close);
+}
+
+int cmd_run(int argc, char **argv) {
+    const char *dir = NULL, *prompt = NULL, *system = NULL;
+    int no_think = 0, raw = 0;
+    long long n_new = 0, ctx = 0;
+    st_kv_dtype kvd = ST_KV_F32;
+    st_req_params rp = st_req_default_params();
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        int r = cli_parse_sampling(argc, argv, &i, &rp);
+        if (r < 0) return 2;
+        if (r > 0) continue;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage();
+            return 0;
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            if (!(dir = cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
+            if (!(prompt = cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--system")) {
+            if (!(system = cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--no-think")) {
+            no_think = 1;
+        } else if (!strcmp(a, "--raw")) {
+            raw = 1;
+        } else if (!strcmp(a, "-n") || !strcmp(a, "--max-tokens")) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 1, 1 << 30, &n_new)) return 2;
+        } else if (!strcmp(a, "--ctx")) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 2, (long long)1 << 30, &ctx)) return 2;
+        } else if (!strcmp(a, "--kv-dtype")) {
+            if (!(v = cli_value(argc, argv, &i))) return 2;
+            if (!strcmp(v, "f32")) kvd = ST_KV_F32;
+            else if (!strcmp(v, "bf16")) kvd = ST_KV_BF16;
+            else return cli_failf("--kv-dtype: expected f32 or bf16, got '%s'", v);
+        } else {
+            usage();
+            return cli_failf("run: unknown option '%s'", a);
+        }
+    }
+    if (!dir || !prompt) {
+        usage();
+        return cli_failf("run: -m DIR and -p PROMPT are required");
+    }
+    st_error err = {0};
+    st_model *m = NULL;
+    st_tokenizer *tok = NULL;
+    st_chat_template *ct = NULL;
+    st_sched *s = NULL;
+    char *text = NULL;
+    int32_t *ids = NULL;
+    size_t n_ids = 0, text_len = 0;
+    json_t *messages = NULL, *kwargs = NULL;
+    int rc = 1;
+    if (st_model_load(dir, &m, &err) != ST_OK) goto done;
+    if (st_tok_load_dir(dir, &tok, &err) != ST_OK) goto done;
+    if (raw) {
+        text = strdup(prompt);
+        text_len = strlen(prompt);
+    } else {
+        if (st_chat_template_load(dir, NULL, NULL, &ct, &err) != ST_OK) {
+            st_error_prefix(&err, "no usable chat template (use --raw to send the prompt as is): ");
+            goto done;
+        }
+        messages = json_array();
+        if (system) json_array_append_new(messages, json_pack("{s:s,s:s}", "role", "system", "content", system));
+        json_array_append_new(messages, json_pack("{s:s,s:s}", "role", "user", "content", prompt));
+        kwargs = json_pack("{s:b}", "add_generation_prompt", 1);
+        if (no_think) json_object_set_new(kwargs, "enable_thinking", json_false());
+        if (st_chat_template_render(ct, messages, NULL, NULL, kwargs, &text, &text_len, &err) != ST_OK) goto done;
+    }
+    if (st_tok_encode(tok, text, text_len, 1, &ids, &n_ids, &err) != ST_OK) goto done;
+    if (ctx <= 0) ctx = m->cfg.max_position_embeddings;
+    if ((long long)n_ids >= ctx) {
+        st_error_set(&err, ST_ERR_LIMIT, "the prompt has %zu tokens; the context length is %lld", n_ids, ctx);
+        goto done;
+    }
+    long long budget = n_new > 0 && (long long)n_ids + n_new < ctx ? (long long)n_ids + n_new : ctx;
+    st_sched_params sp = st_sched_default_params();
+    sp.max_seqs = 1;
+    sp.ctx = ctx;
+    sp.kv_dtype = kvd;
+    sp.kv_blocks = (budget + sp.block_size - 1) / sp.block_size;
+    if (st_sched_create(m, tok, &sp, &s, &err) != ST_OK) goto done;
+    rp.max_tokens = n_new;
+    rp.split_reasoning = st_tok_token_to_id(tok, "</think>", 8) >= 0;
+    rp.start_in_reasoning = rp.split_reasoning && opens_think(text);
+    run_state st = {0};
+    st.tty = isatty(STDOUT_FILENO);
+    if (st_sched_submit(s, ids, (int64_t)n_ids, &rp, on_event, &st, NULL, &err) != ST_OK) goto done;
+    while (st_sched_step(s) > 0) {
+    }
+    if (st.done.finish == ST_FINISH_ERROR) {
+        st_error_set(&err, ST_ERR_INTERNAL, "%s", st.error);
+        goto done;
+    }
+    const st_event *d = &st.done;
+    double decode_s = d->total_s - d->ttft_s;
+    int64_t gen = d->usage.completion_tokens;
+    fprintf(stderr,
+            "[%lld prompt tokens, first token after %.1f ms (prefill %.1f tok/s), %lld tokens "
+            "at %.1f tok/s, finish: %s]\n",
+            (long long)d->usage.prompt_tokens, d->ttft_s * 1e3,
+            d->ttft_s > 0 ? (double)d->usage.prompt_tokens / d->ttft_s : 0.0, (long long)gen,
+            gen > 1 && decode_s > 0 ? (double)(gen - 1) / decode_s : 0.0, st_finish_name(d->finish));
+    rc = 0;
+done:
+    if (rc) cli_fail(&err);
+    json_decref(messages);
+    json_decref(kwargs);
+    free(text);
+    free(ids);
+    st_sched_destroy(s);
+    st_chat_template_free(ct);
+    st_tok_free(tok);
+    st_model_free(m);
+    return rc;
+}

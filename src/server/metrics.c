@@ -1,0 +1,148 @@
+/* ==== Server metrics (see metrics.h) ==== */
+#include "server/metrics.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void hist_init(st_histogram *h, const double *b, int n) {
+    memset(h, 0, sizeof *h);
+    h->n = n;
+    memcpy(h->bounds, b, (size_t)n * sizeof *b);
+}
+
+void st_metrics_init(st_metrics *m) {
+    memset(m, 0, sizeof *m);
+    pthread_mutex_init(&m->mu, NULL);
+    static const double ttft[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
+    static const double itl[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5};
+    static const double e2e[] = {0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600};
+    hist_init(&m->ttft, ttft, (int)(sizeof ttft / sizeof *ttft));
+    hist_init(&m->itl, itl, (int)(sizeof itl / sizeof *itl));
+    hist_init(&m->e2e, e2e, (int)(sizeof e2e / sizeof *e2e));
+}
+
+void st_metrics_destroy(st_metrics *m) { pthread_mutex_destroy(&m->mu); }
+
+void st_metrics_count_status(st_metrics *m, int status) {
+    pthread_mutex_lock(&m->mu);
+    int i = 0;
+    while (i < m->n_status && m->by_status[i].status != status) i++;
+    if (i == m->n_status && m->n_status < (int)(sizeof m->by_status / sizeof m->by_status[0])) {
+        m->by_status[i].status = status;
+        m->by_status[i].n = 0;
+        m->n_status++;
+    }
+    if (i < m->n_status) m->by_status[i].n++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+static void hist_add(st_histogram *h, double v) {
+    int b = 0;
+    while (b < h->n && v > h->bounds[b]) b++;
+    h->counts[b]++;
+    h->count++;
+    h->sum += v;
+}
+
+void st_metrics_observe(st_metrics *m, st_histogram *h, double v) {
+    pthread_mutex_lock(&m->mu);
+    hist_add(h, v);
+    pthread_mutex_unlock(&m->mu);
+}
+
+void st_metrics_finished(st_metrics *m, const st_event *done) {
+    pthread_mutex_lock(&m->mu);
+    m->prompt_tokens += (uint64_t)done->usage.prompt_tokens;
+    m->generation_tokens += (uint64_t)done->usage.completion_tokens;
+    if (done->finish >= 0 && done->finish < 5) m->finished[done->finish]++;
+    if (done->usage.completion_tokens > 0) {
+        hist_add(&m->ttft, done->ttft_s);
+        hist_add(&m->e2e, done->total_s);
+    }
+    pthread_mutex_unlock(&m->mu);
+}
+
+void st_metrics_disconnect(st_metrics *m) {
+    pthread_mutex_lock(&m->mu);
+    m->disconnects++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+/* a growable text buffer */
+typedef struct sbuf {
+    char *p;
+    size_t n, cap;
+} sbuf;
+
+static void out(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void out(sbuf *b, const char *fmt, ...) {
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int k = vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
+        va_end(ap);
+        if (k < 0) return;
+        if (b->p && b->n + (size_t)k < b->cap) {
+            b->n += (size_t)k;
+            return;
+        }
+        size_t nc = (b->cap ? b->cap * 2 : 4096) + (size_t)k;
+        char *np = realloc(b->p, nc);
+        if (!np) return;
+        b->p = np;
+        b->cap = nc;
+    }
+}
+
+static void hist_out(sbuf *b, const char *name, const char *help, const st_histogram *h) {
+    out(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    uint64_t cum = 0;
+    for (int i = 0; i < h->n; i++) {
+        cum += h->counts[i];
+        out(b, "%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[i], (unsigned long long)cum);
+    }
+    cum += h->counts[h->n];
+    out(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name,
+        (unsigned long long)cum, name, h->sum, name, (unsigned long long)h->count);
+}
+
+char *st_metrics_render(st_metrics *m, const st_sched_stats *ss, int health) {
+    sbuf b = {0};
+    pthread_mutex_lock(&m->mu);
+    out(&b, "# HELP strand_requests_total HTTP responses by status code.\n# TYPE strand_requests_total counter\n");
+    for (int i = 0; i < m->n_status; i++)
+        out(&b, "strand_requests_total{status=\"%d\"} %llu\n", m->by_status[i].status,
+            (unsigned long long)m->by_status[i].n);
+    out(&b, "# HELP strand_prompt_tokens_total Prompt tokens of finished generations.\n"
+            "# TYPE strand_prompt_tokens_total counter\nstrand_prompt_tokens_total %llu\n",
+        (unsigned long long)m->prompt_tokens);
+    out(&b, "# HELP strand_generation_tokens_total Tokens generated.\n"
+            "# TYPE strand_generation_tokens_total counter\nstrand_generation_tokens_total %llu\n",
+        (unsigned long long)m->generation_tokens);
+    out(&b, "# HELP strand_generations_total Generations by finish reason.\n# TYPE strand_generations_total counter\n");
+    for (int r = 1; r < 5; r++)
+        out(&b, "strand_generations_total{finish=\"%s\"} %llu\n", st_finish_name((st_finish_reason)r),
+            (unsigned long long)m->finished[r]);
+    out(&b, "# HELP strand_client_disconnects_total Streams whose client went away before the end.\n"
+            "# TYPE strand_client_disconnects_total counter\nstrand_client_disconnects_total %llu\n",
+        (unsigned long long)m->disconnects);
+    hist_out(&b, "strand_time_to_first_token_seconds", "Time from request to first token.", &m->ttft);
+    hist_out(&b, "strand_inter_token_latency_seconds", "Time between consecutive tokens of a stream.", &m->itl);
+    hist_out(&b, "strand_request_duration_seconds", "Time from request to the last token.", &m->e2e);
+    pthread_mutex_unlock(&m->mu);
+    out(&b, "# HELP strand_queue_depth Requests waiting for a sequence slot.\n# TYPE strand_queue_depth gauge\n"
+            "strand_queue_depth %d\n", ss->waiting);
+    out(&b, "# HELP strand_running_sequences Sequences generating.\n# TYPE strand_running_sequences gauge\n"
+            "strand_running_sequences %d\n", ss->running);
+    out(&b, "# HELP strand_kv_blocks_used KV cache blocks in use.\n# TYPE strand_kv_blocks_used gauge\n"
+            "strand_kv_blocks_used %lld\n", (long long)ss->kv_blocks_used);
+    out(&b, "# HELP strand_kv_blocks_total KV cache blocks in the pool.\n# TYPE strand_kv_blocks_total gauge\n"
+            "strand_kv_blocks_total %lld\n", (long long)ss->kv_blocks_total);
+    out(&b, "# HELP strand_steps_total Scheduler steps run.\n# TYPE strand_steps_total counter\n"
+            "strand_steps_total %lld\n", (long long)ss->steps);
+    out(&b, "# HELP strand_up 1 when the model is loaded and serving.\n# TYPE strand_up gauge\nstrand_up %d\n",
+        health == 1);
+    return b.p;
+}
