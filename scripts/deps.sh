@@ -6,10 +6,18 @@ missing=""
 for p in $pkgs; do
     dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
 done
-[ -z "$missing" ] && exit 0
-echo "installing:$missing"
-SUDO=""
-[ "$(id -u)" -ne 0 ] && SUDO="sudo"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq || true
-$SUDO apt-get install -y -qq $missing
+command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || missing="$missing nodejs npm"
+if [ -n "$missing" ]; then
+    echo "installing:$missing"
+    SUDO=""
+    [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq || true
+    $SUDO apt-get install -y -qq $missing
+fi
+# the end-to-end tests' OpenAI client (versions pinned by tests/e2e/package-lock.json)
+cd "$(dirname "$0")/.."
+if [ ! -d tests/e2e/node_modules/openai ]; then
+    echo "installing the test client: npm ci in tests/e2e"
+    (cd tests/e2e && npm ci --no-audit --no-fund --loglevel=error)
+fi

@@ -2,6 +2,7 @@
  * strand synth (--preset NAME | --config FILE) [--dtype bf16|q2..q8] [--group N] [--mixed]
  *              [--seed N] [--tokenizer DIR] [--shard-mb N] -o DIR */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "apps/cli.h"
@@ -16,7 +17,9 @@ static void usage(void) {
     for (const char *const *p = st_synth_presets(); *p; p++) fprintf(stderr, " %s", *p);
     fprintf(stderr,
             "\n  bf16 writes the Hugging Face layout; qN the MLX layout with N-bit affine weights.\n"
-            "  --mixed (MLX): first/last layers' v_proj and down_proj and the LM head at 8 bits.\n");
+            "  --mixed (MLX): first/last layers' v_proj and down_proj and the LM head at 8 bits.\n"
+            "  --script IDS: a test model that emits fixed text: after id[i] it predicts id[i+1]\n"
+            "  (segments separated by ';', each ending in eos; all ids distinct).\n");
 }
 
 int cmd_synth(int argc, char **argv) {
@@ -50,6 +53,29 @@ int cmd_synth(int argc, char **argv) {
         } else if (!strcmp(a, "--shard-mb")) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 1, 1 << 30, &x)) return 2;
             p.shard_bytes = x << 20;
+        } else if (!strcmp(a, "--script")) {
+            /* comma-separated ids; ';' starts a new segment */
+            if (!(v = cli_value(argc, argv, &i))) return 2;
+            static int32_t ids[4096];
+            int n = 0;
+            for (const char *q = v; *q && n < 4096;) {
+                if (*q == ';') {
+                    ids[n++] = -1;
+                    q++;
+                    continue;
+                }
+                if (*q == ',' || *q == ' ') {
+                    q++;
+                    continue;
+                }
+                char *end;
+                long long id = strtoll(q, &end, 10);
+                if (end == q || id < 0 || id > INT32_MAX) return cli_failf("--script: bad token id near '%.20s'", q);
+                ids[n++] = (int32_t)id;
+                q = end;
+            }
+            p.script = ids;
+            p.n_script = n;
         } else if (!strcmp(a, "-o")) {
             if (!(out = cli_value(argc, argv, &i))) return 2;
         } else {

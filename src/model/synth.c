@@ -107,6 +107,15 @@ static int config_from_preset(const char *name, st_config *c) {
 typedef enum src_kind { SRC_MATRIX, SRC_NORM_ZC, SRC_NORM_PLAIN, SRC_CONV, SRC_ALOG, SRC_DTBIAS } src_kind;
 typedef enum part { PART_DENSE, PART_QWEIGHT, PART_QSCALES, PART_QBIASES } part;
 
+/* script mode: each scripted token's one-hot slot in the embedding (-1 = not scripted), the
+ * token that follows each slot, and which tokens follow some scripted token */
+typedef struct script_map {
+    int32_t *slot;         /* [vocab] */
+    uint8_t *is_next;      /* [vocab] */
+    int32_t next[1024];    /* [d] successor of the token in slot k, -1 = none */
+    int64_t d;
+} script_map;
+
 typedef struct tplan {
     char name[200];      /* stored name */
     char module[200];    /* MLX module path (name without .weight/.scales/.biases) */
@@ -121,6 +130,8 @@ typedef struct tplan {
     float scale;         /* matrices: half-width of the uniform distribution */
     int mlx;             /* norms stored as 1+w */
     int shard;
+    int role;            /* script mode: 1 embedding, 2 LM head, 0 other */
+    const script_map *sm;/* script mode, else NULL */
 } tplan;
 
 typedef struct planner {
@@ -130,6 +141,7 @@ typedef struct planner {
     const st_config *c;
     int group;           /* chosen group size */
     json_t *overrides;   /* MLX per-module quantization overrides */
+    const script_map *sm;/* script mode, else NULL */
     uint64_t seed;
     st_error *err;
     int failed;
@@ -149,6 +161,17 @@ static inline float unif(uint64_t key, uint64_t i) {
 
 static float source_value(const tplan *t, uint64_t i) {
     float u = unif(t->key, i);
+    if (t->sm) { /* scripted model: one-hot embeddings, successor head, zero elsewhere */
+        const script_map *sm = t->sm;
+        if (t->kind == SRC_MATRIX) {
+            if (t->role == 0) return 0.0f;
+            int64_t r = (int64_t)(i / (uint64_t)sm->d), col = (int64_t)(i % (uint64_t)sm->d);
+            if (t->role == 1) return sm->slot[r] >= 0 ? (col == sm->slot[r] ? 1.0f : 0.0f) : 0.01f * u;
+            if (sm->is_next[r]) return sm->next[col] == r ? 10.0f : 0.0f;
+            return 0.01f * u;
+        }
+        if (t->kind == SRC_NORM_ZC) return t->mlx ? 1.0f : 0.0f;
+    }
     switch (t->kind) {
     case SRC_MATRIX: return u * t->scale; /* std 1/sqrt(cols) */
     case SRC_NORM_ZC: { /* HF stores w; mlx-lm stores 1+w computed in bf16 from that w */
@@ -177,6 +200,7 @@ static tplan *add(planner *pl) {
     tplan *t = &pl->t[pl->n++];
     memset(t, 0, sizeof *t);
     t->mlx = pl->p->bits != 0;
+    t->sm = pl->sm;
     return t;
 }
 
@@ -229,6 +253,7 @@ static void add_matrix(planner *pl, const char *hf_base, int64_t stack, int64_t 
         fmt(t->module, sizeof t->module, "%s", module);
         t->key = key;
         t->kind = SRC_MATRIX;
+        t->role = !strcmp(hf_base, "model.embed_tokens") ? 1 : !strcmp(hf_base, "lm_head") ? 2 : 0;
         t->part = (enum part)pt;
         t->n_dims = nd;
         if (stack) t->shape[0] = stack;
@@ -488,7 +513,49 @@ st_status st_synth_write(const st_synth_params *p, const char *out_dir, st_error
     }
     if (mkdir(out_dir, 0755) != 0 && errno != EEXIST)
         return st_error_set(err, ST_ERR_IO, "%s: cannot create directory: %s", out_dir, strerror(errno));
+    script_map sm = {0};
+    if (p->script) {
+        if (c.is_moe) return st_error_set(err, ST_ERR_ARG, "synth: --script needs a dense model");
+        c.tie_word_embeddings = 0;
+        sm.d = c.hidden_size;
+        if (sm.d > 1024) return st_error_set(err, ST_ERR_ARG, "synth: --script needs hidden_size <= 1024");
+        sm.slot = malloc((size_t)c.vocab_size * sizeof *sm.slot);
+        sm.is_next = calloc((size_t)c.vocab_size, 1);
+        if (!sm.slot || !sm.is_next) {
+            free(sm.slot);
+            free(sm.is_next);
+            return st_error_set(err, ST_ERR_NOMEM, "out of memory");
+        }
+        for (int64_t i = 0; i < c.vocab_size; i++) sm.slot[i] = -1;
+        for (int k = 0; k < 1024; k++) sm.next[k] = -1;
+        int32_t next_slot = 0;
+        st_status bad = ST_OK;
+        for (int i = 0; i < p->n_script && bad == ST_OK; i++) {
+            int32_t t = p->script[i];
+            if (t < 0) continue;
+            if (t >= c.vocab_size) bad = st_error_set(err, ST_ERR_ARG, "synth: script token %d is outside the vocabulary", t);
+            else if (sm.slot[t] >= 0) bad = st_error_set(err, ST_ERR_ARG, "synth: script token %d appears twice", t);
+            else if (next_slot >= sm.d) bad = st_error_set(err, ST_ERR_ARG, "synth: more script tokens than hidden_size (%lld)", (long long)sm.d);
+            else sm.slot[t] = next_slot++;
+        }
+        for (int i = 0; i < p->n_script && bad == ST_OK; i++) {
+            int32_t t = p->script[i];
+            if (t < 0) continue;
+            int32_t nx = i + 1 < p->n_script ? p->script[i + 1] : -1;
+            if (nx < 0) nx = c.n_eos ? c.eos_ids[0] : -1; /* end of a segment: eos */
+            if (nx >= 0 && nx < c.vocab_size) {
+                sm.next[sm.slot[t]] = nx;
+                sm.is_next[nx] = 1;
+            }
+        }
+        if (bad != ST_OK) {
+            free(sm.slot);
+            free(sm.is_next);
+            return bad;
+        }
+    }
     planner pl = {0};
+    pl.sm = p->script ? &sm : NULL;
     pl.p = p;
     pl.c = &c;
     pl.seed = p->seed;
@@ -598,5 +665,7 @@ done:
     free(fc.sc);
     free(fc.bi);
     free(pl.t);
+    free(sm.slot);
+    free(sm.is_next);
     return st;
 }

@@ -24,6 +24,13 @@ typedef struct st_synth_params {
     uint64_t seed;
     const char *tokenizer_dir; /* copy tokenizer files from here (NULL = none) */
     int64_t shard_bytes;       /* 0 = 4 GiB */
+    /* A scripted model, for end-to-end tests of the text pipeline: every layer is zero (the
+     * residual stream is the current token's embedding) and the LM head holds a successor
+     * table, so after token script[i] the model predicts script[i+1] by a wide margin, and
+     * after the last token of a segment its first eos id. Segments are separated by -1; all
+     * tokens must be distinct. The head is untied. NULL = random weights. */
+    const int32_t *script;
+    int n_script;
 } st_synth_params;
 
 st_synth_params st_synth_default_params(void);

@@ -313,6 +313,7 @@ static int parse_sampling(json_t *root, const st_oai_defaults *d, st_oai_request
         s->has_seed = 1;
     }
     if (opt_int(root, "n", 1, 1, &x, NULL, e)) return -1;
+    if (opt_bool(root, "ignore_eos", &r->params.ignore_eos, e)) return -1; /* vLLM's extension */
     json_t *lb = json_object_get(root, "logit_bias");
     if (lb && !json_is_null(lb)) {
         if (!json_is_object(lb)) return BAD(e, "logit_bias", "'logit_bias' must be an object of token id to bias");
