@@ -64,7 +64,8 @@ BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 bench: $(BENCH_BIN) $(BUILD)/strand
 $(BUILD)/bench/%: bench/%.c $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS_ALL) $(WARN) $(CFLAGS) $< -o $@ $(LIB) $(LDLIBS)
+	@echo "  BENCH   $@"
+	@$(CC) $(CPPFLAGS_ALL) $(WARN) $(CFLAGS) $< -o $@ $(LIB) $(LDLIBS)
 
 demo: deps
 	@$(MAKE) --no-print-directory $(BUILD)/strand

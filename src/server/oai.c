@@ -34,7 +34,7 @@ char *st_oai_error_json(const st_oai_error *e) {
 }
 
 int st_oai_json_depth(const char *s, size_t n, int limit) {
-    int depth = 0, in_str = 0;
+    int depth = 0, max = 0, in_str = 0;
     for (size_t i = 0; i < n; i++) {
         char c = s[i];
         if (in_str) {
@@ -43,12 +43,13 @@ int st_oai_json_depth(const char *s, size_t n, int limit) {
         } else if (c == '"') {
             in_str = 1;
         } else if (c == '[' || c == '{') {
-            if (++depth > limit) return depth;
+            if (++depth > max) max = depth;
+            if (depth > limit) return depth;
         } else if (c == ']' || c == '}') {
             depth--;
         }
     }
-    return depth < 0 ? 0 : depth;
+    return max;
 }
 
 void st_oai_request_free(st_oai_request *r) {

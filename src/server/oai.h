@@ -72,7 +72,7 @@ st_status st_oai_parse(st_oai_kind kind, const char *body, size_t len, const st_
                        st_oai_request *out, st_oai_error *e);
 void st_oai_request_free(st_oai_request *r);
 
-/* Nesting depth of a JSON text (brackets outside strings), capped at limit + 1. */
+/* Deepest nesting of a JSON text (brackets outside strings); stops counting past limit. */
 int st_oai_json_depth(const char *s, size_t n, int limit);
 
 #endif /* ST_SERVER_OAI_H */

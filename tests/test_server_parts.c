@@ -1,0 +1,151 @@
+/* ==== Server pieces without a network: tool-call parsing, request normalisation ==== */
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/oai.h"
+#include "server/toolcall.h"
+#include "tap.h"
+
+static int args_equal(const char *json_text, const char *want) {
+    json_t *a = json_loads(json_text, 0, NULL), *b = json_loads(want, 0, NULL);
+    int eq = a && b && json_equal(a, b);
+    json_decref(a);
+    json_decref(b);
+    return eq;
+}
+
+static void test_toolcalls(void) {
+    json_t *tools = json_loads(
+        "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
+        "\"properties\":{\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"},\"metric\":{\"type\":\"boolean\"},"
+        "\"opts\":{\"type\":\"object\"},\"tags\":{\"type\":\"array\"},\"zip\":{\"type\":\"string\"}}}}}]",
+        0, NULL);
+    st_tool_calls tc;
+    const char *xml = "I will check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSan Francisco\n</parameter>\n"
+                      "<parameter=days>\n3\n</parameter>\n<parameter=metric>\ntrue\n</parameter>\n<parameter=opts>\n{\"a\": [1, 2]}\n"
+                      "</parameter>\n<parameter=zip>\n94110\n</parameter>\n<parameter=note>\nline one\nline two\n</parameter>\n"
+                      "</function>\n</tool_call>";
+    int ok = st_toolcall_parse(xml, strlen(xml), tools, &tc);
+    CHECK(ok && tc.n == 1 && !strcmp(tc.calls[0].name, "get_weather") && tc.content && !strcmp(tc.content, "I will check.") &&
+              args_equal(tc.calls[0].arguments,
+                         "{\"city\":\"San Francisco\",\"days\":3,\"metric\":true,\"opts\":{\"a\":[1,2]},\"zip\":\"94110\","
+                         "\"note\":\"line one\\nline two\"}"),
+          "Qwen3.5 XML call: typed by the schema (integer, boolean, object; string stays string; multi-line text) %s",
+          ok ? tc.calls[0].arguments : "");
+    st_tool_calls_free(&tc);
+    const char *json2 = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n"
+                        "<tool_call>\n{\"name\": \"get_time\", \"arguments\": \"{\\\"tz\\\": \\\"CET\\\"}\"}\n</tool_call>";
+    ok = st_toolcall_parse(json2, strlen(json2), tools, &tc);
+    CHECK(ok && tc.n == 2 && !tc.content && args_equal(tc.calls[0].arguments, "{\"city\":\"Paris\"}") &&
+              !strcmp(tc.calls[1].name, "get_time") && args_equal(tc.calls[1].arguments, "{\"tz\":\"CET\"}"),
+          "Qwen3 JSON calls: two in a row, arguments as an object or as JSON text");
+    st_tool_calls_free(&tc);
+    const char *open_end = "<tool_call>\n<function=get_weather>\n<parameter=days>\n2\n</parameter>\n";
+    ok = st_toolcall_parse(open_end, strlen(open_end), tools, &tc);
+    CHECK(ok && tc.n == 1 && args_equal(tc.calls[0].arguments, "{\"days\":2}"), "a call cut off before </function> is still read");
+    st_tool_calls_free(&tc);
+    const char *untyped = "<tool_call><function=other><parameter=n>7</parameter></function></tool_call>";
+    ok = st_toolcall_parse(untyped, strlen(untyped), tools, &tc);
+    CHECK(ok && args_equal(tc.calls[0].arguments, "{\"n\":\"7\"}"), "parameters of an unknown tool stay strings");
+    st_tool_calls_free(&tc);
+    const char *bad[] = {"no call here", "<tool_call>\nnot json or xml\n</tool_call>", "<tool_call>{\"arguments\":{}}</tool_call>",
+                         "<tool_call><function=>x</function></tool_call>", "<tool_call></tool_call>"};
+    int all_plain = 1;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        all_plain &= st_toolcall_parse(bad[i], strlen(bad[i]), tools, &tc) == 0 && tc.n == 0;
+        st_tool_calls_free(&tc);
+    }
+    CHECK(all_plain, "text that is not a well-formed call stays plain content");
+    json_decref(tools);
+}
+
+static st_oai_defaults defaults(void) {
+    st_oai_defaults d = {0};
+    d.sampling = st_sampling_default();
+    d.sampling.temperature = 0.7f;
+    d.max_tokens_completion = 16;
+    d.model_name = "m";
+    return d;
+}
+
+static void test_requests(void) {
+    st_oai_defaults d = defaults();
+    st_oai_request r;
+    st_oai_error e;
+    const char *body =
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"developer\",\"content\":\"Be brief.\"},{\"role\":\"system\","
+        "\"content\":[{\"type\":\"text\",\"text\":\"Use \"},{\"type\":\"text\",\"text\":\"metric.\"}]},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Hi\"}]},{\"role\":\"assistant\",\"content\":null,"
+        "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"x\\\": 1}\"}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"42\"}],\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+        "\"max_completion_tokens\":50,\"top_k\":-1,\"seed\":-5,\"stop\":\"END\",\"logprobs\":true,\"top_logprobs\":3,"
+        "\"reasoning_effort\":\"low\",\"chat_template_kwargs\":{\"custom\":1},\"logit_bias\":{\"17\":-100}}";
+    st_status st = st_oai_parse(ST_OAI_CHAT, body, strlen(body), &d, &r, &e);
+    if (CHECK(st == ST_OK, "a full chat request parses (%s)", e.message)) {
+        json_t *m0 = json_array_get(r.messages, 0), *m2 = json_array_get(r.messages, 2);
+        json_t *args = json_object_get(json_object_get(json_array_get(json_object_get(m2, "tool_calls"), 0), "function"), "arguments");
+        CHECK(json_array_size(r.messages) == 4 && !strcmp(json_string_value(json_object_get(m0, "role")), "system") &&
+                  !strcmp(json_string_value(json_object_get(m0, "content")), "Be brief.\n\nUse metric.") &&
+                  !strcmp(json_string_value(json_object_get(json_array_get(r.messages, 1), "content")), "Hi"),
+              "developer and system messages merge into one leading system message; text parts become strings");
+        CHECK(json_is_object(args) && json_integer_value(json_object_get(args, "x")) == 1 &&
+                  json_is_null(json_object_get(m2, "content")),
+              "assistant tool-call arguments given as JSON text become an object for the template");
+        CHECK(r.stream && r.include_usage && r.params.max_tokens == 50 && r.params.sampling.top_k == 0 &&
+                  r.params.sampling.has_seed && r.params.n_stop == 1 && !strcmp(r.params.stop[0], "END") &&
+                  r.params.logprobs == 3 && r.params.sampling.temperature == 0.7f && r.params.sampling.n_bias == 1,
+              "sampling, stop, logprobs and defaults carried over");
+        CHECK(json_is_true(json_object_get(r.kwargs, "enable_thinking")) && json_integer_value(json_object_get(r.kwargs, "custom")) == 1 &&
+                  json_is_true(json_object_get(r.kwargs, "add_generation_prompt")),
+              "reasoning_effort and chat_template_kwargs become template keywords");
+        st_oai_request_free(&r);
+    }
+    struct {
+        const char *body;
+        int status;
+        const char *param;
+    } bad[] = {
+        {"{\"model\":\"other\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 404, "model"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream_options\":{\"include_usage\":true}}", 400, "stream_options"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{}}]}]}", 400, "messages[0].content"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"required\"}", 400, "tool_choice"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_object\"}}", 400, "response_format"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\",\"j\",\"k\",\"l\",\"m\",\"n\",\"o\",\"p\",\"q\"]}", 400, "stop"},
+        {"{\"messages\":[{\"role\":\"assistant\",\"content\":\"x\",\"tool_calls\":[{\"function\":{\"name\":\"f\",\"arguments\":\"[1\"}}]}]}", 400, "messages[0]"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"reasoning_effort\":\"max\"}", 400, "reasoning_effort"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_p\":0}", 400, "top_p"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"a\":1,\"a\":2}", 400, ""},
+    };
+    int all = 1;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        st = st_oai_parse(ST_OAI_CHAT, bad[i].body, strlen(bad[i].body), &d, &r, &e);
+        int ok = st == ST_ERR_ARG && e.status == bad[i].status && !strcmp(e.param, bad[i].param);
+        if (!ok) printf("# case %zu: status %d param '%s' (%s)\n", i, e.status, e.param, e.message);
+        all &= ok;
+    }
+    CHECK(all, "bad chat requests: the right status and the offending parameter named");
+    const char *comp = "{\"prompt\":[\"hello\"],\"logprobs\":2,\"echo\":false}";
+    st = st_oai_parse(ST_OAI_COMPLETION, comp, strlen(comp), &d, &r, &e);
+    CHECK(st == ST_OK && r.prompt && !strcmp(r.prompt, "hello") && r.params.max_tokens == 16 && r.params.logprobs == 2,
+          "a completions request: [\"text\"] prompt, default max_tokens 16, legacy logprobs");
+    st_oai_request_free(&r);
+    const char *multi = "{\"prompt\":[\"a\",\"b\"]}";
+    CHECK(st_oai_parse(ST_OAI_COMPLETION, multi, strlen(multi), &d, &r, &e) == ST_ERR_ARG && e.status == 400,
+          "several prompts in one request are refused: %s", e.message);
+    char *ej = st_oai_error_json(&e);
+    json_t *ejo = json_loads(ej, 0, NULL);
+    json_t *eo = json_object_get(ejo, "error");
+    CHECK(json_is_string(json_object_get(eo, "message")) && json_is_string(json_object_get(eo, "type")) &&
+              json_object_get(eo, "param") && json_object_get(eo, "code"),
+          "error bodies have message, type, param and code");
+    json_decref(ejo);
+    free(ej);
+    CHECK(st_oai_json_depth("{\"a\":\"[[[[\",\"b\":[[1]]}", 22, 64) == 3, "depth counting ignores brackets inside strings");
+}
+
+int main(void) {
+    test_toolcalls();
+    test_requests();
+    return tap_done();
+}
