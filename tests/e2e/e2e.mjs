@@ -257,6 +257,8 @@ await attempt('malformed requests', async () => {
   }
   const ctx = await raw(R, '/v1/chat/completions', { body: JSON.stringify({ messages: user('word '.repeat(400)) }) });
   check(ctx.json?.error?.code === 'context_length_exceeded', 'the context error says context_length_exceeded', ctx.json);
+  const big = await raw(R, '/v1/models', { method: 'GET', headers: { 'X-Padding': 'a'.repeat(100000) } });
+  check(big.status === 431, 'headers over the per-connection limit: 431', big.status);
   const g = await raw(R, '/v1/chat/completions', { method: 'GET' });
   check(g.status === 405 && isError(g.json), 'GET on a POST route: 405');
   const h = await raw(R, '/health', { method: 'GET' });
