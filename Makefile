@@ -50,13 +50,25 @@ test: deps
 	@$(MAKE) --no-print-directory all
 	@tests/run.sh
 
-# libFuzzer targets (clang): build/fuzz/<name>
+# libFuzzer targets (clang): build/fuzz/<name>. The library is compiled once with the
+# sanitizers (build/fuzz-obj) and each target links against it.
 FUZZ_SRC := $(sort $(wildcard fuzz/fuzz_*.c))
 FUZZ_BIN := $(FUZZ_SRC:fuzz/%.c=$(BUILD)/fuzz/%)
+FUZZ_OBJ := $(LIB_SRC:%.c=$(BUILD)/fuzz-obj/%.o)
+FUZZ_LIB := $(BUILD)/libstrand-fuzz.a
+FUZZ_CFLAGS := -O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
 fuzz: $(FUZZ_BIN)
-$(BUILD)/fuzz/%: fuzz/%.c $(LIB_SRC)
+$(BUILD)/fuzz-obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	clang $(CPPFLAGS_ALL) -O1 -g -fsanitize=fuzzer,address,undefined $< $(LIB_SRC) -o $@ $(LDLIBS)
+	@echo "  CC/FUZZ $<"
+	@clang $(CPPFLAGS_ALL) $(FUZZ_CFLAGS) -c $< -o $@
+$(FUZZ_LIB): $(FUZZ_OBJ)
+	@rm -f $@
+	@ar rcs $@ $^
+$(BUILD)/fuzz/%: fuzz/%.c $(FUZZ_LIB)
+	@mkdir -p $(dir $@)
+	@echo "  FUZZ    $@"
+	@clang $(CPPFLAGS_ALL) -O1 -g -fsanitize=fuzzer,address,undefined $< $(FUZZ_LIB) -o $@ $(LDLIBS)
 
 # micro-benchmarks: build/bench/<name> (run by hand or by bench/*.sh)
 BENCH_SRC := $(sort $(wildcard bench/bench_*.c))
