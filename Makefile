@@ -77,7 +77,7 @@ bench: $(BENCH_BIN) $(BUILD)/strand
 $(BUILD)/bench/%: bench/%.c $(LIB)
 	@mkdir -p $(dir $@)
 	@echo "  BENCH   $@"
-	@$(CC) $(CPPFLAGS_ALL) $(WARN) $(CFLAGS) $< -o $@ $(LIB) $(LDLIBS)
+	@$(CC) $(CPPFLAGS_ALL) -Itests $(WARN) $(CFLAGS) $< -o $@ $(LIB) $(LDLIBS)
 
 demo: deps
 	@$(MAKE) --no-print-directory $(BUILD)/strand

@@ -19,16 +19,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/clock.h"
+
 static const char *g_host = "127.0.0.1";
 static int g_port, g_clients = 8, g_requests = 4, g_max_tokens = 64;
 static double g_timeout = 300, g_t0;
 static const char *g_prompt = "Write a short story about a lighthouse keeper.";
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 typedef struct result {
     double ttft;
@@ -63,7 +60,7 @@ static void one_request(int seed, result *r) {
                       "POST /v1/chat/completions HTTP/1.0\r\nHost: %s\r\nContent-Type: application/json\r\n"
                       "Content-Length: %d\r\n\r\n%s",
                       g_host, bl, body);
-    double t_start = now_s(), t_last = 0;
+    double t_start = st_now_s(), t_last = 0;
     if (write(fd, req, (size_t)rl) != rl) {
         close(fd);
         return;
@@ -80,7 +77,7 @@ static void one_request(int seed, result *r) {
         }
         ssize_t k = read(fd, buf + len, cap - len - 1);
         if (k <= 0) break;
-        double t = now_s();
+        double t = st_now_s();
         len += (size_t)k;
         buf[len] = 0;
         char *p = buf;
@@ -121,7 +118,7 @@ static void one_request(int seed, result *r) {
 
 static void *client_main(void *arg) {
     client *c = arg;
-    for (int i = 0; i < g_requests && now_s() - g_t0 < g_timeout; i++) one_request(c->idx * 1000 + i, &c->res[i]);
+    for (int i = 0; i < g_requests && st_now_s() - g_t0 < g_timeout; i++) one_request(c->idx * 1000 + i, &c->res[i]);
     return NULL;
 }
 
@@ -159,14 +156,14 @@ int main(int argc, char **argv) {
     }
     client *cl = calloc((size_t)g_clients, sizeof *cl);
     pthread_t *th = calloc((size_t)g_clients, sizeof *th);
-    g_t0 = now_s();
+    g_t0 = st_now_s();
     for (int i = 0; i < g_clients; i++) {
         cl[i].idx = i;
         cl[i].res = calloc((size_t)g_requests, sizeof *cl[i].res);
         pthread_create(&th[i], NULL, client_main, &cl[i]);
     }
     for (int i = 0; i < g_clients; i++) pthread_join(th[i], NULL);
-    double wall = now_s() - g_t0;
+    double wall = st_now_s() - g_t0;
     int total = g_clients * g_requests, ok = 0, n_gaps = 0;
     long tokens = 0;
     double *ttft = calloc((size_t)total, sizeof *ttft);

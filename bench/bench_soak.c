@@ -15,35 +15,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/clock.h"
 #include "core/mem.h"
 #include "engine/scheduler.h"
 #include "model/synth.h"
 
-extern void *__libc_malloc(size_t);
-extern void *__libc_calloc(size_t, size_t);
-extern void *__libc_realloc(void *, size_t);
-extern void __libc_free(void *);
-static int counting;
-static long n_allocs;
-void *malloc(size_t n) {
-    if (counting) n_allocs++;
-    return __libc_malloc(n);
-}
-void *calloc(size_t a, size_t b) {
-    if (counting) n_allocs++;
-    return __libc_calloc(a, b);
-}
-void *realloc(void *p, size_t n) {
-    if (counting) n_allocs++;
-    return __libc_realloc(p, n);
-}
-void free(void *p) { __libc_free(p); }
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#include "alloc_count.h"
 
 typedef struct seq_out {
     long n;
@@ -148,26 +125,26 @@ int main(int argc, char **argv) {
     }
     printf("\n%8s %10s %14s %12s %16s %16s %12s %10s\n", "step", "RSS MiB", "RSS since K",
            "KV blocks", "KV taken since K", "allowed growth", "allocs/step", "tok/s");
-    double t0 = now_s(), t_last = t0;
+    double t0 = st_now_s(), t_last = t0;
     long step = 0, allocs_total = 0, steps_counted = 0;
     size_t rss_k = 0;
     int64_t blocks_k = 0, peak_blocks = 0;
     int ok = 1;
     while (1) {
-        n_allocs = 0;
-        counting = step > 0; /* the first step admits and prefills */
+        alloc_count = 0;
+        alloc_counting = step > 0; /* the first step admits and prefills */
         int left = st_sched_step(s);
-        counting = 0;
+        alloc_counting = 0;
         step++;
         if (step > 1) {
-            allocs_total += n_allocs;
+            allocs_total += alloc_count;
             steps_counted++;
         }
         st_sched_get_stats(s, &ss);
         if (ss.kv_blocks_used > peak_blocks) peak_blocks = ss.kv_blocks_used;
         if (step % every == 0 || left == 0) {
             size_t rss = st_rss_bytes();
-            double t = now_s();
+            double t = st_now_s();
             if (step == every) {
                 rss_k = rss;
                 blocks_k = peak_blocks;
@@ -189,7 +166,7 @@ int main(int argc, char **argv) {
     long total = 0;
     for (int i = 0; i < seqs; i++) total += outs[i].n;
     printf("\n%ld tokens in %.1f s; heap allocations in %ld decode steps: %ld\n", total,
-           now_s() - t0, steps_counted, allocs_total);
+           st_now_s() - t0, steps_counted, allocs_total);
     printf("resident growth after step %ld within KV blocks taken + 1 MiB: %s\n", every, ok ? "yes" : "NO");
     printf("zero heap allocations per decode step: %s\n", allocs_total == 0 ? "yes" : "NO");
     st_sched_destroy(s);

@@ -15,25 +15,7 @@
 #include "model/synth.h"
 #include "tap.h"
 
-extern void *__libc_malloc(size_t);
-extern void *__libc_calloc(size_t, size_t);
-extern void *__libc_realloc(void *, size_t);
-extern void __libc_free(void *);
-static int counting;
-static long n_allocs;
-void *malloc(size_t n) {
-    if (counting) n_allocs++;
-    return __libc_malloc(n);
-}
-void *calloc(size_t a, size_t b) {
-    if (counting) n_allocs++;
-    return __libc_calloc(a, b);
-}
-void *realloc(void *p, size_t n) {
-    if (counting) n_allocs++;
-    return __libc_realloc(p, n);
-}
-void free(void *p) { __libc_free(p); }
+#include "alloc_count.h"
 
 /* collects one request's output */
 typedef struct out {
@@ -226,14 +208,14 @@ static void test_bounded(const st_model *m) {
     int ok_all = 1;
     int step = 1;
     st_sched_seq_info(s, id, &first);
-    n_allocs = 0;
-    counting = 1;
+    alloc_count = 0;
+    alloc_counting = 1;
     for (int k = 0; k < 4; k++) {
         while (step < checkpoints[k]) {
             st_sched_step(s);
             step++;
         }
-        counting = 0;
+        alloc_counting = 0;
         int ok = st_sched_seq_info(s, id, &info);
         int64_t gen = step; /* one token per step, the first with the prefill */
         ok = ok && info.slot == first.slot && info.record_bytes == first.record_bytes &&
@@ -243,10 +225,10 @@ static void test_bounded(const st_model *m) {
         CHECK(ok, "after %d decode steps: slot %d, %lld positions, %d blocks (valid, distinct), record %zu bytes as after step 1",
               step, info.slot, (long long)info.n_past, info.n_blocks, info.record_bytes);
         ok_all &= ok;
-        counting = 1;
+        alloc_counting = 1;
     }
-    counting = 0;
-    CHECK(n_allocs == 0, "no heap allocation in %d decode steps (%ld)", STEPS - 1, n_allocs);
+    alloc_counting = 0;
+    CHECK(alloc_count == 0, "no heap allocation in %d decode steps (%ld)", STEPS - 1, alloc_count);
     st_sched_cancel(s, id);
     run_all(s);
     CHECK(o.done && o.finish == ST_FINISH_CANCELLED && c->n_free_blocks == c->p.n_blocks,

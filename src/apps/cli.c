@@ -166,3 +166,13 @@ int cli_parse_sampling(int argc, char **argv, int *i, struct st_req_params *rp) 
     }
     return 0;
 }
+
+int cli_parse_kv_dtype(const char *value, st_kv_dtype *out) {
+    if (!strcmp(value, "f32")) *out = ST_KV_F32;
+    else if (!strcmp(value, "bf16")) *out = ST_KV_BF16;
+    else {
+        cli_failf("--kv-dtype: expected f32 or bf16, got '%s'", value);
+        return -1;
+    }
+    return 0;
+}

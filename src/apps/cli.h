@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "core/status.h"
+#include "engine/cache.h"
 
 typedef int (*st_cmd_fn)(int argc, char **argv);
 
@@ -45,6 +46,9 @@ struct st_req_params;
  * Returns 1 when argv[*i] was one of them (consumed, *i advanced), 0 when it is not, -1 on a
  * bad value (message printed). */
 int cli_parse_sampling(int argc, char **argv, int *i, struct st_req_params *rp);
+/* --kv-dtype f32|bf16; returns 0, or -1 after a message. */
+int cli_parse_kv_dtype(const char *value, st_kv_dtype *out);
+
 /* The help text of those options. */
 const char *cli_sampling_help(void);
 

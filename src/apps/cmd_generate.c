@@ -141,9 +141,7 @@ int cmd_generate(int argc, char **argv) {
             /* ids are what this command prints */
         } else if (!strcmp(a, "--kv-dtype")) {
             if (!(v = cli_value(argc, argv, &i))) return 2;
-            if (!strcmp(v, "f32")) kvd = ST_KV_F32;
-            else if (!strcmp(v, "bf16")) kvd = ST_KV_BF16;
-            else return cli_failf("--kv-dtype: expected f32 or bf16, got '%s'", v);
+            if (cli_parse_kv_dtype(v, &kvd) != 0) return 2;
         } else {
             usage();
             return cli_failf("generate: unknown option '%s'", a);

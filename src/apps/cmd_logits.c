@@ -40,9 +40,7 @@ int cmd_logits(int argc, char **argv) {
         } else if (!strcmp(a, "--kv-dtype")) {
             const char *v = cli_value(argc, argv, &i);
             if (!v) return 2;
-            if (!strcmp(v, "f32")) kvd = ST_KV_F32;
-            else if (!strcmp(v, "bf16")) kvd = ST_KV_BF16;
-            else return cli_failf("--kv-dtype: expected f32 or bf16, got '%s'", v);
+            if (cli_parse_kv_dtype(v, &kvd) != 0) return 2;
         } else {
             usage();
             return cli_failf("logits: unknown option '%s'", a);

@@ -63,14 +63,6 @@ static void on_event(void *user, const st_event *ev) {
     }
 }
 
-/* 1 when the rendered prompt leaves a think block open (the generation starts inside it) */
-static int opens_think(const char *text) {
-    const char *open = NULL, *close = NULL, *p = text;
-    while ((p = strstr(p, "<think>"))) open = p++;
-    p = text;
-    while ((p = strstr(p, "</think>"))) close = p++;
-    return open && (!close || open > close);
-}
 
 int cmd_run(int argc, char **argv) {
     const char *dir = NULL, *prompt = NULL, *system = NULL;
@@ -102,9 +94,7 @@ int cmd_run(int argc, char **argv) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 2, (long long)1 << 30, &ctx)) return 2;
         } else if (!strcmp(a, "--kv-dtype")) {
             if (!(v = cli_value(argc, argv, &i))) return 2;
-            if (!strcmp(v, "f32")) kvd = ST_KV_F32;
-            else if (!strcmp(v, "bf16")) kvd = ST_KV_BF16;
-            else return cli_failf("--kv-dtype: expected f32 or bf16, got '%s'", v);
+            if (cli_parse_kv_dtype(v, &kvd) != 0) return 2;
         } else {
             usage();
             return cli_failf("run: unknown option '%s'", a);
@@ -156,7 +146,7 @@ int cmd_run(int argc, char **argv) {
     if (st_sched_create(m, tok, &sp, &s, &err) != ST_OK) goto done;
     rp.max_tokens = n_new;
     rp.split_reasoning = st_tok_token_to_id(tok, "</think>", 8) >= 0;
-    rp.start_in_reasoning = rp.split_reasoning && opens_think(text);
+    rp.start_in_reasoning = rp.split_reasoning && st_textout_prompt_opens_think(text);
     run_state st = {0};
     st.tty = isatty(STDOUT_FILENO);
     if (st_sched_submit(s, ids, (int64_t)n_ids, &rp, on_event, &st, NULL, &err) != ST_OK) goto done;

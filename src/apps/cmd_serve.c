@@ -70,9 +70,7 @@ int cmd_serve(int argc, char **argv) {
             p.keepalive_s = f;
         } else if (!strcmp(a, "--kv-dtype")) {
             if (!(v = cli_value(argc, argv, &i))) return 2;
-            if (!strcmp(v, "f32")) p.kv_dtype = ST_KV_F32;
-            else if (!strcmp(v, "bf16")) p.kv_dtype = ST_KV_BF16;
-            else return cli_failf("--kv-dtype: expected f32 or bf16, got '%s'", v);
+            if (cli_parse_kv_dtype(v, &p.kv_dtype) != 0) return 2;
         } else {
             usage();
             return cli_failf("serve: unknown option '%s'", a);

@@ -1,6 +1,8 @@
 /* ==== Continuous batching (see scheduler.h) ==== */
 #include "engine/scheduler.h"
 
+#include "core/clock.h"
+
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -68,11 +70,6 @@ struct st_sched {
     st_sched_stats stats;
 };
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 const char *st_finish_name(st_finish_reason r) {
     switch (r) {
@@ -248,7 +245,7 @@ st_status st_sched_submit(st_sched *s, const int32_t *prompt, int64_t n_prompt,
     }
     r->fn = fn;
     r->user = user;
-    r->t_submit = now_s();
+    r->t_submit = st_now_s();
     pthread_mutex_lock(&s->mu);
     if (s->n_waiting >= s->p.max_queue) {
         pthread_mutex_unlock(&s->mu);
@@ -319,15 +316,20 @@ static void retire(st_sched *s, req *r, st_finish_reason why) {
     free(r);
 }
 
+/* the common part of a DONE event */
+static void done_event(st_event *ev, const req *r, st_finish_reason why, const char *error) {
+    memset(ev, 0, sizeof *ev);
+    ev->kind = ST_EV_DONE;
+    ev->id = r->id;
+    ev->finish = why;
+    ev->error = error;
+}
+
 /* End a running sequence: release text, emit DONE, return its slot and blocks. */
 static void finish_rec(st_sched *s, rec *c, st_finish_reason why, const char *error) {
     req *r = c->r;
     st_event ev;
-    memset(&ev, 0, sizeof ev);
-    ev.kind = ST_EV_DONE;
-    ev.id = r->id;
-    ev.finish = why;
-    ev.error = error;
+    done_event(&ev, r, why, error);
     if (c->tx && why != ST_FINISH_ERROR) {
         st_text_delta d;
         st_textout_finish(c->tx, &d);
@@ -339,7 +341,7 @@ static void finish_rec(st_sched *s, rec *c, st_finish_reason why, const char *er
     ev.usage.prompt_tokens = c->n_prompt;
     ev.usage.completion_tokens = c->n_new;
     ev.usage.reasoning_tokens = c->n_reasoning;
-    double t = now_s();
+    double t = st_now_s();
     ev.queue_s = c->t_admit - r->t_submit;
     ev.ttft_s = c->t_first > 0 ? c->t_first - r->t_submit : 0;
     ev.total_s = t - r->t_submit;
@@ -355,13 +357,9 @@ static void finish_rec(st_sched *s, rec *c, st_finish_reason why, const char *er
 /* DONE for a request that never ran (cancelled while waiting, or refused at admission) */
 static void finish_queued(st_sched *s, req *r, st_finish_reason why, const char *error) {
     st_event ev;
-    memset(&ev, 0, sizeof ev);
-    ev.kind = ST_EV_DONE;
-    ev.id = r->id;
-    ev.finish = why;
-    ev.error = error;
+    done_event(&ev, r, why, error);
     ev.usage.prompt_tokens = r->n_prompt;
-    ev.total_s = now_s() - r->t_submit;
+    ev.total_s = st_now_s() - r->t_submit;
     ev.queue_s = ev.total_s;
     if (r->fn) r->fn(r->user, &ev);
     retire(s, r, why);
@@ -436,7 +434,7 @@ static void admit(st_sched *s) {
         if (c->max_new > s->p.ctx - c->n_prompt) c->max_new = s->p.ctx - c->n_prompt;
         c->budget_blocks = blocks_for(s, c->n_prompt + c->max_new);
         c->order = s->admit_counter++;
-        c->t_admit = now_s();
+        c->t_admit = st_now_s();
         c->t_first = 0;
         st_sampler_state_init(&c->ss, &r->p.sampling);
     }
@@ -460,7 +458,7 @@ static void on_logits(st_sched *s, rec *c, float *logits) {
                                   c->n_prompt, c->n_hist, r->p.logprobs, lp);
     c->hist[c->n_hist++] = t;
     c->n_new++;
-    if (c->t_first == 0) c->t_first = now_s();
+    if (c->t_first == 0) c->t_first = st_now_s();
     int stop_token = is_stop_token(s, c, t);
     st_event ev;
     memset(&ev, 0, sizeof ev);

@@ -109,6 +109,14 @@ st_status st_textout_reset(st_textout *t, const char *const *stops, int n_stop,
 
 int st_textout_in_reasoning(const st_textout *t) { return t->in_reasoning; }
 
+int st_textout_prompt_opens_think(const char *prompt) {
+    const char *open = NULL, *close = NULL, *p = prompt;
+    while ((p = strstr(p, THINK_OPEN))) open = p++;
+    p = prompt;
+    while ((p = strstr(p, THINK_CLOSE))) close = p++;
+    return open && (!close || open > close);
+}
+
 static int is_ws(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
 
 /* length of the longest suffix of s[0..n) that is a proper prefix of pat */

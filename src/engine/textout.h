@@ -56,4 +56,8 @@ void st_textout_finish(st_textout *t, st_text_delta *d);
 /* 1 while the text is inside a think block. */
 int st_textout_in_reasoning(const st_textout *t);
 
+/* 1 when a rendered prompt leaves a <think> block open, i.e. generation starts inside the
+ * reasoning (the Qwen3.5 template ends its generation prompt with "<think>\n"). */
+int st_textout_prompt_opens_think(const char *prompt);
+
 #endif /* ST_ENGINE_TEXTOUT_H */

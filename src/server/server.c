@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/clock.h"
 #include "core/fileio.h"
 #include "core/log.h"
 #include "engine/scheduler.h"
@@ -47,11 +48,6 @@ st_server_params st_server_default_params(void) {
     return p;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* ---------------------------------------------------------------------------------------- */
 /* growable byte buffers (HTTP threads only) */
@@ -196,7 +192,7 @@ static void stream_unref(stream *st) {
 static void on_event(void *user, const st_event *ev) {
     stream *st = user;
     srv *s = st->s;
-    double t = now_s();
+    double t = st_now_s();
     pthread_mutex_lock(&st->mu);
     if (ev->content_len) {
         if (st->c_in_len + ev->content_len <= INBOX_TEXT) {
@@ -545,7 +541,7 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         if (n > max) n = max;
         memcpy(buf, st->wire.p + st->wire_off, n);
         st->wire_off += n;
-        st->last_write = now_s();
+        st->last_write = st_now_s();
         pthread_mutex_unlock(&st->mu);
         return (ssize_t)n;
     }
@@ -689,14 +685,6 @@ static enum MHD_Result error_simple(srv *s, struct MHD_Connection *c, int status
     return respond_error(s, c, &e);
 }
 
-/* 1 when the rendered prompt leaves a think block open */
-static int opens_think(const char *text) {
-    const char *open = NULL, *close = NULL, *p = text;
-    while ((p = strstr(p, "<think>"))) open = p++;
-    p = text;
-    while ((p = strstr(p, "</think>"))) close = p++;
-    return open && (!close || open > close);
-}
 
 static enum MHD_Result start_generation(srv *s, struct MHD_Connection *c, httpreq *h, st_oai_kind kind) {
     st_oai_error e;
@@ -724,7 +712,7 @@ static enum MHD_Result start_generation(srv *s, struct MHD_Connection *c, httpre
             free(st);
             return error_simple(s, c, 400, "invalid_request_error", "chat_template_error", "chat template: %s", err.msg);
         }
-        start_r = s->think_split && opens_think(text);
+        start_r = s->think_split && st_textout_prompt_opens_think(text);
     } else if (st->req.prompt) {
         text = strdup(st->req.prompt);
         text_len = strlen(st->req.prompt);
@@ -754,7 +742,7 @@ static enum MHD_Result start_generation(srv *s, struct MHD_Connection *c, httpre
     pthread_mutex_init(&st->mu, NULL);
     st->req.params.split_reasoning = kind == ST_OAI_CHAT && s->think_split;
     st->req.params.start_in_reasoning = start_r;
-    st->last_write = now_s();
+    st->last_write = st_now_s();
     /* references: this HTTP request, the scheduler, the reader when streaming */
     atomic_store(&st->refs, 2 + (st->streaming ? 1 : 0));
     pthread_mutex_lock(&s->streams_mu);
@@ -968,7 +956,7 @@ static void *ticker_main(void *arg) {
     srv *s = arg;
     while (!atomic_load(&s->stopping)) {
         usleep(250 * 1000);
-        double t = now_s();
+        double t = st_now_s();
         pthread_mutex_lock(&s->streams_mu);
         for (stream *st = s->streams; st; st = st->next) {
             pthread_mutex_lock(&st->mu);
