@@ -1,5 +1,5 @@
 /* ==== A decode step allocates nothing ====
- * This program replaces malloc/calloc/realloc/aligned allocators with counting wrappers
+ * This program replaces malloc/calloc/realloc/aligned allocators with alloc_counting wrappers
  * around glibc's, then runs decode steps (and mixed prefill + decode steps) of several
  * models over a batch of sequences and checks that not one heap allocation happened. */
 #include <stdlib.h>
@@ -8,39 +8,11 @@
 #include "model/forward.h"
 #include "tap.h"
 
-extern void *__libc_malloc(size_t);
-extern void *__libc_calloc(size_t, size_t);
-extern void *__libc_realloc(void *, size_t);
-extern void *__libc_memalign(size_t, size_t);
-extern void __libc_free(void *);
+#include "alloc_count.h"
 
-static int counting;
-static long n_allocs;
-
-void *malloc(size_t n) {
-    if (counting) n_allocs++;
-    return __libc_malloc(n);
-}
-void *calloc(size_t a, size_t b) {
-    if (counting) n_allocs++;
-    return __libc_calloc(a, b);
-}
-void *realloc(void *p, size_t n) {
-    if (counting) n_allocs++;
-    return __libc_realloc(p, n);
-}
-void *aligned_alloc(size_t al, size_t n) {
-    if (counting) n_allocs++;
-    return __libc_memalign(al, n);
-}
-int posix_memalign(void **out, size_t al, size_t n) {
-    if (counting) n_allocs++;
-    *out = __libc_memalign(al, n);
-    return *out ? 0 : 12;
-}
-void free(void *p) { __libc_free(p); }
-
-static void run(const char *dir) {
+/* pooled: 3 threads with every parallel region on the pool (tiny models would otherwise run
+ * their small regions on the caller) */
+static void run(const char *dir, int pooled) {
     char path[512];
     snprintf(path, sizeof path, "%s/fixtures/%s", tap_data_dir(), dir);
     st_model *m = NULL;
@@ -53,7 +25,12 @@ static void run(const char *dir) {
     cp.n_slots = NS + 1;
     cp.max_seq_len = 512;
     st_status st = st_cache_create(m, &cp, &c, &err);
-    if (st == ST_OK) st = st_fwd_create(m, c, 64, NULL, &f, &err);
+    st_fwd_params fp = st_fwd_default_params();
+    if (pooled) {
+        fp.n_threads = 3;
+        fp.min_parallel_work = 1;
+    }
+    if (st == ST_OK) st = st_fwd_create_ex(m, c, 64, &fp, &f, &err);
     st_seq seqs[NS + 1];
     int32_t toks[NS + 1][32];
     for (int i = 0; i <= NS; i++) {
@@ -68,20 +45,20 @@ static void run(const char *dir) {
         st = st_fwd_run(f, items, 1, logits, &err);
     }
     if (!CHECK(st == ST_OK, "%s: prefill (%s)", dir, err.msg)) goto out;
-    n_allocs = 0;
-    counting = 1;
+    alloc_count = 0;
+    alloc_counting = 1;
     for (int s = 0; s < STEPS && st == ST_OK; s++) {
         for (int i = 0; i < NS; i++)
             items[i] = (st_batch_item){&seqs[i], &toks[i][s % 32], 1, ST_LOGITS_LAST};
         st = st_fwd_run(f, items, NS, logits, &err);
     }
-    counting = 0;
-    CHECK(st == ST_OK && n_allocs == 0, "%s: %d decode steps of %d sequences: %ld heap allocations",
-          dir, STEPS, NS, n_allocs);
+    alloc_counting = 0;
+    CHECK(st == ST_OK && alloc_count == 0, "%s%s: %d decode steps of %d sequences: %ld heap allocations",
+          dir, pooled ? " (3 threads)" : "", STEPS, NS, alloc_count);
     /* a step mixing a new sequence's prefill chunk with decode tokens, and the sequence
      * ending and its slot being reused, also allocates nothing */
-    n_allocs = 0;
-    counting = 1;
+    alloc_count = 0;
+    alloc_counting = 1;
     for (int round = 0; round < 3 && st == ST_OK; round++) {
         st = st_cache_seq_start(c, &seqs[NS], &err);
         for (int i = 0; i < NS; i++) items[i] = (st_batch_item){&seqs[i], &toks[i][round], 1, ST_LOGITS_LAST};
@@ -89,10 +66,10 @@ static void run(const char *dir) {
         if (st == ST_OK) st = st_fwd_run(f, items, NS + 1, logits, &err);
         st_cache_seq_release(c, &seqs[NS]);
     }
-    counting = 0;
-    CHECK(st == ST_OK && n_allocs == 0,
-          "%s: mixed prefill+decode steps with slot reuse: %ld heap allocations (%s)", dir,
-          n_allocs, err.msg);
+    alloc_counting = 0;
+    CHECK(st == ST_OK && alloc_count == 0,
+          "%s%s: mixed prefill+decode steps with slot reuse: %ld heap allocations (%s)", dir,
+          pooled ? " (3 threads)" : "", alloc_count, err.msg);
 out:
     free(logits);
     st_fwd_destroy(f);
@@ -102,17 +79,19 @@ out:
 
 int main(void) {
     /* the counter itself works (including allocations made inside libraries) */
-    n_allocs = 0;
-    counting = 1;
+    alloc_count = 0;
+    alloc_counting = 1;
     void *(*volatile alloc)(size_t) = malloc;
     void *p = alloc(10);
     char *d = strdup("x");
-    counting = 0;
+    alloc_counting = 0;
     free(p);
     free(d);
-    CHECK(n_allocs == 2, "the allocation counter sees malloc and strdup (%ld)", n_allocs);
-    run("tiny-a");
-    run("tiny-b/mlx-q8");
-    run("tiny-moe");
+    CHECK(alloc_count == 2, "the allocation counter sees malloc and strdup (%ld)", alloc_count);
+    run("tiny-a", 0);
+    run("tiny-b/mlx-q8", 0);
+    run("tiny-moe", 0);
+    run("tiny-a", 1);
+    run("tiny-moe", 1);
     return tap_done();
 }

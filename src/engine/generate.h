@@ -20,7 +20,7 @@ typedef struct st_gen_options {
     st_kv_dtype kv_dtype;
     int64_t max_seq_len;      /* context limit; 0 = the model's max_position_embeddings */
     int stop_at_eos;          /* stop a sequence after it emits one of the config's eos ids */
-    const st_kernels *kernels;/* NULL = scalar reference */
+    const st_kernels *kernels;/* NULL = the best for this CPU ($STRAND_KERNELS overrides) */
 } st_gen_options;
 
 st_gen_options st_gen_default_options(void);

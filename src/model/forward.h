@@ -6,8 +6,16 @@
  * sequence-dependent parts (conv + delta-rule recurrence, attention over the sequence's own
  * KV blocks) run per sequence, so a sequence gets the same result alone or in any batch.
  *
- * All scratch memory is allocated by st_fwd_create for at most `max_tokens` tokens per call;
- * st_fwd_run allocates nothing.
+ * All scratch memory is allocated by st_fwd_create for at most `max_tokens` tokens per call,
+ * and the context's thread pool is started there; st_fwd_run allocates nothing. Work is
+ * split statically over the pool: matrix products by output rows, the delta rule by
+ * (sequence, key head), attention by (sequence, KV head, query tile) and, when a step has
+ * fewer such tasks than threads (decode of few sequences), across fixed 512-position
+ * chunks of the context merged with the online-softmax rule. No split changes the
+ * arithmetic: results are the same bits for any thread count and any batch composition.
+ *
+ * Thread ownership: one thread at a time calls st_fwd_run on a context (it drives the
+ * context's pool and writes the cache).
  */
 #ifndef ST_MODEL_FORWARD_H
 #define ST_MODEL_FORWARD_H
@@ -39,7 +47,26 @@ typedef void (*st_hidden_hook)(void *user, int index, int64_t n_tokens, int64_t 
 
 typedef struct st_fwd st_fwd;
 
-/* Plan scratch for up to max_tokens tokens per call. kernels NULL = scalar reference. */
+/* How a forward context computes. Start from st_fwd_default_params(). */
+typedef struct st_fwd_params {
+    int n_threads;              /* threads of the context's pool, the caller included;
+                                   0 = st_default_threads() ($STRAND_THREADS or online CPUs) */
+    const st_kernels *kernels;  /* NULL = st_kernels_select() (best for this CPU, or
+                                   $STRAND_KERNELS); st_kernels_ref() for the oracle */
+    int gdn_chunked;            /* 1: whole 64-token chunks (aligned to positions that are
+                                   multiples of 64) of a prefill use the chunked delta rule;
+                                   0: always the per-timestep form */
+    int64_t min_parallel_work;  /* a parallel region with fewer multiply-adds runs on the
+                                   calling thread alone; 0 = the default (65536) */
+} st_fwd_params;
+
+st_fwd_params st_fwd_default_params(void);
+
+/* Plan scratch for up to max_tokens tokens per call and start the thread pool. */
+st_status st_fwd_create_ex(const st_model *m, st_cache *cache, int max_tokens,
+                           const st_fwd_params *p, st_fwd **out, st_error *err);
+
+/* st_fwd_create_ex with default parameters and the given kernels (NULL = best available). */
 st_status st_fwd_create(const st_model *m, st_cache *cache, int max_tokens,
                         const st_kernels *kernels, st_fwd **out, st_error *err);
 void st_fwd_destroy(st_fwd *f);
@@ -56,5 +83,9 @@ void st_fwd_set_hidden_hook(st_fwd *f, st_hidden_hook hook, void *user);
 
 /* Bytes of scratch the context planned. */
 size_t st_fwd_scratch_bytes(const st_fwd *f);
+
+/* The kernel set and thread count in use. */
+const st_kernels *st_fwd_kernels(const st_fwd *f);
+int st_fwd_threads(const st_fwd *f);
 
 #endif /* ST_MODEL_FORWARD_H */

@@ -1,0 +1,327 @@
+/* ==== strand bench: prefill and decode speed against this machine's memory bandwidth ====
+ * strand bench -m DIR [--json] [-t THREADS] [-k KERNELS] [--prompts 512,2048]
+ *              [--batches 1,4,16] [--prompt-len 128] [--decode-s SECONDS]
+ *
+ * 1. Measures the memory read bandwidth: every thread of the pool streams its share of a
+ *    1 GiB buffer (4x the largest last-level cache seen so far), best of 5 passes.
+ * 2. Prefill: one sequence, the whole prompt in one forward call (logits of the last token),
+ *    for each prompt length; tokens per second.
+ * 3. Decode: B sequences (B in --batches) each prefilled with a --prompt-len prompt, then
+ *    steps of one token per sequence for about --decode-s seconds. Reports tokens per second
+ *    (all sequences), the weight bytes read per step (st_model_get_stats: every matrix once,
+ *    the LM head whole, one embedding row) per second, and that as a fraction of the
+ *    measured bandwidth: the "floor" is bandwidth / bytes per step steps per second.
+ * Weights are touched once before timing (a warm-up decode step), so page faults of the
+ * mapping are not counted. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "apps/cli.h"
+#include "core/threadpool.h"
+#include "model/forward.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage: strand bench -m DIR [--json] [-t THREADS] [-k ref|avx2|avx512|amx]\n"
+            "                    [--prompts 512,2048] [--batches 1,4,16] [--prompt-len 128]\n"
+            "                    [--decode-s SECONDS]\n"
+            "  Measures memory read bandwidth, prefill tokens/s per prompt length, and decode\n"
+            "  tokens/s per batch size with the weight bytes read per second as a fraction of\n"
+            "  the bandwidth (the decode floor).\n");
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* memory bandwidth */
+
+typedef struct bw_job {
+    const uint8_t *buf;
+    size_t bytes;
+    uint64_t sink[64]; /* per thread result, so the reads are not optimised away */
+    int avx2;
+} bw_job;
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static uint64_t read_avx2(const uint8_t *p, size_t n) {
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t i = 0; i + 128 <= n; i += 128) {
+        a0 = _mm256_xor_si256(a0, _mm256_load_si256((const __m256i *)(p + i)));
+        a1 = _mm256_xor_si256(a1, _mm256_load_si256((const __m256i *)(p + i + 32)));
+        a2 = _mm256_xor_si256(a2, _mm256_load_si256((const __m256i *)(p + i + 64)));
+        a3 = _mm256_xor_si256(a3, _mm256_load_si256((const __m256i *)(p + i + 96)));
+    }
+    a0 = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
+    return (uint64_t)_mm256_extract_epi64(a0, 0) ^ (uint64_t)_mm256_extract_epi64(a0, 3);
+}
+#endif
+
+static uint64_t read_scalar(const uint8_t *p, size_t n) {
+    const uint64_t *q = (const uint64_t *)p;
+    uint64_t a[8] = {0};
+    for (size_t i = 0; i + 8 <= n / 8; i += 8)
+        for (int j = 0; j < 8; j++) a[j] ^= q[i + j];
+    return a[0] ^ a[1] ^ a[2] ^ a[3] ^ a[4] ^ a[5] ^ a[6] ^ a[7];
+}
+
+static void bw_fn(void *ctx, int tid, int n) {
+    bw_job *j = ctx;
+    int64_t lo, hi;
+    st_split_range((int64_t)j->bytes, n, tid, 4096, &lo, &hi);
+#if defined(__x86_64__)
+    if (j->avx2) {
+        j->sink[tid % 64] ^= read_avx2(j->buf + lo, (size_t)(hi - lo));
+        return;
+    }
+#endif
+    j->sink[tid % 64] ^= read_scalar(j->buf + lo, (size_t)(hi - lo));
+}
+
+static void fill_fn(void *ctx, int tid, int n) {
+    bw_job *j = ctx;
+    int64_t lo, hi;
+    st_split_range((int64_t)j->bytes, n, tid, 4096, &lo, &hi);
+    memset((uint8_t *)j->buf + lo, tid + 1, (size_t)(hi - lo));
+}
+
+/* GB/s (1e9 bytes), or 0 on failure */
+static double measure_bandwidth(st_pool *pool) {
+    bw_job j;
+    memset(&j, 0, sizeof j);
+    j.bytes = (size_t)1 << 30;
+    j.avx2 = st_cpu_get_features()->avx2;
+    uint8_t *buf = aligned_alloc(4096, j.bytes);
+    if (!buf) return 0;
+    j.buf = buf;
+    st_pool_run(pool, fill_fn, &j); /* fault the pages in, on the threads that read them */
+    double best = 0;
+    for (int pass = 0; pass < 5; pass++) {
+        double t0 = now_s();
+        st_pool_run(pool, bw_fn, &j);
+        double t = now_s() - t0;
+        if ((double)j.bytes / t / 1e9 > best) best = (double)j.bytes / t / 1e9;
+    }
+    free(buf);
+    return best;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+
+static int parse_list(const char *s, long long *out, int max) {
+    int n = 0;
+    while (*s && n < max) {
+        char *end;
+        long long v = strtoll(s, &end, 10);
+        if (end == s || v < 1) return -1;
+        out[n++] = v;
+        s = end;
+        if (*s == ',') s++;
+        else if (*s) return -1;
+    }
+    return n;
+}
+
+typedef struct decode_res {
+    long long batch;
+    double tok_s, step_s, gb_s, frac;
+    int steps;
+} decode_res;
+
+int cmd_bench(int argc, char **argv) {
+    const char *dir = NULL, *kname = NULL;
+    int json = 0;
+    long long threads = 0, plen = 128;
+    long long prompts[8] = {512, 2048}, batches[8] = {1, 4, 16};
+    int n_prompts = 2, n_batches = 3;
+    double decode_s = 2.0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage();
+            return 0;
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            if (!(dir = cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--json")) {
+            json = 1;
+        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            const char *v = cli_value(argc, argv, &i);
+            if (!v || cli_parse_int(a, v, 1, ST_POOL_MAX_THREADS, &threads)) return 2;
+        } else if (!strcmp(a, "-k") || !strcmp(a, "--kernels")) {
+            if (!(kname = cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--prompts") || !strcmp(a, "--batches")) {
+            const char *v = cli_value(argc, argv, &i);
+            if (!v) return 2;
+            int is_p = !strcmp(a, "--prompts");
+            int n = parse_list(v, is_p ? prompts : batches, 8);
+            if (n < 0) return cli_failf("%s: expected a comma-separated list of positive numbers", a);
+            if (is_p) n_prompts = n;
+            else n_batches = n;
+        } else if (!strcmp(a, "--prompt-len")) {
+            const char *v = cli_value(argc, argv, &i);
+            if (!v || cli_parse_int(a, v, 1, 1 << 16, &plen)) return 2;
+        } else if (!strcmp(a, "--decode-s")) {
+            const char *v = cli_value(argc, argv, &i);
+            if (!v || cli_parse_float(a, v, &decode_s)) return 2;
+        } else {
+            usage();
+            return cli_failf("bench: unknown option '%s'", a);
+        }
+    }
+    if (!dir) {
+        usage();
+        return cli_failf("bench: -m DIR is required");
+    }
+    const st_kernels *k = NULL;
+    if (kname && !(k = st_kernels_by_name(kname)))
+        return cli_failf("bench: kernel set '%s' is not available on this CPU", kname);
+    st_error err = {0};
+    st_model *m = NULL;
+    st_cache *cache = NULL;
+    st_fwd *f = NULL;
+    float *logits = NULL;
+    int32_t *toks = NULL;
+    int rc = 1;
+    if (st_model_load(dir, &m, &err) != ST_OK) return cli_fail(&err);
+    const st_config *c = &m->cfg;
+    st_model_stats ms;
+    st_model_get_stats(m, sizeof(float), &ms);
+    long long max_prompt = 0, max_batch = 0;
+    for (int i = 0; i < n_prompts; i++) max_prompt = prompts[i] > max_prompt ? prompts[i] : max_prompt;
+    for (int i = 0; i < n_batches; i++) max_batch = batches[i] > max_batch ? batches[i] : max_batch;
+    int64_t decode_steps_max = 4096;
+    st_cache_params cp = st_cache_default_params();
+    cp.n_slots = (int)max_batch;
+    cp.max_seq_len = (max_prompt > plen ? max_prompt : plen) + decode_steps_max + 8;
+    cp.n_blocks = (cp.max_seq_len + cp.block_size - 1) / cp.block_size * (max_batch + 1);
+    int max_tokens = (int)(max_prompt > plen * max_batch ? max_prompt : plen * max_batch);
+    st_fwd_params fp = st_fwd_default_params();
+    fp.n_threads = (int)threads;
+    fp.kernels = k;
+    if (st_cache_create(m, &cp, &cache, &err) != ST_OK) goto done;
+    if (st_fwd_create_ex(m, cache, max_tokens, &fp, &f, &err) != ST_OK) goto done;
+    logits = malloc((size_t)max_batch * (size_t)c->vocab_size * sizeof(float));
+    toks = malloc((size_t)max_tokens * sizeof(int32_t));
+    if (!logits || !toks) {
+        st_error_set(&err, ST_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < max_tokens; i++) toks[i] = (int32_t)((1000003LL * i + 17) % c->vocab_size);
+    const int nth = st_fwd_threads(f);
+    st_pool *bw_pool = NULL;
+    if (st_pool_create(nth, &bw_pool, &err) != ST_OK) goto done;
+    if (!json) fprintf(stderr, "measuring memory bandwidth (%d threads)...\n", nth);
+    const double bw = measure_bandwidth(bw_pool);
+    st_pool_destroy(bw_pool);
+
+    /* warm-up: one decode step reads every weight once (faults the mapping in) */
+    st_seq seqs[64];
+    for (int i = 0; i < 64; i++) seqs[i].slot = -1;
+    {
+        if (st_cache_seq_start(cache, &seqs[0], &err) != ST_OK) goto done;
+        st_batch_item it = {&seqs[0], toks, 1, ST_LOGITS_LAST};
+        for (int r = 0; r < 2; r++)
+            if (st_fwd_run(f, &it, 1, logits, &err) != ST_OK) goto done;
+        st_cache_seq_release(cache, &seqs[0]);
+    }
+
+    double pre_tok_s[8] = {0}, pre_s[8] = {0};
+    for (int i = 0; i < n_prompts; i++) {
+        if (!json) fprintf(stderr, "prefill %lld tokens...\n", prompts[i]);
+        if (st_cache_seq_start(cache, &seqs[0], &err) != ST_OK) goto done;
+        st_batch_item it = {&seqs[0], toks, (int)prompts[i], ST_LOGITS_LAST};
+        double t0 = now_s();
+        if (st_fwd_run(f, &it, 1, logits, &err) != ST_OK) goto done;
+        pre_s[i] = now_s() - t0;
+        pre_tok_s[i] = (double)prompts[i] / pre_s[i];
+        st_cache_seq_release(cache, &seqs[0]);
+    }
+
+    decode_res dr[8];
+    memset(dr, 0, sizeof dr);
+    for (int bi = 0; bi < n_batches; bi++) {
+        const int B = (int)batches[bi];
+        if (B > 64) {
+            st_error_set(&err, ST_ERR_ARG, "batch %d exceeds 64", B);
+            goto done;
+        }
+        if (!json) fprintf(stderr, "decode at batch %d...\n", B);
+        st_batch_item items[64];
+        int32_t next[64];
+        for (int s = 0; s < B; s++) {
+            if (st_cache_seq_start(cache, &seqs[s], &err) != ST_OK) goto done;
+            items[s] = (st_batch_item){&seqs[s], toks + s * plen, (int)plen, ST_LOGITS_LAST};
+        }
+        if (st_fwd_run(f, items, B, logits, &err) != ST_OK) goto done;
+        int steps = 0;
+        double t0 = now_s(), t = 0;
+        while (steps < decode_steps_max && (steps < 3 || t < decode_s)) {
+            for (int s = 0; s < B; s++) {
+                next[s] = (int32_t)((steps * 7919 + s * 104729) % c->vocab_size);
+                items[s] = (st_batch_item){&seqs[s], &next[s], 1, ST_LOGITS_LAST};
+            }
+            if (st_fwd_run(f, items, B, logits, &err) != ST_OK) goto done;
+            steps++;
+            t = now_s() - t0;
+        }
+        for (int s = 0; s < B; s++) st_cache_seq_release(cache, &seqs[s]);
+        dr[bi].batch = B;
+        dr[bi].steps = steps;
+        dr[bi].step_s = t / steps;
+        dr[bi].tok_s = (double)B * steps / t;
+        dr[bi].gb_s = (double)ms.bytes_per_token * steps / t / 1e9;
+        dr[bi].frac = bw > 0 ? dr[bi].gb_s / bw : 0;
+    }
+
+    const double floor_tok_s = bw > 0 ? bw * 1e9 / (double)ms.bytes_per_token : 0;
+    if (json) {
+        printf("{\"model\": \"%s\", \"kernels\": \"%s\", \"threads\": %d, "
+               "\"bandwidth_gb_s\": %.3f, \"weight_bytes_per_step\": %zu, "
+               "\"decode_floor_steps_s\": %.3f, \"prefill\": [",
+               dir, st_fwd_kernels(f)->name, nth, bw, ms.bytes_per_token, floor_tok_s);
+        for (int i = 0; i < n_prompts; i++)
+            printf("%s{\"tokens\": %lld, \"seconds\": %.4f, \"tok_s\": %.3f}", i ? ", " : "",
+                   prompts[i], pre_s[i], pre_tok_s[i]);
+        printf("], \"decode\": [");
+        for (int i = 0; i < n_batches; i++)
+            printf("%s{\"batch\": %lld, \"prompt\": %lld, \"steps\": %d, \"step_ms\": %.3f, "
+                   "\"tok_s\": %.3f, \"weight_gb_s\": %.3f, \"fraction_of_bandwidth\": %.4f}",
+                   i ? ", " : "", dr[i].batch, plen, dr[i].steps, dr[i].step_s * 1e3,
+                   dr[i].tok_s, dr[i].gb_s, dr[i].frac);
+        printf("]}\n");
+    } else {
+        printf("model      %s\n", dir);
+        printf("kernels    %s, %d threads\n", st_fwd_kernels(f)->name, nth);
+        printf("bandwidth  %.2f GB/s (memory read, %d threads)\n", bw, nth);
+        printf("weights    %.3f GB read per decode step -> floor %.2f steps/s\n",
+               (double)ms.bytes_per_token / 1e9, floor_tok_s);
+        printf("\n%-10s %8s %10s\n", "prefill", "tokens", "tok/s");
+        for (int i = 0; i < n_prompts; i++)
+            printf("%-10s %8lld %10.1f\n", "", prompts[i], pre_tok_s[i]);
+        printf("\n%-10s %6s %9s %10s %11s %10s\n", "decode", "batch", "step ms", "tok/s",
+               "weight GB/s", "of floor");
+        for (int i = 0; i < n_batches; i++)
+            printf("%-10s %6lld %9.2f %10.2f %11.2f %9.1f%%\n", "", dr[i].batch,
+                   dr[i].step_s * 1e3, dr[i].tok_s, dr[i].gb_s, 100 * dr[i].frac);
+        printf("(decode after a %lld-token prompt per sequence; 'of floor' = weight bytes read "
+               "per second / bandwidth)\n", plen);
+    }
+    rc = 0;
+done:
+    if (rc) cli_fail(&err);
+    free(logits);
+    free(toks);
+    st_fwd_destroy(f);
+    st_cache_destroy(cache);
+    st_model_free(m);
+    return rc;
+}

@@ -1,0 +1,188 @@
+/* ==== The thread pool and the threaded forward pass ====
+ * - st_pool_run calls every thread exactly once per run, the caller as thread 0, for many
+ *   runs in a row (also after the workers went to sleep), and pools of 1..5 threads;
+ * - st_split_range covers [0, n) exactly with aligned boundaries;
+ * - the forward pass gives the same bits with 1, 2 and 3 threads (prefill, decode of a
+ *   batch, and a decode past 512 positions where attention is split over the threads), on
+ *   every kernel set this CPU runs (every region forced onto the pool);
+ * - STRAND_THREADS sets the default.
+ * Prints the measured cost of an empty parallel region (information only). */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/threadpool.h"
+#include "model/forward.h"
+#include "tap.h"
+
+typedef struct count_ctx {
+    atomic_int calls[8];
+    atomic_int bad;
+} count_ctx;
+
+static void count_fn(void *ctx, int tid, int n) {
+    count_ctx *c = ctx;
+    if (tid < 0 || tid >= n || n > 8) atomic_fetch_add(&c->bad, 1);
+    else atomic_fetch_add(&c->calls[tid], 1);
+}
+
+static void noop_fn(void *ctx, int tid, int n) {
+    (void)ctx;
+    (void)tid;
+    (void)n;
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void test_pool(void) {
+    for (int n = 1; n <= 5; n++) {
+        st_pool *p = NULL;
+        st_error err = {0};
+        if (!CHECK(st_pool_create(n, &p, &err) == ST_OK, "pool of %d threads starts (%s)", n, err.msg))
+            continue;
+        count_ctx c;
+        memset(&c, 0, sizeof c);
+        const int runs = 2000;
+        for (int r = 0; r < runs; r++) {
+            st_pool_run(p, count_fn, &c);
+            if (r == 1000) usleep(20000); /* let the workers fall asleep once */
+        }
+        int ok = atomic_load(&c.bad) == 0 && st_pool_size(p) == n;
+        for (int i = 0; i < n; i++) ok &= atomic_load(&c.calls[i]) == runs;
+        CHECK(ok, "pool of %d: %d runs call each thread exactly once per run", n, runs);
+        if (n == 2) {
+            double t0 = now_s();
+            for (int r = 0; r < 20000; r++) st_pool_run(p, noop_fn, NULL);
+            printf("# empty parallel region with 2 threads: %.2f us\n", (now_s() - t0) / 20000 * 1e6);
+        }
+        st_pool_destroy(p);
+    }
+    st_pool_destroy(NULL);
+    st_pool *p = NULL;
+    st_error err = {0};
+    CHECK(st_pool_create(0, &p, &err) == ST_ERR_ARG && p == NULL,
+          "a pool of 0 threads is refused (%s)", err.msg);
+}
+
+static void test_split(void) {
+    int ok = 1;
+    for (int64_t n = 0; n < 200; n += 7)
+        for (int parts = 1; parts <= 6; parts++)
+            for (int64_t al = 1; al <= 32; al *= 4) {
+                int64_t expect = 0;
+                for (int i = 0; i < parts; i++) {
+                    int64_t lo, hi;
+                    st_split_range(n, parts, i, al, &lo, &hi);
+                    ok &= lo == expect && hi >= lo && hi <= n && (lo % al == 0 || lo == n);
+                    expect = hi;
+                }
+                ok &= expect == n;
+            }
+    CHECK(ok, "st_split_range partitions [0, n) in order with aligned boundaries");
+}
+
+/* prefill two prompts, decode a batch; returns all logits produced (malloc'ed) */
+static float *run_model(const st_model *m, const st_kernels *k, int threads, int64_t ctx,
+                        int prompt_len, int steps, int64_t *n_out) {
+    const int64_t V = m->cfg.vocab_size;
+    st_cache_params cp = st_cache_default_params();
+    cp.n_slots = 3;
+    cp.max_seq_len = ctx;
+    st_cache *c = NULL;
+    st_fwd *f = NULL;
+    st_error err = {0};
+    st_fwd_params fp = st_fwd_default_params();
+    fp.n_threads = threads;
+    fp.kernels = k;
+    fp.min_parallel_work = 1; /* every region on the pool, even for tiny models */
+    int64_t rows = 3 + 4 * (int64_t)steps;
+    float *all = calloc((size_t)(rows * V), sizeof(float));
+    int32_t *toks = malloc((size_t)prompt_len * sizeof(int32_t));
+    for (int i = 0; i < prompt_len; i++) toks[i] = (int32_t)((i * 37 + 11) % V);
+    st_status st = st_cache_create(m, &cp, &c, &err);
+    if (st == ST_OK) st = st_fwd_create_ex(m, c, prompt_len, &fp, &f, &err);
+    st_seq s[3];
+    for (int i = 0; i < 3; i++) {
+        s[i].slot = -1;
+        if (st == ST_OK) st = st_cache_seq_start(c, &s[i], &err);
+    }
+    int64_t row = 0;
+    for (int i = 0; i < 3 && st == ST_OK; i++) {
+        st_batch_item it = {&s[i], toks, prompt_len - 5 * i, ST_LOGITS_LAST};
+        st = st_fwd_run(f, &it, 1, all + row * V, &err);
+        row++;
+    }
+    for (int step = 0; step < steps && st == ST_OK; step++) {
+        st_batch_item its[3];
+        int32_t ids[3];
+        for (int i = 0; i < 3; i++) {
+            ids[i] = (int32_t)((step * 13 + i * 101) % V);
+            its[i] = (st_batch_item){&s[i], &ids[i], 1, ST_LOGITS_LAST};
+        }
+        st = st_fwd_run(f, its, 3, all + row * V, &err);
+        row += 3;
+    }
+    /* one sequence alone: fewer attention tasks than threads, so its chunks are split */
+    for (int step = 0; step < steps && st == ST_OK; step++) {
+        int32_t id = (int32_t)((step * 7 + 3) % V);
+        st_batch_item it = {&s[0], &id, 1, ST_LOGITS_LAST};
+        st = st_fwd_run(f, &it, 1, all + row * V, &err);
+        row++;
+    }
+    if (st != ST_OK) printf("# run failed: %s\n", err.msg);
+    st_fwd_destroy(f);
+    st_cache_destroy(c);
+    free(toks);
+    *n_out = st == ST_OK ? row * V : -1;
+    return all;
+}
+
+static void test_forward_threads(const char *dir) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/fixtures/%s", tap_data_dir(), dir);
+    st_model *m = NULL;
+    st_error err = {0};
+    if (!CHECK(st_model_load(path, &m, &err) == ST_OK, "%s loads (%s)", dir, err.msg)) return;
+    const char *const *names = st_kernels_names();
+    for (int i = 0; names[i]; i++) {
+        const st_kernels *k = st_kernels_by_name(names[i]);
+        if (!k || (k == st_kernels_ref() && strcmp(dir, "tiny-a") != 0)) continue;
+        /* a long prompt (past one 512-position attention chunk) then decode steps */
+        int64_t n1, n2, n3;
+        double t0 = now_s();
+        float *a = run_model(m, k, 1, 600, 530, 3, &n1);
+        double t1 = now_s();
+        float *b = run_model(m, k, 2, 600, 530, 3, &n2);
+        double t2 = now_s();
+        float *c = run_model(m, k, 3, 600, 530, 3, &n3);
+        printf("# %s %s: %.2f s with 1 thread, %.2f s with 2, %.2f s with 3\n", dir, names[i],
+               t1 - t0, t2 - t1, now_s() - t2);
+        CHECK(n1 > 0 && n1 == n2 && n1 == n3 && memcmp(a, b, (size_t)n1 * 4) == 0 &&
+                  memcmp(a, c, (size_t)n1 * 4) == 0,
+              "%s %s: 1, 2 and 3 threads give identical logits (530-token prefill, batched and split decode)",
+              dir, names[i]);
+        free(a);
+        free(b);
+        free(c);
+    }
+    st_model_free(m);
+}
+
+int main(void) {
+    test_pool();
+    test_split();
+    setenv("STRAND_THREADS", "3", 1);
+    CHECK(st_default_threads() == 3, "STRAND_THREADS=3 sets the default thread count");
+    setenv("STRAND_THREADS", "junk", 1);
+    CHECK(st_default_threads() >= 1, "a bad STRAND_THREADS falls back to the CPU count");
+    unsetenv("STRAND_THREADS");
+    test_forward_threads("tiny-a");
+    test_forward_threads("tiny-b/mlx-q8");
+    return tap_done();
+}
