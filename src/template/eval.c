@@ -487,7 +487,14 @@ tj_val tj_call(tj_render *rs, tj_val callee, tj_args *args) {
 
 /* ==== Assignment ==== */
 
+/* a name, a tuple of targets, or ns.attr of a namespace */
 static void assign(tj_render *rs, const tj_node *target, tj_val v, tj_scope *sc) {
+    if (target->type == TJ_N_NSREF) {
+        tj_val ns = lookup(rs, sc, target->sym);
+        if (ns.kind != TJ_NS) tj_fail(rs, ST_ERR_ARG, "cannot assign attribute on non-namespace object");
+        tj_dict_set(rs, ns.as.ns->attrs, tj_strv(rs->t->sym_strs[target->sym2]), v);
+        return;
+    }
     if (target->type == TJ_N_NAME) {
         scope_set(rs, sc, target->sym, v);
         return;
@@ -805,14 +812,7 @@ static int exec(tj_render *rs, const tj_node *n, tj_scope *sc) {
     case TJ_N_SET: {
         tj_val v = eval(rs, n->b, sc);
         rs->line = n->line;
-        if (n->a->type == TJ_N_NSREF) {
-            tj_val ns = lookup(rs, sc, n->a->sym);
-            if (ns.kind != TJ_NS)
-                tj_fail(rs, ST_ERR_ARG, "cannot assign attribute on non-namespace object");
-            tj_dict_set(rs, ns.as.ns->attrs, tj_strv(rs->t->sym_strs[n->a->sym2]), v);
-        } else {
-            assign(rs, n->a, v, sc);
-        }
+        assign(rs, n->a, v, sc);
         break;
     }
     case TJ_N_SETBLOCK: {
@@ -827,14 +827,7 @@ static int exec(tj_render *rs, const tj_node *n, tj_scope *sc) {
         }
         rs->line = n->line;
         if (n->b) v = apply_filter_node(rs, n->b, sc, &v);
-        if (n->a->type == TJ_N_NSREF) {
-            tj_val ns = lookup(rs, sc, n->a->sym);
-            if (ns.kind != TJ_NS)
-                tj_fail(rs, ST_ERR_ARG, "cannot assign attribute on non-namespace object");
-            tj_dict_set(rs, ns.as.ns->attrs, tj_strv(rs->t->sym_strs[n->a->sym2]), v);
-        } else {
-            assign(rs, n->a, v, sc);
-        }
+        assign(rs, n->a, v, sc);
         break;
     }
     case TJ_N_MACRO: {
