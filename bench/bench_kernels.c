@@ -1,7 +1,7 @@
 /* ==== Micro-benchmark of the matmul kernels on real layer shapes ====
  *
  * build/bench/bench_kernels [-k set] [-t threads] [-m tokens] [-f bf16|f32|f16|q8|q4]
- *                           [-r rows] [-c cols] [-s seconds] [-C copies]
+ *                           [-r rows] [-c cols] [-s seconds] [-C copies] [-P 0|1 packed]
  * Times y = W x for a random matrix (default the 0.8B MLP up projection, 3584 x 1024) on
  * every available kernel set (or one), split over threads by rows as the forward pass does,
  * and prints GFLOP/s and the weight bytes streamed per second. Weights larger than the
@@ -94,7 +94,7 @@ int main(int argc, char **argv) {
     int threads = st_default_threads();
     int64_t m = 1, rows = 3584, cols = 1024;
     double secs = 1.0;
-    int copies_opt = 0;
+    int copies_opt = 0, pack = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "-k")) only = argv[i + 1];
         else if (!strcmp(argv[i], "-t")) threads = atoi(argv[i + 1]);
@@ -104,6 +104,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-c")) cols = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "-s")) secs = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "-C")) copies_opt = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-P")) pack = atoi(argv[i + 1]);
     }
     st_matrix w0;
     make(&w0, fmt, rows, cols);
@@ -114,6 +115,16 @@ int main(int argc, char **argv) {
     st_matrix *ws = malloc((size_t)copies * sizeof *ws);
     ws[0] = w0;
     for (int c = 1; c < copies; c++) make(&ws[c], fmt, rows, cols);
+    /* -P 1: the packed copy the model would make (for sets that read it) */
+    for (int c = 0; c < copies && pack; c++) {
+        const unsigned can = st_matrix_packs_possible(&ws[c]);
+        const st_wpack kind = (can & ST_WPACK_BIT(ST_WPACK_BF16_V16)) ? ST_WPACK_BF16_V16 : ST_WPACK_NONE;
+        if (kind == ST_WPACK_NONE) break;
+        void *pk = aligned_alloc(64, (st_matrix_pack_bytes(&ws[c], kind) + 63) / 64 * 64);
+        st_matrix_pack(&ws[c], kind, pk, 0, rows);
+        ws[c].pack = kind;
+        ws[c].packed = pk;
+    }
     float *x = aligned_alloc(64, (size_t)(m * cols) * 4 + 64), *y = malloc((size_t)(m * rows) * 4);
     for (int64_t i = 0; i < m * cols; i++) x[i] = frand();
     st_pool *pool = NULL;

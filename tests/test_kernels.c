@@ -193,6 +193,37 @@ static void test_matmul(const st_kernels *k) {
         CHECK(all, "%s matmul %s: %d random shapes (odd sizes, whole 32-column chunks, 1..67 tokens) match ref (worst %.2e of sum|wx|), each token alone and any row range bit-identical",
               k->name, dname[f], n, worst);
     }
+    /* packed bf16 (vectors over rows): rows not a multiple of 16, even widths, 1..67 tokens */
+    if (k->packs & ST_WPACK_BIT(ST_WPACK_BF16_V16)) {
+        int all = 1, n = 0;
+        double worst = 0;
+        const int64_t ptoks[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 24, 25, 67};
+        for (int trial = 0; trial < 32; trial++) {
+            int64_t R = irand(1, 150), K = 2 * irand(1, 300);
+            if (trial == 0) R = 16, K = 1024;
+            if (trial == 1) R = 300, K = 2;
+            if (trial == 2) R = 5, K = 20000; /* wide: several token blocks */
+            int64_t nt = ptoks[trial % 16];
+            if (trial == 2) nt = 40;
+            tmat t;
+            make_matrix(&t, ST_WFMT_BF16, R, K, 0, 0, ST_DTYPE_BF16);
+            const size_t pb = st_matrix_pack_bytes(&t.m, ST_WPACK_BF16_V16);
+            void *pk = malloc(pb);
+            memset(pk, 0xA5, pb); /* pack must write every byte it owns */
+            st_matrix_pack(&t.m, ST_WPACK_BF16_V16, pk, 0, R);
+            t.m.pack = ST_WPACK_BF16_V16;
+            t.m.packed = pk;
+            char what[128];
+            snprintf(what, sizeof what, "%s packed bf16 [%lld x %lld] x %lld tokens", k->name,
+                     (long long)R, (long long)K, (long long)nt);
+            all &= check_matmul(k, &t, nt, tol_f32, what, &worst);
+            free(pk);
+            free_matrix(&t);
+            n++;
+        }
+        CHECK(all, "%s matmul packed bf16: %d shapes (1..300 rows, widths 2..20000, 1..67 tokens) match ref (worst %.2e of sum|wx|), each token alone and any row range bit-identical",
+              k->name, n, worst);
+    }
     /* affine: every width, group and scale dtype */
     const int bits[] = {2, 3, 4, 5, 6, 8};
     const int groups[] = {32, 64, 128};

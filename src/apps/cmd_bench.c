@@ -94,25 +94,54 @@ static void fill_fn(void *ctx, int tid, int n) {
     memset((uint8_t *)j->buf + lo, tid + 1, (size_t)(hi - lo));
 }
 
-/* GB/s (1e9 bytes), or 0 on failure */
-static double measure_bandwidth(st_pool *pool) {
-    bw_job j;
-    memset(&j, 0, sizeof j);
-    j.bytes = (size_t)1 << 30;
-    j.avx2 = st_cpu_get_features()->avx2;
-    uint8_t *buf = aligned_alloc(4096, j.bytes);
-    if (!buf) return 0;
-    j.buf = buf;
-    st_pool_run(pool, fill_fn, &j); /* fault the pages in, on the threads that read them */
-    double best = 0;
-    for (int pass = 0; pass < 5; pass++) {
-        double t0 = now_s();
-        st_pool_run(pool, bw_fn, &j);
-        double t = now_s() - t0;
-        if ((double)j.bytes / t / 1e9 > best) best = (double)j.bytes / t / 1e9;
+/* A bandwidth probe: a buffer 4x the largest last-level cache seen so far, read by every
+ * thread of a pool. Kept alive through the decode measurements so that each round of
+ * decode steps gets its own bandwidth sample (this machine's neighbours change it). */
+typedef struct bw_probe {
+    st_pool *pool;
+    bw_job job;
+    uint8_t *buf; /* owned, j.bytes */
+} bw_probe;
+
+static int bw_probe_create(int nth, bw_probe *p, st_error *err) {
+    memset(p, 0, sizeof *p);
+    p->job.bytes = (size_t)512 << 20;
+    p->job.avx2 = st_cpu_get_features()->avx2;
+    if (!(p->buf = aligned_alloc(4096, p->job.bytes))) {
+        st_error_set(err, ST_ERR_NOMEM, "out of memory for the bandwidth buffer");
+        return -1;
     }
-    free(buf);
+    p->job.buf = p->buf;
+    if (st_pool_create(nth, &p->pool, err) != ST_OK) {
+        free(p->buf);
+        p->buf = NULL;
+        return -1;
+    }
+    st_pool_run(p->pool, fill_fn, &p->job); /* fault the pages in, on the threads that read them */
+    return 0;
+}
+
+static void bw_probe_destroy(bw_probe *p) {
+    st_pool_destroy(p->pool);
+    free(p->buf);
+    memset(p, 0, sizeof *p);
+}
+
+/* GB/s (1e9 bytes): the best of `passes` reads of the whole buffer */
+static double bw_probe_measure(bw_probe *p, int passes) {
+    double best = 0;
+    for (int pass = 0; pass < passes; pass++) {
+        double t0 = now_s();
+        st_pool_run(p->pool, bw_fn, &p->job);
+        double t = now_s() - t0;
+        if ((double)p->job.bytes / t / 1e9 > best) best = (double)p->job.bytes / t / 1e9;
+    }
     return best;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -133,8 +162,10 @@ static int parse_list(const char *s, long long *out, int max) {
 
 typedef struct decode_res {
     long long batch;
-    double tok_s, step_s, gb_s, frac;
-    int steps;
+    double tok_s, step_s, gb_s; /* over all rounds */
+    double frac;                /* median over rounds of weight GB/s / the round's bandwidth */
+    double frac_best;           /* the best round's */
+    int steps, rounds;
 } decode_res;
 
 int cmd_bench(int argc, char **argv) {
@@ -190,6 +221,7 @@ int cmd_bench(int argc, char **argv) {
     st_fwd *f = NULL;
     float *logits = NULL;
     int32_t *toks = NULL;
+    bw_probe probe = {0};
     int rc = 1;
     if (st_model_load(dir, &m, &err) != ST_OK) return cli_fail(&err);
     const st_config *c = &m->cfg;
@@ -217,11 +249,9 @@ int cmd_bench(int argc, char **argv) {
     }
     for (int i = 0; i < max_tokens; i++) toks[i] = (int32_t)((1000003LL * i + 17) % c->vocab_size);
     const int nth = st_fwd_threads(f);
-    st_pool *bw_pool = NULL;
-    if (st_pool_create(nth, &bw_pool, &err) != ST_OK) goto done;
+    if (bw_probe_create(nth, &probe, &err)) goto done;
     if (!json) fprintf(stderr, "measuring memory bandwidth (%d threads)...\n", nth);
-    const double bw = measure_bandwidth(bw_pool);
-    st_pool_destroy(bw_pool);
+    double bw = bw_probe_measure(&probe, 5);
 
     /* warm-up: one decode step reads every weight once (faults the mapping in) */
     st_seq seqs[64];
@@ -262,26 +292,45 @@ int cmd_bench(int argc, char **argv) {
             items[s] = (st_batch_item){&seqs[s], toks + s * plen, (int)plen, ST_LOGITS_LAST};
         }
         if (st_fwd_run(f, items, B, logits, &err) != ST_OK) goto done;
+        /* rounds of about half a second, each after its own bandwidth sample */
+        int n_rounds = (int)(decode_s / 0.5);
+        n_rounds = n_rounds < 3 ? 3 : n_rounds > 64 ? 64 : n_rounds;
+        double fr[64];
         int steps = 0;
-        double t0 = now_s(), t = 0;
-        while (steps < decode_steps_max && (steps < 3 || t < decode_s)) {
-            for (int s = 0; s < B; s++) {
-                next[s] = (int32_t)((steps * 7919 + s * 104729) % c->vocab_size);
-                items[s] = (st_batch_item){&seqs[s], &next[s], 1, ST_LOGITS_LAST};
+        double t = 0;
+        for (int rd = 0; rd < n_rounds; rd++) {
+            const double bw_r = bw_probe_measure(&probe, 2);
+            bw = bw_r > bw ? bw_r : bw;
+            int steps_r = 0;
+            double t0 = now_s(), t_r = 0;
+            while (steps < decode_steps_max && (steps_r < 1 || t_r < decode_s / n_rounds)) {
+                for (int s = 0; s < B; s++) {
+                    next[s] = (int32_t)((steps * 7919 + s * 104729) % c->vocab_size);
+                    items[s] = (st_batch_item){&seqs[s], &next[s], 1, ST_LOGITS_LAST};
+                }
+                if (st_fwd_run(f, items, B, logits, &err) != ST_OK) goto done;
+                steps++;
+                steps_r++;
+                t_r = now_s() - t0;
             }
-            if (st_fwd_run(f, items, B, logits, &err) != ST_OK) goto done;
-            steps++;
-            t = now_s() - t0;
+            t += t_r;
+            fr[rd] = (double)ms.bytes_per_token * steps_r / t_r / 1e9 / bw_r;
         }
         for (int s = 0; s < B; s++) st_cache_seq_release(cache, &seqs[s]);
+        qsort(fr, (size_t)n_rounds, sizeof fr[0], cmp_double);
         dr[bi].batch = B;
         dr[bi].steps = steps;
+        dr[bi].rounds = n_rounds;
         dr[bi].step_s = t / steps;
         dr[bi].tok_s = (double)B * steps / t;
         dr[bi].gb_s = (double)ms.bytes_per_token * steps / t / 1e9;
-        dr[bi].frac = bw > 0 ? dr[bi].gb_s / bw : 0;
+        dr[bi].frac = n_rounds % 2 ? fr[n_rounds / 2] : 0.5 * (fr[n_rounds / 2 - 1] + fr[n_rounds / 2]);
+        dr[bi].frac_best = fr[n_rounds - 1];
     }
 
+    double b1_tok_s = 0;
+    for (int i = 0; i < n_batches; i++)
+        if (dr[i].batch == 1) b1_tok_s = dr[i].tok_s;
     const double floor_tok_s = bw > 0 ? bw * 1e9 / (double)ms.bytes_per_token : 0;
     if (json) {
         printf("{\"model\": \"%s\", \"kernels\": \"%s\", \"threads\": %d, "
@@ -294,9 +343,12 @@ int cmd_bench(int argc, char **argv) {
         printf("], \"decode\": [");
         for (int i = 0; i < n_batches; i++)
             printf("%s{\"batch\": %lld, \"prompt\": %lld, \"steps\": %d, \"step_ms\": %.3f, "
-                   "\"tok_s\": %.3f, \"weight_gb_s\": %.3f, \"fraction_of_bandwidth\": %.4f}",
+                   "\"tok_s\": %.3f, \"speedup_vs_batch1\": %.3f, \"weight_gb_s\": %.3f, "
+                   "\"fraction_of_bandwidth\": %.4f, \"fraction_best_round\": %.4f, "
+                   "\"rounds\": %d}",
                    i ? ", " : "", dr[i].batch, plen, dr[i].steps, dr[i].step_s * 1e3,
-                   dr[i].tok_s, dr[i].gb_s, dr[i].frac);
+                   dr[i].tok_s, b1_tok_s > 0 ? dr[i].tok_s / b1_tok_s : 0, dr[i].gb_s,
+                   dr[i].frac, dr[i].frac_best, dr[i].rounds);
         printf("]}\n");
     } else {
         printf("model      %s\n", dir);
@@ -307,19 +359,25 @@ int cmd_bench(int argc, char **argv) {
         printf("\n%-10s %8s %10s\n", "prefill", "tokens", "tok/s");
         for (int i = 0; i < n_prompts; i++)
             printf("%-10s %8lld %10.1f\n", "", prompts[i], pre_tok_s[i]);
-        printf("\n%-10s %6s %9s %10s %11s %10s\n", "decode", "batch", "step ms", "tok/s",
-               "weight GB/s", "of floor");
-        for (int i = 0; i < n_batches; i++)
-            printf("%-10s %6lld %9.2f %10.2f %11.2f %9.1f%%\n", "", dr[i].batch,
-                   dr[i].step_s * 1e3, dr[i].tok_s, dr[i].gb_s, 100 * dr[i].frac);
-        printf("(decode after a %lld-token prompt per sequence; 'of floor' = weight bytes read "
-               "per second / bandwidth)\n", plen);
+        printf("\n%-10s %6s %9s %10s %7s %11s %10s %10s\n", "decode", "batch", "step ms", "tok/s",
+               "x b1", "weight GB/s", "of floor", "best");
+        for (int i = 0; i < n_batches; i++) {
+            printf("%-10s %6lld %9.2f %10.2f ", "", dr[i].batch, dr[i].step_s * 1e3, dr[i].tok_s);
+            if (b1_tok_s > 0) printf("%6.2fx ", dr[i].tok_s / b1_tok_s);
+            else printf("%7s ", "-");
+            printf("%11.2f %9.1f%% %9.1f%%\n", dr[i].gb_s, 100 * dr[i].frac, 100 * dr[i].frac_best);
+        }
+        printf("(decode after a %lld-token prompt per sequence, in rounds of about 0.5 s, each after\n"
+               " its own bandwidth sample; 'of floor' = weight bytes read per second / that\n"
+               " bandwidth, the median round; 'best' the best round; 'x b1' = tok/s / batch 1's)\n",
+               plen);
     }
     rc = 0;
 done:
     if (rc) cli_fail(&err);
     free(logits);
     free(toks);
+    bw_probe_destroy(&probe);
     st_fwd_destroy(f);
     st_cache_destroy(cache);
     st_model_free(m);

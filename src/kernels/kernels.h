@@ -31,6 +31,11 @@
 
 typedef struct st_kernels {
     const char *name;
+    /* the matrix packings (ST_WPACK_BIT mask, tensor/matrix.h) this set reads faster than the
+     * original layout; the model packs its matrices for the selected set at load. A set
+     * reads a packed matrix's packed copy when it knows the packing, else the original: per
+     * matrix one layout for every token count, so batch invariance holds either way. */
+    unsigned packs;
     /* y[t*ldy + r] = sum_c W[r][c] * x[t*ldx + c] for rows r in [r0, r1) and tokens
      * t in [0, n_tok). scratch: at least st_kernels_matmul_scratch(W->cols) floats, private
      * to the caller (one per thread), 64-byte aligned. */

@@ -112,3 +112,43 @@ void st_affine_quantize_row(const float *w, int64_t n, int bits, int group, uint
         }
     }
 }
+
+/* ---------------------------------------------------------------------------------------- */
+/* packings */
+
+unsigned st_matrix_packs_possible(const st_matrix *m) {
+    unsigned k = 0;
+    if (m->fmt == ST_WFMT_BF16 && m->cols % 2 == 0 && m->cols > 0 && m->rows > 0)
+        k |= ST_WPACK_BIT(ST_WPACK_BF16_V16);
+    return k;
+}
+
+size_t st_matrix_pack_bytes(const st_matrix *m, st_wpack kind) {
+    if (!(st_matrix_packs_possible(m) & ST_WPACK_BIT(kind))) return 0;
+    const size_t blocks = (size_t)((m->rows + 15) / 16);
+    switch (kind) {
+    case ST_WPACK_BF16_V16: return blocks * 16 * (size_t)m->cols * 2;
+    default: return 0;
+    }
+}
+
+void st_matrix_pack(const st_matrix *m, st_wpack kind, void *dst, int64_t r0, int64_t r1) {
+    ST_ASSERT(st_matrix_packs_possible(m) & ST_WPACK_BIT(kind));
+    ST_ASSERT(r0 % 16 == 0 && r0 <= r1 && r1 <= m->rows);
+    const int64_t K = m->cols, np = K / 2;
+    const int64_t b0 = r0 / 16, b1 = (r1 + 15) / 16;
+    if (kind == ST_WPACK_BF16_V16) {
+        const uint8_t *src = m->data; /* rows of K bf16; a pair is 4 bytes (maybe unaligned) */
+        uint32_t *out = dst;
+        for (int64_t b = b0; b < b1; b++) {
+            uint32_t *ob = out + b * np * 16;
+            const int n = m->rows - b * 16 < 16 ? (int)(m->rows - b * 16) : 16;
+            const uint8_t *rows = src + (size_t)(b * 16) * (size_t)K * 2;
+            for (int64_t p = 0; p < np; p++) {
+                uint32_t *o = ob + p * 16;
+                for (int i = 0; i < n; i++) memcpy(&o[i], rows + ((size_t)i * (size_t)K + 2 * (size_t)p) * 2, 4);
+                for (int i = n; i < 16; i++) o[i] = 0;
+            }
+        }
+    }
+}

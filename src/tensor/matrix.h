@@ -21,6 +21,20 @@ typedef enum st_wformat {
     ST_WFMT_AFFINE = 3, /* MLX affine: w = scale * q + bias per group */
 } st_wformat;
 
+/* Kernel-friendly copies of a matrix (st_matrix_pack), made once at load. The original
+ * (`data`) stays valid: a kernel set that does not use a packing reads the original.
+ *
+ * ST_WPACK_BF16_V16 (bf16, even cols): blocks of 16 rows (the last zero-padded); per block,
+ *   per pair of columns p (cols/2 pairs), 32 uint16: element [i][j] = W[16b + i][2p + j] at
+ *   ((b * cols/2 + p) * 32 + 2i + j). As uint32 lanes: lane i holds row i's pair, so one
+ *   64-byte load gives 16 rows' even column (<< 16) and odd column (& 0xffff0000) as fp32,
+ *   and 16 consecutive pairs of a block are an AMX B tile (VNNI layout) as they lie. */
+typedef enum st_wpack {
+    ST_WPACK_NONE = 0,
+    ST_WPACK_BF16_V16 = 1,
+} st_wpack;
+#define ST_WPACK_BIT(kind) (1u << (kind))
+
 /* A weight matrix W, logically [rows][cols]; a linear layer computes y = W x. */
 typedef struct st_matrix {
     st_wformat fmt;
@@ -32,6 +46,8 @@ typedef struct st_matrix {
     st_dtype sdtype;    /* AFFINE: BF16, F16 or F32 */
     int bits;           /* AFFINE: 2, 3, 4, 5, 6 or 8 */
     int group;          /* AFFINE: 32, 64 or 128 (any divisor of cols accepted) */
+    st_wpack pack;      /* the packed copy's layout, or ST_WPACK_NONE */
+    const void *packed; /* the packed copy; owned by whoever packed (the model) */
 } st_matrix;
 
 /* Bytes one row occupies (data plus scales and biases). */
@@ -42,6 +58,14 @@ static inline size_t st_matrix_bytes(const st_matrix *m) {
 
 /* Convert/dequantize row r to fp32: out[cols]. */
 void st_matrix_row_f32(const st_matrix *m, int64_t r, float *out);
+
+/* The packings this matrix can take (ST_WPACK_BIT mask). */
+unsigned st_matrix_packs_possible(const st_matrix *m);
+/* Bytes of the packed copy of m in `kind` (0 when m cannot take it). */
+size_t st_matrix_pack_bytes(const st_matrix *m, st_wpack kind);
+/* Write the packed copy of m in `kind` to dst (st_matrix_pack_bytes(m, kind) bytes); rows
+ * [r0, r1) only, a multiple of 16 apart except at the end (so threads can share the work). */
+void st_matrix_pack(const st_matrix *m, st_wpack kind, void *dst, int64_t r0, int64_t r1);
 
 /* 1 when bits is a supported affine width (2, 3, 4, 5, 6, 8). */
 int st_affine_bits_supported(int bits);

@@ -39,6 +39,10 @@ typedef __m256 vf;
 #define RD1 4
 #define RQ 2  /* 8-bit prefill tile: RQ rows x TQT tokens (two accumulator sets) */
 #define TQT 2
+#define VT_RMAX 4
+#define VT_MMAX 6
+#define VT_RCHUNK 4
+#define VT_PF_PAIRS 64
 #define RD2 2
 
 static inline float vhsum(vf v) {
@@ -66,6 +70,8 @@ static inline void ld_bf16_eo(const uint16_t *p, vf *w0, vf *w1) {
     *w0 = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
     *w1 = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)));
 }
+
+static inline void ld_pair16(const uint16_t *p, vf *e, vf *o) { ld_bf16_eo(p, e, o); }
 
 static inline void ld_f16(const uint16_t *p, vf *w0, vf *w1) {
     *w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
@@ -120,6 +126,7 @@ static inline void ld_q4_eo(const uint8_t *p, gctx g, vf *w0, vf *w1) {
 
 static const st_kernels avx2_kernels = {
     .name = "avx2",
+    .packs = ST_WPACK_BIT(ST_WPACK_BF16_V16),
     .matmul = matmul_avx2,
     .accum_rows = accum_rows_avx2,
     .exp_sum = exp_sum_avx2,

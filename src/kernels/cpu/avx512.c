@@ -41,6 +41,10 @@ typedef __m512 vf;
 #define RD1 8
 #define RQ 4  /* 8-bit prefill tile: RQ rows x TQT tokens (two accumulator sets) */
 #define TQT 3
+#define VT_RMAX 8
+#define VT_MMAX 8
+#define VT_RCHUNK 8
+#define VT_PF_PAIRS 64
 #define RD2 4
 
 static inline float vhsum(vf v) {
@@ -73,6 +77,12 @@ static inline void ld_bf16_eo(const uint16_t *p, vf *w0, vf *w1) {
 static inline void ld_f16(const uint16_t *p, vf *w0, vf *w1) {
     *w0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
     *w1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 16)));
+}
+
+static inline void ld_pair16(const uint16_t *p, vf *e, vf *o) {
+    __m512i v = _mm512_loadu_si512((const void *)p);
+    *e = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    *o = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xffff0000u)));
 }
 
 static inline vf ld_bf16_nat(const uint16_t *p) {
@@ -129,6 +139,7 @@ static inline void ld_q4_eo(const uint8_t *p, gctx g, vf *w0, vf *w1) {
 
 static const st_kernels avx512_kernels = {
     .name = "avx512",
+    .packs = ST_WPACK_BIT(ST_WPACK_BF16_V16),
     .matmul = matmul_avx512,
     .accum_rows = accum_rows_avx512,
     .exp_sum = exp_sum_avx512,

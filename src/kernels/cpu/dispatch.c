@@ -24,9 +24,9 @@ int64_t st_kernels_matmul_scratch(int64_t cols) {
     const int64_t xblk = 262144 > 24 * kp ? 262144 : 24 * kp;
     const int64_t amx = 64 * kp;
     /* + the simd tiles' saved accumulators: 43 tiles x 8 x 8 vectors of 16; + the 8-bit
-     * path's group sums (252 tokens x kp/32) and a row block's scales and biases */
+     * path's group sums (252 tokens x kp/32) and a row block's scales and biases (8 rows) */
     return (xblk > amx ? xblk : amx) + 16 * kp + 8192 + 43 * 8 * 8 * 16 + 252 * (kp / 32 + 16) +
-           16 * (kp / 32) + 252 * 8;
+           16 * (kp / 32) + 8 * (kp / 32 + 16);
 }
 
 static st_cpu_features g_feat; /* written once under g_once, read-only afterwards */

@@ -59,6 +59,9 @@
  *   vf ld_scales(const void *, st_dtype)              VW bf16/f16/f32 values as fp32
  *   gctx q4_prep(float s, float b), void ld_q4_eo(const uint8_t *, gctx, vf *, vf *)
  *   RP, TP (prefill register tile), RD1 (rows per fused step at 1 token), RD2 (2..MFUSED)
+ *   void ld_pair16(const uint16_t *, vf *e, vf *o)  VW uint32 bf16 pairs: lows, highs as fp32
+ *   VT_RMAX, VT_MMAX, VT_RCHUNK (packed bf16 tiles: row vectors, tokens, row vectors per
+ *   chunk), VT_PF_PAIRS (prefetch distance in column pairs)
  */
 
 #define CH (2 * VW)
@@ -482,34 +485,25 @@ AI vf ld_scales_at(const uint8_t *base, st_dtype dt, int64_t i0, int64_t n) {
     return ld_scales(tmp, dt);
 }
 
-/* The bias part of rows [r0, r1) for M tokens: bias[t*ldb + i] = the fixed-tree sum over
- * lanes of sum_{blocks of VW groups} fma(b, X) (groups in order per lane). */
-static void q8_bias(const st_matrix *w, int64_t r0, int64_t r1, const float *xsum, int64_t ldxs,
-                    int M, float *bias, int64_t ldb) {
-    const int64_t ng = w->cols / w->group;
-    const size_t ss = (size_t)ng * st_dtype_size(w->sdtype);
-    const uint8_t *b0 = (const uint8_t *)w->biases + (size_t)r0 * ss;
-    for (int64_t r = r0; r < r1; r++) {
-        rowp p = {.d = NULL, .s = NULL, .b = b0 + (size_t)(r - r0) * ss};
-        for (int t = 0; t < M; t++) {
-            vf a = VZERO();
-            for (int64_t g = 0; g < ng; g += VW)
-                a = VFMA(ld_scales_at(p.b, w->sdtype, g, ng), VLOAD(xsum + t * ldxs + g), a);
-            bias[t * ldb + (r - r0)] = vhsum(a);
-        }
-    }
-}
-
-/* decode: rows [r, r+R) read in place, M tokens (packed xp); y = tree sum + bias */
+/* decode: rows [r, r+R) read in place, M tokens (packed xp, group sums xsum); y = tree sum */
 AI void tile_q8_fused(const int R, const int M, const st_matrix *w, int64_t r, const float *xp,
-                      int64_t ldx, const float *bias, int64_t ldb, float *y, int64_t ldy) {
+                      int64_t ldx, const float *xsum, int64_t ldxs, float *y, int64_t ldy) {
     const int64_t K = w->cols, group = w->group, ng = K / group;
     /* prefetch the same place PF_Q8_BLOCKS row blocks on (at least 16 KiB ahead) */
     const int64_t pf_dist = R * K * PF_Q8_BLOCKS < 16384 ? 16384 : R * K * PF_Q8_BLOCKS;
     vf acc[RMAX][TMAX];
     rowp rp[RMAX];
     row_ptrs(w, r, R, rp);
-    UNROLL for (int i = 0; i < R; i++) UNROLL for (int t = 0; t < M; t++) acc[i][t] = VZERO();
+    /* the bias part starts each accumulator: per lane, the row's biases times the token's
+     * group sums, VW groups at a time in order (q8_bias_init) */
+    UNROLL for (int i = 0; i < R; i++) {
+        UNROLL for (int t = 0; t < M; t++) acc[i][t] = VZERO();
+        for (int64_t g0 = 0; g0 < ng; g0 += VW) {
+            const vf b = ld_scales_at(rp[i].b, w->sdtype, g0, ng);
+            UNROLL for (int t = 0; t < M; t++)
+                acc[i][t] = VFMA(b, VLOAD(xsum + t * ldxs + g0), acc[i][t]);
+        }
+    }
     for (int64_t g0 = 0; g0 < ng; g0 += VW) {
         /* the scales of the next VW groups as fp32, VW per row (then broadcast from memory,
          * which costs a load rather than a shuffle) */
@@ -535,7 +529,7 @@ AI void tile_q8_fused(const int R, const int M, const st_matrix *w, int64_t r, c
         }
     }
     UNROLL for (int i = 0; i < R; i++) UNROLL for (int t = 0; t < M; t++)
-        y[t * ldy + i] = vhsum(acc[i][t]) + bias[t * ldb + i];
+        y[t * ldy + i] = vhsum(acc[i][t]);
 }
 
 /* prefill: R rows of q as fp32 (qp, stride ldq; their scales/biases sc/bi [R][ng]) times M
@@ -543,8 +537,10 @@ AI void tile_q8_fused(const int R, const int M, const st_matrix *w, int64_t r, c
 typedef struct q8_args {
     tile_args t;
     const float *sc;   /* [R][ng] scales */
-    const float *bias; /* [M][ldb] the rows' bias parts (q8_bias) */
-    int64_t ldb;
+    const float *bi;   /* [R][ldbi] biases as fp32, zero-padded to whole vectors */
+    int64_t ldbi;
+    const float *xsum; /* [M][ldxs] the tokens' group sums */
+    int64_t ldxs;
     int64_t group, ng;
 } q8_args;
 
@@ -552,8 +548,15 @@ AI void tile_q8(const int R, const int M, const q8_args *qa) {
     const tile_args *a = &qa->t;
     const int64_t group = qa->group, ng = qa->ng;
     vf acc[RMAX][TMAX];
-    if (a->first) {
-        UNROLL for (int i = 0; i < R; i++) UNROLL for (int t = 0; t < M; t++) acc[i][t] = VZERO();
+    if (a->first) { /* the bias part first, as in tile_q8_fused */
+        UNROLL for (int i = 0; i < R; i++) {
+            UNROLL for (int t = 0; t < M; t++) acc[i][t] = VZERO();
+            for (int64_t g0 = 0; g0 < ng; g0 += VW) {
+                const vf b = VLOAD(qa->bi + i * qa->ldbi + g0);
+                UNROLL for (int t = 0; t < M; t++)
+                    acc[i][t] = VFMA(b, VLOAD(qa->xsum + t * qa->ldxs + g0), acc[i][t]);
+            }
+        }
     } else {
         UNROLL for (int i = 0; i < R; i++) UNROLL for (int t = 0; t < M; t++)
             acc[i][t] = VLOAD(a->acc + (i * TMAX + t) * VW);
@@ -583,7 +586,7 @@ AI void tile_q8(const int R, const int M, const q8_args *qa) {
     }
     if (a->last) {
         UNROLL for (int i = 0; i < R; i++) UNROLL for (int t = 0; t < M; t++)
-            a->y[t * a->ldy + i] = vhsum(acc[i][t]) + qa->bias[t * qa->ldb + i];
+            a->y[t * a->ldy + i] = vhsum(acc[i][t]);
     } else {
         UNROLL for (int i = 0; i < R; i++) UNROLL for (int t = 0; t < M; t++)
             VSTORE(a->acc + (i * TMAX + t) * VW, acc[i][t]);
@@ -595,8 +598,8 @@ typedef void (*tile_q8f_fn)(const st_matrix *, int64_t, const float *, int64_t, 
 typedef void (*tile_q8_fn)(const q8_args *);
 #define TQF(R, M)                                                                              \
     static void tqf_##R##_##M(const st_matrix *w, int64_t r, const float *xp, int64_t ldx,     \
-                              const float *bias, int64_t ldb, float *y, int64_t ldy) {         \
-        tile_q8_fused(R, M, w, r, xp, ldx, bias, ldb, y, ldy);                                 \
+                              const float *xsum, int64_t ldxs, float *y, int64_t ldy) {        \
+        tile_q8_fused(R, M, w, r, xp, ldx, xsum, ldxs, y, ldy);                                \
     }
 #define TQ(R, M)                                                                               \
     static void tq_##R##_##M(const q8_args *a) { tile_q8(R, M, a); }
@@ -616,21 +619,19 @@ static const tile_q8_fn tq_full[4] = TQ_PTRS_(RQ);
 static const tile_q8_fn tq_one[4] = TQ_PTRS(1);
 
 /* rows [r0, r1) of an 8-bit matrix for mb packed tokens (group sums xsum [mb][ldxs]);
- * scratch: wp [RQ][kp], sc [RQ][ng], bias [mb][RMAX] */
+ * scratch: wp [RQ][kp], sc [RQ][ng], bi [RQ][ldxs] */
 static void q8_rows(const st_matrix *w, const float *xp, int64_t kp, int64_t mb,
                     const float *xsum, int64_t ldxs, float *y, int64_t ldy, int64_t r0,
-                    int64_t r1, float *wp, float *sc, float *bias, float *accs) {
+                    int64_t r1, float *wp, float *sc, float *bi, float *accs) {
     const int64_t K = w->cols, group = w->group, ng = K / group;
     if (mb <= MFUSED) {
         const int rd = tqf_rows[mb - 1];
         int64_t r = r0;
         for (; r + rd <= r1; r += rd) {
-            q8_bias(w, r, r + rd, xsum, ldxs, (int)mb, bias, RMAX);
-            tqf_block[mb - 1](w, r, xp, kp, bias, RMAX, y + r, ldy);
+            tqf_block[mb - 1](w, r, xp, kp, xsum, ldxs, y + r, ldy);
         }
         for (; r < r1; r++) {
-            q8_bias(w, r, r + 1, xsum, ldxs, (int)mb, bias, RMAX);
-            tqf_one[mb - 1](w, r, xp, kp, bias, RMAX, y + r, ldy);
+            tqf_one[mb - 1](w, r, xp, kp, xsum, ldxs, y + r, ldy);
         }
         return;
     }
@@ -643,19 +644,21 @@ static void q8_rows(const st_matrix *w, const float *xp, int64_t kp, int64_t mb,
             rowp p = row_ptr(w, r + i);
             for (int64_t c = 0; c < K; c += VW) VSTORE(wp + i * kp + c, ld_u8f(p.d + c));
             for (int64_t g = 0; g < ng; g++) sc[i * ng + g] = ld_scalar(p.s, w->sdtype, g);
+            for (int64_t g = 0; g < ldxs; g++)
+                bi[i * ldxs + g] = g < ng ? ld_scalar(p.b, w->sdtype, g) : 0.0f;
         }
-        q8_bias(w, r, r + R, xsum, ldxs, (int)mb, bias, RMAX);
         const uint8_t *pf = NULL, *pf_end = NULL;
         if (r + 2 * RQ < r1) row_span(w, r + 2 * RQ, r1 - r - 2 * RQ < RQ ? r1 - r - 2 * RQ : RQ, &pf, &pf_end);
         const int64_t share = pf ? ((pf_end - pf) / 64 + n_tiles - 1) / n_tiles * 64 : 0;
         for (int64_t c0 = 0; c0 < K; c0 += kblk) {
             q8_args qa = {.t = {.ldw = kp, .ldx = kp, .c0 = c0, .c1 = c0 + kblk < K ? c0 + kblk : K,
                                 .first = c0 == 0, .last = c0 + kblk >= K, .ldy = ldy},
-                          .sc = sc, .ldb = RMAX, .group = group, .ng = ng};
+                          .sc = sc, .bi = bi, .ldbi = ldxs, .ldxs = ldxs,
+                          .group = group, .ng = ng};
             for (int64_t t = 0; t < mb; t += TQT) {
                 const int M = mb - t < TQT ? (int)(mb - t) : TQT;
                 qa.t.xp = xp + t * kp;
-                qa.bias = bias + t * RMAX;
+                qa.xsum = xsum + t * ldxs;
                 qa.t.pf = qa.t.pf_end = NULL;
                 if (pf && c0 == 0) {
                     qa.t.pf = pf + (t / TQT) * share;
@@ -674,10 +677,128 @@ static void q8_rows(const st_matrix *w, const float *xp, int64_t kp, int64_t mb,
                     q1.t.wp = wp + i * kp;
                     q1.t.y = y + t * ldy + r + i;
                     q1.sc = sc + i * ng;
-                    q1.bias = bias + t * RMAX + i;
+                    q1.bi = bi + i * ldxs;
                     tq_one[M - 1](&q1);
                     qa.t.pf = qa.t.pf_end = NULL;
                 }
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* packed bf16 (ST_WPACK_BF16_V16): vectors over rows */
+
+/* One tile: R row vectors (VW rows each, row vector rv0 + v covers rows (rv0 + v) * VW ..)
+ * times M tokens over every column. Per output one accumulator lane, in column order:
+ * acc = fma(w[2p], x[2p], acc), then fma(w[2p+1], x[2p+1], acc) for p = 0, 1, ...; the tile
+ * shape only chooses which outputs run side by side, so every shape gives the same bits.
+ * x: the M tokens interleaved by column pair, x[(p * M + t) * 2 + j] = token t's column
+ * 2p + j (so the broadcasts of a step read one or two lines, not M rows that may alias).
+ * Results go straight to y (VW consecutive rows of one token); rows outside [r0, r1) are not
+ * written. */
+AI void tile_v16(const int R, const int M, const uint16_t *pk, int64_t np, int64_t rv0,
+                 const float *x, float *y, int64_t ldy, int64_t r0, int64_t r1, int pf) {
+    vf acc[VT_RMAX][VT_MMAX];
+    const uint16_t *wr[VT_RMAX];
+    UNROLL for (int v = 0; v < R; v++) {
+        const int64_t row = (rv0 + v) * VW;
+        wr[v] = pk + ((row / 16) * np * 16 + row % 16) * 2;
+    }
+    UNROLL for (int v = 0; v < R; v++) UNROLL for (int t = 0; t < M; t++) acc[v][t] = VZERO();
+    for (int64_t p = 0; p < np; p++) {
+        vf we[VT_RMAX], wo[VT_RMAX];
+        UNROLL for (int v = 0; v < R; v++) {
+            if (pf) __builtin_prefetch(wr[v] + (p + VT_PF_PAIRS) * 32, 0, 3);
+            ld_pair16(wr[v] + p * 32, &we[v], &wo[v]);
+        }
+        UNROLL for (int t = 0; t < M; t++) {
+            const vf xe = VSET1(x[(p * M + t) * 2]), xo = VSET1(x[(p * M + t) * 2 + 1]);
+            UNROLL for (int v = 0; v < R; v++) {
+                acc[v][t] = VFMA(we[v], xe, acc[v][t]);
+                acc[v][t] = VFMA(wo[v], xo, acc[v][t]);
+            }
+        }
+    }
+    UNROLL for (int v = 0; v < R; v++) {
+        const int64_t row = (rv0 + v) * VW;
+        if (row >= r0 && row + VW <= r1) {
+            UNROLL for (int t = 0; t < M; t++) VSTORE(y + t * ldy + row, acc[v][t]);
+            continue;
+        }
+        float tmp[VW];
+        UNROLL for (int t = 0; t < M; t++) {
+            VSTORE(tmp, acc[v][t]);
+            for (int i = 0; i < VW; i++)
+                if (row + i >= r0 && row + i < r1) y[t * ldy + row + i] = tmp[i];
+        }
+    }
+}
+
+typedef void (*tile_v16_fn)(const uint16_t *, int64_t, int64_t, const float *, float *, int64_t,
+                            int64_t, int64_t, int);
+#define TV(R, M)                                                                               \
+    static void tv_##R##_##M(const uint16_t *pk, int64_t np, int64_t rv0, const float *x,       \
+                             float *y, int64_t ldy, int64_t r0, int64_t r1, int pf) {           \
+        tile_v16(R, M, pk, np, rv0, x, y, ldy, r0, r1, pf);                                    \
+    }
+#if VW == 16
+/* 32 registers: R*M accumulators + 2R weights + 2 broadcasts. Measured on 16 tokens (two
+ * tiles of 8): 2 x 8 beats 4 x 4, 2 x 6 and 1 x 16; 2 x 12 spills. */
+TV(8, 1) TV(4, 2) TV(4, 3) TV(4, 4) TV(2, 5) TV(2, 6) TV(2, 7) TV(2, 8)
+TV(1, 1) TV(1, 2) TV(1, 3) TV(1, 4) TV(1, 5) TV(1, 6) TV(1, 7) TV(1, 8)
+static const tile_v16_fn tv_full[VT_MMAX] = {tv_8_1, tv_4_2, tv_4_3, tv_4_4,
+                                             tv_2_5, tv_2_6, tv_2_7, tv_2_8};
+static const int tv_rows[VT_MMAX] = {8, 4, 4, 4, 2, 2, 2, 2};
+static const tile_v16_fn tv_one[VT_MMAX] = {tv_1_1, tv_1_2, tv_1_3, tv_1_4,
+                                            tv_1_5, tv_1_6, tv_1_7, tv_1_8};
+#else
+/* 16 registers */
+TV(4, 1) TV(2, 2) TV(2, 3) TV(2, 4) TV(1, 1) TV(1, 2) TV(1, 3) TV(1, 4) TV(1, 5) TV(1, 6)
+static const tile_v16_fn tv_full[VT_MMAX] = {tv_4_1, tv_2_2, tv_2_3, tv_2_4, tv_1_5, tv_1_6};
+static const int tv_rows[VT_MMAX] = {4, 2, 2, 2, 1, 1};
+static const tile_v16_fn tv_one[VT_MMAX] = {tv_1_1, tv_1_2, tv_1_3, tv_1_4, tv_1_5, tv_1_6};
+#endif
+
+/* y rows [r0, r1) of a packed bf16 matrix for n_tok tokens; scratch: the interleaved
+ * activations of a block of tokens (at most 2^17 floats) */
+static void matmul_v16(const st_matrix *w, const float *x, int64_t ldx, int64_t n_tok, float *y,
+                       int64_t ldy, int64_t r0, int64_t r1, float *scratch) {
+    const uint16_t *pk = w->packed;
+    const int64_t K = w->cols, np = K / 2;
+    const int64_t rv0 = r0 / VW, rv1 = (r1 + VW - 1) / VW;
+    /* tokens per block: their activations within 512 KiB, so they stay in L2 beside a row
+     * chunk's weights while the chunk meets every token tile */
+    int64_t mblk = 131072 / K;
+    mblk = mblk < VT_MMAX ? VT_MMAX : mblk;
+    for (int64_t m0 = 0; m0 < n_tok; m0 += mblk) {
+        const int64_t mb = n_tok - m0 < mblk ? n_tok - m0 : mblk;
+        /* token tiles of equal size, at most VT_MMAX, each interleaved by column pair */
+        const int64_t n_tt = (mb + VT_MMAX - 1) / VT_MMAX, mt = (mb + n_tt - 1) / n_tt;
+        for (int64_t t = 0; t < mb; t += mt) {
+            const int64_t M = mb - t < mt ? mb - t : mt;
+            float *xi = scratch + t * K;
+            for (int64_t i = 0; i < M; i++) {
+                const float *xs = x + (m0 + t + i) * ldx;
+                for (int64_t p = 0; p < np; p++) {
+                    xi[(p * M + i) * 2] = xs[2 * p];
+                    xi[(p * M + i) * 2 + 1] = xs[2 * p + 1];
+                }
+            }
+        }
+        for (int64_t rc = rv0; rc < rv1; rc += VT_RCHUNK) {
+            const int64_t rc1 = rc + VT_RCHUNK < rv1 ? rc + VT_RCHUNK : rv1;
+            for (int64_t t = 0; t < mb; t += mt) {
+                const int M = (int)(mb - t < mt ? mb - t : mt);
+                const float *xt = scratch + t * K;
+                float *yt = y + (m0 + t) * ldy;
+                const int R = tv_rows[M - 1];
+                int64_t rv = rc;
+                /* the first token tile meets the chunk's weights first: it asks for them
+                 * ahead of use; the others find them in L2 */
+                const int pf = t == 0;
+                for (; rv + R <= rc1; rv += R) tv_full[M - 1](pk, np, rv, xt, yt, ldy, r0, r1, pf);
+                for (; rv < rc1; rv++) tv_one[M - 1](pk, np, rv, xt, yt, ldy, r0, r1, pf);
             }
         }
     }
@@ -689,6 +810,10 @@ static void q8_rows(const st_matrix *w, const float *xp, int64_t kp, int64_t mb,
 static void KFN(matmul_)(const st_matrix *w, const float *x, int64_t ldx, int64_t n_tok, float *y,
                          int64_t ldy, int64_t r0, int64_t r1, float *scratch) {
     if (r0 >= r1 || n_tok <= 0) return;
+    if (w->pack == ST_WPACK_BF16_V16 && w->packed) {
+        matmul_v16(w, x, ldx, n_tok, y, ldy, r0, r1, scratch);
+        return;
+    }
     const int fk = fmt_kind(w), eo = fk_even_odd(fk);
     const int64_t K = w->cols, kp = round_up(K, CH);
     /* an f32 matrix of whole chunks converts to itself: its rows are used in place (the same
@@ -709,9 +834,9 @@ static void KFN(matmul_)(const st_matrix *w, const float *x, int64_t ldx, int64_
             const int64_t ng = K / w->group, ldg = round_up(ng, VW);
             float *xsum = accs + 43 * RMAX * TMAX * VW; /* [mb][ldg] */
             float *sc = xsum + mblk * ldg;              /* [RQ][ng] */
-            float *bias = sc + RQ * ng;                 /* [mb][RMAX] */
+            float *bi = sc + RQ * ng;                   /* [RQ][ldg] */
             group_sums(xs, kp, mb, K, w->group, xsum, ldg);
-            q8_rows(w, xs, kp, mb, xsum, ldg, ym, ldy, r0, r1, wp, sc, bias, accs);
+            q8_rows(w, xs, kp, mb, xsum, ldg, ym, ldy, r0, r1, wp, sc, bi, accs);
             continue;
         }
         if (mb <= MFUSED && fk != FK_GEN) {
