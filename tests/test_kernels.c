@@ -203,6 +203,7 @@ static void test_matmul(const st_kernels *k) {
             if (trial == 0) R = 16, K = 1024;
             if (trial == 1) R = 300, K = 2;
             if (trial == 2) R = 5, K = 20000; /* wide: several token blocks */
+            if (trial >= 20) K = 32 * irand(1, 12); /* whole 32-column chunks (the AMX tiles) */
             int64_t nt = ptoks[trial % 16];
             if (trial == 2) nt = 40;
             tmat t;
@@ -221,7 +222,7 @@ static void test_matmul(const st_kernels *k) {
             free_matrix(&t);
             n++;
         }
-        CHECK(all, "%s matmul packed bf16: %d shapes (1..300 rows, widths 2..20000, 1..67 tokens) match ref (worst %.2e of sum|wx|), each token alone and any row range bit-identical",
+        CHECK(all, "%s matmul packed bf16: %d shapes (1..300 rows, widths 2..20000 and whole 32-column chunks, 1..67 tokens) match ref (worst %.2e of sum|wx|), each token alone and any row range bit-identical",
               k->name, n, worst);
     }
     /* affine: every width, group and scale dtype */

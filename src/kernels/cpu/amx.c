@@ -90,6 +90,22 @@ static inline void pack_chunk_avx512(const float *xs, uint16_t *blk) {
     }
 }
 
+/* 32 floats -> hi, mid, lo as 32 bf16 each in column order, at dst + 512 * part (one A-tile
+ * row per part) */
+static inline void pack_row_avx512(const float *xs, uint16_t *dst) {
+    const __m512i sel = _mm512_setr_epi32(0x00020000, 0x00060004, 0x000a0008, 0x000e000c,
+                                          0x00120010, 0x00160014, 0x001a0018, 0x001e001c,
+                                          0x00220020, 0x00260024, 0x002a0028, 0x002e002c,
+                                          0x00320030, 0x00360034, 0x003a0038, 0x003e003c);
+    __m512 a = _mm512_loadu_ps(xs), b = _mm512_loadu_ps(xs + 16);
+    for (int p = 0; p < 3; p++) {
+        __m512i ha = bf16_rne(a), hb = bf16_rne(b);
+        _mm512_storeu_si512((void *)(dst + p * 512), _mm512_permutex2var_epi16(ha, sel, hb));
+        a = _mm512_sub_ps(a, _mm512_castsi512_ps(_mm512_slli_epi32(ha, 16)));
+        b = _mm512_sub_ps(b, _mm512_castsi512_ps(_mm512_slli_epi32(hb, 16)));
+    }
+}
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #elif defined(__GNUC__)
@@ -97,6 +113,7 @@ static inline void pack_chunk_avx512(const float *xs, uint16_t *blk) {
 #endif
 
 #define AMX_PACK_CHUNK(src, dst) pack_chunk_avx512((src), (dst))
+#define AMX_PACK_ROW(src, dst) pack_row_avx512((src), (dst))
 #define AMX_FN(n) n##_emu
 #define AMX_ARGS emu_tile *tl,
 #define AMX_PASS tl,
@@ -117,10 +134,27 @@ static inline void pack_chunk_avx512(const float *xs, uint16_t *blk) {
 #undef T_BEGIN
 #undef T_END
 #undef AMX_PACK_CHUNK
+#undef AMX_PACK_ROW
+
+/* packed bf16 with a width of whole 32-column chunks: AMX on the packed copy; unpacked bf16
+ * of such a width: AMX on the rows; anything else: the avx512 set (which reads the packed
+ * copy when there is one). Per matrix one path, whatever the token count. */
+static int amx_takes_packed(const st_matrix *w) {
+    return w->pack == ST_WPACK_BF16_V16 && w->packed && w->cols % 32 == 0;
+}
+static int amx_takes_rows(const st_matrix *w) {
+    return w->fmt == ST_WFMT_BF16 && w->pack == ST_WPACK_NONE && w->cols % 32 == 0;
+}
 
 static void matmul_amx_emu(const st_matrix *w, const float *x, int64_t ldx, int64_t n_tok,
                            float *y, int64_t ldy, int64_t r0, int64_t r1, float *scratch) {
-    if (w->fmt != ST_WFMT_BF16 || w->cols % 32 != 0) {
+    if (amx_takes_packed(w)) {
+        if (r0 >= r1 || n_tok <= 0) return;
+        emu_tile tl[8];
+        amx_matmul_packed_emu(tl, w, x, ldx, n_tok, y, ldy, r0, r1, scratch);
+        return;
+    }
+    if (!amx_takes_rows(w)) {
         st_kernels_avx512_table()->matmul(w, x, ldx, n_tok, y, ldy, r0, r1, scratch);
         return;
     }
@@ -160,6 +194,7 @@ static void amx_configure(void) {
 }
 
 #define AMX_PACK_CHUNK(src, dst) pack_chunk_avx512((src), (dst))
+#define AMX_PACK_ROW(src, dst) pack_row_avx512((src), (dst))
 #define AMX_FN(n) n##_hw
 #define AMX_ARGS
 #define AMX_PASS
@@ -173,7 +208,12 @@ static void amx_configure(void) {
 
 static void matmul_amx_hw(const st_matrix *w, const float *x, int64_t ldx, int64_t n_tok,
                           float *y, int64_t ldy, int64_t r0, int64_t r1, float *scratch) {
-    if (w->fmt != ST_WFMT_BF16 || w->cols % 32 != 0) {
+    if (amx_takes_packed(w)) {
+        if (r0 >= r1 || n_tok <= 0) return;
+        amx_matmul_packed_hw(w, x, ldx, n_tok, y, ldy, r0, r1, scratch);
+        return;
+    }
+    if (!amx_takes_rows(w)) {
         st_kernels_avx512_table()->matmul(w, x, ldx, n_tok, y, ldy, r0, r1, scratch);
         return;
     }
@@ -213,6 +253,7 @@ static void gdn_step_w(float *S, int64_t Dv, int64_t Dk, const float *q, const f
 #if defined(__x86_64__)
 static const st_kernels amx_kernels = {
     .name = "amx",
+    .packs = ST_WPACK_BIT(ST_WPACK_BF16_V16),
     .matmul = matmul_amx_hw,
     .accum_rows = accum_rows_w,
     .exp_sum = exp_sum_w,
@@ -225,6 +266,7 @@ const st_kernels *st_kernels_amx_table(void) { return &amx_kernels; }
 
 static const st_kernels amx_emu_kernels = {
     .name = "amx-emulated",
+    .packs = ST_WPACK_BIT(ST_WPACK_BF16_V16),
     .matmul = matmul_amx_emu,
     .accum_rows = accum_rows_w,
     .exp_sum = exp_sum_w,

@@ -120,3 +120,86 @@ static void AMX_FN(amx_matmul)(AMX_ARGS const st_matrix *w, const float *x, int6
     }
     T_END();
 }
+
+/* ---------------------------------------------------------------------------------------- */
+/* packed weights (ST_WPACK_BF16_V16): the weights are the B tiles as they lie (16 column
+ * pairs x 16 rows of W), the activations the A tiles (16 tokens x 32 columns, row-major,
+ * three parts each), C = 16 tokens x 16 rows of W, stored straight into y. Per output: for
+ * each 32-column chunk in order, hi, mid, lo. K must be a multiple of 32. */
+
+/* x rows [n][K] -> the three parts of ntt token tiles: tile (token tile tb, chunk c, part p)
+ * is 16 rows (tokens) of 32 bf16 at xa + ((tb * nc + c) * 3 + p) * 512; missing tokens zero */
+static void AMX_FN(amx_pack_rows)(const float *x, int64_t ldx, int64_t n, int64_t K, int64_t ntt,
+                                  uint16_t *xa) {
+    const int64_t nc = K / 32;
+    if (n % 16) /* the last tile's missing tokens */
+        for (int64_t c = 0; c < nc; c++)
+            for (int p = 0; p < 3; p++)
+                memset(xa + (((ntt - 1) * nc + c) * 3 + p) * 512 + (n % 16) * 32, 0,
+                       (size_t)(16 - n % 16) * 64);
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t c = 0; c < nc; c++)
+            AMX_PACK_ROW(x + t * ldx + c * 32, xa + (((t / 16) * nc + c) * 3) * 512 + (t % 16) * 32);
+}
+
+static void AMX_FN(amx_matmul_packed)(AMX_ARGS const st_matrix *w, const float *x, int64_t ldx,
+                                      int64_t n_tok, float *y, int64_t ldy, int64_t r0, int64_t r1,
+                                      float *scratch) {
+    const int64_t K = w->cols, nc = K / 32, np = K / 2, mblk = AMX_FN(amx_mblk)(K);
+    const uint16_t *pk = w->packed;
+    uint16_t *xa = (uint16_t *)scratch;                               /* nc * (mblk/16) * 3 * 512 */
+    float *ctmp = (float *)(void *)(xa + nc * (mblk / 16) * 3 * 512); /* [16][16] */
+    ctmp = (float *)(((uintptr_t)ctmp + 63) & ~(uintptr_t)63);
+    const int64_t b0 = r0 / 16, b1 = (r1 + 15) / 16;
+    T_BEGIN();
+    for (int64_t m0 = 0; m0 < n_tok; m0 += mblk) {
+        const int64_t mb = n_tok - m0 < mblk ? n_tok - m0 : mblk;
+        const int64_t ntt = (mb + 15) / 16;
+        AMX_FN(amx_pack_rows)(x + m0 * ldx, ldx, mb, K, ntt, xa);
+        for (int64_t b = b0; b < b1; b += 2) {
+            const int nb = b1 - b > 1 ? 2 : 1;
+            /* the two blocks' weights stay in L1/L2 while the token tiles pass */
+            for (int64_t tb = 0; tb < ntt; tb += 2) {
+                const int nt = ntt - tb > 1 ? 2 : 1;
+                T_ZERO(0);
+                T_ZERO(1);
+                T_ZERO(2);
+                T_ZERO(3);
+                for (int64_t c = 0; c < nc; c++) {
+                    T_LOAD(4, pk + (b * np + 16 * c) * 32, 64);
+                    if (nb > 1) T_LOAD(5, pk + ((b + 1) * np + 16 * c) * 32, 64);
+                    for (int p = 0; p < 3; p++) {
+                        T_LOAD(6, xa + ((tb * nc + c) * 3 + p) * 512, 64);
+                        T_DP(0, 6, 4);
+                        if (nb > 1) T_DP(1, 6, 5);
+                        if (nt > 1) {
+                            T_LOAD(7, xa + (((tb + 1) * nc + c) * 3 + p) * 512, 64);
+                            T_DP(2, 7, 4);
+                            if (nb > 1) T_DP(3, 7, 5);
+                        }
+                    }
+                }
+                /* tile numbers must be constants for the hardware build */
+#define AMX_STORE_C(idx, tt, bb)                                                               \
+    do {                                                                                       \
+        const int64_t t0_ = (tb + (tt)) * 16, row0_ = (b + (bb)) * 16;                         \
+        float *yo_ = y + (m0 + t0_) * ldy + row0_;                                             \
+        if (t0_ + 16 <= mb && row0_ >= r0 && row0_ + 16 <= r1) {                               \
+            T_STORE(idx, yo_, ldy * (int64_t)sizeof(float));                                   \
+        } else {                                                                               \
+            T_STORE(idx, ctmp, 64);                                                            \
+            for (int64_t t_ = 0; t_ < 16 && t0_ + t_ < mb; t_++)                               \
+                for (int64_t i_ = 0; i_ < 16; i_++)                                            \
+                    if (row0_ + i_ >= r0 && row0_ + i_ < r1) yo_[t_ * ldy + i_] = ctmp[t_ * 16 + i_]; \
+        }                                                                                      \
+    } while (0)
+                AMX_STORE_C(0, 0, 0);
+                if (nb > 1) AMX_STORE_C(1, 0, 1);
+                if (nt > 1) AMX_STORE_C(2, 1, 0);
+                if (nt > 1 && nb > 1) AMX_STORE_C(3, 1, 1);
+#undef AMX_STORE_C
+            }
+        }
+    }
+    T_END();
+}
