@@ -166,6 +166,11 @@ static void AMX_FN(amx_matmul_packed)(AMX_ARGS const st_matrix *w, const float *
                 T_ZERO(2);
                 T_ZERO(3);
                 for (int64_t c = 0; c < nc; c++) {
+                    if (tb == 0) { /* the first token tiles meet the weights first: ask ahead */
+                        const uint8_t *pf = (const uint8_t *)(pk + (b * np + 16 * (c + 4)) * 32);
+                        for (int l = 0; l < 16 * nb; l++)
+                            __builtin_prefetch(pf + (l / 16) * np * 64 + (l % 16) * 64, 0, 3);
+                    }
                     T_LOAD(4, pk + (b * np + 16 * c) * 32, 64);
                     if (nb > 1) T_LOAD(5, pk + ((b + 1) * np + 16 * c) * 32, 64);
                     for (int p = 0; p < 3; p++) {
