@@ -118,7 +118,9 @@ int main(int argc, char **argv) {
     /* -P 1: the packed copy the model would make (for sets that read it) */
     for (int c = 0; c < copies && pack; c++) {
         const unsigned can = st_matrix_packs_possible(&ws[c]);
-        const st_wpack kind = (can & ST_WPACK_BIT(ST_WPACK_BF16_V16)) ? ST_WPACK_BF16_V16 : ST_WPACK_NONE;
+        const st_wpack kind = (can & ST_WPACK_BIT(ST_WPACK_BF16_V16))  ? ST_WPACK_BF16_V16
+                              : (can & ST_WPACK_BIT(ST_WPACK_Q8_V16)) ? ST_WPACK_Q8_V16
+                                                                      : ST_WPACK_NONE;
         if (kind == ST_WPACK_NONE) break;
         void *pk = aligned_alloc(64, (st_matrix_pack_bytes(&ws[c], kind) + 63) / 64 * 64);
         st_matrix_pack(&ws[c], kind, pk, 0, rows);

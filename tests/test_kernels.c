@@ -225,6 +225,36 @@ static void test_matmul(const st_kernels *k) {
         CHECK(all, "%s matmul packed bf16: %d shapes (1..300 rows, widths 2..20000 and whole 32-column chunks, 1..67 tokens) match ref (worst %.2e of sum|wx|), each token alone and any row range bit-identical",
               k->name, n, worst);
     }
+    /* packed MLX 8-bit (integer dot products on activation limbs) */
+    if (k->packs & ST_WPACK_BIT(ST_WPACK_Q8_V16)) {
+        int all = 1, n = 0;
+        double worst = 0;
+        const int64_t ptoks[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 67};
+        for (int trial = 0; trial < 30; trial++) {
+            const int group = (int[]){32, 64, 128}[trial % 3];
+            const st_dtype sdt = (st_dtype[]){ST_DTYPE_BF16, ST_DTYPE_F16, ST_DTYPE_F32}[(trial / 3) % 3];
+            int64_t R = irand(1, 100), K = group * irand(1, 8);
+            if (trial == 0) R = 64, K = 1024;
+            int64_t nt = ptoks[trial % 10];
+            tmat t;
+            make_matrix(&t, ST_WFMT_AFFINE, R, K, 8, group, sdt);
+            const size_t pb = st_matrix_pack_bytes(&t.m, ST_WPACK_Q8_V16);
+            void *pk = malloc(pb);
+            memset(pk, 0xA5, pb);
+            st_matrix_pack(&t.m, ST_WPACK_Q8_V16, pk, 0, R);
+            t.m.pack = ST_WPACK_Q8_V16;
+            t.m.packed = pk;
+            char what[160];
+            snprintf(what, sizeof what, "%s packed q8 g%d %s [%lld x %lld] x %lld tokens", k->name,
+                     group, st_dtype_name(sdt), (long long)R, (long long)K, (long long)nt);
+            all &= check_matmul(k, &t, nt, tol_f32, what, &worst);
+            free(pk);
+            free_matrix(&t);
+            n++;
+        }
+        CHECK(all, "%s matmul packed q8: %d shapes (groups 32/64/128, bf16/f16/f32 scales, 1..67 tokens) match ref (worst %.2e of sum|wx|), each token alone and any row range bit-identical",
+              k->name, n, worst);
+    }
     /* affine: every width, group and scale dtype */
     const int bits[] = {2, 3, 4, 5, 6, 8};
     const int groups[] = {32, 64, 128};

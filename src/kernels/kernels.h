@@ -88,7 +88,7 @@ const st_kernels *st_kernels_select(void);
 typedef struct st_cpu_features {
     int avx2, fma, f16c;             /* and the OS saves ymm state */
     int avx512f, avx512bw, avx512vl, avx512dq; /* and the OS saves zmm state */
-    int avx512bf16;
+    int avx512bf16, avx512vnni;
     int amx_bf16, amx_tile;          /* CPUID bits */
     int amx_usable;                  /* CPUID + XCR0 + arch_prctl permission granted */
 } st_cpu_features;

@@ -533,7 +533,7 @@ static void pack_fn(void *ctx, int tid, int n) {
 }
 
 st_status st_model_pack(st_model *m, unsigned packs, st_error *err) {
-    static const st_wpack order[] = {ST_WPACK_BF16_V16};
+    static const st_wpack order[] = {ST_WPACK_BF16_V16, ST_WPACK_Q8_V16};
     const size_t n = model_matrices(m, NULL);
     st_matrix **mats = calloc(n ? n : 1, sizeof *mats);
     size_t *offs = calloc(n ? n : 1, sizeof *offs);

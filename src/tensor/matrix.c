@@ -120,7 +120,23 @@ unsigned st_matrix_packs_possible(const st_matrix *m) {
     unsigned k = 0;
     if (m->fmt == ST_WFMT_BF16 && m->cols % 2 == 0 && m->cols > 0 && m->rows > 0)
         k |= ST_WPACK_BIT(ST_WPACK_BF16_V16);
+    if (m->fmt == ST_WFMT_AFFINE && m->bits == 8 && m->group % 4 == 0 && m->group > 0 &&
+        m->cols % m->group == 0 && m->cols > 0 && m->rows > 0)
+        k |= ST_WPACK_BIT(ST_WPACK_Q8_V16);
     return k;
+}
+
+size_t st_matrix_q8v16_scales_at(const st_matrix *m) { return (size_t)m->cols * 16; }
+
+size_t st_matrix_q8v16_biases_at(const st_matrix *m) {
+    return st_matrix_q8v16_scales_at(m) +
+           (size_t)(m->cols / m->group) * 16 * st_dtype_size(m->sdtype);
+}
+
+size_t st_matrix_q8v16_block_bytes(const st_matrix *m) {
+    const size_t end = st_matrix_q8v16_biases_at(m) +
+                       (size_t)(m->cols / m->group) * 16 * st_dtype_size(m->sdtype);
+    return (end + 63) / 64 * 64;
 }
 
 size_t st_matrix_pack_bytes(const st_matrix *m, st_wpack kind) {
@@ -128,6 +144,7 @@ size_t st_matrix_pack_bytes(const st_matrix *m, st_wpack kind) {
     const size_t blocks = (size_t)((m->rows + 15) / 16);
     switch (kind) {
     case ST_WPACK_BF16_V16: return blocks * 16 * (size_t)m->cols * 2;
+    case ST_WPACK_Q8_V16: return blocks * st_matrix_q8v16_block_bytes(m);
     default: return 0;
     }
 }
@@ -148,6 +165,28 @@ void st_matrix_pack(const st_matrix *m, st_wpack kind, void *dst, int64_t r0, in
                 uint32_t *o = ob + p * 16;
                 for (int i = 0; i < n; i++) memcpy(&o[i], rows + ((size_t)i * (size_t)K + 2 * (size_t)p) * 2, 4);
                 for (int i = n; i < 16; i++) o[i] = 0;
+            }
+        }
+    }
+    if (kind == ST_WPACK_Q8_V16) {
+        const size_t bb = st_matrix_q8v16_block_bytes(m), es = st_dtype_size(m->sdtype);
+        const size_t so = st_matrix_q8v16_scales_at(m), bo = st_matrix_q8v16_biases_at(m);
+        const int64_t ng = K / m->group;
+        const uint8_t *q = m->data; /* 8-bit: row r's q are bytes r*K .. in column order */
+        for (int64_t b = b0; b < b1; b++) {
+            uint8_t *ob = (uint8_t *)dst + (size_t)b * bb;
+            memset(ob, 0, bb);
+            const int n = m->rows - b * 16 < 16 ? (int)(m->rows - b * 16) : 16;
+            for (int i = 0; i < n; i++) {
+                const int64_t r = b * 16 + i;
+                const uint8_t *qr = q + (size_t)r * (size_t)K;
+                for (int64_t j = 0; j < K / 4; j++) memcpy(ob + j * 64 + 4 * i, qr + 4 * j, 4);
+                const uint8_t *sr = (const uint8_t *)m->scales + (size_t)(r * ng) * es;
+                const uint8_t *br = (const uint8_t *)m->biases + (size_t)(r * ng) * es;
+                for (int64_t g = 0; g < ng; g++) {
+                    memcpy(ob + so + ((size_t)g * 16 + (size_t)i) * es, sr + (size_t)g * es, es);
+                    memcpy(ob + bo + ((size_t)g * 16 + (size_t)i) * es, br + (size_t)g * es, es);
+                }
             }
         }
     }

@@ -28,10 +28,16 @@ typedef enum st_wformat {
  *   per pair of columns p (cols/2 pairs), 32 uint16: element [i][j] = W[16b + i][2p + j] at
  *   ((b * cols/2 + p) * 32 + 2i + j). As uint32 lanes: lane i holds row i's pair, so one
  *   64-byte load gives 16 rows' even column (<< 16) and odd column (& 0xffff0000) as fp32,
- *   and 16 consecutive pairs of a block are an AMX B tile (VNNI layout) as they lie. */
+ *   and 16 consecutive pairs of a block are an AMX B tile (VNNI layout) as they lie.
+ * ST_WPACK_Q8_V16 (MLX affine 8-bit): blocks of 16 rows (the last zero-padded), each
+ *   st_matrix_q8v16_block_bytes long: first the q bytes by quads of columns, K/4 x 64 bytes,
+ *   byte (j * 64 + 4i + u) = q[16b + i][4j + u] (lane i of a 64-byte load holds row i's four
+ *   q of quad j: the unsigned operand of vpdpbusd); then the scales as [group][16 rows] and
+ *   the biases likewise, in the matrix's sdtype. */
 typedef enum st_wpack {
     ST_WPACK_NONE = 0,
     ST_WPACK_BF16_V16 = 1,
+    ST_WPACK_Q8_V16 = 2,
 } st_wpack;
 #define ST_WPACK_BIT(kind) (1u << (kind))
 
@@ -61,6 +67,11 @@ void st_matrix_row_f32(const st_matrix *m, int64_t r, float *out);
 
 /* The packings this matrix can take (ST_WPACK_BIT mask). */
 unsigned st_matrix_packs_possible(const st_matrix *m);
+/* ST_WPACK_Q8_V16: bytes of one block of 16 rows (a multiple of 64), and the offsets of its
+ * scales and biases within it. */
+size_t st_matrix_q8v16_block_bytes(const st_matrix *m);
+size_t st_matrix_q8v16_scales_at(const st_matrix *m);
+size_t st_matrix_q8v16_biases_at(const st_matrix *m);
 /* Bytes of the packed copy of m in `kind` (0 when m cannot take it). */
 size_t st_matrix_pack_bytes(const st_matrix *m, st_wpack kind);
 /* Write the packed copy of m in `kind` to dst (st_matrix_pack_bytes(m, kind) bytes); rows

@@ -67,6 +67,7 @@ static void detect(void) {
     f->avx512dq = zmm_ok && ((b >> 17) & 1);
     f->avx512bw = zmm_ok && ((b >> 30) & 1);
     f->avx512vl = zmm_ok && ((b >> 31) & 1);
+    f->avx512vnni = f->avx512f && ((c >> 11) & 1);
     f->amx_bf16 = (d >> 22) & 1;
     f->amx_tile = (d >> 24) & 1;
     unsigned a1, b1, c1, d1;

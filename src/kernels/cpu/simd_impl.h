@@ -814,6 +814,12 @@ static void KFN(matmul_)(const st_matrix *w, const float *x, int64_t ldx, int64_
         matmul_v16(w, x, ldx, n_tok, y, ldy, r0, r1, scratch);
         return;
     }
+#ifdef KQ8V_MATMUL /* the includer's kernel for ST_WPACK_Q8_V16, when the CPU runs it */
+    if (w->pack == ST_WPACK_Q8_V16 && w->packed && KQ8V_OK()) {
+        KQ8V_MATMUL(w, x, ldx, n_tok, y, ldy, r0, r1, scratch);
+        return;
+    }
+#endif
     const int fk = fmt_kind(w), eo = fk_even_odd(fk);
     const int64_t K = w->cols, kp = round_up(K, CH);
     /* an f32 matrix of whole chunks converts to itself: its rows are used in place (the same
