@@ -183,6 +183,103 @@ static const int tqv_rows[QV_MMAX] = {6, 4, 2, 2, 1, 1, 1, 1};
 static const tile_q8v_fn tqv_one[QV_MMAX] = {tqv_1_1, tqv_1_2, tqv_1_3, tqv_1_4,
                                              tqv_1_5, tqv_1_6, tqv_1_7, tqv_1_8};
 
+/* ---- tokens in lanes, for 8 to 16 tokens ----
+ * The same arithmetic with the vectors turned: a lane per token, a row's weight quad
+ * broadcast. Integer sums are exact in any order and the fp32 steps per output are the same
+ * operations on the same values (s_r * d_t, fma(T, sd, acc), fma(b_r, X_t, acc)), so the
+ * results are bit-identical to the row-lane tiles above; per quad of columns a row costs one
+ * broadcast and three vpdpbusd for all 16 tokens. */
+
+/* the limbs of n <= 16 prepared tokens turned to lanes: xt[(j * 3 + l) * 16 + t]; dt/st
+ * [g][16] the tokens' d and sums; missing tokens zero */
+static void turn_tokens(const q8v_tok *tk, int n, int64_t K, int64_t ng, int32_t *xt, float *dt,
+                        float *st) {
+    const int64_t nq = K / 4;
+    for (int64_t j = 0; j < nq * 3; j++)
+        for (int t = 0; t < 16; t++) xt[j * 16 + t] = t < n ? tk->xl[t * tk->ldl + j] : 0;
+    for (int64_t g = 0; g < ng; g++)
+        for (int t = 0; t < 16; t++) {
+            dt[g * 16 + t] = t < n ? tk->dq[t * tk->ldg + g] : 0.0f;
+            st[g * 16 + t] = t < n ? tk->xs[t * tk->ldg + g] : 0.0f;
+        }
+}
+
+AI float ld1(const uint8_t *p, st_dtype dt) {
+    if (dt == ST_DTYPE_F32) {
+        float v;
+        memcpy(&v, p, 4);
+        return v;
+    }
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return dt == ST_DTYPE_F16 ? st_f16_to_f32(h) : st_bf16_to_f32(h);
+}
+
+/* rows [r, r+R) for the n turned tokens */
+AI void tile_q8t(const int R, const st_matrix *w, int64_t r, const int32_t *xt, const float *dt,
+                 const float *st, int n, float *y, int64_t ldy) {
+    const int64_t K = w->cols, G = w->group, ng = K / G, qpg = G / 4;
+    const size_t bb = st_matrix_q8v16_block_bytes(w), so = st_matrix_q8v16_scales_at(w);
+    const size_t bo = st_matrix_q8v16_biases_at(w), es = st_dtype_size(w->sdtype);
+    const uint8_t *q[8], *sc[8], *bi[8];
+    UNROLL for (int v = 0; v < R; v++) {
+        const uint8_t *blk = (const uint8_t *)w->packed + (size_t)((r + v) / 16) * bb;
+        const int i = (int)((r + v) % 16);
+        q[v] = blk + 4 * i;
+        sc[v] = blk + so + (size_t)i * es;
+        bi[v] = blk + bo + (size_t)i * es;
+    }
+    float acc[8 * 16] __attribute__((aligned(64)));
+    UNROLL for (int v = 0; v < R; v++) _mm512_store_ps(acc + v * 16, _mm512_setzero_ps());
+    for (int64_t g = 0; g < ng; g++) {
+        __m512i ia[8][3];
+        UNROLL for (int v = 0; v < R; v++) {
+            ia[v][0] = _mm512_setzero_si512();
+            ia[v][1] = _mm512_setzero_si512();
+            ia[v][2] = _mm512_setzero_si512();
+        }
+        for (int64_t j = g * qpg; j < (g + 1) * qpg; j++) {
+            const __m512i l0 = _mm512_load_si512((const void *)(xt + (j * 3) * 16));
+            const __m512i l1 = _mm512_load_si512((const void *)(xt + (j * 3 + 1) * 16));
+            const __m512i l2 = _mm512_load_si512((const void *)(xt + (j * 3 + 2) * 16));
+            UNROLL for (int v = 0; v < R; v++) {
+                int32_t qd;
+                memcpy(&qd, q[v] + j * 64, 4);
+                const __m512i wq = _mm512_set1_epi32(qd);
+                ia[v][0] = _mm512_dpbusd_epi32(ia[v][0], wq, l0);
+                ia[v][1] = _mm512_dpbusd_epi32(ia[v][1], wq, l1);
+                ia[v][2] = _mm512_dpbusd_epi32(ia[v][2], wq, l2);
+            }
+        }
+        const __m512 dv = _mm512_load_ps(dt + g * 16), xv = _mm512_load_ps(st + g * 16);
+        UNROLL for (int v = 0; v < R; v++) {
+            const __m512 T = _mm512_fmadd_ps(
+                _mm512_cvtepi32_ps(ia[v][2]), _mm512_set1_ps(16384.0f),
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[v][1]), _mm512_set1_ps(128.0f),
+                                _mm512_cvtepi32_ps(ia[v][0])));
+            const __m512 sd = _mm512_mul_ps(_mm512_set1_ps(ld1(sc[v] + (size_t)g * 16 * es, w->sdtype)), dv);
+            __m512 av = _mm512_fmadd_ps(T, sd, _mm512_load_ps(acc + v * 16));
+            av = _mm512_fmadd_ps(_mm512_set1_ps(ld1(bi[v] + (size_t)g * 16 * es, w->sdtype)), xv, av);
+            _mm512_store_ps(acc + v * 16, av);
+        }
+    }
+    UNROLL for (int v = 0; v < R; v++)
+        for (int t = 0; t < n; t++) y[t * ldy + r + v] = acc[v * 16 + t];
+}
+
+static void tqt_8(const st_matrix *w, int64_t r, const int32_t *xt, const float *dt,
+                  const float *st, int n, float *y, int64_t ldy) {
+    tile_q8t(8, w, r, xt, dt, st, n, y, ldy);
+}
+static void tqt_1(const st_matrix *w, int64_t r, const int32_t *xt, const float *dt,
+                  const float *st, int n, float *y, int64_t ldy) {
+    tile_q8t(1, w, r, xt, dt, st, n, y, ldy);
+}
+
+#ifndef QV_TURN_MIN
+#define QV_TURN_MIN 8 /* token tiles of at least this many tokens use the turned tiles */
+#endif
+
 void st_q8v_matmul_avx512vnni(const st_matrix *w, const float *x, int64_t ldx, int64_t n_tok,
                               float *y, int64_t ldy, int64_t r0, int64_t r1, float *scratch) {
     ST_ASSERT(w->pack == ST_WPACK_Q8_V16 && w->packed);
@@ -203,6 +300,21 @@ void st_q8v_matmul_avx512vnni(const st_matrix *w, const float *x, int64_t ldx, i
         /* token tiles of equal size, at most QV_MMAX; row chunks of 12 blocks meet every
          * token tile while in L2 */
         const int64_t n_tt = (mb + QV_MMAX - 1) / QV_MMAX, mt = (mb + n_tt - 1) / n_tt;
+        if (mb >= QV_TURN_MIN) {
+            /* tiles of up to 16 tokens in lanes, each meeting rows [r0, r1) in chunks of 8 */
+            int32_t *xt = xl + 262144; /* past the limbs: 12K int32 + 32 ng floats */
+            float *dt = (float *)(void *)(xt + 3 * K * 4), *st = dt + ng * 16;
+            for (int64_t t = 0; t < mb; t += 16) {
+                const int n = (int)(mb - t < 16 ? mb - t : 16);
+                const q8v_tok tk = {xl + t * ldl, dq + t * ldg, xs + t * ldg, ldl, ldg};
+                turn_tokens(&tk, n, K, ng, xt, dt, st);
+                float *yt = y + (m0 + t) * ldy;
+                int64_t r = r0;
+                for (; r + 8 <= r1; r += 8) tqt_8(w, r, xt, dt, st, n, yt, ldy);
+                for (; r < r1; r++) tqt_1(w, r, xt, dt, st, n, yt, ldy);
+            }
+            continue;
+        }
         for (int64_t bc = b_lo; bc < b_hi; bc += 12) {
             const int64_t bc1 = bc + 12 < b_hi ? bc + 12 : b_hi;
             for (int64_t t = 0; t < mb; t += mt) {
