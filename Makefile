@@ -36,7 +36,7 @@ KCC ?= $(shell command -v clang >/dev/null 2>&1 && echo clang || echo $(CC))
 $(BUILD)/obj/src/kernels/cpu/q8vnni.o: src/kernels/cpu/q8vnni.c
 	@mkdir -p $(dir $@)
 	@echo "  KCC     $<"
-	@$(KCC) $(CPPFLAGS_ALL) $(WARN) $(CFLAGS) -c $< -o $@
+	@$(KCC) $(CPPFLAGS_ALL) $(WARN) $(CFLAGS) -ffp-contract=off -c $< -o $@
 
 $(LIB): $(LIB_OBJ)
 	@rm -f $@
