@@ -9,11 +9,11 @@
  *    for each prompt length; tokens per second.
  * 3. Decode: B sequences (B in --batches) each prefilled with a --prompt-len prompt, then
  *    steps of one token per sequence for about --decode-s seconds, in rounds of about 0.5 s
- *    with one bandwidth pass between rounds. Reports tokens per second (all sequences), the
- *    weight bytes read per step (st_model_get_stats: every matrix once, the LM head whole,
- *    one embedding row) per second, and per round that as a fraction of the round's
- *    bandwidth (the mean of the passes before and after it): the median round ("of floor")
- *    and the best. The floor is bandwidth / bytes per step steps per second.
+ *    each followed by two bandwidth passes on the same threads. Reports tokens per second
+ *    (all sequences), the weight bytes read per step (st_model_get_stats: every matrix
+ *    once, the LM head whole, one embedding row) per second, and per round that as a
+ *    fraction of the round's bandwidth (the better of its two passes): the median round
+ *    ("of floor") and the best. The floor is bandwidth / bytes per step steps per second.
  * Weights are touched once before timing (a warm-up decode step), so page faults of the
  * mapping are not counted. */
 #include <stdio.h>
@@ -122,12 +122,12 @@ static void fill_fn(void *ctx, int tid, int n) {
  * thread of a pool. Kept alive through the decode measurements so that each round of
  * decode steps gets its own bandwidth sample (this machine's neighbours change it). */
 typedef struct bw_probe {
-    st_pool *pool;
+    st_pool *pool; /* borrowed: the forward context's, so no other threads compete */
     bw_job job;
     uint8_t *buf; /* owned, j.bytes */
 } bw_probe;
 
-static int bw_probe_create(int nth, bw_probe *p, st_error *err) {
+static int bw_probe_create(st_pool *pool, bw_probe *p, st_error *err) {
     memset(p, 0, sizeof *p);
     p->job.bytes = (size_t)512 << 20;
     p->job.avx2 = st_cpu_get_features()->avx2;
@@ -137,17 +137,12 @@ static int bw_probe_create(int nth, bw_probe *p, st_error *err) {
         return -1;
     }
     p->job.buf = p->buf;
-    if (st_pool_create(nth, &p->pool, err) != ST_OK) {
-        free(p->buf);
-        p->buf = NULL;
-        return -1;
-    }
+    p->pool = pool;
     st_pool_run(p->pool, fill_fn, &p->job); /* fault the pages in, on the threads that read them */
     return 0;
 }
 
 static void bw_probe_destroy(bw_probe *p) {
-    st_pool_destroy(p->pool);
     free(p->buf);
     memset(p, 0, sizeof *p);
 }
@@ -274,7 +269,7 @@ int cmd_bench(int argc, char **argv) {
     }
     for (int i = 0; i < max_tokens; i++) toks[i] = (int32_t)((1000003LL * i + 17) % c->vocab_size);
     const int nth = st_fwd_threads(f);
-    if (bw_probe_create(nth, &probe, &err)) goto done;
+    if (bw_probe_create(st_fwd_pool(f), &probe, &err)) goto done;
     if (!json) fprintf(stderr, "measuring memory bandwidth (%d threads)...\n", nth);
     double bw = bw_probe_measure(&probe, 5);
 
@@ -323,8 +318,6 @@ int cmd_bench(int argc, char **argv) {
         double fr[64];
         int steps = 0;
         double t = 0;
-        /* a round's bandwidth: the mean of one read pass just before it and one just after */
-        double bw_before = bw_probe_measure(&probe, 1);
         for (int rd = 0; rd < n_rounds; rd++) {
             int steps_r = 0;
             double t0 = now_s(), t_r = 0;
@@ -339,10 +332,9 @@ int cmd_bench(int argc, char **argv) {
                 t_r = now_s() - t0;
             }
             t += t_r;
-            const double bw_after = bw_probe_measure(&probe, 1);
-            const double bw_r = 0.5 * (bw_before + bw_after);
-            bw = bw_after > bw ? bw_after : bw;
-            bw_before = bw_after;
+            /* the round's bandwidth: the better of two passes right after it */
+            const double bw_r = bw_probe_measure(&probe, 2);
+            bw = bw_r > bw ? bw_r : bw;
             fr[rd] = (double)ms.bytes_per_token * steps_r / t_r / 1e9 / bw_r;
         }
         for (int s = 0; s < B; s++) st_cache_seq_release(cache, &seqs[s]);
@@ -396,10 +388,9 @@ int cmd_bench(int argc, char **argv) {
             else printf("%7s ", "-");
             printf("%11.2f %9.1f%% %9.1f%%\n", dr[i].gb_s, 100 * dr[i].frac, 100 * dr[i].frac_best);
         }
-        printf("(decode after a %lld-token prompt per sequence, in rounds of about 0.5 s between\n"
-               " bandwidth passes; 'of floor' = weight bytes read per second / the mean bandwidth of\n"
-               " the passes around the round, the median round; 'best' the best round;\n"
-               " 'x b1' = tok/s / batch 1's)\n",
+        printf("(decode after a %lld-token prompt per sequence, in rounds of about 0.5 s, each\n"
+               " followed by a bandwidth sample; 'of floor' = weight bytes read per second / that\n"
+               " bandwidth, the median round; 'best' the best round; 'x b1' = tok/s / batch 1's)\n",
                plen);
     }
     rc = 0;

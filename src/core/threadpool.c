@@ -22,10 +22,11 @@
 #define cpu_relax() ((void)0)
 #endif
 
-/* pause iterations a worker spins before sleeping (about 50 us): long enough to catch the
- * next parallel region of the same forward step, short enough to leave the CPU to others
- * between steps */
-#define SPIN_ITERS 2000
+/* pause iterations a worker spins before sleeping (about 1 ms): long enough to catch the
+ * next parallel region of the same forward step across the serial parts between them (with
+ * 2000, about 100 us, workers fell asleep inside decode steps and waking them cost about 12%
+ * of 0.8B decode speed), short enough to leave the CPU to others between requests */
+#define SPIN_ITERS 20000
 /* pause iterations the caller spins for the workers to finish before it starts yielding its
  * CPU (so that a worker preempted on an oversubscribed machine gets to run) */
 #define SPIN_JOIN 500

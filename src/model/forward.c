@@ -289,6 +289,8 @@ void st_fwd_set_hidden_hook(st_fwd *f, st_hidden_hook hook, void *user) {
 
 size_t st_fwd_scratch_bytes(const st_fwd *f) { return f->scratch_bytes; }
 const st_kernels *st_fwd_kernels(const st_fwd *f) { return f->k; }
+
+struct st_pool *st_fwd_pool(st_fwd *f) { return f->pool; }
 int st_fwd_threads(const st_fwd *f) { return f->n_threads; }
 
 int64_t st_fwd_logit_rows(const st_batch_item *items, int n_items) {

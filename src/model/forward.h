@@ -66,6 +66,9 @@ st_fwd_params st_fwd_default_params(void);
 st_status st_fwd_create_ex(const st_model *m, st_cache *cache, int max_tokens,
                            const st_fwd_params *p, st_fwd **out, st_error *err);
 
+/* The context's thread pool (borrowed; for benchmarks that must share its threads). */
+struct st_pool *st_fwd_pool(st_fwd *f);
+
 /* st_fwd_create_ex with default parameters and the given kernels (NULL = best available). */
 st_status st_fwd_create(const st_model *m, st_cache *cache, int max_tokens,
                         const st_kernels *kernels, st_fwd **out, st_error *err);
