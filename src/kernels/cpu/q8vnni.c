@@ -105,8 +105,13 @@ AI void tile_q8v(const int R, const int M, const st_matrix *w, int64_t b0, const
     const size_t bb = st_matrix_q8v16_block_bytes(w), so = st_matrix_q8v16_scales_at(w);
     const size_t bo = st_matrix_q8v16_biases_at(w), es = st_dtype_size(w->sdtype);
     const st_dtype dt = w->sdtype;
-    const uint8_t *blk[QV_RMAX];
-    UNROLL for (int v = 0; v < R; v++) blk[v] = (const uint8_t *)w->packed + (size_t)(b0 + v) * bb;
+    const uint8_t *blk[QV_RMAX], *bn[QV_RMAX];
+    const int64_t nq = K / 4, b_end = (r1 + 15) / 16;
+    UNROLL for (int v = 0; v < R; v++) {
+        blk[v] = (const uint8_t *)w->packed + (size_t)(b0 + v) * bb;
+        /* the next tile's block, whose start is prefetched over this one's last quads */
+        bn[v] = b0 + R + v < b_end ? (const uint8_t *)w->packed + (size_t)(b0 + R + v) * bb : blk[v];
+    }
     /* the fp32 accumulators change once per group: they live in memory, the registers hold
      * the integer ones */
     float acc[QV_RMAX * QV_MMAX * 16] __attribute__((aligned(64)));
@@ -122,7 +127,7 @@ AI void tile_q8v(const int R, const int M, const st_matrix *w, int64_t b0, const
         for (int64_t j = g * qpg; j < (g + 1) * qpg; j++) {
             __m512i wq[QV_RMAX];
             UNROLL for (int v = 0; v < R; v++) {
-                if (pf) __builtin_prefetch(blk[v] + (j + 64) * 64, 0, 3);
+                if (pf) __builtin_prefetch(j + 64 < nq ? blk[v] + (j + 64) * 64 : bn[v] + (j + 64 - nq) * 64, 0, 3);
                 wq[v] = _mm512_loadu_si512((const void *)(blk[v] + j * 64));
             }
             UNROLL for (int t = 0; t < M; t++) {

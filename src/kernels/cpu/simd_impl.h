@@ -705,21 +705,35 @@ AI void tile_v16(const int R, const int M, const uint16_t *pk, int64_t np, int64
         const int64_t row = (rv0 + v) * VW;
         wr[v] = pk + ((row / 16) * np * 16 + row % 16) * 2;
     }
-    UNROLL for (int v = 0; v < R; v++) UNROLL for (int t = 0; t < M; t++) acc[v][t] = VZERO();
-    for (int64_t p = 0; p < np; p++) {
-        vf we[VT_RMAX], wo[VT_RMAX];
-        UNROLL for (int v = 0; v < R; v++) {
-            if (pf) __builtin_prefetch(wr[v] + (p + VT_PF_PAIRS) * 32, 0, 3);
-            ld_pair16(wr[v] + p * 32, &we[v], &wo[v]);
-        }
-        UNROLL for (int t = 0; t < M; t++) {
-            const vf xe = VSET1(x[(p * M + t) * 2]), xo = VSET1(x[(p * M + t) * 2 + 1]);
-            UNROLL for (int v = 0; v < R; v++) {
-                acc[v][t] = VFMA(we[v], xe, acc[v][t]);
-                acc[v][t] = VFMA(wo[v], xo, acc[v][t]);
-            }
-        }
+    /* prefetch: VT_PF_PAIRS ahead in each stream; over the last VT_PF_PAIRS pairs, the start
+     * of the next tile's streams instead (when they are in range), so that a tile does not
+     * begin with every stream waiting for memory */
+    const uint16_t *wn[VT_RMAX];
+    UNROLL for (int v = 0; v < R; v++) {
+        const int64_t row = (rv0 + R + v) * VW;
+        wn[v] = row < r1 ? pk + ((row / 16) * np * 16 + row % 16) * 2 : wr[v];
     }
+    UNROLL for (int v = 0; v < R; v++) UNROLL for (int t = 0; t < M; t++) acc[v][t] = VZERO();
+    const int64_t p_sw = np > VT_PF_PAIRS ? np - VT_PF_PAIRS : 0;
+#define V16_STEP(PFADDR)                                                                       \
+    do {                                                                                       \
+        vf we[VT_RMAX], wo[VT_RMAX];                                                           \
+        UNROLL for (int v = 0; v < R; v++) {                                                   \
+            if (pf) __builtin_prefetch(PFADDR, 0, 3);                                          \
+            ld_pair16(wr[v] + p * 32, &we[v], &wo[v]);                                         \
+        }                                                                                      \
+        UNROLL for (int t = 0; t < M; t++) {                                                   \
+            const vf xe = VSET1(x[(p * M + t) * 2]), xo = VSET1(x[(p * M + t) * 2 + 1]);       \
+            UNROLL for (int v = 0; v < R; v++) {                                               \
+                acc[v][t] = VFMA(we[v], xe, acc[v][t]);                                        \
+                acc[v][t] = VFMA(wo[v], xo, acc[v][t]);                                        \
+            }                                                                                  \
+        }                                                                                      \
+    } while (0)
+    int64_t p = 0;
+    for (; p < p_sw; p++) V16_STEP(wr[v] + (p + VT_PF_PAIRS) * 32);
+    for (; p < np; p++) V16_STEP(wn[v] + (p - p_sw) * 32);
+#undef V16_STEP
     UNROLL for (int v = 0; v < R; v++) {
         const int64_t row = (rv0 + v) * VW;
         if (row >= r0 && row + VW <= r1) {
