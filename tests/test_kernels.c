@@ -231,7 +231,7 @@ static void test_matmul(const st_kernels *k) {
         double worst = 0;
         const int64_t ptoks[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 67};
         for (int trial = 0; trial < 30; trial++) {
-            const int group = (int[]){32, 64, 128}[trial % 3];
+            const int group = (int[]){32, 64, 128, 20}[trial % 4]; /* 20: the scalar limbs */
             const st_dtype sdt = (st_dtype[]){ST_DTYPE_BF16, ST_DTYPE_F16, ST_DTYPE_F32}[(trial / 3) % 3];
             int64_t R = irand(1, 100), K = group * irand(1, 8);
             if (trial == 0) R = 64, K = 1024;
@@ -252,7 +252,7 @@ static void test_matmul(const st_kernels *k) {
             free_matrix(&t);
             n++;
         }
-        CHECK(all, "%s matmul packed q8: %d shapes (groups 32/64/128, bf16/f16/f32 scales, 1..67 tokens) match ref (worst %.2e of sum|wx|), each token alone and any row range bit-identical",
+        CHECK(all, "%s matmul packed q8: %d shapes (groups 32/64/128/20, bf16/f16/f32 scales, 1..67 tokens) match ref (worst %.2e of sum|wx|), each token alone and any row range bit-identical",
               k->name, n, worst);
     }
     /* affine: every width, group and scale dtype */

@@ -48,39 +48,85 @@
 #endif
 
 /* One token's activations in limbs: xl[j * 3 + l] = the four s8 limbs l of columns 4j..4j+3;
- * per group: dq[g] = d_g, xs[g] = the sum of the group's x in column order. */
+ * per group: dq[g] = d_g, xs[g] = the sum of the group's x (in a fixed order). Groups of a
+ * multiple of 16 columns take the vector form, others the scalar one; a matrix always takes
+ * the same form, and both give each X_k from the same IEEE operations. */
+static inline void limbs_of(int32_t X, int32_t *a0, int32_t *a1, int32_t *a2) {
+    *a0 = ((X + 64) & 127) - 64;
+    const int32_t x1 = (X - *a0) / 128;
+    *a1 = ((x1 + 64) & 127) - 64;
+    *a2 = (x1 - *a1) / 128;
+}
+
+static void prep_group_scalar(const float *xg, int64_t G, int32_t *o, float *dq, float *xs) {
+    float amax = 0, sum = 0;
+    for (int64_t k = 0; k < G; k++) {
+        const float a = fabsf(xg[k]);
+        amax = a > amax ? a : amax;
+        sum += xg[k];
+    }
+    const float d = amax / (float)XMAX;
+    *dq = d;
+    *xs = sum;
+    for (int64_t j = 0; j < G / 4; j++) {
+        uint32_t l0 = 0, l1 = 0, l2 = 0;
+        for (int u = 0; u < 4; u++) {
+            int32_t X = 0, a0, a1, a2;
+            if (d > 0) {
+                float v = rintf(xg[4 * j + u] / d);
+                v = v > (float)XMAX ? (float)XMAX : v < -(float)XMAX ? -(float)XMAX : v;
+                X = (int32_t)v;
+            }
+            limbs_of(X, &a0, &a1, &a2);
+            l0 |= (uint32_t)(uint8_t)(int8_t)a0 << (8 * u);
+            l1 |= (uint32_t)(uint8_t)(int8_t)a1 << (8 * u);
+            l2 |= (uint32_t)(uint8_t)(int8_t)a2 << (8 * u);
+        }
+        o[j * 3] = (int32_t)l0;
+        o[j * 3 + 1] = (int32_t)l1;
+        o[j * 3 + 2] = (int32_t)l2;
+    }
+}
+
+static void prep_group_vec(const float *xg, int64_t G, int32_t *o, float *dq, float *xs) {
+    __m512 mx = _mm512_setzero_ps(), sm = _mm512_setzero_ps();
+    for (int64_t k = 0; k < G; k += 16) {
+        const __m512 v = _mm512_loadu_ps(xg + k);
+        mx = _mm512_max_ps(mx, _mm512_abs_ps(v));
+        sm = _mm512_add_ps(sm, v);
+    }
+    const float amax = _mm512_reduce_max_ps(mx);
+    const float d = amax / (float)XMAX;
+    *dq = d;
+    *xs = _mm512_reduce_add_ps(sm);
+    const __m512 dv = _mm512_set1_ps(d > 0 ? d : 1.0f), lim = _mm512_set1_ps((float)XMAX);
+    const __m512i c64 = _mm512_set1_epi32(64), c127 = _mm512_set1_epi32(127);
+    for (int64_t k = 0; k < G; k += 16) {
+        __m512 v = _mm512_roundscale_ps(_mm512_div_ps(_mm512_loadu_ps(xg + k), dv),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        v = _mm512_max_ps(_mm512_min_ps(v, lim), _mm512_sub_ps(_mm512_setzero_ps(), lim));
+        __m512i X = d > 0 ? _mm512_cvtps_epi32(v) : _mm512_setzero_si512();
+        const __m512i a0 = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(X, c64), c127), c64);
+        const __m512i x1 = _mm512_srai_epi32(_mm512_sub_epi32(X, a0), 7);
+        const __m512i a1 = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(x1, c64), c127), c64);
+        const __m512i a2 = _mm512_srai_epi32(_mm512_sub_epi32(x1, a1), 7);
+        int32_t b[3][4];
+        _mm_storeu_si128((__m128i *)(void *)b[0], _mm512_cvtepi32_epi8(a0));
+        _mm_storeu_si128((__m128i *)(void *)b[1], _mm512_cvtepi32_epi8(a1));
+        _mm_storeu_si128((__m128i *)(void *)b[2], _mm512_cvtepi32_epi8(a2));
+        int32_t *oq = o + (k / 4) * 3;
+        for (int q = 0; q < 4; q++) {
+            oq[q * 3] = b[0][q];
+            oq[q * 3 + 1] = b[1][q];
+            oq[q * 3 + 2] = b[2][q];
+        }
+    }
+}
+
 static void prep_token(const float *x, int64_t K, int64_t G, int32_t *xl, float *dq, float *xs) {
     for (int64_t g = 0; g < K / G; g++) {
-        const float *xg = x + g * G;
-        float amax = 0, sum = 0;
-        for (int64_t k = 0; k < G; k++) {
-            const float a = fabsf(xg[k]);
-            amax = a > amax ? a : amax;
-            sum += xg[k];
-        }
-        const float d = amax / (float)XMAX;
-        dq[g] = d;
-        xs[g] = sum;
-        for (int64_t j = 0; j < G / 4; j++) {
-            uint32_t l0 = 0, l1 = 0, l2 = 0;
-            for (int u = 0; u < 4; u++) {
-                int32_t X = 0;
-                if (d > 0) {
-                    float v = rintf(xg[4 * j + u] / d);
-                    v = v > (float)XMAX ? (float)XMAX : v < -(float)XMAX ? -(float)XMAX : v;
-                    X = (int32_t)v;
-                }
-                const int32_t a0 = ((X + 64) & 127) - 64, x1 = (X - a0) / 128;
-                const int32_t a1 = ((x1 + 64) & 127) - 64, a2 = (x1 - a1) / 128;
-                l0 |= (uint32_t)(uint8_t)(int8_t)a0 << (8 * u);
-                l1 |= (uint32_t)(uint8_t)(int8_t)a1 << (8 * u);
-                l2 |= (uint32_t)(uint8_t)(int8_t)a2 << (8 * u);
-            }
-            int32_t *o = xl + (g * (G / 4) + j) * 3;
-            o[0] = (int32_t)l0;
-            o[1] = (int32_t)l1;
-            o[2] = (int32_t)l2;
-        }
+        if (G % 16 == 0) prep_group_vec(x + g * G, G, xl + g * (G / 4) * 3, dq + g, xs + g);
+        else prep_group_scalar(x + g * G, G, xl + g * (G / 4) * 3, dq + g, xs + g);
     }
 }
 
