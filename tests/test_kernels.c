@@ -194,7 +194,7 @@ static void test_matmul(const st_kernels *k) {
               k->name, dname[f], n, worst);
     }
     /* packed bf16 (vectors over rows): rows not a multiple of 16, even widths, 1..67 tokens */
-    if (k->packs & ST_WPACK_BIT(ST_WPACK_BF16_V16)) {
+    if (st_kernels_packs(k) & ST_WPACK_BIT(ST_WPACK_BF16_V16)) {
         int all = 1, n = 0;
         double worst = 0;
         const int64_t ptoks[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 24, 25, 67};
@@ -226,7 +226,7 @@ static void test_matmul(const st_kernels *k) {
               k->name, n, worst);
     }
     /* packed MLX 8-bit (integer dot products on activation limbs) */
-    if (k->packs & ST_WPACK_BIT(ST_WPACK_Q8_V16)) {
+    if (st_kernels_packs(k) & ST_WPACK_BIT(ST_WPACK_Q8_V16)) {
         int all = 1, n = 0;
         double worst = 0;
         const int64_t ptoks[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 67};

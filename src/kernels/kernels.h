@@ -31,8 +31,9 @@
 
 typedef struct st_kernels {
     const char *name;
-    /* the matrix packings (ST_WPACK_BIT mask, tensor/matrix.h) this set reads faster than the
-     * original layout; the model packs its matrices for the selected set at load. A set
+    /* the matrix packings (ST_WPACK_BIT mask, tensor/matrix.h) this set has code for; the
+     * ones this CPU runs are st_kernels_packs(set), and the model packs its matrices for the
+     * selected set at load. A set
      * reads a packed matrix's packed copy when it knows the packing, else the original: per
      * matrix one layout for every token count, so batch invariance holds either way. */
     unsigned packs;
@@ -62,6 +63,9 @@ typedef struct st_kernels {
     void (*gdn_step)(float *S, int64_t Dv, int64_t Dk, const float *q, const float *k,
                      const float *v, float alpha, float beta, float *o);
 } st_kernels;
+
+/* The packings of k->packs this CPU runs (Q8_V16 needs AVX512-VNNI). */
+unsigned st_kernels_packs(const st_kernels *k);
 
 /* Floats of scratch one matmul call needs for a matrix of `cols` columns (any kernel set). */
 int64_t st_kernels_matmul_scratch(int64_t cols);

@@ -484,7 +484,7 @@ st_status st_model_load(const char *dir, st_model **out, st_error *err) {
     }
     const char *pe = getenv("STRAND_PACK");
     if (!(pe && !strcmp(pe, "0")) &&
-        (st = st_model_pack(m, st_kernels_select()->packs, err)) != ST_OK)
+        (st = st_model_pack(m, st_kernels_packs(st_kernels_select()), err)) != ST_OK)
         goto fail;
     *out = m;
     return ST_OK;

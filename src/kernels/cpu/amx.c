@@ -253,7 +253,7 @@ static void gdn_step_w(float *S, int64_t Dv, int64_t Dk, const float *q, const f
 #if defined(__x86_64__)
 static const st_kernels amx_kernels = {
     .name = "amx",
-    .packs = ST_WPACK_BIT(ST_WPACK_BF16_V16),
+    .packs = ST_WPACK_BIT(ST_WPACK_BF16_V16) | ST_WPACK_BIT(ST_WPACK_Q8_V16), /* Q8: avx512's */
     .matmul = matmul_amx_hw,
     .accum_rows = accum_rows_w,
     .exp_sum = exp_sum_w,
@@ -261,24 +261,12 @@ static const st_kernels amx_kernels = {
     .conv_silu = conv_silu_w,
     .gdn_step = gdn_step_w,
 };
-static const st_kernels amx_vnni_kernels = {
-    .name = "amx",
-    .packs = ST_WPACK_BIT(ST_WPACK_BF16_V16) | ST_WPACK_BIT(ST_WPACK_Q8_V16),
-    .matmul = matmul_amx_hw,
-    .accum_rows = accum_rows_w,
-    .exp_sum = exp_sum_w,
-    .silu_mul = silu_mul_w,
-    .conv_silu = conv_silu_w,
-    .gdn_step = gdn_step_w,
-};
-const st_kernels *st_kernels_amx_table(void) {
-    return st_cpu_get_features()->avx512vnni ? &amx_vnni_kernels : &amx_kernels;
-}
+const st_kernels *st_kernels_amx_table(void) { return &amx_kernels; }
 #endif
 
 static const st_kernels amx_emu_kernels = {
     .name = "amx-emulated",
-    .packs = ST_WPACK_BIT(ST_WPACK_BF16_V16),
+    .packs = ST_WPACK_BIT(ST_WPACK_BF16_V16) | ST_WPACK_BIT(ST_WPACK_Q8_V16), /* Q8: avx512's */
     .matmul = matmul_amx_emu,
     .accum_rows = accum_rows_w,
     .exp_sum = exp_sum_w,
@@ -286,16 +274,4 @@ static const st_kernels amx_emu_kernels = {
     .conv_silu = conv_silu_w,
     .gdn_step = gdn_step_w,
 };
-static const st_kernels amx_emu_vnni_kernels = {
-    .name = "amx-emulated",
-    .packs = ST_WPACK_BIT(ST_WPACK_BF16_V16) | ST_WPACK_BIT(ST_WPACK_Q8_V16),
-    .matmul = matmul_amx_emu,
-    .accum_rows = accum_rows_w,
-    .exp_sum = exp_sum_w,
-    .silu_mul = silu_mul_w,
-    .conv_silu = conv_silu_w,
-    .gdn_step = gdn_step_w,
-};
-const st_kernels *st_kernels_amx_emulated(void) {
-    return st_cpu_get_features()->avx512vnni ? &amx_emu_vnni_kernels : &amx_emu_kernels;
-}
+const st_kernels *st_kernels_amx_emulated(void) { return &amx_emu_kernels; }

@@ -142,17 +142,7 @@ static inline void ld_q4_eo(const uint8_t *p, gctx g, vf *w0, vf *w1) {
 
 static const st_kernels avx512_kernels = {
     .name = "avx512",
-    .packs = ST_WPACK_BIT(ST_WPACK_BF16_V16),
-    .matmul = matmul_avx512,
-    .accum_rows = accum_rows_avx512,
-    .exp_sum = exp_sum_avx512,
-    .silu_mul = silu_mul_avx512,
-    .conv_silu = conv_silu_avx512,
-    .gdn_step = gdn_step_avx512,
-};
-/* with AVX512-VNNI: MLX 8-bit matrices packed too (q8vnni.c) */
-static const st_kernels avx512_vnni_kernels = {
-    .name = "avx512",
+    /* Q8_V16 runs on AVX512-VNNI only: st_kernels_packs drops it elsewhere */
     .packs = ST_WPACK_BIT(ST_WPACK_BF16_V16) | ST_WPACK_BIT(ST_WPACK_Q8_V16),
     .matmul = matmul_avx512,
     .accum_rows = accum_rows_avx512,
@@ -162,9 +152,7 @@ static const st_kernels avx512_vnni_kernels = {
     .gdn_step = gdn_step_avx512,
 };
 
-const st_kernels *st_kernels_avx512_table(void) {
-    return st_cpu_get_features()->avx512vnni ? &avx512_vnni_kernels : &avx512_kernels;
-}
+const st_kernels *st_kernels_avx512_table(void) { return &avx512_kernels; }
 
 #if defined(__clang__)
 #pragma clang attribute pop

@@ -16,6 +16,12 @@
 #include <unistd.h>
 #endif
 
+unsigned st_kernels_packs(const st_kernels *k) {
+    unsigned p = k->packs;
+    if (!st_cpu_get_features()->avx512vnni) p &= ~ST_WPACK_BIT(ST_WPACK_Q8_V16);
+    return p;
+}
+
 int64_t st_kernels_matmul_scratch(int64_t cols) {
     /* simd: activation block (max(2^18 floats, 24 tokens)) + converted row block (<= 16
      * rows) + saved accumulators; amx: three bf16 parts of 32 tokens (48 floats per column) + 32 padded bf16 rows
