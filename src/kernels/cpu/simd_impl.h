@@ -789,7 +789,9 @@ static void matmul_v16(const st_matrix *w, const float *x, int64_t ldx, int64_t 
         const int64_t mb = n_tok - m0 < mblk ? n_tok - m0 : mblk;
         /* token tiles of equal size, at most VT_MMAX, each interleaved by column pair */
         const int64_t n_tt = (mb + VT_MMAX - 1) / VT_MMAX, mt = (mb + n_tt - 1) / n_tt;
-        for (int64_t t = 0; t < mb; t += mt) {
+        /* one token interleaved is the token itself: read it in place */
+        const float *xin = mb == 1 ? x + m0 * ldx : scratch;
+        for (int64_t t = 0; t < mb && mb > 1; t += mt) {
             const int64_t M = mb - t < mt ? mb - t : mt;
             float *xi = scratch + t * K;
             for (int64_t i = 0; i < M; i++) {
@@ -804,7 +806,7 @@ static void matmul_v16(const st_matrix *w, const float *x, int64_t ldx, int64_t 
             const int64_t rc1 = rc + VT_RCHUNK < rv1 ? rc + VT_RCHUNK : rv1;
             for (int64_t t = 0; t < mb; t += mt) {
                 const int M = (int)(mb - t < mt ? mb - t : mt);
-                const float *xt = scratch + t * K;
+                const float *xt = xin + t * K;
                 float *yt = y + (m0 + t) * ldy;
                 const int R = tv_rows[M - 1];
                 int64_t rv = rc;
