@@ -2,6 +2,7 @@
  *
  * build/bench/bench_kernels [-k set] [-t threads] [-m tokens] [-f bf16|f32|f16|q8|q4]
  *                           [-r rows] [-c cols] [-s seconds] [-C copies] [-P 0|1 packed]
+ *                           [-H 0|1 huge pages for packed copies, default 1]
  * Times y = W x for a random matrix (default the 0.8B MLP up projection, 3584 x 1024) on
  * every available kernel set (or one), split over threads by rows as the forward pass does,
  * and prints GFLOP/s and the weight bytes streamed per second. Weights larger than the
@@ -13,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/mem.h"
 #include "core/numeric.h"
 #include "core/threadpool.h"
 #include "kernels/kernels.h"
@@ -94,7 +96,7 @@ int main(int argc, char **argv) {
     int threads = st_default_threads();
     int64_t m = 1, rows = 3584, cols = 1024;
     double secs = 1.0;
-    int copies_opt = 0, pack = 0;
+    int copies_opt = 0, pack = 0, huge = 1;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "-k")) only = argv[i + 1];
         else if (!strcmp(argv[i], "-t")) threads = atoi(argv[i + 1]);
@@ -105,6 +107,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-s")) secs = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "-C")) copies_opt = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-P")) pack = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-H")) huge = atoi(argv[i + 1]);
     }
     st_matrix w0;
     make(&w0, fmt, rows, cols);
@@ -122,7 +125,8 @@ int main(int argc, char **argv) {
                               : (can & ST_WPACK_BIT(ST_WPACK_Q8_V16)) ? ST_WPACK_Q8_V16
                                                                       : ST_WPACK_NONE;
         if (kind == ST_WPACK_NONE) break;
-        void *pk = aligned_alloc(64, (st_matrix_pack_bytes(&ws[c], kind) + 63) / 64 * 64);
+        const size_t pb = st_matrix_pack_bytes(&ws[c], kind);
+        void *pk = huge ? st_big_alloc_huge(pb) : st_big_alloc(pb); /* as the model's */
         st_matrix_pack(&ws[c], kind, pk, 0, rows);
         ws[c].pack = kind;
         ws[c].packed = pk;

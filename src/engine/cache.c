@@ -62,7 +62,7 @@ st_status st_cache_create(const st_model *m, const st_cache_params *p, st_cache 
     c->free_slots = malloc(n_slots * sizeof *c->free_slots);
     c->kv = st_big_alloc(kv_bytes(c));
     c->conv = st_big_alloc(n_slots * c->conv_slot_floats * sizeof(float));
-    c->rec = st_big_alloc(n_slots * c->rec_slot_floats * sizeof(float));
+    c->rec = st_big_alloc_huge(n_slots * c->rec_slot_floats * sizeof(float));
     if (!c->free_blocks || !c->block_tables || !c->free_slots || (kv_bytes(c) && !c->kv) ||
         (c->conv_slot_floats && !c->conv) || (c->rec_slot_floats && !c->rec)) {
         st_cache_destroy(c);

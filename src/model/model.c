@@ -561,7 +561,7 @@ st_status st_model_pack(st_model *m, unsigned packs, st_error *err) {
     st_status st = ST_OK;
     st_pool *pool = NULL;
     if (total == 0) goto done;
-    uint8_t *block = st_big_alloc(total);
+    uint8_t *block = st_big_alloc_huge(total);
     if (!block) {
         st = st_error_set(err, ST_ERR_NOMEM, "out of memory packing %zu MiB of weights",
                           total >> 20);
