@@ -1,7 +1,9 @@
 /* ==== The thread pool and the threaded forward pass ====
  * - st_pool_run calls every thread exactly once per run, the caller as thread 0, for many
  *   runs in a row (also after the workers went to sleep), and pools of 1..5 threads;
- * - st_split_range covers [0, n) exactly with aligned boundaries;
+ * - st_split_range covers [0, n) exactly with aligned boundaries; so does st_balance_split,
+ *   whose shares follow the speeds st_balance_update measures (a thread half as fast gets
+ *   a third, a stalled one keeps a floor, untimeable runs change nothing);
  * - the forward pass gives the same bits with 1, 2 and 3 threads (prefill, decode of a
  *   batch, and a decode past 512 positions where attention is split over the threads), on
  *   every kernel set this CPU runs (every region forced onto the pool);
@@ -13,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/balance.h"
 #include "core/threadpool.h"
 #include "model/forward.h"
 #include "tap.h"
@@ -85,6 +88,65 @@ static void test_split(void) {
                 ok &= expect == n;
             }
     CHECK(ok, "st_split_range partitions [0, n) in order with aligned boundaries");
+}
+
+/* parts of threads 0..b->n-1 cover [0, n) in order, aligned; returns 1 if so */
+static int balance_covers(const st_balance *b, int64_t n, int64_t al) {
+    int ok = 1;
+    int64_t expect = 0;
+    for (int i = 0; i < b->n; i++) {
+        int64_t lo, hi;
+        st_balance_split(b, n, i, al, &lo, &hi);
+        ok &= lo == expect && hi >= lo && hi <= n && (lo % al == 0 || lo == n);
+        expect = hi;
+    }
+    return ok && expect == n;
+}
+
+static void test_balance(void) {
+    st_balance b;
+    int ok = 1;
+    for (int n_th = 1; n_th <= 5; n_th++) {
+        st_balance_init(&b, n_th);
+        for (int64_t n = 0; n < 300; n += 13)
+            for (int64_t al = 1; al <= 16; al *= 4) ok &= balance_covers(&b, n, al);
+    }
+    CHECK(ok, "st_balance_split with equal speeds partitions [0, n) in order, aligned");
+    st_balance_init(&b, 2);
+    int64_t lo, hi;
+    st_balance_split(&b, 1024, 0, 16, &lo, &hi);
+    CHECK(lo == 0 && hi == 512, "equal speeds split 1024 rows 512 / 512 (got [%lld, %lld))",
+          (long long)lo, (long long)hi);
+    /* thread 1 takes twice as long per unit of work: its share goes to 1/3 */
+    for (int r = 0; r < 200; r++) {
+        st_balance_split(&b, 3072, 0, 16, &lo, &hi);
+        double w[2] = {(double)(hi - lo), (double)(3072 - hi)};
+        double s[2] = {w[0] * 1e-6, w[1] * 2e-6};
+        st_balance_update(&b, w, s);
+    }
+    st_balance_split(&b, 3072, 0, 16, &lo, &hi);
+    CHECK(hi >= 2048 - 32 && hi <= 2048 + 32,
+          "a thread half as fast ends with a third of the rows (thread 0 has %lld of 3072)",
+          (long long)hi);
+    ok = 1;
+    for (int64_t n = 0; n < 300; n += 13) ok &= balance_covers(&b, n, 16);
+    CHECK(ok, "unequal shares still partition [0, n) in order, aligned");
+    /* a thread stalled for a long time keeps at least a quarter of an equal share */
+    for (int r = 0; r < 500; r++) {
+        double w[2] = {1000, 1000}, s[2] = {1e-3, 10.0};
+        st_balance_update(&b, w, s);
+    }
+    st_balance_split(&b, 4096, 1, 1, &lo, &hi);
+    CHECK(hi - lo >= 4096 / 8 - 2, "a stalled thread keeps a quarter of an equal share (%lld of 4096)",
+          (long long)(hi - lo));
+    /* runs too short to time, or with one thread idle, teach nothing */
+    st_balance_init(&b, 2);
+    double w1[2] = {100, 100}, s1[2] = {1e-7, 1e-6};
+    double w2[2] = {100, 0}, s2[2] = {1e-3, 0};
+    st_balance_update(&b, w1, s1);
+    st_balance_update(&b, w2, s2);
+    st_balance_split(&b, 1024, 0, 16, &lo, &hi);
+    CHECK(hi == 512, "untimeable runs and one-sided runs leave the split equal (%lld)", (long long)hi);
 }
 
 /* prefill two prompts, decode a batch; returns all logits produced (malloc'ed) */
@@ -177,6 +239,7 @@ static void test_forward_threads(const char *dir) {
 int main(void) {
     test_pool();
     test_split();
+    test_balance();
     setenv("STRAND_THREADS", "3", 1);
     CHECK(st_default_threads() == 3, "STRAND_THREADS=3 sets the default thread count");
     setenv("STRAND_THREADS", "junk", 1);

@@ -21,6 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/balance.h"
+#include "core/clock.h"
 #include "core/mem.h"
 #include "core/numeric.h"
 #include "core/threadpool.h"
@@ -67,6 +69,10 @@ typedef struct fwd_thread {
     int64_t *att_pos; /* [qmax] position of each query */
     float *gdn;       /* chunked delta-rule work area (gdn_ws_floats) */
     float *gates;     /* [max_tokens][2] beta, log-decay of one head over an item */
+    double mm_work;   /* the last matrix-product run: weights read (rows x cols) */
+    double mm_s;      /* and its seconds on this thread */
+    double task_work; /* the last per-task run: summed task weights */
+    double task_s;    /* and its seconds on this thread */
 } fwd_thread;
 
 struct st_fwd {
@@ -104,6 +110,8 @@ struct st_fwd {
     size_t part_bytes;
     int64_t part_chunks; /* chunks per query the partial area holds */
     fwd_thread *th;    /* [n_threads] */
+    st_balance mm_bal; /* rows of matrix products per thread, by measured speed */
+    st_balance task_bal; /* delta-rule and attention tasks per thread, likewise */
     st_hidden_hook hook;
     void *hook_user;
 };
@@ -229,6 +237,8 @@ st_status st_fwd_create_ex(const st_model *m, st_cache *cache, int max_tokens,
         fail |= !f->moe_sel || !f->moe_list;
     }
     f->n_threads = nth;
+    st_balance_init(&f->mm_bal, nth);
+    st_balance_init(&f->task_bal, nth);
     f->att_qmax = nkv > 0 && nh / nkv > ATT_QMAX ? (int)(nh / nkv) : ATT_QMAX;
     f->th = calloc((size_t)nth, sizeof *f->th);
     fail |= !f->th;
@@ -322,20 +332,46 @@ static void l2norm_scale(float *x, int64_t n, float scale) {
 }
 
 /* Split n tasks with cumulative weights cum[0..n] (cum[0] = 0) over nth threads: task i goes
- * to the thread whose share holds the task's midpoint. Sets [*lo, *hi). */
-static void split_weighted(const int64_t *cum, int64_t n, int nth, int tid, int64_t *lo,
-                           int64_t *hi) {
+ * to the thread whose share holds the task's midpoint; shares by bal's measured speeds when
+ * it has nth threads, equal otherwise. Sets [*lo, *hi). */
+static void split_weighted(const st_balance *bal, const int64_t *cum, int64_t n, int nth,
+                           int tid, int64_t *lo, int64_t *hi) {
     const int64_t W = cum[n];
+    const int by_speed = bal && bal->n == nth;
     int64_t a = 0, b = 0;
+    int owner = 0;
     for (int64_t i = 0; i < n; i++) {
-        int64_t mid2 = cum[i] + cum[i + 1]; /* twice the midpoint */
-        int owner = W > 0 ? (int)((mid2 * nth) / (2 * W)) : 0;
-        if (owner >= nth) owner = nth - 1;
+        const int64_t mid2 = cum[i] + cum[i + 1]; /* twice the midpoint */
+        if (by_speed) { /* midpoints only grow: the owner only moves forward */
+            const double frac = W > 0 ? (double)mid2 / (2.0 * (double)W) : 0.0;
+            while (owner < nth - 1 && frac >= bal->cum[owner + 1]) owner++;
+        } else {
+            owner = W > 0 ? (int)((mid2 * nth) / (2 * W)) : 0;
+            if (owner >= nth) owner = nth - 1;
+        }
         if (owner < tid) a = i + 1;
         if (owner <= tid) b = i + 1;
     }
     *lo = a;
     *hi = b < a ? a : b;
+}
+
+/* Per-task jobs (delta rule, attention): a thread's tasks by speed, and its timing */
+static void tasks_begin(st_fwd *f, int tid, int nth, int64_t n_tasks, int64_t *lo, int64_t *hi) {
+    split_weighted(&f->task_bal, f->task_w, n_tasks, nth, tid, lo, hi);
+    f->th[tid].task_work = (double)(f->task_w[*hi] - f->task_w[*lo]);
+    f->th[tid].task_s = -st_now_s();
+}
+
+static void tasks_end(st_fwd *f, int tid) { f->th[tid].task_s += st_now_s(); }
+
+static void tasks_learn(st_fwd *f) {
+    double w[ST_BALANCE_MAX], s[ST_BALANCE_MAX];
+    for (int i = 0; i < f->n_threads; i++) {
+        w[i] = f->th[i].task_work;
+        s[i] = f->th[i].task_s;
+    }
+    st_balance_update(&f->task_bal, w, s);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -356,35 +392,57 @@ typedef struct mm_job {
     int swiglu; /* r[0].y = silu(r[0].y) * r[1].y on each thread's rows (same shapes) */
 } mm_job;
 
+/* Thread tid's rows of a matrix product: by measured thread speed on the pool, all of
+ * them alone. */
+static void mm_rows(const st_fwd *f, int64_t rows, int tid, int nth, int64_t *lo, int64_t *hi) {
+    if (nth == f->mm_bal.n) st_balance_split(&f->mm_bal, rows, tid, 16, lo, hi);
+    else st_split_range(rows, nth, tid, 16, lo, hi);
+}
+
 static void mm_job_fn(void *ctx, int tid, int nth) {
     mm_job *j = ctx;
     st_fwd *f = j->f;
-    float *scratch = f->th[tid].mm;
+    fwd_thread *th = &f->th[tid];
+    const double t0 = st_now_s();
+    double work = 0;
     for (int i = 0; i < j->n; i++) {
         int64_t lo, hi;
-        st_split_range(j->r[i].w->rows, nth, tid, 16, &lo, &hi);
+        mm_rows(f, j->r[i].w->rows, tid, nth, &lo, &hi);
         if (lo < hi)
-            f->k->matmul(j->r[i].w, j->x, j->ldx, j->n_tok, j->r[i].y, j->r[i].ldy, lo, hi, scratch);
+            f->k->matmul(j->r[i].w, j->x, j->ldx, j->n_tok, j->r[i].y, j->r[i].ldy, lo, hi, th->mm);
+        work += (double)(hi - lo) * (double)j->r[i].w->cols;
     }
-    if (j->swiglu) {
+    if (j->swiglu) { /* the same rows this thread just wrote */
         int64_t lo, hi;
-        st_split_range(j->r[0].w->rows, nth, tid, 16, &lo, &hi);
+        mm_rows(f, j->r[0].w->rows, tid, nth, &lo, &hi);
         for (int64_t t = 0; t < j->n_tok && lo < hi; t++)
             f->k->silu_mul(j->r[0].y + t * j->r[0].ldy + lo, j->r[1].y + t * j->r[1].ldy + lo, hi - lo);
     }
+    th->mm_work = work;
+    th->mm_s = st_now_s() - t0;
 }
 
 /* Run fn on the pool, or on the caller alone when the work is small. Either way the same
- * arithmetic: partitions never change results. */
-static void par_run(st_fwd *f, int64_t work, st_pool_fn fn, void *ctx) {
-    if (work < f->par_work || f->n_threads == 1) fn(ctx, 0, 1);
-    else st_pool_run(f->pool, fn, ctx);
+ * arithmetic: partitions never change results. Returns whether the pool ran it. */
+static int par_run(st_fwd *f, int64_t work, st_pool_fn fn, void *ctx) {
+    if (work < f->par_work || f->n_threads == 1) {
+        fn(ctx, 0, 1);
+        return 0;
+    }
+    st_pool_run(f->pool, fn, ctx);
+    return 1;
 }
 
 static void mm_run(st_fwd *f, mm_job *j) {
     int64_t work = 0;
     for (int i = 0; i < j->n; i++) work += j->r[i].w->rows * j->r[i].w->cols * j->n_tok;
-    par_run(f, work, mm_job_fn, j);
+    if (!par_run(f, work, mm_job_fn, j)) return;
+    double w[ST_BALANCE_MAX], s[ST_BALANCE_MAX];
+    for (int i = 0; i < f->n_threads; i++) {
+        w[i] = f->th[i].mm_work;
+        s[i] = f->th[i].mm_s;
+    }
+    st_balance_update(&f->mm_bal, w, s);
 }
 
 static void mm(st_fwd *f, const st_matrix *w, const float *x, int64_t ldx, int64_t n_tok,
@@ -572,11 +630,12 @@ static void gdn_job_fn(void *ctx, int tid, int nth) {
     st_fwd *f = j->f;
     const int Hk = f->m->cfg.lin_n_key_heads;
     int64_t lo, hi;
-    split_weighted(f->task_w, j->n_tasks, nth, tid, &lo, &hi);
+    tasks_begin(f, tid, nth, j->n_tasks, &lo, &hi);
     for (int64_t task = lo; task < hi; task++) {
         int it = (int)(task / Hk), g = (int)(task % Hk);
         gdn_task(f, &f->th[tid], j->L, &j->items[it], f->item_t0[it], g);
     }
+    tasks_end(f, tid);
 }
 
 static void gdn_layer(st_fwd *f, const st_layer *L, const st_batch_item *items, int n_items,
@@ -597,7 +656,8 @@ static void gdn_layer(st_fwd *f, const st_layer *L, const st_batch_item *items, 
     for (int it = 0; it < n_items; it++)
         for (int g = 0; g < Hk; g++, nt++) f->task_w[nt + 1] = f->task_w[nt] + items[it].n_tokens;
     gdn_job j = {f, L, items, n_items, nt};
-    par_run(f, T * Hv * c->lin_key_head_dim * c->lin_value_head_dim * 2, gdn_job_fn, &j);
+    if (par_run(f, T * Hv * c->lin_key_head_dim * c->lin_value_head_dim * 2, gdn_job_fn, &j))
+        tasks_learn(f);
     mm(f, &L->out_proj, f->mix, vd, T, f->out, d);
 }
 
@@ -813,8 +873,9 @@ static void att_task_run(st_fwd *f, fwd_thread *th, const att_job *j, att_task a
 static void att_job_fn(void *ctx, int tid, int nth) {
     att_job *j = ctx;
     int64_t lo, hi;
-    split_weighted(j->f->task_w, j->n_tasks, nth, tid, &lo, &hi);
+    tasks_begin(j->f, tid, nth, j->n_tasks, &lo, &hi);
     for (int64_t task = lo; task < hi; task++) att_task_run(j->f, &j->f->th[tid], j, att_task_at(j, task));
+    tasks_end(j->f, tid);
 }
 
 /* split mode: decode tokens only (one token per item); partial slot of (token t, head q, chunk) */
@@ -832,7 +893,7 @@ static void att_split1_fn(void *ctx, int tid, int nth) {
     const st_config *c = &f->m->cfg;
     const int nkv = c->n_kv_heads, hd = c->head_dim, grp = c->n_heads / nkv;
     int64_t lo, hi;
-    split_weighted(f->task_w, j->n_tasks, nth, tid, &lo, &hi);
+    split_weighted(&f->task_bal, f->task_w, j->n_tasks, nth, tid, &lo, &hi);
     float *mc = th->att_m, *lc = mc + f->att_qmax;
     for (int64_t task = lo; task < hi; task++) {
         /* decode: every item has one token; chunks per item = ceil((n_past+1)/ATT_CHUNK) */
@@ -927,7 +988,7 @@ static void attn_layer(st_fwd *f, const st_layer *L, const st_batch_item *items,
                 }
         }
         j.n_tasks = nt;
-        par_run(f, f->task_w[nt] * nh / nkv * hd * 2, att_job_fn, &j);
+        if (par_run(f, f->task_w[nt] * nh / nkv * hd * 2, att_job_fn, &j)) tasks_learn(f);
     }
     mm(f, &L->o_proj, f->mix, (int64_t)nh * hd, T, f->out, d);
 }
