@@ -16,12 +16,14 @@
  *    ("of floor") and the best. The floor is bandwidth / bytes per step steps per second.
  * Weights are touched once before timing (a warm-up decode step), so page faults of the
  * mapping are not counted. */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "apps/cli.h"
+#include "core/mem.h"
 #include "core/threadpool.h"
 #include "model/forward.h"
 
@@ -51,6 +53,8 @@ static void usage(void) {
 typedef struct bw_job {
     const uint8_t *buf;
     size_t bytes;
+    atomic_size_t next; /* the next chunk to read: threads take chunks until none is left,
+                           so a slower core reads less and the pass measures the machine */
     uint64_t sink[64]; /* per thread result, so the reads are not optimised away */
     int avx2, avx512;
 } bw_job;
@@ -94,21 +98,25 @@ static uint64_t read_scalar(const uint8_t *p, size_t n) {
     return a[0] ^ a[1] ^ a[2] ^ a[3] ^ a[4] ^ a[5] ^ a[6] ^ a[7];
 }
 
+#define BW_CHUNK ((size_t)1 << 20)
+
 static void bw_fn(void *ctx, int tid, int n) {
+    (void)n;
     bw_job *j = ctx;
-    int64_t lo, hi;
-    st_split_range((int64_t)j->bytes, n, tid, 4096, &lo, &hi);
+    uint64_t acc = 0;
+    for (;;) {
+        const size_t lo = atomic_fetch_add(&j->next, BW_CHUNK);
+        if (lo >= j->bytes) break;
+        const size_t len = j->bytes - lo < BW_CHUNK ? j->bytes - lo : BW_CHUNK;
 #if defined(__x86_64__)
-    if (j->avx512) {
-        j->sink[tid % 64] ^= read_avx512(j->buf + lo, (size_t)(hi - lo));
-        return;
-    }
-    if (j->avx2) {
-        j->sink[tid % 64] ^= read_avx2(j->buf + lo, (size_t)(hi - lo));
-        return;
-    }
+        if (j->avx512) acc ^= read_avx512(j->buf + lo, len);
+        else if (j->avx2) acc ^= read_avx2(j->buf + lo, len);
+        else acc ^= read_scalar(j->buf + lo, len);
+#else
+        acc ^= read_scalar(j->buf + lo, len);
 #endif
-    j->sink[tid % 64] ^= read_scalar(j->buf + lo, (size_t)(hi - lo));
+    }
+    j->sink[tid % 64] ^= acc;
 }
 
 static void fill_fn(void *ctx, int tid, int n) {
@@ -132,7 +140,8 @@ static int bw_probe_create(st_pool *pool, bw_probe *p, st_error *err) {
     p->job.bytes = (size_t)512 << 20;
     p->job.avx2 = st_cpu_get_features()->avx2;
     p->job.avx512 = st_cpu_get_features()->avx512f;
-    if (!(p->buf = aligned_alloc(4096, p->job.bytes))) {
+    /* huge pages where the kernel gives them, as the packed weights get */
+    if (!(p->buf = st_big_alloc_huge(p->job.bytes))) {
         st_error_set(err, ST_ERR_NOMEM, "out of memory for the bandwidth buffer");
         return -1;
     }
@@ -143,7 +152,7 @@ static int bw_probe_create(st_pool *pool, bw_probe *p, st_error *err) {
 }
 
 static void bw_probe_destroy(bw_probe *p) {
-    free(p->buf);
+    st_big_free(p->buf, p->job.bytes);
     memset(p, 0, sizeof *p);
 }
 
@@ -151,6 +160,7 @@ static void bw_probe_destroy(bw_probe *p) {
 static double bw_probe_measure(bw_probe *p, int passes) {
     double best = 0;
     for (int pass = 0; pass < passes; pass++) {
+        atomic_store(&p->job.next, 0);
         double t0 = now_s();
         st_pool_run(p->pool, bw_fn, &p->job);
         double t = now_s() - t0;
