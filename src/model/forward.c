@@ -69,10 +69,6 @@ typedef struct fwd_thread {
     int64_t *att_pos; /* [qmax] position of each query */
     float *gdn;       /* chunked delta-rule work area (gdn_ws_floats) */
     float *gates;     /* [max_tokens][2] beta, log-decay of one head over an item */
-    double mm_work;   /* the last matrix-product run: weights read (rows x cols) */
-    double mm_s;      /* and its seconds on this thread */
-    double task_work; /* the last per-task run: summed task weights */
-    double task_s;    /* and its seconds on this thread */
 } fwd_thread;
 
 struct st_fwd {
@@ -112,6 +108,9 @@ struct st_fwd {
     fwd_thread *th;    /* [n_threads] */
     st_balance mm_bal; /* rows of matrix products per thread, by measured speed */
     st_balance task_bal; /* delta-rule and attention tasks per thread, likewise */
+    double *run_work;  /* [n_threads] the last parallel run: each thread's work (rows x cols,
+                          or task weights) and, while it runs, its start, then its seconds */
+    double *run_s;
     st_hidden_hook hook;
     void *hook_user;
 };
@@ -158,6 +157,8 @@ void st_fwd_destroy(st_fwd *f) {
         }
         free(f->th);
     }
+    free(f->run_work);
+    free(f->run_s);
     free(f);
 }
 
@@ -241,7 +242,9 @@ st_status st_fwd_create_ex(const st_model *m, st_cache *cache, int max_tokens,
     st_balance_init(&f->task_bal, nth);
     f->att_qmax = nkv > 0 && nh / nkv > ATT_QMAX ? (int)(nh / nkv) : ATT_QMAX;
     f->th = calloc((size_t)nth, sizeof *f->th);
-    fail |= !f->th;
+    f->run_work = calloc((size_t)nth, sizeof *f->run_work);
+    f->run_s = calloc((size_t)nth, sizeof *f->run_s);
+    fail |= !f->th || !f->run_work || !f->run_s;
     for (int i = 0; i < nth && !fail; i++) {
         fwd_thread *t = &f->th[i];
         t->mm = falloc(f, st_kernels_matmul_scratch(maxcols), &fail);
@@ -356,22 +359,21 @@ static void split_weighted(const st_balance *bal, const int64_t *cum, int64_t n,
     *hi = b < a ? a : b;
 }
 
-/* Per-task jobs (delta rule, attention): a thread's tasks by speed, and its timing */
-static void tasks_begin(st_fwd *f, int tid, int nth, int64_t n_tasks, int64_t *lo, int64_t *hi) {
-    split_weighted(&f->task_bal, f->task_w, n_tasks, nth, tid, lo, hi);
-    f->th[tid].task_work = (double)(f->task_w[*hi] - f->task_w[*lo]);
-    f->th[tid].task_s = -st_now_s();
+/* Timing of one thread's part of a parallel run, for st_balance_update(b, run_work, run_s) */
+static void run_start(st_fwd *f, int tid) { f->run_s[tid] = st_now_s(); }
+static void run_stop(st_fwd *f, int tid, double work) {
+    f->run_work[tid] = work;
+    f->run_s[tid] = st_now_s() - f->run_s[tid];
 }
 
-static void tasks_end(st_fwd *f, int tid) { f->th[tid].task_s += st_now_s(); }
+/* Per-task jobs (delta rule, attention): a thread's tasks, by speed */
+static void tasks_begin(st_fwd *f, int tid, int nth, int64_t n_tasks, int64_t *lo, int64_t *hi) {
+    split_weighted(&f->task_bal, f->task_w, n_tasks, nth, tid, lo, hi);
+    run_start(f, tid);
+}
 
-static void tasks_learn(st_fwd *f) {
-    double w[ST_BALANCE_MAX], s[ST_BALANCE_MAX];
-    for (int i = 0; i < f->n_threads; i++) {
-        w[i] = f->th[i].task_work;
-        s[i] = f->th[i].task_s;
-    }
-    st_balance_update(&f->task_bal, w, s);
+static void tasks_end(st_fwd *f, int tid, int64_t lo, int64_t hi) {
+    run_stop(f, tid, (double)(f->task_w[hi] - f->task_w[lo]));
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -403,7 +405,7 @@ static void mm_job_fn(void *ctx, int tid, int nth) {
     mm_job *j = ctx;
     st_fwd *f = j->f;
     fwd_thread *th = &f->th[tid];
-    const double t0 = st_now_s();
+    run_start(f, tid);
     double work = 0;
     for (int i = 0; i < j->n; i++) {
         int64_t lo, hi;
@@ -418,8 +420,7 @@ static void mm_job_fn(void *ctx, int tid, int nth) {
         for (int64_t t = 0; t < j->n_tok && lo < hi; t++)
             f->k->silu_mul(j->r[0].y + t * j->r[0].ldy + lo, j->r[1].y + t * j->r[1].ldy + lo, hi - lo);
     }
-    th->mm_work = work;
-    th->mm_s = st_now_s() - t0;
+    run_stop(f, tid, work);
 }
 
 /* Run fn on the pool, or on the caller alone when the work is small. Either way the same
@@ -436,13 +437,7 @@ static int par_run(st_fwd *f, int64_t work, st_pool_fn fn, void *ctx) {
 static void mm_run(st_fwd *f, mm_job *j) {
     int64_t work = 0;
     for (int i = 0; i < j->n; i++) work += j->r[i].w->rows * j->r[i].w->cols * j->n_tok;
-    if (!par_run(f, work, mm_job_fn, j)) return;
-    double w[ST_BALANCE_MAX], s[ST_BALANCE_MAX];
-    for (int i = 0; i < f->n_threads; i++) {
-        w[i] = f->th[i].mm_work;
-        s[i] = f->th[i].mm_s;
-    }
-    st_balance_update(&f->mm_bal, w, s);
+    if (par_run(f, work, mm_job_fn, j)) st_balance_update(&f->mm_bal, f->run_work, f->run_s);
 }
 
 static void mm(st_fwd *f, const st_matrix *w, const float *x, int64_t ldx, int64_t n_tok,
@@ -635,7 +630,7 @@ static void gdn_job_fn(void *ctx, int tid, int nth) {
         int it = (int)(task / Hk), g = (int)(task % Hk);
         gdn_task(f, &f->th[tid], j->L, &j->items[it], f->item_t0[it], g);
     }
-    tasks_end(f, tid);
+    tasks_end(f, tid, lo, hi);
 }
 
 static void gdn_layer(st_fwd *f, const st_layer *L, const st_batch_item *items, int n_items,
@@ -657,7 +652,7 @@ static void gdn_layer(st_fwd *f, const st_layer *L, const st_batch_item *items, 
         for (int g = 0; g < Hk; g++, nt++) f->task_w[nt + 1] = f->task_w[nt] + items[it].n_tokens;
     gdn_job j = {f, L, items, n_items, nt};
     if (par_run(f, T * Hv * c->lin_key_head_dim * c->lin_value_head_dim * 2, gdn_job_fn, &j))
-        tasks_learn(f);
+        st_balance_update(&f->task_bal, f->run_work, f->run_s);
     mm(f, &L->out_proj, f->mix, vd, T, f->out, d);
 }
 
@@ -875,7 +870,7 @@ static void att_job_fn(void *ctx, int tid, int nth) {
     int64_t lo, hi;
     tasks_begin(j->f, tid, nth, j->n_tasks, &lo, &hi);
     for (int64_t task = lo; task < hi; task++) att_task_run(j->f, &j->f->th[tid], j, att_task_at(j, task));
-    tasks_end(j->f, tid);
+    tasks_end(j->f, tid, lo, hi);
 }
 
 /* split mode: decode tokens only (one token per item); partial slot of (token t, head q, chunk) */
@@ -988,7 +983,8 @@ static void attn_layer(st_fwd *f, const st_layer *L, const st_batch_item *items,
                 }
         }
         j.n_tasks = nt;
-        if (par_run(f, f->task_w[nt] * nh / nkv * hd * 2, att_job_fn, &j)) tasks_learn(f);
+        if (par_run(f, f->task_w[nt] * nh / nkv * hd * 2, att_job_fn, &j))
+            st_balance_update(&f->task_bal, f->run_work, f->run_s);
     }
     mm(f, &L->o_proj, f->mix, (int64_t)nh * hd, T, f->out, d);
 }
