@@ -38,7 +38,7 @@ static tj_val fmt_num_arg(tj_render *rs, tj_val v, char conv) {
 
 static void pad_str(tj_render *rs, tj_buf *out, const char *s, size_t len, int64_t width,
                     bool left) {
-    int64_t n = (int64_t)tj_utf8_count(s, len);
+    int64_t n = (int64_t)st_utf8_count(s, len);
     if (width > (int64_t)rs->t->params.max_memory) tj_fail(rs, ST_ERR_LIMIT, "width too large");
     if (width > n) tj_work(rs, width - n);
     if (!left)
@@ -314,7 +314,7 @@ static void apply_align(tj_render *rs, tj_buf *out, const char *sign, const char
         al = '=';
         fill = '0';
     }
-    int64_t len = (int64_t)(strlen(sign) + tj_utf8_count(body, blen));
+    int64_t len = (int64_t)(strlen(sign) + st_utf8_count(body, blen));
     int64_t pad = f->width > len ? f->width - len : 0;
     if (pad > (int64_t)rs->t->params.max_memory) tj_fail(rs, ST_ERR_LIMIT, "format width too large");
     tj_work(rs, pad);

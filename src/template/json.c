@@ -38,7 +38,7 @@ tj_val tj_from_json(tj_render *rs, const json_t *j) {
     case JSON_STRING: {
         const char *s = json_string_value(j);
         size_t n = json_string_length(j);
-        if (tj_utf8_check(s, n) != n) tj_fail(rs, ST_ERR_ARG, "context string is not valid UTF-8");
+        if (st_utf8_check(s, n) != n) tj_fail(rs, ST_ERR_ARG, "context string is not valid UTF-8");
         r = tj_strn(rs, s, n);
         break;
     }

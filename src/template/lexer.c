@@ -482,8 +482,8 @@ static st_status lex_tag(lexer *lx, bool is_block, bool *line_starting) {
         char t[64];
         char chs[8] = {0};
         memcpy(chs, lx->src + p, q - p);
-        if (c == '\'') snprintf(t, sizeof t, "unexpected char \"'\" at %zu", tj_utf8_count(lx->src, p));
-        else snprintf(t, sizeof t, "unexpected char '%s' at %zu", chs, tj_utf8_count(lx->src, p));
+        if (c == '\'') snprintf(t, sizeof t, "unexpected char \"'\" at %zu", st_utf8_count(lx->src, p));
+        else snprintf(t, sizeof t, "unexpected char '%s' at %zu", chs, st_utf8_count(lx->src, p));
         return lex_err(lx, p, "%s", t);
     }
 }

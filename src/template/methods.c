@@ -460,7 +460,7 @@ static int64_t str_find(tj_render *rs, const tj_str *s, const tj_str *sub, tj_va
         }
     }
     if (found == SIZE_MAX) return -1;
-    return (int64_t)tj_utf8_count(s->data, found);
+    return (int64_t)st_utf8_count(s->data, found);
 }
 
 static bool affix_match(tj_render *rs, const tj_str *s, tj_val prefix, tj_val a, tj_val b,

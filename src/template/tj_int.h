@@ -29,6 +29,7 @@
 
 #include "core/status.h"
 #include "core/strmap.h"
+#include "core/utf8.h"
 #include "template/template.h"
 
 /* ==== Arena: bump allocation in chunks, freed at once ==== */
@@ -65,10 +66,6 @@ int tj_buf_reserve(tj_arena *a, tj_buf *b, size_t n);
 uint32_t tj_utf8_next(const char *s, size_t len, size_t *i);
 /* Encode cp into out (4 bytes room); returns the byte count. */
 int tj_utf8_put(uint32_t cp, char *out);
-/* Validate UTF-8; returns the byte offset of the first bad byte or len when valid. */
-size_t tj_utf8_check(const char *s, size_t len);
-/* Count code points of valid UTF-8. */
-size_t tj_utf8_count(const char *s, size_t len);
 /* Byte offset of code point number k (k <= count). */
 size_t tj_utf8_offset(const char *s, size_t len, size_t k);
 

@@ -95,7 +95,7 @@ st_status st_tmpl_compile(const char *src, size_t len, const st_tmpl_params *par
             return st_error_set(err, ST_ERR_NOMEM, "out of memory");
         }
     }
-    size_t bad = tj_utf8_check(src, len);
+    size_t bad = st_utf8_check(src, len);
     if (bad != len) {
         int line = 1;
         for (size_t i = 0; i < bad; i++)

@@ -119,39 +119,6 @@ int tj_utf8_put(uint32_t cp, char *out) {
     return 4;
 }
 
-size_t tj_utf8_check(const char *s, size_t len) {
-    const unsigned char *u = (const unsigned char *)s;
-    size_t i = 0;
-    while (i < len) {
-        unsigned c = u[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        size_t n;
-        uint32_t cp, min;
-        if (c >= 0xc2 && c <= 0xdf) { n = 2; cp = c & 0x1f; min = 0x80; }
-        else if (c >= 0xe0 && c <= 0xef) { n = 3; cp = c & 0x0f; min = 0x800; }
-        else if (c >= 0xf0 && c <= 0xf4) { n = 4; cp = c & 0x07; min = 0x10000; }
-        else return i;
-        if (i + n > len) return i;
-        for (size_t k = 1; k < n; k++) {
-            if ((u[i + k] & 0xc0) != 0x80) return i;
-            cp = (cp << 6) | (u[i + k] & 0x3f);
-        }
-        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return i;
-        i += n;
-    }
-    return len;
-}
-
-size_t tj_utf8_count(const char *s, size_t len) {
-    size_t n = 0;
-    for (size_t i = 0; i < len; i++)
-        if (((unsigned char)s[i] & 0xc0) != 0x80) n++;
-    return n;
-}
-
 size_t tj_utf8_offset(const char *s, size_t len, size_t k) {
     size_t i = 0;
     while (k > 0 && i < len) {

@@ -173,7 +173,7 @@ const tj_str *tj_str_const(tj_arena *a, const char *s, size_t len) {
     tj_str *r = tj_arena_alloc(a, sizeof *r + len + 1);
     if (!r) return NULL;
     r->len = len;
-    r->ncp = tj_utf8_count(s, len);
+    r->ncp = st_utf8_count(s, len);
     if (len) memcpy(r->data, s, len);
     r->data[len] = '\0';
     return r;
@@ -184,7 +184,7 @@ tj_val tj_strn(tj_render *rs, const char *s, size_t len) {
         tj_fail(rs, ST_ERR_LIMIT, "template string size limit exceeded");
     tj_str *r = tj_alloc(rs, sizeof *r + len + 1);
     r->len = len;
-    r->ncp = tj_utf8_count(s, len);
+    r->ncp = st_utf8_count(s, len);
     if (len) memcpy(r->data, s, len);
     r->data[len] = '\0';
     tj_work(rs, (int64_t)(len >> 6));
@@ -197,7 +197,7 @@ tj_val tj_str_buf(tj_render *rs, tj_buf *b) {
     if (!b->data) return tj_strn(rs, "", 0);
     tj_str *r = (tj_str *)(b->data - offsetof(tj_str, data));
     r->len = b->len;
-    r->ncp = tj_utf8_count(b->data, b->len);
+    r->ncp = st_utf8_count(b->data, b->len);
     r->data[r->len] = '\0';
     b->data = NULL;
     b->len = b->cap = 0;

@@ -524,7 +524,7 @@ static st_status split_regex(enc_ctx *c, int step, const st_tok_regex *re, int b
         if (r < 0) return c->err ? c->err->status : ST_ERR_LIMIT;
         if (r == 0) break;
         if (ms == me && last_match_end == (long)me) {
-            int l = last_end < n ? st_tok_utf8_seq((const uint8_t *)s + last_end, n - last_end, NULL)
+            int l = last_end < n ? st_utf8_seq((const uint8_t *)s + last_end, n - last_end, NULL)
                                  : 1;
             last_end += (size_t)(l > 0 ? l : 1);
             continue;
@@ -563,7 +563,7 @@ static st_status pretok(enc_ctx *c, int step, const char *s, size_t n) {
         if (r < 0) return c->err ? c->err->status : ST_ERR_LIMIT;
         if (r == 0) break;
         if (ms == me && last_match_end == (long)me) {
-            int l = last_end < n ? st_tok_utf8_seq((const uint8_t *)s + last_end, n - last_end, NULL)
+            int l = last_end < n ? st_utf8_seq((const uint8_t *)s + last_end, n - last_end, NULL)
                                  : 1;
             last_end += (size_t)(l > 0 ? l : 1);
             continue;
@@ -612,13 +612,13 @@ static uint32_t char_before(const char *s, size_t end) {
     size_t i = end - 1;
     while (i > 0 && ((unsigned char)s[i] & 0xC0) == 0x80) i--;
     uint32_t cp = 0;
-    st_tok_utf8_seq((const uint8_t *)s + i, end - i, &cp);
+    st_utf8_seq((const uint8_t *)s + i, end - i, &cp);
     return cp;
 }
 
 static uint32_t char_at(const char *s, size_t n, size_t start, int *len) {
     uint32_t cp = 0;
-    *len = st_tok_utf8_seq((const uint8_t *)s + start, n - start, &cp);
+    *len = st_utf8_seq((const uint8_t *)s + start, n - start, &cp);
     if (*len <= 0) *len = 1;
     return cp;
 }
@@ -695,7 +695,7 @@ static st_status run(const st_tokenizer *t, const char *text, size_t len, int pa
     if (len > ST_TOK_MAX_TEXT_BYTES)
         return st_error_set(err, ST_ERR_LIMIT, "encode: text of %zu bytes exceeds the limit of %zu",
                             len, ST_TOK_MAX_TEXT_BYTES);
-    size_t bad = st_tok_utf8_check((const uint8_t *)text, len);
+    size_t bad = st_utf8_check((const uint8_t *)text, len);
     if (bad < len)
         return st_error_set(err, ST_ERR_ARG, "encode: text is not valid UTF-8 (byte %zu)", bad);
     if (len == 0) return ST_OK;

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "core/status.h"
+#include "core/utf8.h"
 #include "core/strmap.h"
 #include "tokenizer/tokenizer.h"
 
@@ -46,13 +47,6 @@ int st_tok_regex_find(const st_tok_regex *re, const char *s, size_t n, size_t st
 long st_tok_regex_translate(const char *pat, size_t len, char *buf, size_t cap, st_error *err);
 
 /* ==== Unicode helpers (tok_decode.c) ==== */
-
-/* Length of the UTF-8 sequence starting at s[0] if it is valid (1..4, reading at most n
- * bytes), else 0. */
-int st_tok_utf8_seq(const uint8_t *s, size_t n, uint32_t *cp);
-
-/* Offset of the first byte that is not part of valid UTF-8, or n when all of s is valid. */
-size_t st_tok_utf8_check(const uint8_t *s, size_t n);
 
 /* Rust's char::is_whitespace (White_Space) and the `\w` of Rust's regex crate (Alphabetic,
  * marks, Nd, Pc, Join_Control), used by added tokens' lstrip/rstrip and single_word. */

@@ -84,8 +84,8 @@ int st_tok_tj_string(tj_cur *c, tj_str *out) {
     while (q < c->end && *q != '"' && *q != '\\' && (unsigned char)*q >= 0x20) q++;
     if (q >= c->end) return c->p = q, fail(c, "unterminated string");
     if (*q == '"') {
-        if (st_tok_utf8_check((const uint8_t *)s, (size_t)(q - s)) != (size_t)(q - s))
-            return c->p = s + st_tok_utf8_check((const uint8_t *)s, (size_t)(q - s)),
+        if (st_utf8_check((const uint8_t *)s, (size_t)(q - s)) != (size_t)(q - s))
+            return c->p = s + st_utf8_check((const uint8_t *)s, (size_t)(q - s)),
                    fail(c, "invalid UTF-8 in a string");
         out->s = s;
         out->len = (size_t)(q - s);
@@ -113,7 +113,7 @@ int st_tok_tj_string(tj_cur *c, tj_str *out) {
         unsigned char ch = (unsigned char)*p;
         if (ch < 0x20) return c->p = p, fail(c, "control character in a string");
         if (ch != '\\') {
-            int l = st_tok_utf8_seq((const uint8_t *)p, (size_t)(e - p), NULL);
+            int l = st_utf8_seq((const uint8_t *)p, (size_t)(e - p), NULL);
             if (l <= 0) return c->p = p, fail(c, "invalid UTF-8 in a string");
             memcpy(o + w, p, (size_t)l);
             w += (size_t)l;

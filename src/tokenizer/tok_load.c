@@ -83,7 +83,7 @@ static void put_token_bytes(st_tokenizer *t, const char *s, size_t n, st_tok_ent
     int mapped = 1;
     while (i < n) {
         uint32_t cp;
-        int l = st_tok_utf8_seq((const uint8_t *)s + i, n - i, &cp);
+        int l = st_utf8_seq((const uint8_t *)s + i, n - i, &cp);
         int b = l ? st_tok_cp_to_byte(cp) : -1;
         if (b < 0) {
             mapped = 0;
