@@ -1,15 +1,32 @@
-/* ==== Generated tokens to text deltas (see textout.h) ==== */
+/* ==== Generated tokens to text deltas (see textout.h) ====
+ *
+ * Two filters in a row, each holding back a bounded tail of its text:
+ *   stop filter: holds the longest suffix that is a proper prefix of a stop string
+ *                (< ST_MAX_STOP_LEN bytes);
+ *   splitter:    in reasoning, holds a partial "</think>" and at most ST_TEXTOUT_WS_HOLD
+ *                bytes of whitespace before it; before any content, holds a partial
+ *                "<think>" (leading whitespace there is dropped, not held); once content has
+ *                started, holds nothing.
+ * So each buffer holds at most one feed's bytes plus those bounds; `cap` is that sum and
+ * every append is checked against it.
+ */
 #include "engine/textout.h"
 
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/utf8.h"
+
 static const char THINK_OPEN[] = "<think>";
 static const char THINK_CLOSE[] = "</think>";
+#define OPEN_LEN (sizeof THINK_OPEN - 1)
+#define CLOSE_LEN (sizeof THINK_CLOSE - 1)
 
 struct st_textout {
     const st_tokenizer *tok; /* borrowed */
     st_tok_stream *stream;   /* owned */
+    int stream_skips;        /* the stream skips special tokens */
+    size_t feed_max;         /* bytes one stream feed or flush can give */
     size_t cap;              /* capacity of each buffer below */
     /* stop strings */
     int n_stop;
@@ -20,7 +37,7 @@ struct st_textout {
     int stopped;
     /* reasoning split */
     int split, in_reasoning;
-    int reasoning_started;   /* non-whitespace reasoning emitted (leading ws is trimmed) */
+    int reasoning_started;   /* non-whitespace reasoning emitted (leading ws is dropped) */
     int content_started;     /* non-whitespace content emitted */
     char *tpend;             /* [cap] text held back by the splitter */
     size_t tpend_len;
@@ -47,9 +64,10 @@ st_status st_textout_create(const st_tokenizer *tok, size_t max_token_bytes, st_
     st_textout *t = calloc(1, sizeof *t);
     if (!t) return st_error_set(err, ST_ERR_NOMEM, "out of memory");
     t->tok = tok;
-    /* everything one feed can hold: held-back stop text, held-back tag text and whitespace,
-     * the new token's bytes (and a replacement character or two) */
-    t->cap = 2 * (max_token_bytes + ST_MAX_STOP_LEN + 64);
+    /* a feed gives complete UTF-8: at worst every byte becomes U+FFFD, plus 3 pending bytes */
+    t->feed_max = 3 * (max_token_bytes + 4);
+    /* the stop filter's held prefix and the splitter's held tag and whitespace, plus a feed */
+    t->cap = t->feed_max + ST_MAX_STOP_LEN + ST_TEXTOUT_WS_HOLD + CLOSE_LEN + 16;
     t->spend = malloc(t->cap);
     t->tpend = malloc(t->cap);
     t->content = malloc(t->cap);
@@ -63,6 +81,7 @@ st_status st_textout_create(const st_tokenizer *tok, size_t max_token_bytes, st_
         st_textout_destroy(t);
         return st;
     }
+    t->stream_skips = 1;
     *out = t;
     return ST_OK;
 }
@@ -77,6 +96,8 @@ void st_textout_destroy(st_textout *t) {
     free(t);
 }
 
+size_t st_textout_max_delta(const st_textout *t) { return 2 * t->cap; }
+
 st_status st_textout_reset(st_textout *t, const char *const *stops, int n_stop,
                            int split_reasoning, int start_in_reasoning, int skip_special,
                            st_error *err) {
@@ -87,16 +108,21 @@ st_status st_textout_reset(st_textout *t, const char *const *stops, int n_stop,
         if (len == 0 || len > ST_MAX_STOP_LEN)
             return st_error_set(err, ST_ERR_ARG, "stop strings must be 1 to %d bytes",
                                 ST_MAX_STOP_LEN);
-        memcpy(t->stop[i], stops[i], len);
-        t->stop_len[i] = len;
+        if (st_utf8_check(stops[i], len) != len)
+            return st_error_set(err, ST_ERR_ARG, "stop string %d is not valid UTF-8", i + 1);
+    }
+    for (int i = 0; i < n_stop; i++) {
+        t->stop_len[i] = strlen(stops[i]);
+        memcpy(t->stop[i], stops[i], t->stop_len[i]);
     }
     t->n_stop = n_stop;
-    if (!skip_special) { /* the stream was made with skip_special; remake only when needed */
+    if (!!skip_special != t->stream_skips) { /* remade only when the setting changes */
         st_tok_stream *s;
-        st_status st = st_tok_stream_create(t->tok, 0, &s, err);
+        st_status st = st_tok_stream_create(t->tok, skip_special, &s, err);
         if (st != ST_OK) return st;
         st_tok_stream_free(t->stream);
         t->stream = s;
+        t->stream_skips = !!skip_special;
     }
     st_tok_stream_reset(t->stream);
     t->spend_len = t->tpend_len = 0;
@@ -134,24 +160,43 @@ static const char *find(const char *s, size_t n, const char *pat, size_t plen) {
     return NULL;
 }
 
+/* appends to a buffer of capacity t->cap */
+static void put(const st_textout *t, char *buf, size_t *len, const char *s, size_t n) {
+    ST_ASSERT(*len + n <= t->cap);
+    memcpy(buf + *len, s, n);
+    *len += n;
+}
+
 static void emit_reasoning(st_textout *t, const char *s, size_t n) {
-    if (!t->reasoning_started) { /* trim leading whitespace */
+    if (!t->reasoning_started) { /* drop leading whitespace */
         while (n && is_ws(*s)) s++, n--;
         if (!n) return;
         t->reasoning_started = 1;
     }
-    memcpy(t->reasoning + t->reasoning_len, s, n);
-    t->reasoning_len += n;
+    put(t, t->reasoning, &t->reasoning_len, s, n);
 }
 
 static void emit_content(st_textout *t, const char *s, size_t n) {
-    if (!t->content_started && t->split) { /* trim leading whitespace after the reasoning */
+    if (!t->content_started && t->split) { /* drop leading whitespace after the reasoning */
         while (n && is_ws(*s)) s++, n--;
         if (!n) return;
     }
     t->content_started = 1;
-    memcpy(t->content + t->content_len, s, n);
-    t->content_len += n;
+    put(t, t->content, &t->content_len, s, n);
+}
+
+/* where the trimmed reasoning of p[0..end) ends: at most ST_TEXTOUT_WS_HOLD trailing
+ * whitespace bytes are cut */
+static size_t trim_held_ws(const char *p, size_t end) {
+    size_t r = end;
+    while (r && end - r < ST_TEXTOUT_WS_HOLD && is_ws(p[r - 1])) r--;
+    return r;
+}
+
+/* keep p[from..len) as the splitter's held text */
+static void hold(st_textout *t, size_t from) {
+    memmove(t->tpend, t->tpend + from, t->tpend_len - from);
+    t->tpend_len -= from;
 }
 
 /* the reasoning splitter: append s to the held text and emit what is certain */
@@ -160,49 +205,39 @@ static void split_text(st_textout *t, const char *s, size_t n, int final) {
         emit_content(t, s, n);
         return;
     }
-    memcpy(t->tpend + t->tpend_len, s, n);
-    t->tpend_len += n;
+    put(t, t->tpend, &t->tpend_len, s, n);
     for (;;) {
-        char *p = t->tpend;
+        const char *p = t->tpend;
         size_t len = t->tpend_len;
         if (t->in_reasoning) {
-            const char *end = find(p, len, THINK_CLOSE, sizeof THINK_CLOSE - 1);
+            const char *end = find(p, len, THINK_CLOSE, CLOSE_LEN);
             if (end) {
-                size_t r = (size_t)(end - p);
-                while (r && is_ws(p[r - 1])) r--; /* trailing whitespace of the reasoning */
-                emit_reasoning(t, p, r);
-                size_t rest = len - (size_t)(end - p) - (sizeof THINK_CLOSE - 1);
-                memmove(t->tpend, end + sizeof THINK_CLOSE - 1, rest);
-                t->tpend_len = rest;
+                size_t at = (size_t)(end - p);
+                emit_reasoning(t, p, trim_held_ws(p, at));
+                hold(t, at + CLOSE_LEN);
                 t->in_reasoning = 0;
                 continue;
             }
-            /* hold back a partial "</think>" and trailing whitespace (it may precede it) */
-            size_t keep = final ? 0 : partial_suffix(p, len, THINK_CLOSE, sizeof THINK_CLOSE - 1);
-            size_t out = len - keep;
-            while (out && is_ws(p[out - 1])) out--;
-            if (final) { /* generation ended inside the think block */
-                emit_reasoning(t, p, out);
-                t->tpend_len = 0;
-                return;
-            }
+            /* hold back a partial "</think>" and the whitespace that may precede it */
+            size_t keep = final ? 0 : partial_suffix(p, len, THINK_CLOSE, CLOSE_LEN);
+            size_t out = trim_held_ws(p, len - keep);
             emit_reasoning(t, p, out);
-            memmove(t->tpend, p + out, len - out);
-            t->tpend_len = len - out;
+            if (final) t->tpend_len = 0; /* generation ended inside the think block */
+            else hold(t, out);
             return;
         }
-        /* content: a think block may open before any content */
-        if (!t->content_started) {
+        if (!t->content_started) { /* a think block may open before any content */
             size_t ws = 0;
             while (ws < len && is_ws(p[ws])) ws++;
-            size_t rest = len - ws, ol = sizeof THINK_OPEN - 1;
-            if (rest >= ol && memcmp(p + ws, THINK_OPEN, ol) == 0) {
-                memmove(t->tpend, p + ws + ol, rest - ol);
-                t->tpend_len = rest - ol;
+            hold(t, ws); /* leading whitespace of the content is dropped */
+            p = t->tpend;
+            len = t->tpend_len;
+            if (len >= OPEN_LEN && memcmp(p, THINK_OPEN, OPEN_LEN) == 0) {
+                hold(t, OPEN_LEN);
                 t->in_reasoning = 1;
                 continue;
             }
-            if (!final && rest < ol && memcmp(p + ws, THINK_OPEN, rest) == 0) return; /* wait */
+            if (!final && len < OPEN_LEN && memcmp(p, THINK_OPEN, len) == 0) return; /* wait */
         }
         emit_content(t, p, len);
         t->tpend_len = 0;
@@ -216,17 +251,22 @@ static void stop_text(st_textout *t, const char *s, size_t n, int final) {
         split_text(t, s, n, final);
         return;
     }
-    memcpy(t->spend + t->spend_len, s, n);
-    t->spend_len += n;
+    put(t, t->spend, &t->spend_len, s, n);
     const char *p = t->spend;
     size_t len = t->spend_len;
-    const char *first = NULL;
+    /* the match that completes first; among those, the longest (it starts first) */
+    size_t best_end = 0, best_start = 0;
     for (int i = 0; i < t->n_stop; i++) {
         const char *hit = find(p, len, t->stop[i], t->stop_len[i]);
-        if (hit && (!first || hit < first)) first = hit;
+        if (!hit) continue;
+        size_t start = (size_t)(hit - p), stop_end = start + t->stop_len[i];
+        if (!best_end || stop_end < best_end || (stop_end == best_end && start < best_start)) {
+            best_end = stop_end;
+            best_start = start;
+        }
     }
-    if (first) {
-        split_text(t, p, (size_t)(first - p), 1);
+    if (best_end) {
+        split_text(t, p, best_start, 1);
         t->spend_len = 0;
         t->stopped = 1;
         return;
@@ -261,6 +301,7 @@ void st_textout_feed(st_textout *t, int32_t token, st_text_delta *d) {
     if (!t->stopped) {
         const char *bytes;
         size_t n = st_tok_stream_feed(t->stream, token, &bytes);
+        ST_ASSERT(n <= t->feed_max);
         if (n) stop_text(t, bytes, n, 0);
     }
     end(t, d);
@@ -271,6 +312,7 @@ void st_textout_finish(st_textout *t, st_text_delta *d) {
     if (!t->stopped) {
         const char *bytes;
         size_t n = st_tok_stream_flush(t->stream, &bytes);
+        ST_ASSERT(n <= t->feed_max);
         stop_text(t, bytes, n, 1);
         if (!t->stopped) split_text(t, "", 0, 1);
     }
