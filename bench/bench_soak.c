@@ -28,13 +28,14 @@ typedef struct seq_out {
     st_finish_reason finish;
 } seq_out;
 
-static void on_event(void *user, const st_event *ev) {
+static int on_event(void *user, const st_event *ev) {
     seq_out *o = user;
     if (ev->kind == ST_EV_TOKEN) o->n++;
     else {
         o->done = 1;
         o->finish = ev->finish;
     }
+    return ST_EV_CONTINUE;
 }
 
 static const char *soak_config =

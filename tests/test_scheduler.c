@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/clock.h"
 #include "engine/scheduler.h"
 #include "golden.h"
 #include "model/synth.h"
@@ -29,9 +30,10 @@ typedef struct out {
     float first_logprob;
     int n_top;
     char err[256];
+    int pause_at;  /* answer ST_EV_PAUSE at this many tokens (0: never) */
 } out;
 
-static void on_event(void *user, const st_event *ev) {
+static int on_event(void *user, const st_event *ev) {
     out *o = user;
     if (ev->kind == ST_EV_TOKEN) {
         if (o->n < 256) o->ids[o->n] = ev->token;
@@ -50,6 +52,7 @@ static void on_event(void *user, const st_event *ev) {
         memcpy(o->text + o->text_len, ev->content, ev->content_len);
         o->text_len += ev->content_len;
     }
+    return ev->kind == ST_EV_TOKEN && o->pause_at && o->n == o->pause_at ? ST_EV_PAUSE : ST_EV_CONTINUE;
 }
 
 static void run_all(st_sched *s) {
@@ -312,17 +315,17 @@ static void test_limits(const st_model *m) {
     run_all(s);
     CHECK(o.done && o.finish == ST_FINISH_LENGTH && o.n == 12,
           "max_tokens past the context stops at the context with finish length (%d tokens)", o.n);
-    /* queue bound: 1 running + 8 waiting, the 10th is refused */
+    /* queue bound: max_seqs (1) + max_queue (8) live requests, the 10th is refused */
     out q[10];
     memset(q, 0, sizeof q);
     rp.max_tokens = 3;
     int busy = -1;
     for (int i = 0; i < 10; i++)
         if (st_sched_submit(s, prompt, 4, &rp, on_event, &q[i], NULL, &err) == ST_ERR_BUSY && busy < 0) busy = i;
-    CHECK(busy == 8, "the bounded queue refuses request %d with busy: %s", busy, err.msg);
+    CHECK(busy == 9, "the bounded queue refuses request %d (max_seqs + max_queue are live) with busy: %s", busy, err.msg);
     run_all(s);
     int all = 1;
-    for (int i = 0; i < 8; i++) all &= q[i].done && q[i].n == 3;
+    for (int i = 0; i < 9; i++) all &= q[i].done && q[i].n == 3;
     CHECK(all, "the queued requests all complete");
     /* bad input */
     int32_t bad[2] = {1, 5000};
@@ -360,6 +363,207 @@ static void test_stops_logprobs(const st_model *m, const st_checkpoint *g) {
           "logprob of the first token = log-softmax of the reference logits (%.5f vs %.5f), 5 alternatives",
           o.first_logprob, want);
     st_sched_destroy(s);
+}
+
+/* step until cond or n steps; returns the steps taken */
+#define STEP_UNTIL(s, cond, n)                                                                     \
+    ({                                                                                             \
+        int k_ = 0;                                                                                \
+        while (!(cond) && k_ < (n)) st_sched_step(s), k_++;                                        \
+        k_;                                                                                        \
+    })
+
+static st_sched *make_pool(const st_model *m, int max_seqs, int64_t ctx, int64_t kv_blocks, int max_queue,
+                           double head_wait, double stall) {
+    st_sched_params sp = st_sched_default_params();
+    sp.max_seqs = max_seqs;
+    sp.step_tokens = 64;
+    sp.ctx = ctx;
+    sp.kv_blocks = kv_blocks;
+    sp.max_queue = max_queue;
+    sp.head_wait_s = head_wait;
+    sp.stall_timeout_s = stall;
+    st_sched *s = NULL;
+    st_error err = {0};
+    if (st_sched_create(m, NULL, &sp, &s, &err) != ST_OK) printf("# sched: %s\n", err.msg);
+    return s;
+}
+
+/* A pool smaller than a context, a queue head short of blocks, cancels in the queue, and a
+ * queue of size 0. (Before: a request without max_tokens waited forever for blocks the pool
+ * could never have, blocking everyone behind it; cancelled requests behind the head stayed;
+ * --max-queue 0 refused everything.) */
+static void test_admission(const st_model *m) {
+    if (!m) return;
+    st_error err = {0};
+    int32_t prompt[300];
+    for (int i = 0; i < 300; i++) prompt[i] = (i * 13) % 1000 + 1;
+    st_req_params rp = st_req_default_params();
+    rp.ignore_eos = 1;
+    /* 16 blocks of 16 positions: the context becomes 256 */
+    st_sched *s = make_pool(m, 3, 4096, 16, 4, 10.0, 60.0);
+    if (!s) return;
+    const st_cache *c = st_sched_cache(s);
+    CHECK(st_sched_context(s) == 256, "a KV pool of 16 x 16 positions caps the 4096 context at %lld",
+          (long long)st_sched_context(s));
+    out a;
+    memset(&a, 0, sizeof a);
+    CHECK(st_sched_submit(s, prompt, 260, &rp, on_event, &a, NULL, &err) == ST_ERR_LIMIT &&
+              strstr(err.msg, "context length is 256"),
+          "a prompt the pool cannot hold is refused at submission: %s", err.msg);
+    rp.max_tokens = 0; /* until the context is full, the chat default */
+    CHECK(st_sched_submit(s, prompt, 10, &rp, on_event, &a, NULL, &err) == ST_OK, "submitted without max_tokens");
+    int steps = STEP_UNTIL(s, a.done, 400);
+    CHECK(a.done && a.finish == ST_FINISH_LENGTH && a.n == 246 && c->n_free_blocks == 16,
+          "without max_tokens it runs to the end of what the pool holds (%d tokens, %d steps) instead of waiting forever",
+          a.n, steps);
+    /* a running sequence holds 10 blocks; the head wants 8 (6 are free), the next one 2 */
+    out r1, head, small, gone;
+    memset(&r1, 0, sizeof r1);
+    memset(&head, 0, sizeof head);
+    memset(&small, 0, sizeof small);
+    memset(&gone, 0, sizeof gone);
+    uint64_t id_gone = 0;
+    rp.max_tokens = 150;
+    st_sched_submit(s, prompt, 10, &rp, on_event, &r1, NULL, &err);
+    st_sched_step(s);
+    rp.max_tokens = 100;
+    st_sched_submit(s, prompt, 28, &rp, on_event, &head, NULL, &err);
+    rp.max_tokens = 20;
+    st_sched_submit(s, prompt, 4, &rp, on_event, &gone, &id_gone, &err);
+    st_sched_submit(s, prompt, 4, &rp, on_event, &small, NULL, &err);
+    st_sched_cancel(s, id_gone);
+    st_sched_step(s);
+    st_sched_stats ss;
+    st_sched_get_stats(s, &ss);
+    CHECK(gone.done && gone.finish == ST_FINISH_CANCELLED && gone.n == 0,
+          "a request cancelled behind a waiting head leaves the queue at the next step");
+    CHECK(small.n >= 1 && head.n == 0 && ss.running == 2 && ss.waiting == 1,
+          "a request that fits goes ahead of a head short of KV blocks (%d running, %d waiting)", ss.running, ss.waiting);
+    STEP_UNTIL(s, r1.done && head.done && small.done, 2000);
+    CHECK(r1.n == 150 && head.n == 100 && small.n == 20 && c->n_free_blocks == 16,
+          "all three complete, every block back");
+    st_sched_destroy(s);
+    /* head_wait 0: the head's turn at once, nobody passes it */
+    s = make_pool(m, 3, 4096, 16, 4, 0.0, 60.0);
+    memset(&r1, 0, sizeof r1);
+    memset(&head, 0, sizeof head);
+    memset(&small, 0, sizeof small);
+    rp.max_tokens = 150;
+    st_sched_submit(s, prompt, 10, &rp, on_event, &r1, NULL, &err);
+    st_sched_step(s);
+    rp.max_tokens = 100;
+    st_sched_submit(s, prompt, 28, &rp, on_event, &head, NULL, &err);
+    rp.max_tokens = 20;
+    st_sched_submit(s, prompt, 4, &rp, on_event, &small, NULL, &err);
+    st_sched_step(s);
+    int passed = small.n > 0;
+    STEP_UNTIL(s, r1.done && head.done && small.done, 2000);
+    CHECK(!passed && head.done && small.done && head.n == 100 && small.n == 20,
+          "once the head has waited head_wait_s, later requests wait behind it");
+    st_sched_destroy(s);
+    /* max_queue 0: a free slot still takes a request */
+    s = make_pool(m, 1, 256, 0, 0, 10.0, 60.0);
+    memset(&a, 0, sizeof a);
+    rp.max_tokens = 3;
+    st_status st1 = st_sched_submit(s, prompt, 4, &rp, on_event, &a, NULL, &err);
+    out b;
+    memset(&b, 0, sizeof b);
+    st_status st2 = st_sched_submit(s, prompt, 4, &rp, on_event, &b, NULL, &err);
+    run_all(s);
+    CHECK(st1 == ST_OK && a.done && a.n == 3 && st2 == ST_ERR_BUSY,
+          "max_queue 0: an idle scheduler takes a request, the next one beyond max_seqs is busy");
+    st_sched_destroy(s);
+}
+
+/* A consumer that cannot keep up pauses its sequence; the others go on; resume continues it;
+ * a pause that lasts past stall_timeout_s ends it with an error. */
+static void test_pause(const st_model *m) {
+    if (!m) return;
+    st_sched *s = make_pool(m, 2, 512, 0, 4, 10.0, 0.3);
+    if (!s) return;
+    const st_cache *c = st_sched_cache(s);
+    st_error err = {0};
+    int32_t prompt[4] = {3, 4, 5, 6};
+    st_req_params rp = st_req_default_params();
+    rp.ignore_eos = 1;
+    rp.max_tokens = 40;
+    out slow, fast;
+    memset(&slow, 0, sizeof slow);
+    memset(&fast, 0, sizeof fast);
+    slow.pause_at = 3;
+    uint64_t id_slow = 0;
+    st_sched_submit(s, prompt, 4, &rp, on_event, &slow, &id_slow, &err);
+    st_sched_submit(s, prompt, 4, &rp, on_event, &fast, NULL, &err);
+    for (int i = 0; i < 10; i++) st_sched_step(s);
+    st_sched_stats ss;
+    st_sched_get_stats(s, &ss);
+    CHECK(slow.n == 3 && fast.n == 10 && ss.paused == 1 && ss.running == 2,
+          "a paused sequence is left out of steps, the other goes on (%d and %d tokens, %d paused)", slow.n, fast.n,
+          ss.paused);
+    st_sched_resume(s, id_slow);
+    st_sched_step(s);
+    CHECK(slow.n == 4, "resumed, it continues (%d tokens)", slow.n);
+    /* a resume that arrives before its pause cancels it out */
+    st_sched_resume(s, id_slow);
+    slow.pause_at = 5;
+    st_sched_step(s);
+    st_sched_step(s);
+    CHECK(slow.n == 6, "a resume sent before its pause leaves the sequence running (%d tokens)", slow.n);
+    /* stalled */
+    slow.pause_at = 7;
+    STEP_UNTIL(s, slow.n == 7, 10);
+    double t0 = st_now_s();
+    int waits = 0;
+    while (!slow.done && st_now_s() - t0 < 3.0) {
+        if (!st_sched_wait(s)) break;
+        st_sched_step(s);
+        waits++;
+    }
+    double dt = st_now_s() - t0;
+    CHECK(slow.done && slow.finish == ST_FINISH_ERROR && strstr(slow.err, "did not read") && dt >= 0.25 && dt < 1.5,
+          "paused past the stall timeout, it ends with an error after %.2f s (%s); st_sched_wait woke for it", dt,
+          slow.err);
+    run_all(s);
+    CHECK(fast.done && fast.n == 40 && c->n_free_blocks == c->p.n_blocks && c->n_free_slots == 2,
+          "the other completes; every block and slot is back");
+    st_sched_destroy(s);
+}
+
+/* A checkpoint whose logits turn NaN for one sequence: that one ends with an error naming
+ * the problem, the other in the same batches completes. (Before: greedy picked token 0.) */
+static void test_nonfinite(const char *cfg_path) {
+    char dir[] = "/tmp/strand-nan-XXXXXX";
+    if (!mkdtemp(dir)) return;
+    st_synth_params sp = st_synth_default_params();
+    sp.config_path = cfg_path;
+    sp.poison_token = 7;
+    st_model *m = NULL;
+    st_error err = {0};
+    if (CHECK(st_synth_write(&sp, dir, &err) == ST_OK && st_model_load(dir, &m, &err) == ST_OK,
+              "a model whose token 7 embeds as NaN (%s)", err.msg)) {
+        st_sched *s = make_pool(m, 2, 256, 0, 4, 10.0, 60.0);
+        st_req_params rp = st_req_default_params();
+        rp.ignore_eos = 1;
+        rp.max_tokens = 20;
+        rp.logprobs = 2;
+        int32_t bad[3] = {5, 7, 9}, good[3] = {5, 8, 9};
+        out ob, og;
+        memset(&ob, 0, sizeof ob);
+        memset(&og, 0, sizeof og);
+        st_sched_submit(s, bad, 3, &rp, on_event, &ob, NULL, &err);
+        st_sched_submit(s, good, 3, &rp, on_event, &og, NULL, &err);
+        run_all(s);
+        CHECK(ob.done && ob.finish == ST_FINISH_ERROR && ob.n == 0 && strstr(ob.err, "non-finite logits"),
+              "non-finite logits end that sequence with an error: %s", ob.err);
+        CHECK(og.done && og.finish == ST_FINISH_LENGTH && og.n == 20 && isfinite(og.first_logprob),
+              "the other sequence of the same batches completes with finite logprobs");
+        st_sched_destroy(s);
+        st_model_free(m);
+    }
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) printf("# cleanup failed\n");
 }
 
 /* stop strings and text need a tokenizer: a synthetic tiny model with the Qwen3 tokenizer */
@@ -446,6 +650,16 @@ int main(void) {
             if (st_synth_write(&sp, dir, &err) != ST_OK || st_model_load(dir, &small, &err) != ST_OK)
                 printf("# small model: %s\n", err.msg);
             test_bounded(small);
+            test_admission(small);
+            test_pause(small);
+            FILE *untied = fopen(cfg, "w");
+            if (untied) { /* the same shapes with an untied head */
+                fputs(text, untied);
+                fseek(untied, -1, SEEK_END);
+                fputs(", \"tie_word_embeddings\": false}", untied);
+                fclose(untied);
+            }
+            test_nonfinite(cfg);
             st_model_free(small);
             snprintf(cfg, sizeof cfg, "rm -rf %s", dir);
             if (system(cfg) != 0) printf("# cleanup failed\n");

@@ -116,6 +116,8 @@ static void test_requests(void) {
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"reasoning_effort\":\"max\"}", 400, "reasoning_effort"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_p\":0}", 400, "top_p"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"a\":1,\"a\":2}", 400, ""},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"functions\":[{\"name\":\"f\"}]}", 400, "functions"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"function_call\":\"auto\"}", 400, "function_call"},
     };
     int all = 1;
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -124,7 +126,20 @@ static void test_requests(void) {
         if (!ok) printf("# case %zu: status %d param '%s' (%s)\n", i, e.status, e.param, e.message);
         all &= ok;
     }
-    CHECK(all, "bad chat requests: the right status and the offending parameter named");
+    CHECK(all, "bad chat requests (legacy functions/function_call too): the right status and the offending parameter named");
+    const char *late = "{\"messages\":[{\"role\":\"system\",\"content\":\"A\"},{\"role\":\"developer\",\"content\":\"B\"},"
+                       "{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"system\",\"content\":\"late\"}]}";
+    st = st_oai_parse(ST_OAI_CHAT, late, strlen(late), &d, &r, &e);
+    CHECK(st == ST_OK && json_array_size(r.messages) == 3 &&
+              !strcmp(json_string_value(json_object_get(json_array_get(r.messages, 0), "content")), "A\n\nB") &&
+              !strcmp(json_string_value(json_object_get(json_array_get(r.messages, 2), "role")), "system") &&
+              !strcmp(json_string_value(json_object_get(json_array_get(r.messages, 2), "content")), "late"),
+          "the opening system messages merge; a later one stays in place for the template to judge");
+    if (st == ST_OK) st_oai_request_free(&r);
+    const char nul[] = "{\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000b\"}]}";
+    st = st_oai_parse(ST_OAI_CHAT, nul, sizeof nul - 1, &d, &r, &e);
+    CHECK(st == ST_ERR_ARG && e.status == 400 && !strstr(e.message, "JSON_") && strstr(e.message, "NUL"),
+          "a NUL character in the JSON is named as such, not by a library flag (%s)", e.message);
     const char *comp = "{\"prompt\":[\"hello\"],\"logprobs\":2,\"echo\":false}";
     st = st_oai_parse(ST_OAI_COMPLETION, comp, strlen(comp), &d, &r, &e);
     CHECK(st == ST_OK && r.prompt && !strcmp(r.prompt, "hello") && r.params.max_tokens == 16 && r.params.logprobs == 2,

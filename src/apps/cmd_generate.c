@@ -90,10 +90,10 @@ typedef struct gen_out {
     char error[512];
 } gen_out;
 
-static void on_event(void *user, const st_event *ev) {
+static int on_event(void *user, const st_event *ev) {
     gen_out *o = user;
     if (ev->kind == ST_EV_TOKEN) {
-        if (o->n >= o->cap) return;
+        if (o->n >= o->cap) return ST_EV_CONTINUE;
         o->ids[o->n] = ev->token;
         if (ev->logprobs && o->lp) {
             o->lp[o->n] = ev->logprobs->logprob;
@@ -104,11 +104,12 @@ static void on_event(void *user, const st_event *ev) {
             }
         }
         o->n++;
-        return;
+        return ST_EV_CONTINUE;
     }
     o->done = 1;
     o->finish = ev->finish;
     if (ev->error) snprintf(o->error, sizeof o->error, "%s", ev->error);
+    return ST_EV_CONTINUE;
 }
 
 int cmd_generate(int argc, char **argv) {

@@ -35,7 +35,7 @@ static void put(const char *s, size_t n) {
     if (n) fwrite(s, 1, n, stdout);
 }
 
-static void on_event(void *user, const st_event *ev) {
+static int on_event(void *user, const st_event *ev) {
     run_state *r = user;
     if (ev->reasoning_len) {
         if (!r->in_reasoning_out) {
@@ -61,6 +61,7 @@ static void on_event(void *user, const st_event *ev) {
         r->finished = 1;
         if (ev->error) snprintf(r->error, sizeof r->error, "%s", ev->error);
     }
+    return ST_EV_CONTINUE;
 }
 
 

@@ -1,9 +1,12 @@
 /* ==== strand serve: the OpenAI-compatible HTTP server ==== */
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "apps/cli.h"
+#include "core/fileio.h"
 #include "server/server.h"
 
 static volatile sig_atomic_t g_stop; /* set by SIGINT/SIGTERM; the only signal state */
@@ -18,13 +21,44 @@ static void usage(void) {
             "usage: strand serve -m DIR [--host 127.0.0.1] [--port 8080] [--max-seqs N] [--ctx N]\n"
             "                    [--api-key KEY] [--model-name NAME] [--max-queue N] [--step-tokens N]\n"
             "                    [--kv-dtype f32|bf16] [--kv-blocks N] [--http-threads N]\n"
-            "                    [--max-body-mb N] [--keepalive S]\n"
+            "                    [--prep-threads N] [--max-body-mb N] [--keepalive S]\n"
+            "                    [--max-connections N] [--idle-timeout S] [--stall-timeout S]\n"
+            "                    [--api-key-file FILE]\n"
             "  Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models,\n"
-            "  GET /health, GET /metrics. --port 0 picks a free port (printed on stderr).\n");
+            "  GET /health, GET /metrics. --port 0 picks a free port (printed on stderr).\n"
+            "  The API key comes from --api-key, --api-key-file or $STRAND_API_KEY (in that order);\n"
+            "  an empty key is refused. --idle-timeout: seconds a connection may sit with no request\n"
+            "  in progress (default 5); --stall-timeout: seconds a stream's client may read nothing\n"
+            "  before its generation is cancelled (default 60); --max-connections (default 4096):\n"
+            "  more are answered 503.\n");
+}
+
+/* the key in a file: its first line, without the line end */
+static int read_key_file(const char *path, char **out) {
+    char *text = NULL;
+    size_t len = 0;
+    st_error err = {0};
+    if (st_file_read(path, 1 << 16, &text, &len, &err) != ST_OK) return cli_fail(&err);
+    size_t n = 0;
+    while (n < len && text[n] != '\n' && text[n] != '\r') n++;
+    text[n] = 0;
+    *out = text;
+    return 0;
+}
+
+/* each connection takes a file descriptor: allow as many as the hard limit lets us */
+static void raise_open_file_limit(void) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
 }
 
 int cmd_serve(int argc, char **argv) {
     st_server_params p = st_server_default_params();
+    const char *key_file = NULL;
+    char *key_buf = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         long long x;
@@ -47,6 +81,22 @@ int cmd_serve(int argc, char **argv) {
             p.ctx = x;
         } else if (!strcmp(a, "--api-key")) {
             if (!(p.api_key = cli_value(argc, argv, &i))) return 2;
+            if (!*p.api_key) return cli_failf("--api-key is empty (an unset variable?): give a key or leave the option out");
+        } else if (!strcmp(a, "--api-key-file")) {
+            if (!(key_file = cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--max-connections")) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 1, 1 << 20, &x)) return 2;
+            p.max_connections = (int)x;
+        } else if (!strcmp(a, "--idle-timeout")) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 1, 86400, &x)) return 2;
+            p.idle_timeout_s = (unsigned)x;
+        } else if (!strcmp(a, "--stall-timeout")) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_float(a, v, &f)) return 2;
+            if (!(f > 0) || f > 86400) return cli_failf("--stall-timeout must be in (0, 86400] seconds");
+            p.stall_timeout_s = f;
+        } else if (!strcmp(a, "--prep-threads")) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 1, 256, &x)) return 2;
+            p.prep_threads = (int)x;
         } else if (!strcmp(a, "--model-name")) {
             if (!(p.model_name = cli_value(argc, argv, &i))) return 2;
         } else if (!strcmp(a, "--max-queue")) {
@@ -80,6 +130,20 @@ int cmd_serve(int argc, char **argv) {
         usage();
         return cli_failf("serve: -m DIR is required");
     }
+    if (!p.api_key && key_file) {
+        if (read_key_file(key_file, &key_buf)) return 1;
+        if (!*key_buf) {
+            free(key_buf);
+            return cli_failf("--api-key-file %s: the key is empty", key_file);
+        }
+        p.api_key = key_buf;
+    }
+    if (!p.api_key) {
+        const char *env = getenv("STRAND_API_KEY");
+        if (env && !*env) return cli_failf("STRAND_API_KEY is set but empty: give a key or unset it");
+        p.api_key = env;
+    }
+    raise_open_file_limit();
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -87,6 +151,7 @@ int cmd_serve(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
     st_error err = {0};
-    if (st_server_run(&p, &g_stop, &err) != ST_OK) return cli_fail(&err);
-    return 0;
+    int rc = st_server_run(&p, &g_stop, &err) != ST_OK ? cli_fail(&err) : 0;
+    free(key_buf);
+    return rc;
 }

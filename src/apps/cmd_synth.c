@@ -19,7 +19,9 @@ static void usage(void) {
             "\n  bf16 writes the Hugging Face layout; qN the MLX layout with N-bit affine weights.\n"
             "  --mixed (MLX): first/last layers' v_proj and down_proj and the LM head at 8 bits.\n"
             "  --script IDS: a test model that emits fixed text: after id[i] it predicts id[i+1]\n"
-            "  (segments separated by ';', each ending in eos; all ids distinct).\n");
+            "  (segments separated by ';', each ending in eos; all ids distinct).\n"
+            "  --poison-token ID: a broken test model: token ID's embedding is NaN, so any\n"
+            "  sequence containing it gets non-finite logits.\n");
 }
 
 int cmd_synth(int argc, char **argv) {
@@ -42,7 +44,12 @@ int cmd_synth(int argc, char **argv) {
             else return cli_failf("--dtype: expected bf16, q2, q3, q4, q5, q6 or q8, got '%s'", v);
         } else if (!strcmp(a, "--group")) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 1, 4096, &x)) return 2;
+            if (x != 32 && x != 64 && x != 128)
+                return cli_failf("--group: MLX groups are 32, 64 or 128 columns, got %lld", x);
             p.group_size = (int)x;
+        } else if (!strcmp(a, "--poison-token")) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 0, INT32_MAX, &x)) return 2;
+            p.poison_token = (int32_t)x;
         } else if (!strcmp(a, "--mixed")) {
             p.mixed = 1;
         } else if (!strcmp(a, "--seed")) {
@@ -88,6 +95,8 @@ int cmd_synth(int argc, char **argv) {
         return cli_failf("synth: -o and exactly one of --preset / --config are required");
     }
     if (p.mixed && !p.bits) return cli_failf("synth: --mixed needs a quantized --dtype");
+    if (p.group_size && !p.bits) return cli_failf("synth: --group needs a quantized --dtype");
+    if (!strcmp(out, "-")) return cli_failf("synth: -o names a directory; '-' (standard output) cannot hold a checkpoint");
     st_error err = {0};
     if (st_synth_write(&p, out, &err) != ST_OK) return cli_fail(&err);
     return 0;

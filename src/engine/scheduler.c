@@ -22,7 +22,9 @@ typedef struct req {
     st_event_fn fn;
     void *user;
     double t_submit;
+    double t_blocked;           /* first time admission found too few KV blocks (0: never) */
     atomic_int cancelled;
+    atomic_int hold;            /* pauses minus resumes; > 0: left out of steps */
     struct req *prev, *next;    /* the live list (guarded by the mutex) */
     struct req *qnext;          /* the waiting queue (guarded by the mutex) */
 } req;
@@ -44,12 +46,17 @@ typedef struct rec {
     st_textout *tx;         /* owned; NULL without a tokenizer */
     st_logprobs lp;
     double t_admit, t_first;
+    int paused;             /* hold > 0 was seen; since t_paused */
+    double t_paused;
+    char error[200];        /* the message of an ST_FINISH_ERROR this sequence ended with */
 } rec;
 
 struct st_sched {
     const st_model *m;        /* borrowed */
     const st_tokenizer *tok;  /* borrowed, may be NULL */
     st_sched_params p;
+    int64_t ctx;              /* the context requests get: min(p.ctx, the pool's positions) */
+    size_t max_event_text;    /* bytes of text one event can carry */
     st_cache *cache;          /* owned */
     st_fwd *fwd;              /* owned */
     st_sampler *sampler;      /* owned */
@@ -67,6 +74,10 @@ struct st_sched {
     int n_waiting, n_running;
     uint64_t next_id;
     int shutdown;
+    uint64_t kicks;           /* submits, cancels, resumes: something may have changed */
+    uint64_t kicks_seen;      /* kicks when the last step began */
+    int idle;                 /* the last step could do nothing */
+    double next_deadline;     /* the earliest stall timeout of a paused sequence (0: none) */
     st_sched_stats stats;
 };
 
@@ -100,6 +111,8 @@ st_sched_params st_sched_default_params(void) {
         .kv_blocks = 0,
         .kv_dtype = ST_KV_F32,
         .max_queue = 256,
+        .stall_timeout_s = 60.0,
+        .head_wait_s = 10.0,
         .kernels = NULL,
     };
     return p;
@@ -143,19 +156,29 @@ st_status st_sched_create(const st_model *m, const st_tokenizer *tok, const st_s
         return st_error_set(err, ST_ERR_ARG, "step_tokens (%d) must be at least max_seqs (%d)",
                             p->step_tokens, p->max_seqs);
     if (p->max_queue < 0) return st_error_set(err, ST_ERR_ARG, "max_queue must be >= 0");
+    if (!(p->stall_timeout_s > 0) || !(p->head_wait_s >= 0))
+        return st_error_set(err, ST_ERR_ARG, "stall_timeout_s must be > 0 and head_wait_s >= 0");
     st_sched *s = calloc(1, sizeof *s);
     if (!s) return st_error_set(err, ST_ERR_NOMEM, "out of memory");
     pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* timed waits on st_now_s's clock */
+    pthread_cond_init(&s->cv, &ca);
+    pthread_condattr_destroy(&ca);
     s->m = m;
     s->tok = tok;
     s->p = *p;
     if (s->p.ctx <= 0) s->p.ctx = m->cfg.max_position_embeddings;
+    /* an explicit pool smaller than a context caps the context: every request fits alone */
+    s->ctx = s->p.ctx;
+    if (m->n_full > 0 && p->kv_blocks > 0 && p->kv_blocks * p->block_size < s->ctx)
+        s->ctx = p->kv_blocks * p->block_size;
     s->next_id = 1;
     st_status st;
     st_cache_params cp = st_cache_default_params();
     cp.n_slots = p->max_seqs;
-    cp.max_seq_len = s->p.ctx;
+    cp.max_seq_len = s->ctx;
     cp.block_size = p->block_size;
     cp.n_blocks = p->kv_blocks;
     cp.kv_dtype = p->kv_dtype;
@@ -175,16 +198,17 @@ st_status st_sched_create(const st_model *m, const st_tokenizer *tok, const st_s
     for (size_t i = 0; i < n; i++) {
         rec *r = &s->recs[i];
         r->seq.slot = -1;
-        r->hist = malloc((size_t)s->p.ctx * sizeof *r->hist);
+        r->hist = malloc((size_t)s->ctx * sizeof *r->hist);
         if (!r->hist) {
             st = st_error_set(err, ST_ERR_NOMEM, "out of memory for %lld-token histories",
-                              (long long)s->p.ctx);
+                              (long long)s->ctx);
             goto fail;
         }
         if (tok && (st = st_textout_create(tok, max_tok, &r->tx, err)) != ST_OK) goto fail;
     }
+    s->max_event_text = s->recs[0].tx ? st_textout_max_delta(s->recs[0].tx) : 0;
     s->planned_bytes = s->cache->planned_bytes + st_fwd_scratch_bytes(s->fwd) +
-                       n * ((size_t)s->p.ctx * 4 + sizeof(rec) + (size_t)m->cfg.vocab_size * 4) +
+                       n * ((size_t)s->ctx * 4 + sizeof(rec) + (size_t)m->cfg.vocab_size * 4) +
                        (size_t)m->cfg.vocab_size * 17;
     s->stats.kv_blocks_total = s->cache->p.n_blocks;
     s->stats.planned_bytes = s->planned_bytes;
@@ -196,6 +220,14 @@ fail:
 }
 
 const st_cache *st_sched_cache(const st_sched *s) { return s->cache; }
+int64_t st_sched_context(const st_sched *s) { return s->ctx; }
+size_t st_sched_max_event_text(const st_sched *s) { return s->max_event_text; }
+
+/* something changed that a waiting scheduler thread should look at (under mu) */
+static void kick(st_sched *s) {
+    s->kicks++;
+    pthread_cond_broadcast(&s->cv);
+}
 
 /* ---------------------------------------------------------------------------------------- */
 /* submission (any thread) */
@@ -205,10 +237,10 @@ st_status st_sched_submit(st_sched *s, const int32_t *prompt, int64_t n_prompt,
                           st_error *err) {
     const st_config *c = &s->m->cfg;
     if (n_prompt < 1) return st_error_set(err, ST_ERR_ARG, "the prompt is empty");
-    if (n_prompt >= s->p.ctx)
+    if (n_prompt >= s->ctx)
         return st_error_set(err, ST_ERR_LIMIT,
                             "the prompt has %lld tokens; the context length is %lld",
-                            (long long)n_prompt, (long long)s->p.ctx);
+                            (long long)n_prompt, (long long)s->ctx);
     for (int64_t i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= c->vocab_size)
             return st_error_set(err, ST_ERR_ARG, "prompt token %lld (id %d) is outside the "
@@ -247,12 +279,14 @@ st_status st_sched_submit(st_sched *s, const int32_t *prompt, int64_t n_prompt,
     r->user = user;
     r->t_submit = st_now_s();
     pthread_mutex_lock(&s->mu);
-    if (s->n_waiting >= s->p.max_queue) {
+    if (s->n_waiting + s->n_running >= s->p.max_seqs + s->p.max_queue) {
+        int running = s->n_running, waiting = s->n_waiting;
         pthread_mutex_unlock(&s->mu);
         free(r->prompt);
         free(r);
-        return st_error_set(err, ST_ERR_BUSY, "the server is busy: %d requests are waiting",
-                            s->p.max_queue);
+        return st_error_set(err, ST_ERR_BUSY,
+                            "the server is busy: %d requests are running and %d waiting",
+                            running, waiting);
     }
     r->id = s->next_id++;
     r->next = s->live;
@@ -263,26 +297,46 @@ st_status st_sched_submit(st_sched *s, const int32_t *prompt, int64_t n_prompt,
     s->qtail = r;
     s->n_waiting++;
     s->stats.waiting = s->n_waiting;
-    pthread_cond_broadcast(&s->cv);
+    kick(s);
     pthread_mutex_unlock(&s->mu);
     if (id) *id = r->id;
     return ST_OK;
 }
 
+static req *find_live(st_sched *s, uint64_t id) {
+    for (req *r = s->live; r; r = r->next)
+        if (r->id == id) return r;
+    return NULL;
+}
+
 void st_sched_cancel(st_sched *s, uint64_t id) {
     pthread_mutex_lock(&s->mu);
-    for (req *r = s->live; r; r = r->next)
-        if (r->id == id) {
-            atomic_store(&r->cancelled, 1);
-            break;
-        }
-    pthread_cond_broadcast(&s->cv);
+    req *r = find_live(s, id);
+    if (r) atomic_store(&r->cancelled, 1);
+    kick(s);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void st_sched_resume(st_sched *s, uint64_t id) {
+    pthread_mutex_lock(&s->mu);
+    req *r = find_live(s, id);
+    if (r) atomic_fetch_sub(&r->hold, 1);
+    kick(s);
     pthread_mutex_unlock(&s->mu);
 }
 
 int st_sched_wait(st_sched *s) {
     pthread_mutex_lock(&s->mu);
-    while (!s->shutdown && s->n_waiting == 0 && s->n_running == 0) pthread_cond_wait(&s->cv, &s->mu);
+    while (!s->shutdown && s->kicks == s->kicks_seen &&
+           (s->idle || s->n_waiting + s->n_running == 0)) {
+        if (s->next_deadline > 0 && s->n_running > 0) {
+            double t = s->next_deadline;
+            struct timespec ts = {(time_t)t, (long)((t - (double)(time_t)t) * 1e9)};
+            if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) != 0) break; /* the deadline */
+        } else {
+            pthread_cond_wait(&s->cv, &s->mu);
+        }
+    }
     int alive = !s->shutdown;
     pthread_mutex_unlock(&s->mu);
     return alive;
@@ -291,7 +345,7 @@ int st_sched_wait(st_sched *s) {
 void st_sched_shutdown(st_sched *s) {
     pthread_mutex_lock(&s->mu);
     s->shutdown = 1;
-    pthread_cond_broadcast(&s->cv);
+    kick(s);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -370,6 +424,12 @@ static int64_t blocks_for(const st_sched *s, int64_t positions) {
     return (positions + s->p.block_size - 1) / s->p.block_size;
 }
 
+/* the tokens a request may generate: max_tokens, bounded by the context */
+static int64_t max_new_tokens(const st_sched *s, const req *r) {
+    int64_t room = s->ctx - r->n_prompt, want = r->p.max_tokens > 0 ? r->p.max_tokens : room;
+    return want < room ? want : room;
+}
+
 /* KV blocks promised to running sequences but not yet taken */
 static int64_t committed_blocks(const st_sched *s) {
     int64_t c = 0;
@@ -378,38 +438,73 @@ static int64_t committed_blocks(const st_sched *s) {
     return c;
 }
 
-static void admit(st_sched *s) {
+static void unlink_queued(st_sched *s, req *prev, req *r) {
+    if (prev) prev->qnext = r->qnext;
+    else s->qhead = r->qnext;
+    if (s->qtail == r) s->qtail = prev;
+    r->qnext = NULL;
+    s->n_waiting--;
+    s->stats.waiting = s->n_waiting;
+}
+
+/* (under mu) unlink every cancelled request of the queue; returns them as a list */
+static req *take_cancelled(st_sched *s) {
+    req *out = NULL, **tail = &out, *prev = NULL;
+    for (req *r = s->qhead; r;) {
+        req *next = r->qnext;
+        if (atomic_load(&r->cancelled)) {
+            unlink_queued(s, prev, r);
+            *tail = r;
+            tail = &r->qnext;
+        } else {
+            prev = r;
+        }
+        r = next;
+    }
+    return out;
+}
+
+/* (under mu) the first queued request whose budget the pool can hold now. Requests behind
+ * one that is short of blocks may pass it until it has waited head_wait_s. */
+static req *take_admissible(st_sched *s, double now) {
+    int64_t avail = s->cache->n_free_blocks - committed_blocks(s);
+    req *prev = NULL;
+    for (req *r = s->qhead; r; prev = r, r = r->qnext) {
+        if (blocks_for(s, r->n_prompt + max_new_tokens(s, r)) <= avail) {
+            unlink_queued(s, prev, r);
+            s->n_running++;
+            return r;
+        }
+        if (r->t_blocked == 0) r->t_blocked = now;
+        if (now - r->t_blocked >= s->p.head_wait_s) return NULL; /* its turn: nobody passes */
+    }
+    return NULL;
+}
+
+static int free_rec(const st_sched *s) {
+    for (int i = 0; i < s->p.max_seqs; i++)
+        if (!s->recs[i].r) return i;
+    return -1;
+}
+
+/* Admit what fits; returns 1 when anything was admitted or dropped. */
+static int admit(st_sched *s) {
+    int changed = 0;
     for (;;) {
+        double now = st_now_s();
+        int slot = free_rec(s);
         pthread_mutex_lock(&s->mu);
-        /* drop cancelled requests at the head of the queue */
-        req *r = s->qhead;
-        if (!r) {
-            pthread_mutex_unlock(&s->mu);
-            return;
-        }
-        int cancelled = atomic_load(&r->cancelled);
-        int slot = -1;
-        if (!cancelled) {
-            for (int i = 0; i < s->p.max_seqs && slot < 0; i++)
-                if (!s->recs[i].r) slot = i;
-            int64_t max_new = r->p.max_tokens > 0 ? r->p.max_tokens : s->p.ctx;
-            if (max_new > s->p.ctx - r->n_prompt) max_new = s->p.ctx - r->n_prompt;
-            int64_t need = blocks_for(s, r->n_prompt + max_new);
-            if (slot < 0 || s->cache->n_free_blocks - committed_blocks(s) < need) {
-                pthread_mutex_unlock(&s->mu);
-                return; /* first come, first served: wait for room */
-            }
-        }
-        s->qhead = r->qnext;
-        if (!s->qhead) s->qtail = NULL;
-        s->n_waiting--;
-        if (!cancelled) s->n_running++;
-        s->stats.waiting = s->n_waiting;
+        req *cancelled = take_cancelled(s);
+        req *r = slot >= 0 ? take_admissible(s, now) : NULL;
         pthread_mutex_unlock(&s->mu);
-        if (cancelled) {
-            finish_queued(s, r, ST_FINISH_CANCELLED, NULL);
-            continue;
+        for (req *c = cancelled; c;) {
+            req *next = c->qnext;
+            finish_queued(s, c, ST_FINISH_CANCELLED, NULL);
+            c = next;
+            changed = 1;
         }
+        if (!r) return changed;
+        changed = 1;
         rec *c = &s->recs[slot];
         st_error err = {0};
         st_status st = st_cache_seq_start(s->cache, &c->seq, &err);
@@ -430,12 +525,13 @@ static void admit(st_sched *s) {
         free(r->prompt);
         r->prompt = NULL;
         c->n_fed = c->n_new = c->n_reasoning = 0;
-        c->max_new = r->p.max_tokens > 0 ? r->p.max_tokens : s->p.ctx;
-        if (c->max_new > s->p.ctx - c->n_prompt) c->max_new = s->p.ctx - c->n_prompt;
+        c->max_new = max_new_tokens(s, r);
         c->budget_blocks = blocks_for(s, c->n_prompt + c->max_new);
         c->order = s->admit_counter++;
-        c->t_admit = st_now_s();
+        c->t_admit = now;
         c->t_first = 0;
+        c->paused = 0;
+        c->error[0] = 0;
         st_sampler_state_init(&c->ss, &r->p.sampling);
     }
 }
@@ -453,6 +549,13 @@ static int is_stop_token(const st_sched *s, const rec *c, int32_t t) {
 /* After the model produced logits for c: sample, emit, and maybe finish. */
 static void on_logits(st_sched *s, rec *c, float *logits) {
     req *r = c->r;
+    if (!st_logits_finite(logits, s->m->cfg.vocab_size)) {
+        snprintf(c->error, sizeof c->error,
+                 "the model produced non-finite logits (NaN or infinity) at position %lld",
+                 (long long)c->n_hist);
+        finish_rec(s, c, ST_FINISH_ERROR, c->error);
+        return;
+    }
     st_logprobs *lp = r->p.logprobs >= 0 ? &c->lp : NULL;
     int32_t t = st_sampler_sample(s->sampler, &r->p.sampling, &c->ss, logits, c->hist,
                                   c->n_prompt, c->n_hist, r->p.logprobs, lp);
@@ -479,7 +582,11 @@ static void on_logits(st_sched *s, rec *c, float *logits) {
         ev.reasoning_len = d.reasoning_len;
         stopped = d.stopped;
     }
-    if (r->fn) r->fn(r->user, &ev);
+    if (r->fn && r->fn(r->user, &ev) == ST_EV_PAUSE && atomic_fetch_add(&r->hold, 1) >= 0 &&
+        !c->paused) {
+        c->paused = 1;
+        c->t_paused = st_now_s();
+    }
     pthread_mutex_lock(&s->mu);
     s->stats.tokens_generated++;
     pthread_mutex_unlock(&s->mu);
@@ -487,17 +594,55 @@ static void on_logits(st_sched *s, rec *c, float *logits) {
     else if (c->n_new >= c->max_new) finish_rec(s, c, ST_FINISH_LENGTH, NULL);
 }
 
-int st_sched_step(st_sched *s) {
-    /* cancellations of running sequences take effect now */
-    for (int i = 0; i < s->p.max_seqs; i++)
-        if (s->recs[i].r && atomic_load(&s->recs[i].r->cancelled))
-            finish_rec(s, &s->recs[i], ST_FINISH_CANCELLED, NULL);
-    admit(s);
-    /* the batch: decode tokens first, then prompt chunks, oldest sequence first */
-    int n = 0, budget = s->p.step_tokens;
+/* Cancellations and stall timeouts take effect; pauses start and end. Returns 1 when a
+ * sequence ended. */
+static int check_running(st_sched *s, double now) {
+    int ended = 0;
+    double deadline = 0;
     for (int i = 0; i < s->p.max_seqs; i++) {
         rec *c = &s->recs[i];
-        if (!c->r || c->n_fed < c->n_prompt) continue;
+        if (!c->r) continue;
+        if (atomic_load(&c->r->cancelled)) {
+            finish_rec(s, c, ST_FINISH_CANCELLED, NULL);
+            ended = 1;
+            continue;
+        }
+        if (atomic_load(&c->r->hold) <= 0) {
+            c->paused = 0;
+            continue;
+        }
+        if (!c->paused) {
+            c->paused = 1;
+            c->t_paused = now;
+        }
+        double due = c->t_paused + s->p.stall_timeout_s;
+        if (now >= due) {
+            snprintf(c->error, sizeof c->error, "the client did not read its stream for %.0f s",
+                     s->p.stall_timeout_s);
+            finish_rec(s, c, ST_FINISH_ERROR, c->error);
+            ended = 1;
+        } else if (deadline == 0 || due < deadline) {
+            deadline = due;
+        }
+    }
+    pthread_mutex_lock(&s->mu);
+    s->next_deadline = deadline;
+    pthread_mutex_unlock(&s->mu);
+    return ended;
+}
+
+int st_sched_step(st_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    s->kicks_seen = s->kicks;
+    pthread_mutex_unlock(&s->mu);
+    int progress = check_running(s, st_now_s());
+    progress |= admit(s);
+    /* the batch: decode tokens first, then prompt chunks, oldest sequence first */
+    int n = 0, budget = s->p.step_tokens, paused = 0;
+    for (int i = 0; i < s->p.max_seqs; i++) {
+        rec *c = &s->recs[i];
+        paused += c->r && c->paused;
+        if (!c->r || c->n_fed < c->n_prompt || c->paused) continue;
         s->items[n] = (st_batch_item){&c->seq, &c->hist[c->n_hist - 1], 1, ST_LOGITS_LAST};
         s->item_rec[n++] = i;
         budget--;
@@ -522,6 +667,7 @@ int st_sched_step(st_sched *s) {
         budget -= (int)take;
     }
     if (n > 0) {
+        progress = 1;
         st_error err = {0};
         st_status st = st_fwd_run(s->fwd, s->items, n, s->logits, &err);
         if (st != ST_OK) {
@@ -543,7 +689,9 @@ int st_sched_step(st_sched *s) {
         }
     }
     pthread_mutex_lock(&s->mu);
+    s->idle = !progress;
     s->stats.running = s->n_running;
+    s->stats.paused = paused;
     s->stats.kv_blocks_used = s->cache->p.n_blocks - s->cache->n_free_blocks;
     int left = s->n_waiting + s->n_running;
     pthread_mutex_unlock(&s->mu);

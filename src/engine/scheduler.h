@@ -5,12 +5,28 @@
  * come back through each request's callback, called on the scheduler thread.
  *
  * Each step is one ragged batch: one decode token for every generating sequence, then prompt
- * chunks of admitted sequences (oldest first) up to `step_tokens` tokens in all. A request is
- * admitted when a sequence record is free and the KV pool can hold its whole budget
- * (min(context, prompt + max_tokens) positions); otherwise it waits in a bounded queue, and
- * beyond that submit fails with ST_ERR_BUSY. Finished and cancelled sequences return their
- * blocks and slot within the step. Every per-sequence structure is fixed-size and allocated
- * when the scheduler is created; a step that only decodes allocates nothing.
+ * chunks of admitted sequences (oldest first) up to `step_tokens` tokens in all.
+ *
+ * Admission. The context length a request can use is min(ctx, the KV pool's positions), so
+ * the pool always holds at least one whole context and every accepted request can run: a
+ * prompt that does not fit is refused at submission (ST_ERR_LIMIT), and a request's budget,
+ * min(context, prompt + max_tokens) positions, is reserved when it is admitted. A request
+ * waits (in a bounded queue: submit fails with ST_ERR_BUSY once max_seqs + max_queue
+ * requests are live) until a sequence record is free and the pool can hold its budget.
+ * Requests behind a queue head that waits for KV blocks may go first when they fit, for
+ * `head_wait_s` seconds; after that the head is served before anyone else. A cancelled
+ * request leaves the queue at the next step wherever it stands.
+ *
+ * Back-pressure. A TOKEN event's callback may answer ST_EV_PAUSE (its consumer's buffer is
+ * full): the sequence keeps its slot and blocks but is left out of steps until
+ * st_sched_resume; a sequence paused longer than `stall_timeout_s` ends with an error.
+ *
+ * Logits that are not finite (NaN or infinity) end that sequence with ST_FINISH_ERROR and a
+ * message; the others in the batch go on.
+ *
+ * Finished and cancelled sequences return their blocks and slot within the step. Every
+ * per-sequence structure is fixed-size and allocated when the scheduler is created; a step
+ * that only decodes allocates nothing.
  */
 #ifndef ST_ENGINE_SCHEDULER_H
 #define ST_ENGINE_SCHEDULER_H
@@ -81,7 +97,12 @@ typedef struct st_event {
     double total_s;               /* DONE: submit to done */
 } st_event;
 
-typedef void (*st_event_fn)(void *user, const st_event *ev);
+/* The callback's answer to a TOKEN event (ignored for DONE). */
+enum {
+    ST_EV_CONTINUE = 0,
+    ST_EV_PAUSE = 1, /* leave the sequence out of steps until st_sched_resume */
+};
+typedef int (*st_event_fn)(void *user, const st_event *ev);
 
 typedef struct st_sched_params {
     int max_seqs;            /* sequences generating at once */
@@ -90,7 +111,9 @@ typedef struct st_sched_params {
     int block_size;          /* KV positions per block */
     int64_t kv_blocks;       /* KV pool; 0 = max_seqs full contexts */
     st_kv_dtype kv_dtype;
-    int max_queue;           /* waiting requests before ST_ERR_BUSY */
+    int max_queue;           /* requests beyond max_seqs before ST_ERR_BUSY */
+    double stall_timeout_s;  /* a sequence paused this long ends with an error */
+    double head_wait_s;      /* how long later requests may pass a queue head short of blocks */
     const st_kernels *kernels;
 } st_sched_params;
 
@@ -109,20 +132,32 @@ st_status st_sched_submit(st_sched *s, const int32_t *prompt, int64_t n_prompt,
                           const st_req_params *p, st_event_fn fn, void *user, uint64_t *id,
                           st_error *err);
 
-/* Any thread. The request ends (ST_FINISH_CANCELLED) at the next step; unknown ids are
- * ignored. */
+/* Any thread. The request ends (ST_FINISH_CANCELLED) at the next step, queued or running;
+ * unknown ids are ignored. */
 void st_sched_cancel(st_sched *s, uint64_t id);
+
+/* Any thread. Undo one ST_EV_PAUSE of the request (its consumer made room); resumes may
+ * arrive before the pause they answer. Unknown ids are ignored. */
+void st_sched_resume(st_sched *s, uint64_t id);
+
+/* The context length requests get: min(ctx, the KV pool's positions). */
+int64_t st_sched_context(const st_sched *s);
+
+/* The most bytes of text (content plus reasoning) one event can carry. */
+size_t st_sched_max_event_text(const st_sched *s);
 
 /* Scheduler thread: run one step. Returns the number of requests still queued or running. */
 int st_sched_step(st_sched *s);
 
-/* Scheduler thread: sleep until there is work or st_sched_shutdown was called. Returns 0 on
- * shutdown. */
+/* Scheduler thread: return at once while a step can make progress; otherwise sleep until a
+ * submit, cancel, resume or shutdown, or until a paused sequence's timeout or a queue head's
+ * priority is due. Returns 0 on shutdown. */
 int st_sched_wait(st_sched *s);
 void st_sched_shutdown(st_sched *s);
 
 typedef struct st_sched_stats {
     int waiting, running;
+    int paused;               /* running but waiting for their consumer */
     int64_t kv_blocks_used, kv_blocks_total;
     int64_t steps, tokens_prefilled, tokens_generated;
     int64_t finished[5];      /* by st_finish_reason */

@@ -20,6 +20,7 @@
 st_synth_params st_synth_default_params(void) {
     st_synth_params p = {0};
     p.seed = 1;
+    p.poison_token = -1;
     return p;
 }
 
@@ -130,7 +131,8 @@ typedef struct tplan {
     float scale;         /* matrices: half-width of the uniform distribution */
     int mlx;             /* norms stored as 1+w */
     int shard;
-    int role;            /* script mode: 1 embedding, 2 LM head, 0 other */
+    int role;            /* 1 embedding, 2 LM head, 0 other */
+    int64_t poison_row;  /* the embedding's NaN row, else -1 */
     const script_map *sm;/* script mode, else NULL */
 } tplan;
 
@@ -160,6 +162,8 @@ static inline float unif(uint64_t key, uint64_t i) {
 }
 
 static float source_value(const tplan *t, uint64_t i) {
+    if (t->poison_row >= 0 && t->kind == SRC_MATRIX && (int64_t)(i / (uint64_t)t->cols) == t->poison_row)
+        return NAN;
     float u = unif(t->key, i);
     if (t->sm) { /* scripted model: one-hot embeddings, successor head, zero elsewhere */
         const script_map *sm = t->sm;
@@ -199,6 +203,7 @@ static tplan *add(planner *pl) {
     }
     tplan *t = &pl->t[pl->n++];
     memset(t, 0, sizeof *t);
+    t->poison_row = -1;
     t->mlx = pl->p->bits != 0;
     t->sm = pl->sm;
     return t;
@@ -254,6 +259,7 @@ static void add_matrix(planner *pl, const char *hf_base, int64_t stack, int64_t 
         t->key = key;
         t->kind = SRC_MATRIX;
         t->role = !strcmp(hf_base, "model.embed_tokens") ? 1 : !strcmp(hf_base, "lm_head") ? 2 : 0;
+        if (t->role == 1) t->poison_row = pl->p->poison_token;
         t->part = (enum part)pt;
         t->n_dims = nd;
         if (stack) t->shape[0] = stack;
@@ -513,6 +519,9 @@ st_status st_synth_write(const st_synth_params *p, const char *out_dir, st_error
     }
     if (mkdir(out_dir, 0755) != 0 && errno != EEXIST)
         return st_error_set(err, ST_ERR_IO, "%s: cannot create directory: %s", out_dir, strerror(errno));
+    if (p->poison_token >= c.vocab_size)
+        return st_error_set(err, ST_ERR_ARG, "synth: the poisoned token %d is outside the vocabulary", p->poison_token);
+    if (p->poison_token >= 0) c.tie_word_embeddings = 0;
     script_map sm = {0};
     if (p->script) {
         if (c.is_moe) return st_error_set(err, ST_ERR_ARG, "synth: --script needs a dense model");

@@ -31,6 +31,10 @@ typedef struct st_synth_params {
      * tokens must be distinct. The head is untied. NULL = random weights. */
     const int32_t *script;
     int n_script;
+    /* A broken model, for tests of error handling: the embedding row of this token is NaN
+     * (the head is then untied), so every sequence that contains the token gets non-finite
+     * logits and the others are unaffected. -1 = none. */
+    int32_t poison_token;
 } st_synth_params;
 
 st_synth_params st_synth_default_params(void);

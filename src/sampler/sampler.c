@@ -98,6 +98,17 @@ void st_sampler_state_init(st_sampler_state *st, const st_sampling *s) {
 
 /* ---- sampler ---- */
 
+int st_logits_finite(const float *x, int64_t n) {
+    /* the exponent bits are all ones exactly for NaN and infinity; integer lanes vectorize */
+    uint32_t bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t b;
+        memcpy(&b, &x[i], 4);
+        bad |= (b & 0x7f800000u) == 0x7f800000u;
+    }
+    return !bad;
+}
+
 st_status st_sampler_create(int64_t vocab, st_sampler **out, st_error *err) {
     *out = NULL;
     st_sampler *s = calloc(1, sizeof *s);

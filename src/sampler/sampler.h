@@ -60,6 +60,10 @@ typedef struct st_logprobs {
 
 typedef struct st_sampler st_sampler; /* scratch sized for one vocabulary */
 
+/* 1 when every x[0..n) is finite (no NaN, no infinity). A broken checkpoint or kernel shows
+ * here first: sampling from such logits would pick an arbitrary token. */
+int st_logits_finite(const float *x, int64_t n);
+
 st_status st_sampler_create(int64_t vocab, st_sampler **out, st_error *err);
 void st_sampler_destroy(st_sampler *s);
 

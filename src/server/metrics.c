@@ -70,6 +70,12 @@ void st_metrics_disconnect(st_metrics *m) {
     pthread_mutex_unlock(&m->mu);
 }
 
+void st_metrics_refused(st_metrics *m) {
+    pthread_mutex_lock(&m->mu);
+    m->refused_connections++;
+    pthread_mutex_unlock(&m->mu);
+}
+
 /* a growable text buffer */
 typedef struct sbuf {
     char *p;
@@ -108,7 +114,7 @@ static void hist_out(sbuf *b, const char *name, const char *help, const st_histo
         (unsigned long long)cum, name, h->sum, name, (unsigned long long)h->count);
 }
 
-char *st_metrics_render(st_metrics *m, const st_sched_stats *ss, int health) {
+char *st_metrics_render(st_metrics *m, const st_sched_stats *ss, const st_server_gauges *g, int health) {
     sbuf b = {0};
     pthread_mutex_lock(&m->mu);
     out(&b, "# HELP strand_requests_total HTTP responses by status code.\n# TYPE strand_requests_total counter\n");
@@ -128,6 +134,9 @@ char *st_metrics_render(st_metrics *m, const st_sched_stats *ss, int health) {
     out(&b, "# HELP strand_client_disconnects_total Streams whose client went away before the end.\n"
             "# TYPE strand_client_disconnects_total counter\nstrand_client_disconnects_total %llu\n",
         (unsigned long long)m->disconnects);
+    out(&b, "# HELP strand_refused_connections_total Requests answered 503 because the connection limit was reached.\n"
+            "# TYPE strand_refused_connections_total counter\nstrand_refused_connections_total %llu\n",
+        (unsigned long long)m->refused_connections);
     hist_out(&b, "strand_time_to_first_token_seconds", "Time from request to first token.", &m->ttft);
     hist_out(&b, "strand_inter_token_latency_seconds", "Time between consecutive tokens of a stream.", &m->itl);
     hist_out(&b, "strand_request_duration_seconds", "Time from request to the last token.", &m->e2e);
@@ -136,6 +145,12 @@ char *st_metrics_render(st_metrics *m, const st_sched_stats *ss, int health) {
             "strand_queue_depth %d\n", ss->waiting);
     out(&b, "# HELP strand_running_sequences Sequences generating.\n# TYPE strand_running_sequences gauge\n"
             "strand_running_sequences %d\n", ss->running);
+    out(&b, "# HELP strand_paused_sequences Running sequences waiting for their client to read.\n"
+            "# TYPE strand_paused_sequences gauge\nstrand_paused_sequences %d\n", ss->paused);
+    out(&b, "# HELP strand_preparing_requests Requests being parsed, rendered or tokenized.\n"
+            "# TYPE strand_preparing_requests gauge\nstrand_preparing_requests %d\n", g->preparing);
+    out(&b, "# HELP strand_open_connections Open HTTP connections.\n# TYPE strand_open_connections gauge\n"
+            "strand_open_connections %d\n", g->connections);
     out(&b, "# HELP strand_kv_blocks_used KV cache blocks in use.\n# TYPE strand_kv_blocks_used gauge\n"
             "strand_kv_blocks_used %lld\n", (long long)ss->kv_blocks_used);
     out(&b, "# HELP strand_kv_blocks_total KV cache blocks in the pool.\n# TYPE strand_kv_blocks_total gauge\n"

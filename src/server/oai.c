@@ -141,7 +141,7 @@ static int parse_messages(json_t *msgs, st_oai_request *r, st_oai_error *e) {
     size_t i;
     json_t *m;
     char param[64];
-    int rc = 0;
+    int rc = 0, leading = 1; /* still in the run of system messages that opens the chat */
     json_array_foreach(msgs, i, m) {
         snprintf(param, sizeof param, "messages[%zu]", i);
         json_t *role = json_object_get(m, "role");
@@ -160,11 +160,16 @@ static int parse_messages(json_t *msgs, st_oai_request *r, st_oai_error *e) {
         char *text = NULL;
         json_t *content = json_object_get(m, "content");
         if ((rc = content_text(content, cparam, &text, e)) != 0) break;
+        if (is_sys && !text) {
+            rc = BAD(e, cparam, "%s must be text", cparam);
+            break;
+        }
+        if (is_sys && !leading) { /* in place: the template decides whether it may be there */
+            json_array_append_new(out, json_pack("{s:s,s:s}", "role", "system", "content", text));
+            free(text);
+            continue;
+        }
         if (is_sys) {
-            if (!text) {
-                rc = BAD(e, cparam, "%s must be text", cparam);
-                break;
-            }
             if (!system) {
                 system = text;
             } else {
@@ -179,6 +184,9 @@ static int parse_messages(json_t *msgs, st_oai_request *r, st_oai_error *e) {
             }
             continue;
         }
+        if (leading && system)
+            json_array_append_new(out, json_pack("{s:s,s:s}", "role", "system", "content", system));
+        leading = 0;
         json_t *nm = json_object();
         json_object_set_new(nm, "role", json_string(ro));
         json_object_set_new(nm, "content", text ? json_string(text) : (strcmp(ro, "assistant") ? json_string("") : json_null()));
@@ -241,7 +249,8 @@ static int parse_messages(json_t *msgs, st_oai_request *r, st_oai_error *e) {
         }
         json_array_append_new(out, nm);
     }
-    if (!rc && system) json_array_insert_new(out, 0, json_pack("{s:s,s:s}", "role", "system", "content", system));
+    if (!rc && leading && system) /* only system messages */
+        json_array_append_new(out, json_pack("{s:s,s:s}", "role", "system", "content", system));
     free(system);
     if (!rc && json_array_size(out) == 0) rc = BAD(e, "messages", "'messages' has no user or assistant message");
     if (rc) {
@@ -336,6 +345,13 @@ static int parse_sampling(json_t *root, const st_oai_defaults *d, st_oai_request
 }
 
 static int parse_chat(json_t *root, const st_oai_defaults *d, st_oai_request *r, st_oai_error *e) {
+    static const char *legacy[] = {"functions", "function_call"};
+    for (int i = 0; i < 2; i++) {
+        json_t *v = json_object_get(root, legacy[i]);
+        if (v && !json_is_null(v))
+            return BAD(e, legacy[i], "'%s' is the deprecated form of '%s'; send 'tools' and 'tool_choice' instead",
+                       legacy[i], i ? "tool_choice" : "tools");
+    }
     if (parse_messages(json_object_get(root, "messages"), r, e) || parse_tools(root, r, e)) return -1;
     long long x;
     int present, present2;
@@ -443,7 +459,10 @@ st_status st_oai_parse(st_oai_kind kind, const char *body, size_t len, const st_
     json_error_t je;
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!root) {
-        (void)BAD(e, NULL, "the body is not valid JSON (line %d, column %d): %s", je.line, je.column, je.text);
+        /* jansson names its own flag for this one; say what is wrong instead */
+        const char *why = strstr(je.text, "JSON_ALLOW_NUL") ? "a string contains \\u0000 (NUL), which is not accepted"
+                                                            : je.text;
+        (void)BAD(e, NULL, "the body is not valid JSON (line %d, column %d): %s", je.line, je.column, why);
         return ST_ERR_ARG;
     }
     int rc = 0;

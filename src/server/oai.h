@@ -5,8 +5,10 @@
  * or token-id prompt; sampling, stop and logprob settings), or into an OpenAI-shaped error
  * with the HTTP status it deserves. Pure: no model, no network; safe to fuzz.
  *
- * Normalisation for the chat template: developer messages are system messages; all system
- * messages are merged, in order, into one leading system message; content given as a list of
+ * Normalisation for the chat template: developer messages are system messages; the system
+ * messages that open the chat are merged, in order, into one; a system message after the
+ * first turn stays where it is (the template decides: Qwen's rejects it, and that error is
+ * the client's 400); content given as a list of
  * text parts becomes a string; assistant tool-call arguments given as JSON text become
  * objects (Qwen templates iterate them). enable_thinking, reasoning_effort and
  * chat_template_kwargs become template keywords.

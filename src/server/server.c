@@ -1,9 +1,27 @@
-/* ==== The OpenAI-compatible HTTP server (see server.h) ==== */
+/* ==== The OpenAI-compatible HTTP server (see server.h) ====
+ *
+ * A generation request's life:
+ *   MHD thread (route):   the body is complete; a stream is made, the connection suspended,
+ *                         registered with the watcher, and the stream queued for preparation
+ *   prep thread:          parse, render, tokenize (bounded by the context), submit; on any
+ *                         failure the error response is stored in the stream; resume
+ *   MHD thread (resumed): queue the stored error, or the SSE response, or (non-streaming)
+ *                         drain the inbox and suspend again until the end
+ *   scheduler thread:     on_event copies text and logprobs into the inbox, wakes the
+ *                         connection, and pauses the sequence while the inbox is nearly full
+ *   watcher thread:       a client that hangs up while suspended is cancelled at once
+ * A stream is reference-counted: the HTTP request (until on_completed), the prep job (until
+ * prepared), the scheduler (until its DONE event) and the SSE reader (until libmicrohttpd
+ * frees the response) each hold one.
+ */
 #include "server/server.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <microhttpd.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -11,6 +29,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -18,6 +39,7 @@
 #include "core/clock.h"
 #include "core/fileio.h"
 #include "core/log.h"
+#include "core/utf8.h"
 #include "engine/scheduler.h"
 #include "model/model.h"
 #include "server/metrics.h"
@@ -28,8 +50,9 @@
 
 enum { HEALTH_LOADING = 0, HEALTH_READY = 1, HEALTH_UNHEALTHY = 2 };
 
-#define INBOX_TEXT 16384 /* bytes of undelivered content (and as much reasoning) */
-#define INBOX_LP 64      /* undelivered log-probability records */
+#define INBOX_MIN_TEXT 16384 /* bytes of undelivered content (and as much reasoning), at least */
+#define INBOX_LP 64          /* undelivered log-probability records */
+#define EXTRA_CONNECTIONS 64 /* accepted past max_connections, to answer them 503 */
 
 st_server_params st_server_default_params(void) {
     st_server_params p = {
@@ -43,14 +66,17 @@ st_server_params st_server_default_params(void) {
         .max_body = (size_t)32 << 20,
         .max_header = (size_t)64 << 10,
         .http_threads = 4,
+        .prep_threads = 2,
+        .max_connections = 4096,
+        .idle_timeout_s = 5,
+        .stall_timeout_s = 60.0,
         .keepalive_s = 10.0,
     };
     return p;
 }
 
-
 /* ---------------------------------------------------------------------------------------- */
-/* growable byte buffers (HTTP threads only) */
+/* growable byte buffers (HTTP and prep threads only) */
 
 typedef struct sbuf {
     char *p;
@@ -89,33 +115,43 @@ typedef struct lp_rec {
 
 typedef struct srv srv;
 
-/* One generation request between HTTP and the scheduler. References: the HTTP request (until
- * its connection completes), the scheduler (until the DONE event) and, when streaming, the
- * response reader (until libmicrohttpd frees the response). */
 typedef struct stream {
     srv *s;
     atomic_int refs;
     pthread_mutex_t mu;
     struct stream *prev, *next;  /* the server's stream list (streams_mu) */
+    uint64_t serial;             /* the watcher's handle (unique, never reused) */
     /* fixed at creation */
-    st_oai_request req;
+    st_oai_kind kind;
     char id[48];
     long long created;
+    char *body;                  /* the request body until the prep thread parsed it */
+    size_t body_len;
+    /* set by the prep thread before submission; read-only afterwards */
+    st_oai_request req;
     int streaming;
-    int split;                   /* reasoning is split off */
     char *prompt_text;           /* completions with echo */
-    /* guarded by mu; the inbox is written by the scheduler thread */
+    /* guarded by mu */
     struct MHD_Connection *conn; /* NULL once the connection completed */
+    int fd;                      /* the connection's socket (watched while > 0 and watched) */
+    int watched;
+    int gone;                    /* the client hung up */
+    int disconnect_counted;
     int suspended;
+    int prepared;                /* 0 waiting, 1 submitted, -1 failed (fail_* hold the answer) */
+    int fail_status;
+    char *fail_body;
+    int response_queued;         /* streaming: the SSE response is queued */
     int submitted;
     uint64_t sched_id;
-    char c_in[INBOX_TEXT];
+    char *c_in;                  /* [inbox_cap] content the scheduler wrote, not yet formatted */
     size_t c_in_len;
-    char r_in[INBOX_TEXT];
+    char *r_in;                  /* [inbox_cap] reasoning, likewise */
     size_t r_in_len;
     lp_rec lp_in[INBOX_LP];
     int n_lp_in;
-    int overflow, overflow_cancelled;
+    int paused;                  /* on_event answered ST_EV_PAUSE; no resume sent yet */
+    int overflow, overflow_cancelled; /* cannot happen while pausing works; kept as a guard */
     int done;
     st_finish_reason finish;
     st_usage usage;
@@ -127,13 +163,13 @@ typedef struct stream {
     /* formatting state (HTTP threads, under mu) */
     sbuf wire;                   /* formatted bytes not yet handed to libmicrohttpd */
     size_t wire_off;
-    int role_sent, finished_sent;
+    int role_sent, echo_sent, finished_sent;
     sbuf content_all, reasoning_all; /* non-streaming accumulation */
-    json_t *lp_all;              /* non-streaming logprob entries (chat) */
+    json_t *lp_all;              /* non-streaming logprob entries */
     sbuf pend;                   /* streamed content held back while it could open a tool call */
     sbuf tool_hold;              /* streamed text from <tool_call> on */
     int in_tool;
-    int64_t text_offset;         /* completions logprobs: bytes of text so far */
+    int64_t text_offset;         /* completions logprobs: characters of text so far */
 } stream;
 
 struct srv {
@@ -144,17 +180,30 @@ struct srv {
     char health_reason[1024];
     st_model *m;
     st_tokenizer *tok;
+    size_t max_token_bytes;
     st_chat_template *ct;
     st_sched *sched;
+    size_t inbox_cap;
     st_oai_defaults defaults;
     int think_split;
     st_metrics metrics;
     struct MHD_Daemon *d;
-    pthread_t sched_thread, tick_thread;
-    int threads_started;
+    pthread_t sched_thread, watch_thread;
+    pthread_t *prep_threads;     /* [p.prep_threads] */
+    int n_prep_started, sched_started, watch_started;
     atomic_int stopping;
+    atomic_int n_conns;          /* open connections */
+    int epoll_fd;                /* the watcher's */
     pthread_mutex_t streams_mu;
     stream *streams;
+    uint64_t next_serial;        /* streams_mu */
+    /* the prep queue: a ring of streams (prep_mu) */
+    pthread_mutex_t prep_mu;
+    pthread_cond_t prep_cv;
+    stream **prep_ring;          /* [prep_cap] */
+    int prep_cap, prep_head, prep_n;
+    atomic_int preparing;        /* queued or being prepared */
+    int prep_stop;
     atomic_ullong id_counter;
     uint64_t id_salt;
 };
@@ -166,15 +215,12 @@ typedef struct httpreq {
     stream *st;
 } httpreq;
 
-static void stream_unref(stream *st) {
-    if (atomic_fetch_sub(&st->refs, 1) != 1) return;
-    srv *s = st->s;
-    pthread_mutex_lock(&s->streams_mu);
-    if (st->prev) st->prev->next = st->next;
-    else s->streams = st->next;
-    if (st->next) st->next->prev = st->prev;
-    pthread_mutex_unlock(&s->streams_mu);
+static void stream_free(stream *st) {
     st_oai_request_free(&st->req);
+    free(st->body);
+    free(st->fail_body);
+    free(st->c_in);
+    free(st->r_in);
     sb_free(&st->wire);
     sb_free(&st->content_all);
     sb_free(&st->reasoning_all);
@@ -186,16 +232,42 @@ static void stream_unref(stream *st) {
     free(st);
 }
 
+static void stream_unref(stream *st) {
+    if (atomic_fetch_sub(&st->refs, 1) != 1) return;
+    srv *s = st->s;
+    pthread_mutex_lock(&s->streams_mu);
+    if (st->prev) st->prev->next = st->next;
+    else s->streams = st->next;
+    if (st->next) st->next->prev = st->prev;
+    pthread_mutex_unlock(&s->streams_mu);
+    stream_free(st);
+}
+
+/* wake a suspended connection (under st->mu) */
+static void wake(stream *st) {
+    if (st->conn && st->suspended) {
+        st->suspended = 0;
+        MHD_resume_connection(st->conn);
+    }
+}
+
+/* stop watching the connection's socket (under st->mu) */
+static void unwatch(stream *st) {
+    if (!st->watched) return;
+    epoll_ctl(st->s->epoll_fd, EPOLL_CTL_DEL, st->fd, NULL);
+    st->watched = 0;
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* the scheduler side: copy into the inbox, wake the connection (no allocation) */
 
-static void on_event(void *user, const st_event *ev) {
+static int on_event(void *user, const st_event *ev) {
     stream *st = user;
     srv *s = st->s;
     double t = st_now_s();
     pthread_mutex_lock(&st->mu);
     if (ev->content_len) {
-        if (st->c_in_len + ev->content_len <= INBOX_TEXT) {
+        if (st->c_in_len + ev->content_len <= s->inbox_cap) {
             memcpy(st->c_in + st->c_in_len, ev->content, ev->content_len);
             st->c_in_len += ev->content_len;
         } else {
@@ -203,7 +275,7 @@ static void on_event(void *user, const st_event *ev) {
         }
     }
     if (ev->reasoning_len) {
-        if (st->r_in_len + ev->reasoning_len <= INBOX_TEXT) {
+        if (st->r_in_len + ev->reasoning_len <= s->inbox_cap) {
             memcpy(st->r_in + st->r_in_len, ev->reasoning, ev->reasoning_len);
             st->r_in_len += ev->reasoning_len;
         } else {
@@ -232,22 +304,39 @@ static void on_event(void *user, const st_event *ev) {
         st->usage = ev->usage;
         if (ev->error) snprintf(st->error, sizeof st->error, "%s", ev->error);
     }
-    int pressure = st->c_in_len > INBOX_TEXT / 2 || st->r_in_len > INBOX_TEXT / 2 || st->n_lp_in > INBOX_LP / 2;
-    if (st->conn && st->suspended && (st->streaming || st->done || pressure || st->overflow)) {
-        st->suspended = 0;
-        MHD_resume_connection(st->conn);
+    /* room for the next event's text and logprobs, or pause until the client has read */
+    size_t room = st_sched_max_event_text(s->sched);
+    int full = s->inbox_cap - st->c_in_len < room || s->inbox_cap - st->r_in_len < room ||
+               st->n_lp_in >= INBOX_LP - 1;
+    int answer = ST_EV_CONTINUE;
+    if (full && ev->kind == ST_EV_TOKEN && !st->done && !st->paused) {
+        st->paused = 1;
+        answer = ST_EV_PAUSE;
     }
+    if (st->streaming || st->done || full || st->overflow) wake(st);
     int cancel = st->overflow && !st->done && !st->overflow_cancelled;
     if (cancel) st->overflow_cancelled = 1;
     uint64_t id = st->sched_id;
     int done = ev->kind == ST_EV_DONE;
     pthread_mutex_unlock(&st->mu);
     if (itl >= 0) st_metrics_observe(&s->metrics, &s->metrics.itl, itl);
-    if (cancel) st_sched_cancel(s->sched, id);
+    if (cancel) {
+        ST_WARN("stream %s: inbox overflow (a bug); cancelled", st->id);
+        st_sched_cancel(s->sched, id);
+    }
     if (done) {
         st_metrics_finished(&s->metrics, ev);
         stream_unref(st); /* the scheduler's reference */
     }
+    return answer;
+}
+
+/* After the inbox was drained (under st->mu): 1 when the sequence waits for that, to be
+ * resumed with st_sched_resume once the mutex is released. */
+static int drained(stream *st) {
+    if (!st->paused) return 0;
+    st->paused = 0;
+    return !st->done;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -259,15 +348,11 @@ static char *utf8_lossy(const char *s, size_t n, size_t *out_len) {
     if (!o) return NULL;
     size_t i = 0;
     while (i < n) {
-        unsigned char c = (unsigned char)s[i];
-        size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        int ok = k && i + k <= n;
-        for (size_t j = 1; ok && j < k; j++) ok = ((unsigned char)s[i + j] >> 6) == 2;
-        if (ok && k == 2 && c < 0xc2) ok = 0;
-        if (ok) {
-            memcpy(q, s + i, k);
+        int k = st_utf8_seq((const uint8_t *)s + i, n - i, NULL);
+        if (k) {
+            memcpy(q, s + i, (size_t)k);
             q += k;
-            i += k;
+            i += (size_t)k;
         } else {
             memcpy(q, "\xef\xbf\xbd", 3);
             q += 3;
@@ -298,33 +383,39 @@ static json_t *token_bytes_json(const st_tokenizer *tok, int32_t id) {
     return a;
 }
 
+/* a log-probability as JSON: -9999.0 (OpenAI's floor) for one that is not finite, so that
+ * arrays keep one entry per token */
+static json_t *logprob_json(double lp) { return json_real(isfinite(lp) ? lp : -9999.0); }
+
 /* chat logprob entry: {"token", "logprob", "bytes", "top_logprobs": [...]} */
 static json_t *chat_lp_entry(const st_tokenizer *tok, const lp_rec *r) {
     json_t *tops = json_array();
     for (int i = 0; i < r->n_top; i++)
-        json_array_append_new(tops, json_pack("{s:o,s:f,s:o}", "token", token_json_string(tok, r->top[i]),
-                                              "logprob", (double)r->top_lp[i], "bytes",
+        json_array_append_new(tops, json_pack("{s:o,s:o,s:o}", "token", token_json_string(tok, r->top[i]),
+                                              "logprob", logprob_json(r->top_lp[i]), "bytes",
                                               token_bytes_json(tok, r->top[i])));
-    return json_pack("{s:o,s:f,s:o,s:o}", "token", token_json_string(tok, r->token), "logprob",
-                     (double)r->logprob, "bytes", token_bytes_json(tok, r->token), "top_logprobs", tops);
+    return json_pack("{s:o,s:o,s:o,s:o}", "token", token_json_string(tok, r->token), "logprob",
+                     logprob_json(r->logprob), "bytes", token_bytes_json(tok, r->token), "top_logprobs", tops);
 }
 
-/* completions logprobs: {"tokens", "token_logprobs", "top_logprobs", "text_offset"} */
+/* completions logprobs: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}; offsets
+ * count characters of the text, as OpenAI's do */
 static json_t *completion_lp(const st_tokenizer *tok, const lp_rec *recs, int n, int64_t *offset) {
     json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
     for (int i = 0; i < n; i++) {
         json_array_append_new(tokens, token_json_string(tok, recs[i].token));
-        json_array_append_new(lps, json_real(recs[i].logprob));
+        json_array_append_new(lps, logprob_json(recs[i].logprob));
         json_t *t = json_object();
         for (int k = 0; k < recs[i].n_top; k++) {
             json_t *key = token_json_string(tok, recs[i].top[k]);
-            json_object_set_new(t, json_string_value(key), json_real(recs[i].top_lp[k]));
+            json_object_set_new(t, json_string_value(key), logprob_json(recs[i].top_lp[k]));
             json_decref(key);
         }
         json_array_append_new(tops, t);
         json_array_append_new(offs, json_integer(*offset));
         size_t len = 0;
-        if (st_tok_token_bytes(tok, recs[i].token, &len) && !st_tok_is_special(tok, recs[i].token)) *offset += (int64_t)len;
+        const char *b = st_tok_token_bytes(tok, recs[i].token, &len);
+        if (b && !st_tok_is_special(tok, recs[i].token)) *offset += (int64_t)st_utf8_count(b, len);
     }
     return json_pack("{s:o,s:o,s:o,s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs", tops,
                      "text_offset", offs);
@@ -339,7 +430,7 @@ static json_t *usage_json(const st_usage *u) {
 }
 
 static const char *finish_text(st_finish_reason f) {
-    return f == ST_FINISH_LENGTH ? "length" : "stop";
+    return f == ST_FINISH_LENGTH ? "length" : f == ST_FINISH_ERROR ? "error" : "stop";
 }
 
 static char *random_call_id(srv *s) {
@@ -363,6 +454,21 @@ static json_t *tool_calls_json(srv *s, const st_tool_calls *tc, int with_index) 
     return a;
 }
 
+/* the error a finished stream ends with, or 0 when it ended well */
+static int stream_error(const stream *st, st_oai_error *e) {
+    if (st->aborted) {
+        st_oai_error_set(e, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
+    } else if (st->overflow) {
+        st_oai_error_set(e, 500, "server_error", NULL, "stream_overflow", "the stream's buffer overflowed");
+    } else if (st->finish == ST_FINISH_ERROR || st->finish == ST_FINISH_CANCELLED) {
+        st_oai_error_set(e, 500, "server_error", NULL, "generation_failed", "generation failed: %s",
+                         st->error[0] ? st->error : st_finish_name(st->finish));
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
 /* ---- streaming (SSE) ---- */
 
 static void sse_data(stream *st, json_t *obj) {
@@ -375,8 +481,17 @@ static void sse_data(stream *st, json_t *obj) {
     free(s);
 }
 
+static void sse_error(stream *st, const st_oai_error *e) {
+    char *j = st_oai_error_json(e);
+    if (!j) return;
+    sb_put(&st->wire, "data: ", 6);
+    sb_put(&st->wire, j, strlen(j));
+    sb_put(&st->wire, "\n\n", 2);
+    free(j);
+}
+
 static json_t *chunk(stream *st, json_t *choice) {
-    const char *obj = st->req.kind == ST_OAI_CHAT ? "chat.completion.chunk" : "text_completion";
+    const char *obj = st->kind == ST_OAI_CHAT ? "chat.completion.chunk" : "text_completion";
     json_t *c = json_pack("{s:s,s:s,s:I,s:s,s:s,s:[o]}", "id", st->id, "object", obj, "created",
                           (json_int_t)st->created, "model", st->s->model_id, "system_fingerprint",
                           "strand", "choices", choice);
@@ -438,19 +553,21 @@ static void format_stream(stream *st) {
     }
     if (st->aborted && !st->finished_sent) {
         st_oai_error e;
-        st_oai_error_set(&e, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
-        char *j = st_oai_error_json(&e);
-        sb_put(&st->wire, "data: ", 6);
-        sb_put(&st->wire, j, strlen(j));
-        sb_put(&st->wire, "\n\ndata: [DONE]\n\n", 16);
-        free(j);
+        stream_error(st, &e);
+        sse_error(st, &e);
+        sb_put(&st->wire, "data: [DONE]\n\n", 14);
         st->finished_sent = 1;
         return;
     }
-    int chat = st->req.kind == ST_OAI_CHAT;
+    int chat = st->kind == ST_OAI_CHAT;
     if (chat && !st->role_sent) {
         sse_data(st, chunk(st, chat_choice(json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL, NULL)));
         st->role_sent = 1;
+    }
+    if (!chat && st->req.echo && !st->echo_sent) {
+        const char *p = st->prompt_text ? st->prompt_text : "";
+        sse_data(st, chunk(st, completion_choice(p, strlen(p), NULL, NULL)));
+        st->echo_sent = 1;
     }
     json_t *lp = NULL;
     if (st->n_lp_in) {
@@ -480,19 +597,12 @@ static void format_stream(stream *st) {
     json_decref(lp);
     if (!st->done || st->finished_sent) return;
     /* the end */
-    if (st->finish == ST_FINISH_ERROR || st->overflow || st->finish == ST_FINISH_CANCELLED) {
-        st_oai_error e;
-        if (st->overflow)
-            st_oai_error_set(&e, 500, "server_error", NULL, "stream_overflow",
-                             "the client did not read the stream fast enough");
-        else
-            st_oai_error_set(&e, 500, "server_error", NULL, "generation_failed", "generation failed: %s",
-                             st->error[0] ? st->error : st_finish_name(st->finish));
-        char *j = st_oai_error_json(&e);
-        sb_put(&st->wire, "data: ", 6);
-        sb_put(&st->wire, j, strlen(j));
-        sb_put(&st->wire, "\n\n", 2);
-        free(j);
+    st_oai_error e;
+    if (stream_error(st, &e)) {
+        if (st->finish == ST_FINISH_ERROR) /* the finish reason first, then the error */
+            sse_data(st, chunk(st, chat ? chat_choice(json_object(), NULL, "error")
+                                        : completion_choice("", 0, NULL, "error")));
+        sse_error(st, &e);
     } else {
         const char *fin = finish_text(st->finish);
         if (chat) {
@@ -531,31 +641,37 @@ static void format_stream(stream *st) {
 static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     stream *st = cls;
+    int resume = 0;
     pthread_mutex_lock(&st->mu);
     if (st->wire_off >= st->wire.n) {
         st->wire.n = st->wire_off = 0;
-        if (!st->finished_sent) format_stream(st);
+        if (!st->finished_sent) {
+            format_stream(st);
+            resume = drained(st);
+        }
     }
+    ssize_t ret;
     if (st->wire_off < st->wire.n) {
         size_t n = st->wire.n - st->wire_off;
         if (n > max) n = max;
         memcpy(buf, st->wire.p + st->wire_off, n);
         st->wire_off += n;
         st->last_write = st_now_s();
-        pthread_mutex_unlock(&st->mu);
-        return (ssize_t)n;
+        ret = (ssize_t)n;
+    } else if (st->finished_sent) {
+        ret = MHD_CONTENT_READER_END_OF_STREAM;
+    } else {
+        /* nothing yet: park the connection until the scheduler (or the watcher) wakes it */
+        if (st->conn && !st->suspended) {
+            MHD_suspend_connection(st->conn);
+            st->suspended = 1;
+        }
+        ret = 0;
     }
-    if (st->finished_sent) {
-        pthread_mutex_unlock(&st->mu);
-        return MHD_CONTENT_READER_END_OF_STREAM;
-    }
-    /* nothing yet: park the connection until the scheduler (or the ticker) wakes it */
-    if (st->conn && !st->suspended) {
-        MHD_suspend_connection(st->conn);
-        st->suspended = 1;
-    }
+    uint64_t id = st->sched_id;
     pthread_mutex_unlock(&st->mu);
-    return 0;
+    if (resume) st_sched_resume(st->s->sched, id);
+    return ret;
 }
 
 static void sse_reader_free(void *cls) { stream_unref(cls); }
@@ -569,7 +685,7 @@ static void drain_inbox(stream *st) {
     st->c_in_len = st->r_in_len = 0;
     if (st->n_lp_in) {
         if (!st->lp_all) st->lp_all = json_array();
-        if (st->req.kind == ST_OAI_CHAT) {
+        if (st->kind == ST_OAI_CHAT) {
             for (int i = 0; i < st->n_lp_in; i++) json_array_append_new(st->lp_all, chat_lp_entry(st->s->tok, &st->lp_in[i]));
         } else {
             json_array_append_new(st->lp_all, completion_lp(st->s->tok, st->lp_in, st->n_lp_in, &st->text_offset));
@@ -594,18 +710,15 @@ static json_t *merge_completion_lp(json_t *parts) {
 
 static char *final_response(stream *st, int *status) {
     srv *s = st->s;
-    if (st->finish == ST_FINISH_ERROR || st->overflow || st->aborted || st->finish == ST_FINISH_CANCELLED) {
-        st_oai_error e;
-        if (st->aborted) st_oai_error_set(&e, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
-        else st_oai_error_set(&e, 500, "server_error", NULL, "generation_failed", "generation failed: %s",
-                              st->error[0] ? st->error : st_finish_name(st->finish));
+    st_oai_error e;
+    if (stream_error(st, &e)) {
         *status = e.status;
         return st_oai_error_json(&e);
     }
     *status = 200;
     const char *fin = finish_text(st->finish);
     json_t *choice;
-    if (st->req.kind == ST_OAI_CHAT) {
+    if (st->kind == ST_OAI_CHAT) {
         json_t *msg = json_object();
         json_object_set_new(msg, "role", json_string("assistant"));
         st_tool_calls tc;
@@ -633,7 +746,7 @@ static char *final_response(stream *st, int *status) {
         sb_free(&text);
     }
     json_t *root = json_pack("{s:s,s:s,s:I,s:s,s:s,s:[o],s:o}", "id", st->id, "object",
-                             st->req.kind == ST_OAI_CHAT ? "chat.completion" : "text_completion", "created",
+                             st->kind == ST_OAI_CHAT ? "chat.completion" : "text_completion", "created",
                              (json_int_t)st->created, "model", s->model_id, "system_fingerprint", "strand",
                              "choices", choice, "usage", usage_json(&st->usage));
     char *out = json_dumps(root, JSON_COMPACT);
@@ -644,15 +757,19 @@ static char *final_response(stream *st, int *status) {
 /* ---------------------------------------------------------------------------------------- */
 /* HTTP plumbing */
 
-static void add_common_headers(struct MHD_Response *r) {
+static void add_common_headers(srv *s, struct MHD_Response *r) {
     MHD_add_response_header(r, "Access-Control-Allow-Origin", "*");
     MHD_add_response_header(r, "Server", "strand");
+    char ka[32];
+    snprintf(ka, sizeof ka, "timeout=%u", s->p.idle_timeout_s > 1 ? s->p.idle_timeout_s - 1 : 1);
+    MHD_add_response_header(r, "Keep-Alive", ka);
 }
 
 static enum MHD_Result respond(srv *s, struct MHD_Connection *c, int status, const char *type, char *body) {
     if (!body) {
         body = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}");
         status = 500;
+        if (!body) return MHD_NO;
     }
     struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
     if (!r) {
@@ -660,7 +777,8 @@ static enum MHD_Result respond(srv *s, struct MHD_Connection *c, int status, con
         return MHD_NO;
     }
     MHD_add_response_header(r, "Content-Type", type);
-    add_common_headers(r);
+    add_common_headers(s, r);
+    if (status == 503) MHD_add_response_header(r, "Connection", "close");
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     st_metrics_count_status(&s->metrics, status);
@@ -685,120 +803,272 @@ static enum MHD_Result error_simple(srv *s, struct MHD_Connection *c, int status
     return respond_error(s, c, &e);
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* preparation (prep threads): parse, render, tokenize, submit */
 
-static enum MHD_Result start_generation(srv *s, struct MHD_Connection *c, httpreq *h, st_oai_kind kind) {
+/* the request failed before it could run: store the answer, wake the connection */
+static void prep_fail(stream *st, const st_oai_error *e) {
+    pthread_mutex_lock(&st->mu);
+    st->prepared = -1;
+    st->fail_status = e->status;
+    st->fail_body = st_oai_error_json(e);
+    wake(st);
+    pthread_mutex_unlock(&st->mu);
+}
+
+static void prep_one(srv *s, stream *st) {
     st_oai_error e;
-    stream *st = calloc(1, sizeof *st);
-    if (!st) return error_simple(s, c, 500, "server_error", NULL, "out of memory");
-    if (st_oai_parse(kind, h->body.p ? h->body.p : "", h->body.n, &s->defaults, &st->req, &e) != ST_OK) {
-        free(st);
-        return respond_error(s, c, &e);
+    pthread_mutex_lock(&st->mu);
+    int gone = st->gone || !st->conn;
+    pthread_mutex_unlock(&st->mu);
+    if (gone) {
+        st_oai_error_set(&e, 499, "invalid_request_error", NULL, "client_closed", "the client went away");
+        prep_fail(st, &e);
+        return;
+    }
+    st_oai_request req;
+    st_status pst = st_oai_parse(st->kind, st->body ? st->body : "", st->body_len, &s->defaults, &req, &e);
+    free(st->body);
+    st->body = NULL;
+    if (pst != ST_OK) {
+        prep_fail(st, &e);
+        return;
     }
     st_error err = {0};
     int32_t *ids = NULL;
     size_t n = 0;
-    char *text = NULL;
+    char *text = NULL, *prompt_text = NULL;
     size_t text_len = 0;
     int start_r = 0;
-    if (kind == ST_OAI_CHAT) {
+    int64_t ctx = st_sched_context(s->sched);
+    const char *param = st->kind == ST_OAI_CHAT ? "messages" : "prompt";
+    if (st->kind == ST_OAI_CHAT) {
         if (!s->ct) {
-            st_oai_request_free(&st->req);
-            free(st);
-            return error_simple(s, c, 400, "invalid_request_error", NULL,
-                                "this model has no chat template; use /v1/completions");
+            st_oai_error_set(&e, 400, "invalid_request_error", NULL, NULL,
+                             "this model has no chat template; use /v1/completions");
+            goto fail;
         }
-        if (st_chat_template_render(s->ct, st->req.messages, st->req.tools, NULL, st->req.kwargs, &text, &text_len, &err) != ST_OK) {
-            st_oai_request_free(&st->req);
-            free(st);
-            return error_simple(s, c, 400, "invalid_request_error", "chat_template_error", "chat template: %s", err.msg);
+        if (st_chat_template_render(s->ct, req.messages, req.tools, NULL, req.kwargs, &text, &text_len, &err) != ST_OK) {
+            st_oai_error_set(&e, 400, "invalid_request_error", "messages", "chat_template_error", "chat template: %s", err.msg);
+            goto fail;
         }
         start_r = s->think_split && st_textout_prompt_opens_think(text);
-    } else if (st->req.prompt) {
-        text = strdup(st->req.prompt);
-        text_len = strlen(st->req.prompt);
-        if (st->req.echo) st->prompt_text = strdup(st->req.prompt);
+    } else if (req.prompt) {
+        text = strdup(req.prompt);
+        text_len = strlen(req.prompt);
+        if (req.echo) prompt_text = strdup(req.prompt);
     }
     if (text) {
-        if (st_tok_encode(s->tok, text, text_len, 1, &ids, &n, &err) != ST_OK) {
-            free(text);
-            st_oai_request_free(&st->req);
-            free(st);
-            return error_simple(s, c, 400, "invalid_request_error", NULL, "tokenizing the prompt: %s", err.msg);
+        /* every token covers at most max_token_bytes of text: a longer text cannot fit */
+        if (text_len / (s->max_token_bytes ? s->max_token_bytes : 1) >= (size_t)ctx) {
+            st_oai_error_set(&e, 400, "invalid_request_error", param, "context_length_exceeded",
+                             "the prompt has at least %zu tokens; the context length is %lld",
+                             text_len / (s->max_token_bytes ? s->max_token_bytes : 1), (long long)ctx);
+            goto fail;
         }
-        free(text);
+        st_status tst = st_tok_encode_limit(s->tok, text, text_len, 1, (size_t)ctx - 1, &ids, &n, &err);
+        if (tst == ST_ERR_LIMIT) {
+            st_oai_error_set(&e, 400, "invalid_request_error", param, "context_length_exceeded",
+                             "the prompt has at least %lld tokens; the context length is %lld",
+                             (long long)ctx, (long long)ctx);
+            goto fail;
+        }
+        if (tst != ST_OK) {
+            st_oai_error_set(&e, 400, "invalid_request_error", NULL, NULL, "tokenizing the prompt: %s", err.msg);
+            goto fail;
+        }
     } else {
-        ids = st->req.prompt_ids; /* owned by the request */
-        n = (size_t)st->req.n_prompt_ids;
-        if (st->req.echo) {
+        ids = req.prompt_ids; /* owned by the request */
+        n = (size_t)req.n_prompt_ids;
+        if (req.echo) {
             size_t tl = 0;
-            if (st_tok_decode(s->tok, ids, n, 0, &st->prompt_text, &tl, &err) != ST_OK) st->prompt_text = NULL;
+            if (st_tok_decode(s->tok, ids, n, 0, &prompt_text, &tl, &err) != ST_OK) prompt_text = NULL;
         }
     }
-    st->s = s;
+    free(text);
+    text = NULL;
+    pthread_mutex_lock(&st->mu);
+    st->req = req; /* moved: its stop strings now live in st->req.stop_buf */
+    memset(&req, 0, sizeof req);
+    for (int i = 0; i < st->req.params.n_stop; i++) st->req.params.stop[i] = st->req.stop_buf[i];
     st->streaming = st->req.stream;
+    st->prompt_text = prompt_text;
+    prompt_text = NULL;
+    st->req.params.split_reasoning = st->kind == ST_OAI_CHAT && s->think_split;
+    st->req.params.start_in_reasoning = start_r;
+    if (st->gone || !st->conn) {
+        pthread_mutex_unlock(&st->mu);
+        if (ids != st->req.prompt_ids) free(ids);
+        st_oai_error_set(&e, 499, "invalid_request_error", NULL, "client_closed", "the client went away");
+        prep_fail(st, &e);
+        return;
+    }
+    atomic_fetch_add(&st->refs, 1); /* the scheduler's, before it can send DONE */
+    st_status sst = st_sched_submit(s->sched, ids, (int64_t)n, &st->req.params, on_event, st, &st->sched_id, &err);
+    if (ids != st->req.prompt_ids) free(ids);
+    if (sst == ST_OK) {
+        st->submitted = 1;
+        st->prepared = 1;
+        wake(st);
+        pthread_mutex_unlock(&st->mu);
+        return;
+    }
+    pthread_mutex_unlock(&st->mu);
+    atomic_fetch_sub(&st->refs, 1);
+    if (sst == ST_ERR_BUSY) st_oai_error_set(&e, 429, "rate_limit_error", NULL, "queue_full", "%s", err.msg);
+    else if (sst == ST_ERR_LIMIT)
+        st_oai_error_set(&e, 400, "invalid_request_error", st->kind == ST_OAI_CHAT ? "messages" : "prompt",
+                         "context_length_exceeded", "%s", err.msg);
+    else if (sst == ST_ERR_ARG) st_oai_error_set(&e, 400, "invalid_request_error", NULL, NULL, "%s", err.msg);
+    else st_oai_error_set(&e, 500, "server_error", NULL, NULL, "%s", err.msg);
+    prep_fail(st, &e);
+    return;
+fail:
+    if (ids != req.prompt_ids) free(ids);
+    free(text);
+    free(prompt_text);
+    st_oai_request_free(&req);
+    prep_fail(st, &e);
+}
+
+static void *prep_main(void *arg) {
+    srv *s = arg;
+    pthread_mutex_lock(&s->prep_mu);
+    for (;;) {
+        while (!s->prep_stop && s->prep_n == 0) pthread_cond_wait(&s->prep_cv, &s->prep_mu);
+        if (s->prep_stop) break;
+        stream *st = s->prep_ring[s->prep_head];
+        s->prep_head = (s->prep_head + 1) % s->prep_cap;
+        s->prep_n--;
+        pthread_mutex_unlock(&s->prep_mu);
+        prep_one(s, st);
+        atomic_fetch_sub(&s->preparing, 1);
+        stream_unref(st); /* the prep job's reference */
+        pthread_mutex_lock(&s->prep_mu);
+    }
+    pthread_mutex_unlock(&s->prep_mu);
+    return NULL;
+}
+
+/* queue a stream for preparation; 0 when the queue is full */
+static int prep_push(srv *s, stream *st) {
+    pthread_mutex_lock(&s->prep_mu);
+    int ok = s->prep_n < s->prep_cap && !s->prep_stop;
+    if (ok) {
+        s->prep_ring[(s->prep_head + s->prep_n) % s->prep_cap] = st;
+        s->prep_n++;
+        atomic_fetch_add(&s->preparing, 1);
+        pthread_cond_signal(&s->prep_cv);
+    }
+    pthread_mutex_unlock(&s->prep_mu);
+    return ok;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* routes (MHD threads) */
+
+static enum MHD_Result start_generation(srv *s, struct MHD_Connection *c, httpreq *h, st_oai_kind kind) {
+    stream *st = calloc(1, sizeof *st);
+    char *c_in = malloc(s->inbox_cap), *r_in = malloc(s->inbox_cap);
+    if (!st || !c_in || !r_in) {
+        free(st);
+        free(c_in);
+        free(r_in);
+        return error_simple(s, c, 500, "server_error", NULL, "out of memory");
+    }
+    st->s = s;
+    st->kind = kind;
+    st->c_in = c_in;
+    st->r_in = r_in;
+    st->body = h->body.p; /* the prep thread parses it */
+    st->body_len = h->body.n;
+    memset(&h->body, 0, sizeof h->body);
     st->created = (long long)time(NULL);
     unsigned long long x = atomic_fetch_add(&s->id_counter, 1) * 0x9e3779b97f4a7c15ull ^ s->id_salt;
     snprintf(st->id, sizeof st->id, "%s-%016llx", kind == ST_OAI_CHAT ? "chatcmpl" : "cmpl", x);
     pthread_mutex_init(&st->mu, NULL);
-    st->req.params.split_reasoning = kind == ST_OAI_CHAT && s->think_split;
-    st->req.params.start_in_reasoning = start_r;
     st->last_write = st_now_s();
-    /* references: this HTTP request, the scheduler, the reader when streaming */
-    atomic_store(&st->refs, 2 + (st->streaming ? 1 : 0));
+    atomic_store(&st->refs, 2); /* this HTTP request and the prep job */
     pthread_mutex_lock(&s->streams_mu);
+    st->serial = ++s->next_serial;
     st->next = s->streams;
     if (s->streams) s->streams->prev = st;
     s->streams = st;
     pthread_mutex_unlock(&s->streams_mu);
+    /* the stall timeout, not the idle one, while the request runs */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)(s->p.stall_timeout_s + 1));
     pthread_mutex_lock(&st->mu);
     st->conn = c;
-    st_status sst = st_sched_submit(s->sched, ids, (int64_t)n, &st->req.params, on_event, st, &st->sched_id, &err);
-    if (ids != st->req.prompt_ids) free(ids);
-    if (sst != ST_OK) {
-        st->conn = NULL;
-        pthread_mutex_unlock(&st->mu);
-        atomic_store(&st->refs, 1);
-        stream_unref(st);
-        if (sst == ST_ERR_BUSY) return error_simple(s, c, 429, "rate_limit_error", "queue_full", "%s", err.msg);
-        if (sst == ST_ERR_LIMIT)
-            return error_simple(s, c, 400, "invalid_request_error", "context_length_exceeded", "%s", err.msg);
-        return error_simple(s, c, sst == ST_ERR_ARG ? 400 : 500, sst == ST_ERR_ARG ? "invalid_request_error" : "server_error",
-                            NULL, "%s", err.msg);
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    st->fd = ci ? ci->connect_fd : -1;
+    if (st->fd >= 0) {
+        struct epoll_event ev = {.events = EPOLLRDHUP | EPOLLHUP | EPOLLERR, .data.u64 = st->serial};
+        st->watched = epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, st->fd, &ev) == 0;
     }
-    st->submitted = 1;
     h->st = st;
-    if (!st->streaming) {
-        MHD_suspend_connection(c);
-        st->suspended = 1;
+    if (!prep_push(s, st)) {
+        st->prepared = -1; /* answered here, at once */
         pthread_mutex_unlock(&st->mu);
-        return MHD_YES;
+        atomic_fetch_sub(&st->refs, 1); /* no prep job */
+        return error_simple(s, c, 429, "rate_limit_error", "queue_full",
+                            "the server is busy: %d requests are being prepared", s->prep_cap);
     }
+    MHD_suspend_connection(c);
+    st->suspended = 1;
     pthread_mutex_unlock(&st->mu);
+    return MHD_YES;
+}
+
+static enum MHD_Result queue_sse(srv *s, struct MHD_Connection *c, stream *st) {
+    atomic_fetch_add(&st->refs, 1); /* the reader's */
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 32 * 1024, sse_reader, st, sse_reader_free);
     if (!r) {
         st_sched_cancel(s->sched, st->sched_id);
-        stream_unref(st); /* the reader's reference */
+        stream_unref(st);
         return MHD_NO;
     }
     MHD_add_response_header(r, "Content-Type", "text/event-stream");
     MHD_add_response_header(r, "Cache-Control", "no-cache");
     MHD_add_response_header(r, "X-Accel-Buffering", "no");
-    add_common_headers(r);
+    add_common_headers(s, r);
     enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
     MHD_destroy_response(r);
     st_metrics_count_status(&s->metrics, 200);
     return ret;
 }
 
-/* a non-streaming request woken by the scheduler */
+/* a generation request's connection, woken by the prep thread or the scheduler */
 static enum MHD_Result continue_generation(srv *s, struct MHD_Connection *c, httpreq *h) {
     stream *st = h->st;
     pthread_mutex_lock(&st->mu);
+    if (st->prepared == 0 && !st->aborted) { /* woken before the prep thread finished */
+        MHD_suspend_connection(c);
+        st->suspended = 1;
+        pthread_mutex_unlock(&st->mu);
+        return MHD_YES;
+    }
+    if (st->prepared < 0 || (st->prepared == 0 && st->aborted)) {
+        int status = st->fail_status ? st->fail_status : 503;
+        char *body = st->fail_body;
+        st->fail_body = NULL;
+        pthread_mutex_unlock(&st->mu);
+        if (!body) return error_simple(s, c, 503, "server_error", "shutting_down", "the server is shutting down");
+        return respond(s, c, status, "application/json", body);
+    }
+    if (st->streaming) {
+        int queue = !st->response_queued;
+        st->response_queued = 1;
+        pthread_mutex_unlock(&st->mu);
+        return queue ? queue_sse(s, c, st) : MHD_YES;
+    }
     drain_inbox(st);
+    int resume = drained(st);
+    uint64_t id = st->sched_id;
     if (!st->done && !st->aborted && !st->overflow) {
         MHD_suspend_connection(c);
         st->suspended = 1;
         pthread_mutex_unlock(&st->mu);
+        if (resume) st_sched_resume(s->sched, id);
         return MHD_YES;
     }
     int status;
@@ -808,21 +1078,22 @@ static enum MHD_Result continue_generation(srv *s, struct MHD_Connection *c, htt
 }
 
 static int check_auth(srv *s, struct MHD_Connection *c) {
-    if (!s->p.api_key || !*s->p.api_key) return 1;
+    if (!s->p.api_key) return 1;
     const char *a = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!a || strncmp(a, "Bearer ", 7) != 0) return 0;
+    if (!a || strncasecmp(a, "Bearer ", 7) != 0) return 0; /* the scheme is case-insensitive */
     a += 7;
+    while (*a == ' ') a++;
     size_t n = strlen(a), k = strlen(s->p.api_key);
+    while (n && a[n - 1] == ' ') n--;
     unsigned char diff = (unsigned char)(n != k);
     for (size_t i = 0; i < n && i < k; i++) diff |= (unsigned char)(a[i] ^ s->p.api_key[i]);
     return diff == 0;
 }
 
 static json_t *model_json(srv *s) {
-    const st_config *cfg = s->m ? &s->m->cfg : NULL;
     json_t *o = json_pack("{s:s,s:s,s:I,s:s}", "id", s->model_id, "object", "model", "created",
                           (json_int_t)s->created, "owned_by", "strand");
-    if (cfg) json_object_set_new(o, "max_model_len", json_integer(s->p.ctx > 0 ? s->p.ctx : cfg->max_position_embeddings));
+    if (s->sched) json_object_set_new(o, "max_model_len", json_integer(st_sched_context(s->sched)));
     return o;
 }
 
@@ -830,7 +1101,7 @@ static enum MHD_Result route(srv *s, struct MHD_Connection *c, httpreq *h, const
     int get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
     if (!strcmp(method, "OPTIONS")) {
         struct MHD_Response *r = MHD_create_response_from_buffer(0, "", MHD_RESPMEM_PERSISTENT);
-        add_common_headers(r);
+        add_common_headers(s, r);
         MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
         MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
         MHD_add_response_header(r, "Access-Control-Max-Age", "86400");
@@ -857,7 +1128,8 @@ static enum MHD_Result route(srv *s, struct MHD_Connection *c, httpreq *h, const
         if (!get) return error_simple(s, c, 405, "invalid_request_error", "method_not_allowed", "use GET /metrics");
         st_sched_stats ss = {0};
         if (s->sched) st_sched_get_stats(s->sched, &ss);
-        return respond(s, c, 200, "text/plain; version=0.0.4; charset=utf-8", st_metrics_render(&s->metrics, &ss, health));
+        st_server_gauges g = {atomic_load(&s->n_conns), atomic_load(&s->preparing)};
+        return respond(s, c, 200, "text/plain; version=0.0.4; charset=utf-8", st_metrics_render(&s->metrics, &ss, &g, health));
     }
     int is_v1 = !strncmp(url, "/v1/", 4);
     if (is_v1 && !check_auth(s, c))
@@ -894,6 +1166,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     srv *s = cls;
     httpreq *h = *con_cls;
     if (!h) {
+        if (atomic_load(&s->n_conns) > s->p.max_connections) {
+            st_metrics_refused(&s->metrics);
+            return error_simple(s, c, 503, "server_error", "too_many_connections",
+                                "the server has %d connections open, its limit", s->p.max_connections);
+        }
         h = calloc(1, sizeof *h);
         if (!h) return MHD_NO;
         *con_cls = h;
@@ -917,8 +1194,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     return route(s, c, h, url, method);
 }
 
+/* the client went away: cancel its generation, once (under st->mu) */
+static uint64_t note_gone(stream *st) {
+    st->gone = 1;
+    if (!st->submitted || st->done || st->disconnect_counted) return 0;
+    st->disconnect_counted = 1;
+    return st->sched_id;
+}
+
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)c;
     srv *s = cls;
     httpreq *h = *con_cls;
     if (!h) return;
@@ -926,18 +1210,38 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
         stream *st = h->st;
         pthread_mutex_lock(&st->mu);
         st->conn = NULL;
-        int running = st->submitted && !st->done;
-        uint64_t id = st->sched_id;
+        unwatch(st);
+        uint64_t id = note_gone(st);
         pthread_mutex_unlock(&st->mu);
-        if (running) {
+        if (id) {
             st_sched_cancel(s->sched, id);
             if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) st_metrics_disconnect(&s->metrics);
         }
         stream_unref(st);
+        if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK) /* a kept-alive connection idles again */
+            MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, s->p.idle_timeout_s);
     }
     sb_free(&h->body);
     free(h);
     *con_cls = NULL;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+    (void)c, (void)socket_context;
+    srv *s = cls;
+    atomic_fetch_add(&s->n_conns, code == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1);
+}
+
+/* libmicrohttpd's own messages: debug output, not the server's voice */
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    if (st_log_get_level() < ST_LOG_DEBUG) return;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n && msg[n - 1] == '\n') msg[--n] = 0;
+    ST_DEBUG("http: %s", msg);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -946,25 +1250,50 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 static void *scheduler_main(void *arg) {
     srv *s = arg;
     while (!atomic_load(&s->stopping)) {
-        if (st_sched_step(s->sched) == 0 && !st_sched_wait(s->sched)) break;
+        st_sched_step(s->sched);
+        if (!st_sched_wait(s->sched)) break;
     }
     return NULL;
 }
 
-/* wakes idle streams so they send a keep-alive comment */
-static void *ticker_main(void *arg) {
+/* a watched socket hung up */
+static void on_hangup(srv *s, uint64_t serial) {
+    uint64_t id = 0;
+    pthread_mutex_lock(&s->streams_mu);
+    for (stream *st = s->streams; st; st = st->next) {
+        if (st->serial != serial) continue;
+        pthread_mutex_lock(&st->mu);
+        unwatch(st);
+        id = note_gone(st);
+        pthread_mutex_unlock(&st->mu);
+        break;
+    }
+    pthread_mutex_unlock(&s->streams_mu);
+    if (id) {
+        st_sched_cancel(s->sched, id);
+        st_metrics_disconnect(&s->metrics);
+    }
+}
+
+/* hang-ups of suspended connections, and keep-alive comments for idle streams */
+static void *watch_main(void *arg) {
     srv *s = arg;
+    double last_tick = 0;
     while (!atomic_load(&s->stopping)) {
-        usleep(250 * 1000);
+        struct epoll_event evs[64];
+        int n = epoll_wait(s->epoll_fd, evs, 64, 250);
+        for (int i = 0; i < n; i++) on_hangup(s, evs[i].data.u64);
         double t = st_now_s();
+        if (t - last_tick < 0.25) continue;
+        last_tick = t;
         pthread_mutex_lock(&s->streams_mu);
         for (stream *st = s->streams; st; st = st->next) {
             pthread_mutex_lock(&st->mu);
-            if (st->streaming && st->conn && st->suspended && !st->finished_sent && t - st->last_write >= s->p.keepalive_s) {
+            if (st->streaming && st->response_queued && st->conn && st->suspended && !st->finished_sent &&
+                t - st->last_write >= s->p.keepalive_s) {
                 st->keepalive_due = 1;
                 st->last_write = t;
-                st->suspended = 0;
-                MHD_resume_connection(st->conn);
+                wake(st);
             }
             pthread_mutex_unlock(&st->mu);
         }
@@ -972,6 +1301,9 @@ static void *ticker_main(void *arg) {
     }
     return NULL;
 }
+
+/* ---------------------------------------------------------------------------------------- */
+/* start-up and shutdown */
 
 /* sampling defaults from generation_config.json (OpenAI's when absent) */
 static void load_defaults(srv *s) {
@@ -1006,6 +1338,7 @@ static st_status load_all(srv *s, st_error *err) {
     st_status st;
     if ((st = st_model_load(s->p.model_dir, &s->m, err)) != ST_OK) return st;
     if ((st = st_tok_load_dir(s->p.model_dir, &s->tok, err)) != ST_OK) return st;
+    s->max_token_bytes = st_textout_max_token_bytes(s->tok);
     st_error terr = {0};
     if (st_chat_template_load(s->p.model_dir, NULL, NULL, &s->ct, &terr) != ST_OK) {
         ST_WARN("no chat template (%s): /v1/chat/completions is disabled", terr.msg);
@@ -1019,7 +1352,10 @@ static st_status load_all(srv *s, st_error *err) {
     sp.max_queue = s->p.max_queue;
     sp.kv_dtype = s->p.kv_dtype;
     sp.kv_blocks = s->p.kv_blocks;
+    sp.stall_timeout_s = s->p.stall_timeout_s;
     if ((st = st_sched_create(s->m, s->tok, &sp, &s->sched, err)) != ST_OK) return st;
+    size_t ev = st_sched_max_event_text(s->sched);
+    s->inbox_cap = 4 * ev > INBOX_MIN_TEXT ? 4 * ev : INBOX_MIN_TEXT;
     load_defaults(s);
     s->defaults.max_tokens_completion = 16;
     s->defaults.model_name = s->model_id;
@@ -1028,20 +1364,75 @@ static st_status load_all(srv *s, st_error *err) {
     st_model_stats ms;
     st_model_get_stats(s->m, s->p.kv_dtype == ST_KV_BF16 ? 2 : 4, &ms);
     fprintf(stderr, "strand: serving '%s': %d sequences, context %lld, memory planned: %.1f MiB weights (mapped) + %.1f MiB cache and scratch\n",
-            s->model_id, s->p.max_seqs, (long long)(s->p.ctx > 0 ? s->p.ctx : s->m->cfg.max_position_embeddings),
+            s->model_id, s->p.max_seqs, (long long)st_sched_context(s->sched),
             (double)ms.weight_bytes / 1048576.0, (double)ss.planned_bytes / 1048576.0);
     return ST_OK;
 }
 
+/* the address to listen on: a numeric address, or a name resolved (IPv4 preferred) */
+static st_status resolve_host(const char *host, int port, struct sockaddr_storage *out, socklen_t *len,
+                              char *shown, size_t shown_cap, st_error *err) {
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    int rc = getaddrinfo(host, NULL, &hints, &res);
+    if (rc != 0 || !res)
+        return st_error_set(err, ST_ERR_ARG, "--host '%s': %s", host, rc ? gai_strerror(rc) : "no address");
+    struct addrinfo *pick = res;
+    for (struct addrinfo *a = res; a; a = a->ai_next)
+        if (a->ai_family == AF_INET) {
+            pick = a;
+            break;
+        }
+    memcpy(out, pick->ai_addr, pick->ai_addrlen);
+    *len = pick->ai_addrlen;
+    char num[INET6_ADDRSTRLEN] = "?";
+    if (pick->ai_family == AF_INET) {
+        struct sockaddr_in *a4 = (struct sockaddr_in *)out;
+        a4->sin_port = htons((uint16_t)port);
+        inet_ntop(AF_INET, &a4->sin_addr, num, sizeof num);
+        snprintf(shown, shown_cap, "%s", num);
+    } else {
+        struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)out;
+        a6->sin6_port = htons((uint16_t)port);
+        inet_ntop(AF_INET6, &a6->sin6_addr, num, sizeof num);
+        snprintf(shown, shown_cap, "[%s]", num);
+    }
+    freeaddrinfo(res);
+    return ST_OK;
+}
+
+/* connections the open-file limit allows: each takes a descriptor */
+static int connection_limit(int wanted) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return wanted;
+    long room = (long)rl.rlim_cur - EXTRA_CONNECTIONS - 64; /* model files, epoll, threads */
+    if (room >= wanted) return wanted;
+    if (room < 16) room = 16;
+    ST_WARN("--max-connections lowered from %d to %ld: the process may open %llu files (ulimit -n)",
+            wanted, room, (unsigned long long)rl.rlim_cur);
+    return (int)room;
+}
+
 st_status st_server_run(const st_server_params *p, volatile sig_atomic_t *stop, st_error *err) {
+    if (p->api_key && !*p->api_key)
+        return st_error_set(err, ST_ERR_ARG, "the API key is empty (an unset variable?): give a key, or no --api-key");
+    if (p->max_connections < 1 || p->idle_timeout_s < 1 || !(p->stall_timeout_s > 0))
+        return st_error_set(err, ST_ERR_ARG, "max_connections and idle_timeout_s must be >= 1, stall_timeout_s > 0");
     srv *s = calloc(1, sizeof *s);
     if (!s) return st_error_set(err, ST_ERR_NOMEM, "out of memory");
     s->p = *p;
     if (!s->p.host) s->p.host = "127.0.0.1";
     if (s->p.http_threads < 1) s->p.http_threads = 1;
+    if (s->p.prep_threads < 1) s->p.prep_threads = 1;
+    s->p.max_connections = connection_limit(s->p.max_connections);
     s->created = (long long)time(NULL);
     s->id_salt = (uint64_t)s->created * 0x2545f4914f6cdd1dull ^ (uint64_t)getpid();
+    s->epoll_fd = -1;
     pthread_mutex_init(&s->streams_mu, NULL);
+    pthread_mutex_init(&s->prep_mu, NULL);
+    pthread_cond_init(&s->prep_cv, NULL);
     st_metrics_init(&s->metrics);
     atomic_store(&s->health, HEALTH_LOADING);
     if (p->model_name && *p->model_name) {
@@ -1055,47 +1446,54 @@ st_status st_server_run(const st_server_params *p, volatile sig_atomic_t *stop, 
         snprintf(s->model_id, sizeof s->model_id, "%.255s", base ? base + 1 : tmp);
     }
     st_status st = ST_OK;
-    struct sockaddr_in sa4;
-    struct sockaddr_in6 sa6;
-    memset(&sa4, 0, sizeof sa4);
-    memset(&sa6, 0, sizeof sa6);
-    struct sockaddr *sa;
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
-    if (inet_pton(AF_INET, s->p.host, &sa4.sin_addr) == 1) {
-        sa4.sin_family = AF_INET;
-        sa4.sin_port = htons((uint16_t)s->p.port);
-        sa = (struct sockaddr *)&sa4;
-    } else if (inet_pton(AF_INET6, s->p.host, &sa6.sin6_addr) == 1) {
-        sa6.sin6_family = AF_INET6;
-        sa6.sin6_port = htons((uint16_t)s->p.port);
-        sa = (struct sockaddr *)&sa6;
-        flags |= MHD_USE_IPv6;
-    } else {
-        st = st_error_set(err, ST_ERR_ARG, "--host '%s' is not an IPv4 or IPv6 address", s->p.host);
+    struct sockaddr_storage sa;
+    socklen_t sa_len = 0;
+    char shown[INET6_ADDRSTRLEN + 2];
+    if ((st = resolve_host(s->p.host, s->p.port, &sa, &sa_len, shown, sizeof shown, err)) != ST_OK) goto out;
+    s->prep_cap = s->p.max_seqs + s->p.max_queue + 2 * s->p.http_threads;
+    s->prep_ring = calloc((size_t)s->prep_cap, sizeof *s->prep_ring);
+    s->prep_threads = calloc((size_t)s->p.prep_threads, sizeof *s->prep_threads);
+    s->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+    if (!s->prep_ring || !s->prep_threads || s->epoll_fd < 0) {
+        st = st_error_set(err, ST_ERR_NOMEM, "cannot set up the server's queues");
         goto out;
     }
-    s->d = MHD_start_daemon(flags, (uint16_t)s->p.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, sa,
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    if (sa.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
+    s->d = MHD_start_daemon(flags, (uint16_t)s->p.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                             MHD_OPTION_THREAD_POOL_SIZE, (unsigned)s->p.http_threads,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)(s->p.max_connections + EXTRA_CONNECTIONS),
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, s->p.max_header, MHD_OPTION_CONNECTION_TIMEOUT,
-                            (unsigned)300, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_END);
+                            s->p.idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+                            MHD_OPTION_END);
     if (!s->d) {
         st = st_error_set(err, ST_ERR_IO, "cannot listen on %s:%d (address in use or not allowed?)", s->p.host, s->p.port);
         goto out;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
     int port = di ? di->port : s->p.port;
-    fprintf(stderr, "strand: listening on http://%s:%d (loading %s)\n", s->p.host, port, s->p.model_dir);
+    fprintf(stderr, "strand: listening on http://%s:%d (loading %s)\n", shown, port, s->p.model_dir);
     if ((st = load_all(s, err)) != ST_OK) {
         snprintf(s->health_reason, sizeof s->health_reason, "%s", err->msg);
         atomic_store(&s->health, HEALTH_UNHEALTHY);
         goto out;
     }
-    if (pthread_create(&s->sched_thread, NULL, scheduler_main, s) != 0 ||
-        pthread_create(&s->tick_thread, NULL, ticker_main, s) != 0) {
+    if (pthread_create(&s->sched_thread, NULL, scheduler_main, s) != 0) {
         st = st_error_set(err, ST_ERR_INTERNAL, "cannot start threads");
         goto out;
     }
-    s->threads_started = 1;
+    s->sched_started = 1;
+    if (pthread_create(&s->watch_thread, NULL, watch_main, s) != 0) {
+        st = st_error_set(err, ST_ERR_INTERNAL, "cannot start threads");
+        goto out;
+    }
+    s->watch_started = 1;
+    for (; s->n_prep_started < s->p.prep_threads; s->n_prep_started++)
+        if (pthread_create(&s->prep_threads[s->n_prep_started], NULL, prep_main, s) != 0) {
+            st = st_error_set(err, ST_ERR_INTERNAL, "cannot start threads");
+            goto out;
+        }
     atomic_store(&s->health, HEALTH_READY);
     fprintf(stderr, "strand: ready\n");
     while (!*stop) usleep(100 * 1000);
@@ -1105,19 +1503,24 @@ out:
     atomic_store(&s->health, HEALTH_UNHEALTHY);
     atomic_store(&s->stopping, 1);
     if (s->sched) st_sched_shutdown(s->sched);
-    if (s->threads_started) {
-        pthread_join(s->sched_thread, NULL);
-        pthread_join(s->tick_thread, NULL);
+    if (s->sched_started) pthread_join(s->sched_thread, NULL);
+    pthread_mutex_lock(&s->prep_mu);
+    s->prep_stop = 1;
+    pthread_cond_broadcast(&s->prep_cv);
+    pthread_mutex_unlock(&s->prep_mu);
+    for (int i = 0; i < s->n_prep_started; i++) pthread_join(s->prep_threads[i], NULL);
+    if (s->watch_started) pthread_join(s->watch_thread, NULL);
+    /* jobs never prepared: their references go */
+    for (; s->prep_n > 0; s->prep_n--, s->prep_head = (s->prep_head + 1) % s->prep_cap) {
+        atomic_fetch_sub(&s->preparing, 1);
+        stream_unref(s->prep_ring[s->prep_head]);
     }
     /* wake every parked connection so it can end */
     pthread_mutex_lock(&s->streams_mu);
     for (stream *x = s->streams; x; x = x->next) {
         pthread_mutex_lock(&x->mu);
         x->aborted = 1;
-        if (x->conn && x->suspended) {
-            x->suspended = 0;
-            MHD_resume_connection(x->conn);
-        }
+        wake(x);
         pthread_mutex_unlock(&x->mu);
     }
     pthread_mutex_unlock(&s->streams_mu);
@@ -1126,11 +1529,22 @@ out:
         MHD_stop_daemon(s->d);
     }
     st_sched_destroy(s->sched); /* drops the scheduler's references without events */
+    /* every thread is gone: what is left was held by the scheduler */
+    while (s->streams) {
+        stream *x = s->streams;
+        s->streams = x->next;
+        stream_free(x);
+    }
+    if (s->epoll_fd >= 0) close(s->epoll_fd);
+    free(s->prep_ring);
+    free(s->prep_threads);
     st_chat_template_free(s->ct);
     st_tok_free(s->tok);
     st_model_free(s->m);
     st_metrics_destroy(&s->metrics);
     pthread_mutex_destroy(&s->streams_mu);
+    pthread_mutex_destroy(&s->prep_mu);
+    pthread_cond_destroy(&s->prep_cv);
     free(s);
     return st;
 }

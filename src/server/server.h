@@ -3,11 +3,21 @@
  * Routes: POST /v1/chat/completions, POST /v1/completions (streaming with SSE or not),
  * GET /v1/models[/ID], GET /health, GET /metrics, OPTIONS (CORS preflight).
  *
- * Threads: libmicrohttpd's pool parses requests, renders the chat template, tokenizes and
- * formats responses; one scheduler thread runs the model (see engine/scheduler.h); a ticker
- * thread sends SSE keep-alive comments. The scheduler thread only copies each token's text
- * and log-probabilities into the request's fixed-size inbox and wakes its connection; it
- * never allocates. A client that goes away cancels its generation.
+ * Threads:
+ *   - libmicrohttpd's pool (http_threads) reads requests, answers the cheap routes (health,
+ *     metrics, models, errors) and formats responses; it never parses a generation request's
+ *     body, renders a template or tokenizes, so /health answers while prompts are prepared;
+ *   - prep_threads parse generation requests, render the chat template, tokenize (refusing
+ *     prompts over the context early) and submit to the scheduler;
+ *   - one scheduler thread runs the model (engine/scheduler.h). It only copies each token's
+ *     text and log-probabilities into the request's fixed-size inbox and wakes the
+ *     connection; it never allocates. A full inbox (a client reading slower than the model
+ *     writes) pauses that sequence until the client has read, up to stall_timeout_s;
+ *   - a watcher thread notices clients that hang up while their request waits (queued,
+ *     prefilling or non-streaming: libmicrohttpd does not watch suspended connections) and
+ *     cancels their generation; it also sends SSE keep-alive comments.
+ * Connections: at most max_connections (more get 503 and are closed); a connection with no
+ * request in progress is closed after idle_timeout_s.
  */
 #ifndef ST_SERVER_SERVER_H
 #define ST_SERVER_SERVER_H
@@ -22,7 +32,7 @@
 typedef struct st_server_params {
     const char *model_dir;
     const char *model_name;  /* served id; NULL = the directory's last component */
-    const char *host;        /* default 127.0.0.1 */
+    const char *host;        /* an address or a host name; default 127.0.0.1 */
     int port;                /* 0 = any free port (printed) */
     int max_seqs;            /* sequences generating at once */
     int64_t ctx;             /* context length; 0 = the model's */
@@ -30,10 +40,14 @@ typedef struct st_server_params {
     int max_queue;           /* waiting requests before 429 */
     st_kv_dtype kv_dtype;
     int64_t kv_blocks;       /* 0 = max_seqs full contexts */
-    const char *api_key;     /* NULL = no authentication */
+    const char *api_key;     /* NULL = no authentication; "" is refused */
     size_t max_body;         /* request body limit in bytes */
     size_t max_header;       /* per-connection memory for headers */
     int http_threads;
+    int prep_threads;        /* threads that parse, render and tokenize requests */
+    int max_connections;     /* open connections; more are answered 503 */
+    unsigned idle_timeout_s; /* a connection with no request in progress is closed after this */
+    double stall_timeout_s;  /* a stream whose client reads nothing this long is cancelled */
     double keepalive_s;      /* SSE comment after this much silence */
 } st_server_params;
 

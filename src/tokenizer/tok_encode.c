@@ -42,6 +42,7 @@ typedef struct enc_ctx {
     const st_tokenizer *t;
     int parse_special;
     st_tok_ids *out;         /* ids are appended here (encode mode) */
+    size_t max_ids;          /* stop with ST_ERR_LIMIT once out holds more (0: no limit) */
     st_tok_piece_fn fn;      /* or pieces are reported here (split mode) */
     void *user;
     pcre2_match_data *md;    /* owned, sized for the tokenizer's largest pattern */
@@ -430,13 +431,19 @@ done:
 }
 
 /* A finished pre-token: to BPE, or to the caller in split mode. */
+static st_status over_limit(enc_ctx *c) {
+    return st_error_set(c->err, ST_ERR_LIMIT, "encode: more than %zu tokens", c->max_ids);
+}
+
 static st_status emit_piece(enc_ctx *c, const char *s, size_t n) {
     if (c->fn) {
         st_tok_piece p = {s, n, -1};
         return c->fn(&p, c->user) ? st_error_set(c->err, ST_ERR_CANCELLED, "split: stopped")
                                   : ST_OK;
     }
-    return bpe_piece(c, (const uint8_t *)s, n);
+    st_status st = bpe_piece(c, (const uint8_t *)s, n);
+    if (st == ST_OK && c->max_ids && c->out->n > c->max_ids) return over_limit(c);
+    return st;
 }
 
 static st_status emit_added(enc_ctx *c, const char *s, size_t n, int32_t id) {
@@ -445,7 +452,9 @@ static st_status emit_added(enc_ctx *c, const char *s, size_t n, int32_t id) {
         return c->fn(&p, c->user) ? st_error_set(c->err, ST_ERR_CANCELLED, "split: stopped")
                                   : ST_OK;
     }
-    return push_id(c, id);
+    st_status st = push_id(c, id);
+    if (st == ST_OK && c->max_ids && c->out->n > c->max_ids) return over_limit(c);
+    return st;
 }
 
 /* ==== Pre-tokenizer ==== */
@@ -689,7 +698,8 @@ static st_status gap_raw(enc_ctx *c, const char *s, size_t n) {
 /* ==== Entry points ==== */
 
 static st_status run(const st_tokenizer *t, const char *text, size_t len, int parse_special,
-                     st_tok_ids *out, st_tok_piece_fn fn, void *user, st_error *err) {
+                     size_t max_ids, st_tok_ids *out, st_tok_piece_fn fn, void *user,
+                     st_error *err) {
     if (!t) return st_error_set(err, ST_ERR_ARG, "encode: no tokenizer");
     if (!text && len) return st_error_set(err, ST_ERR_ARG, "encode: text is NULL");
     if (len > ST_TOK_MAX_TEXT_BYTES)
@@ -705,6 +715,7 @@ static st_status run(const st_tokenizer *t, const char *text, size_t len, int pa
     c.t = t;
     c.parse_special = parse_special;
     c.out = out;
+    c.max_ids = max_ids;
     c.fn = fn;
     c.user = user;
     c.err = err;
@@ -730,17 +741,18 @@ st_status st_tok_encode_append(const st_tokenizer *tok, const char *text, size_t
                                int parse_special, st_tok_ids *out, st_error *err) {
     if (!out) return st_error_set(err, ST_ERR_ARG, "encode: no output buffer");
     size_t n0 = out->n;
-    st_status st = run(tok, text, len, parse_special, out, NULL, NULL, err);
+    st_status st = run(tok, text, len, parse_special, 0, out, NULL, NULL, err);
     if (st != ST_OK) out->n = n0;
     return st;
 }
 
-st_status st_tok_encode(const st_tokenizer *tok, const char *text, size_t len, int parse_special,
-                        int32_t **ids, size_t *n, st_error *err) {
+st_status st_tok_encode_limit(const st_tokenizer *tok, const char *text, size_t len,
+                              int parse_special, size_t max_ids, int32_t **ids, size_t *n,
+                              st_error *err) {
     *ids = NULL;
     *n = 0;
     st_tok_ids v = {NULL, 0, 0};
-    st_status st = st_tok_encode_append(tok, text, len, parse_special, &v, err);
+    st_status st = run(tok, text, len, parse_special, max_ids, &v, NULL, NULL, err);
     if (st != ST_OK || v.n == 0) {
         st_tok_ids_free(&v);
         return st;
@@ -748,6 +760,11 @@ st_status st_tok_encode(const st_tokenizer *tok, const char *text, size_t len, i
     *ids = v.ids;
     *n = v.n;
     return ST_OK;
+}
+
+st_status st_tok_encode(const st_tokenizer *tok, const char *text, size_t len, int parse_special,
+                        int32_t **ids, size_t *n, st_error *err) {
+    return st_tok_encode_limit(tok, text, len, parse_special, 0, ids, n, err);
 }
 
 void st_tok_ids_free(st_tok_ids *v) {
@@ -760,5 +777,5 @@ void st_tok_ids_free(st_tok_ids *v) {
 st_status st_tok_split(const st_tokenizer *tok, const char *text, size_t len, int parse_special,
                        st_tok_piece_fn fn, void *user, st_error *err) {
     if (!fn) return st_error_set(err, ST_ERR_ARG, "split: no callback");
-    return run(tok, text, len, parse_special, NULL, fn, user, err);
+    return run(tok, text, len, parse_special, 0, NULL, fn, user, err);
 }

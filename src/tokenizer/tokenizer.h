@@ -111,6 +111,13 @@ int st_tok_is_added(const st_tokenizer *tok, int32_t id);
 st_status st_tok_encode(const st_tokenizer *tok, const char *text, size_t len, int parse_special,
                         int32_t **ids, size_t *n, st_error *err);
 
+/* As st_tok_encode, stopping with ST_ERR_LIMIT as soon as the text gives more than max_ids
+ * ids (0: no limit), so that an over-long prompt costs little more than max_ids tokens of
+ * work. */
+st_status st_tok_encode_limit(const st_tokenizer *tok, const char *text, size_t len,
+                              int parse_special, size_t max_ids, int32_t **ids, size_t *n,
+                              st_error *err);
+
 /* Same, appending to a caller-owned growable buffer (out->n grows; nothing is appended on
  * failure). */
 st_status st_tok_encode_append(const st_tokenizer *tok, const char *text, size_t len,

@@ -270,7 +270,7 @@ await attempt('malformed requests', async () => {
 const S = process.env.SMALL_URL;
 await attempt('queue, keep-alive, busy', async () => {
   const long = await fetch(S + '/v1/chat/completions', { method: 'POST', headers: { 'Content-Type': 'application/json' },
-    body: JSON.stringify({ messages: user('first'), max_tokens: 400, stream: true, reasoning_effort: 'none', ignore_eos: true }) });
+    body: JSON.stringify({ messages: user('first'), max_tokens: 30000, stream: true, reasoning_effort: 'none', ignore_eos: true }) });
   const reader1 = long.body.getReader();
   await reader1.read();
   // the second request waits in the queue; its stream gets keep-alive comments meanwhile
