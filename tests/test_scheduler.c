@@ -566,6 +566,79 @@ static void test_nonfinite(const char *cfg_path) {
     if (system(cmd) != 0) printf("# cleanup failed\n");
 }
 
+/* The memory plan on the 0.8B shape (only the config is needed): the default (262,144
+ * context, 8 sequences: ~49 GiB) against a 20 GiB budget is sized down; explicit plans that
+ * cannot fit are refused before anything is allocated, with alternatives that do fit. */
+static void test_plan(void) {
+    const char *cfg =
+        "{\"model_type\": \"qwen3_5_text\", \"vocab_size\": 248320, \"hidden_size\": 1024, \"intermediate_size\": 3584,"
+        "\"num_hidden_layers\": 24, \"num_attention_heads\": 8, \"num_key_value_heads\": 2, \"head_dim\": 256,"
+        "\"linear_num_key_heads\": 16, \"linear_num_value_heads\": 16, \"linear_key_head_dim\": 128,"
+        "\"linear_value_head_dim\": 128, \"full_attention_interval\": 4, \"max_position_embeddings\": 262144}";
+    st_model m;
+    memset(&m, 0, sizeof m);
+    st_error err = {0};
+    if (!CHECK(st_config_parse(cfg, strlen(cfg), "0.8b", &m.cfg, &err) == ST_OK, "0.8B config (%s)", err.msg)) return;
+    m.n_full = st_config_count_layers(&m.cfg, ST_LAYER_FULL);
+    m.n_linear = st_config_count_layers(&m.cfg, ST_LAYER_LINEAR);
+    const size_t G = (size_t)1 << 30, budget = 20 * G;
+    st_sched_params p = st_sched_default_params();
+    st_sched_plan pl, up;
+    CHECK(st_sched_plan_for(&m, &p, &pl, &err) == ST_OK && pl.ctx == 262144 && pl.kv_blocks == 8 * 262144 / 16 &&
+              pl.total_bytes > 45 * G && !pl.fitted,
+          "without a budget: 8 sequences x 262,144 positions, %.1f GiB", (double)pl.total_bytes / (double)G);
+    p.mem_budget = budget;
+    int ok = st_sched_plan_for(&m, &p, &pl, &err) == ST_OK;
+    st_sched_params q = p;
+    q.mem_budget = 0;
+    q.ctx = pl.ctx + 16;
+    st_sched_plan_for(&m, &q, &up, &err);
+    CHECK(ok && pl.fitted && pl.ctx % 16 == 0 && pl.ctx < 262144 && pl.kv_blocks == 8 * pl.ctx / 16 &&
+              pl.total_bytes <= budget && up.total_bytes > budget,
+          "a 20 GiB budget: the default context shrinks to the largest that 8 sequences hold (%lld, %.2f GiB)",
+          (long long)pl.ctx, (double)pl.total_bytes / (double)G);
+    p.ctx = 262144;
+    ok = st_sched_plan_for(&m, &p, &pl, &err) == ST_OK;
+    CHECK(ok && pl.fitted && pl.ctx == 262144 && pl.kv_blocks >= 262144 / 16 && pl.kv_blocks < 8 * 262144 / 16 &&
+              pl.total_bytes <= budget,
+          "--ctx 262144: the pool shrinks to what fits (%.2f contexts)", (double)pl.kv_blocks * 16 / 262144.0);
+    p.ctx = (int64_t)1 << 30;
+    double t0 = st_now_s();
+    st_status st = st_sched_plan_for(&m, &p, &pl, &err);
+    double dt = st_now_s() - t0;
+    long long alt_ctx = 0;
+    const char *at = strstr(err.msg, "--ctx ");
+    if (at) alt_ctx = atoll(at + 6);
+    q = p;
+    q.ctx = alt_ctx;
+    CHECK(st == ST_ERR_LIMIT && strstr(err.msg, "GiB") && alt_ctx > 0 && strstr(err.msg, "--kv-blocks") &&
+              st_sched_plan_for(&m, &q, &pl, &err) == ST_OK && dt < 1.0,
+          "--ctx 2^30 is refused at once (%.3f s), naming plans that fit", dt);
+    p.ctx = 0;
+    p.kv_blocks = 2 * 1000000;
+    CHECK(st_sched_plan_for(&m, &p, &pl, &err) == ST_ERR_LIMIT && strstr(err.msg, "--max-seqs"),
+          "an explicit --kv-blocks beyond the budget is refused: %.200s", err.msg);
+    st_config_free(&m.cfg);
+}
+
+/* The plan's parts are what st_sched_create allocates. */
+static void test_plan_matches(const st_model *m) {
+    if (!m) return;
+    st_sched *s = make(m, NULL, 3, 64, 4096);
+    if (!s) return;
+    const st_sched_plan *pl = st_sched_get_plan(s);
+    const st_cache *c = st_sched_cache(s);
+    st_sched_stats ss;
+    st_sched_get_stats(s, &ss);
+    size_t cache_plan = pl->kv_bytes + pl->state_bytes;
+    double scratch_ratio = (double)pl->scratch_bytes / (double)(ss.planned_bytes - c->planned_bytes - (pl->other_bytes - 3 * 65536));
+    CHECK(c->planned_bytes >= cache_plan && c->planned_bytes - cache_plan < 64 * 1024 && scratch_ratio > 0.9 &&
+              scratch_ratio < 1.1,
+          "the plan's cache part is what the cache allocated (%zu vs %zu bytes), its scratch within 10%% (%.3f)",
+          cache_plan, c->planned_bytes, scratch_ratio);
+    st_sched_destroy(s);
+}
+
 /* stop strings and text need a tokenizer: a synthetic tiny model with the Qwen3 tokenizer */
 static void test_text(void) {
     char dir[] = "/tmp/strand-sched-XXXXXX";
@@ -651,6 +724,7 @@ int main(void) {
                 printf("# small model: %s\n", err.msg);
             test_bounded(small);
             test_admission(small);
+            test_plan_matches(small);
             test_pause(small);
             FILE *untied = fopen(cfg, "w");
             if (untied) { /* the same shapes with an untied head */
@@ -674,5 +748,6 @@ int main(void) {
         st_model_free(m);
     }
     test_text();
+    test_plan();
     return tap_done();
 }

@@ -188,6 +188,7 @@ int cmd_generate(int argc, char **argv) {
     sp.kv_dtype = kvd;
     sp.max_queue = n;
     sp.kv_blocks = 0;
+    sp.mem_budget = st_sched_memory_budget(m, 0.9);
     for (int i = 0; i < n; i++) {
         if (lens[i] >= ctx) {
             st_error_set(&err, ST_ERR_LIMIT, "prompt %d has %d tokens; the context length is %lld",

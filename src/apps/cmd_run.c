@@ -9,16 +9,20 @@
 #include <unistd.h>
 
 #include "apps/cli.h"
+#include "core/utf8.h"
 #include "engine/scheduler.h"
 #include "template/template.h"
 
 static void usage(void) {
     fprintf(stderr,
             "usage: strand run -m DIR -p PROMPT [--system TEXT] [--no-think] [-n N] [--ctx N]\n"
-            "                  [--raw] [--kv-dtype f32|bf16] [sampling options]\n"
+            "                  [--raw] [--kv-dtype f32|bf16] [--mem-fraction F] [sampling options]\n"
             "  Renders the chat template, streams the reply, prints timings to stderr.\n"
             "  --no-think: enable_thinking=false for the template; --raw: no template, the\n"
-            "  prompt is tokenized as is. -n N: at most N new tokens (default: to the context).\n%s",
+            "  prompt is tokenized as is. -n N: at most N new tokens (default: to the context).\n"
+            "  --logprobs N prints each generated token's log-probability and N alternatives after\n"
+            "  the reply. --mem-fraction (default 0.9): share of the memory left after loading that\n"
+            "  the cache may plan for (an unset --ctx shrinks to fit; 0 = no check).\n%s",
             cli_sampling_help());
 }
 
@@ -29,6 +33,8 @@ typedef struct run_state {
     st_event done;
     int finished;
     char error[512];
+    st_logprobs *lp;      /* [lp_cap] per generated token, when --logprobs */
+    int n_lp, lp_cap;
 } run_state;
 
 static void put(const char *s, size_t n) {
@@ -37,6 +43,7 @@ static void put(const char *s, size_t n) {
 
 static int on_event(void *user, const st_event *ev) {
     run_state *r = user;
+    if (ev->kind == ST_EV_TOKEN && ev->logprobs && r->n_lp < r->lp_cap) r->lp[r->n_lp++] = *ev->logprobs;
     if (ev->reasoning_len) {
         if (!r->in_reasoning_out) {
             fputs(r->tty ? "\x1b[2m" : "[thinking]\n", stdout);
@@ -65,10 +72,43 @@ static int on_event(void *user, const st_event *ev) {
 }
 
 
+/* a token's text for the logprob listing, escaped for one line */
+static void print_token(const st_tokenizer *tok, int32_t id) {
+    size_t n = 0;
+    const char *b = st_tok_token_bytes(tok, id, &n);
+    putchar('\'');
+    for (size_t i = 0; b && i < n; i++) {
+        unsigned char c = (unsigned char)b[i];
+        if (c == '\n') fputs("\\n", stdout);
+        else if (c == '\t') fputs("\\t", stdout);
+        else if (c == '\'' || c == '\\') printf("\\%c", c);
+        else if (c < 0x20 || c == 0x7f) printf("\\x%02x", c);
+        else putchar(c);
+    }
+    putchar('\'');
+}
+
+static void print_logprobs(const st_tokenizer *tok, const run_state *r) {
+    printf("[logprobs: token, log-probability, then the top alternatives]\n");
+    for (int i = 0; i < r->n_lp; i++) {
+        const st_logprobs *l = &r->lp[i];
+        printf("%4d ", i);
+        print_token(tok, l->token);
+        printf(" %.4f", l->logprob);
+        for (int k = 0; k < l->n_top; k++) {
+            printf(k ? ", " : " | ");
+            print_token(tok, l->top_tokens[k]);
+            printf(" %.4f", l->top_logprobs[k]);
+        }
+        putchar('\n');
+    }
+}
+
 int cmd_run(int argc, char **argv) {
     const char *dir = NULL, *prompt = NULL, *system = NULL;
     int no_think = 0, raw = 0;
     long long n_new = 0, ctx = 0;
+    double mem_fraction = 0.9;
     st_kv_dtype kvd = ST_KV_F32;
     st_req_params rp = st_req_default_params();
     for (int i = 1; i < argc; i++) {
@@ -96,6 +136,9 @@ int cmd_run(int argc, char **argv) {
         } else if (!strcmp(a, "--kv-dtype")) {
             if (!(v = cli_value(argc, argv, &i))) return 2;
             if (cli_parse_kv_dtype(v, &kvd) != 0) return 2;
+        } else if (!strcmp(a, "--mem-fraction")) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_float(a, v, &mem_fraction)) return 2;
+            if (!(mem_fraction >= 0 && mem_fraction <= 1)) return cli_failf("--mem-fraction must be in [0, 1]");
         } else {
             usage();
             return cli_failf("run: unknown option '%s'", a);
@@ -105,6 +148,10 @@ int cmd_run(int argc, char **argv) {
         usage();
         return cli_failf("run: -m DIR and -p PROMPT are required");
     }
+    if (st_utf8_check(prompt, strlen(prompt)) != strlen(prompt))
+        return cli_failf("run: -p is not valid UTF-8 (byte %zu)", st_utf8_check(prompt, strlen(prompt)));
+    if (system && st_utf8_check(system, strlen(system)) != strlen(system))
+        return cli_failf("run: --system is not valid UTF-8 (byte %zu)", st_utf8_check(system, strlen(system)));
     st_error err = {0};
     st_model *m = NULL;
     st_tokenizer *tok = NULL;
@@ -114,6 +161,7 @@ int cmd_run(int argc, char **argv) {
     int32_t *ids = NULL;
     size_t n_ids = 0, text_len = 0;
     json_t *messages = NULL, *kwargs = NULL;
+    run_state st = {0};
     int rc = 1;
     if (st_model_load(dir, &m, &err) != ST_OK) goto done;
     if (st_tok_load_dir(dir, &tok, &err) != ST_OK) goto done;
@@ -133,42 +181,57 @@ int cmd_run(int argc, char **argv) {
         if (st_chat_template_render(ct, messages, NULL, NULL, kwargs, &text, &text_len, &err) != ST_OK) goto done;
     }
     if (st_tok_encode(tok, text, text_len, 1, &ids, &n_ids, &err) != ST_OK) goto done;
-    if (ctx <= 0) ctx = m->cfg.max_position_embeddings;
-    if ((long long)n_ids >= ctx) {
-        st_error_set(&err, ST_ERR_LIMIT, "the prompt has %zu tokens; the context length is %lld", n_ids, ctx);
+    long long ctx_max = ctx > 0 ? ctx : m->cfg.max_position_embeddings;
+    if ((long long)n_ids >= ctx_max) {
+        st_error_set(&err, ST_ERR_LIMIT, "the prompt has %zu tokens; the context length is %lld", n_ids, ctx_max);
         goto done;
     }
-    long long budget = n_new > 0 && (long long)n_ids + n_new < ctx ? (long long)n_ids + n_new : ctx;
     st_sched_params sp = st_sched_default_params();
     sp.max_seqs = 1;
     sp.ctx = ctx;
     sp.kv_dtype = kvd;
-    sp.kv_blocks = (budget + sp.block_size - 1) / sp.block_size;
+    sp.mem_budget = st_sched_memory_budget(m, mem_fraction);
+    if (n_new > 0) { /* the pool holds this request, no more */
+        long long need = (long long)n_ids + n_new < ctx_max ? (long long)n_ids + n_new : ctx_max;
+        sp.kv_blocks = (need + sp.block_size - 1) / sp.block_size;
+    }
     if (st_sched_create(m, tok, &sp, &s, &err) != ST_OK) goto done;
+    if (st_sched_get_plan(s)->fitted)
+        fprintf(stderr, "strand: the context is %lld, sized to fit this machine's memory (--ctx, --mem-fraction)\n",
+                (long long)st_sched_context(s));
     rp.max_tokens = n_new;
     rp.split_reasoning = st_tok_token_to_id(tok, "</think>", 8) >= 0;
     rp.start_in_reasoning = rp.split_reasoning && st_textout_prompt_opens_think(text);
-    run_state st = {0};
     st.tty = isatty(STDOUT_FILENO);
+    if (rp.logprobs >= 0) {
+        st.lp_cap = (int)(st_sched_context(s) - (int64_t)n_ids);
+        st.lp = malloc((size_t)st.lp_cap * sizeof *st.lp);
+        if (!st.lp) {
+            st_error_set(&err, ST_ERR_NOMEM, "out of memory for %d logprob records", st.lp_cap);
+            goto done;
+        }
+    }
     if (st_sched_submit(s, ids, (int64_t)n_ids, &rp, on_event, &st, NULL, &err) != ST_OK) goto done;
     while (st_sched_step(s) > 0) {
     }
     if (st.done.finish == ST_FINISH_ERROR) {
-        st_error_set(&err, ST_ERR_INTERNAL, "%s", st.error);
+        st_error_set(&err, ST_ERR_INTERNAL, "generation failed: %s", st.error);
         goto done;
     }
+    if (st.lp) print_logprobs(tok, &st);
     const st_event *d = &st.done;
     double decode_s = d->total_s - d->ttft_s;
     int64_t gen = d->usage.completion_tokens;
-    fprintf(stderr,
-            "[%lld prompt tokens, first token after %.1f ms (prefill %.1f tok/s), %lld tokens "
-            "at %.1f tok/s, finish: %s]\n",
+    char rate[64] = "";
+    if (gen > 1 && decode_s > 0) snprintf(rate, sizeof rate, " at %.1f tok/s", (double)(gen - 1) / decode_s);
+    fprintf(stderr, "[%lld prompt tokens, first token after %.1f ms (prefill %.1f tok/s), %lld token%s%s, finish: %s]\n",
             (long long)d->usage.prompt_tokens, d->ttft_s * 1e3,
-            d->ttft_s > 0 ? (double)d->usage.prompt_tokens / d->ttft_s : 0.0, (long long)gen,
-            gen > 1 && decode_s > 0 ? (double)(gen - 1) / decode_s : 0.0, st_finish_name(d->finish));
+            d->ttft_s > 0 ? (double)d->usage.prompt_tokens / d->ttft_s : 0.0, (long long)gen, gen == 1 ? "" : "s",
+            rate, st_finish_name(d->finish));
     rc = 0;
 done:
     if (rc) cli_fail(&err);
+    free(st.lp);
     json_decref(messages);
     json_decref(kwargs);
     free(text);

@@ -23,14 +23,16 @@ static void usage(void) {
             "                    [--kv-dtype f32|bf16] [--kv-blocks N] [--http-threads N]\n"
             "                    [--prep-threads N] [--max-body-mb N] [--keepalive S]\n"
             "                    [--max-connections N] [--idle-timeout S] [--stall-timeout S]\n"
-            "                    [--api-key-file FILE]\n"
+            "                    [--api-key-file FILE] [--mem-fraction F]\n"
             "  Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models,\n"
             "  GET /health, GET /metrics. --port 0 picks a free port (printed on stderr).\n"
             "  The API key comes from --api-key, --api-key-file or $STRAND_API_KEY (in that order);\n"
             "  an empty key is refused. --idle-timeout: seconds a connection may sit with no request\n"
             "  in progress (default 5); --stall-timeout: seconds a stream's client may read nothing\n"
             "  before its generation is cancelled (default 60); --max-connections (default 4096):\n"
-            "  more are answered 503.\n");
+            "  more are answered 503. --mem-fraction (default 0.9) of the memory this process can have\n"
+            "  is planned for the cache: an unset --ctx/--kv-blocks is sized to fit it, an explicit\n"
+            "  plan that does not fit is refused (0: no check).\n");
 }
 
 /* the key in a file: its first line, without the line end */
@@ -94,6 +96,10 @@ int cmd_serve(int argc, char **argv) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_float(a, v, &f)) return 2;
             if (!(f > 0) || f > 86400) return cli_failf("--stall-timeout must be in (0, 86400] seconds");
             p.stall_timeout_s = f;
+        } else if (!strcmp(a, "--mem-fraction")) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_float(a, v, &f)) return 2;
+            if (!(f >= 0 && f <= 1)) return cli_failf("--mem-fraction must be in [0, 1]");
+            p.mem_fraction = f;
         } else if (!strcmp(a, "--prep-threads")) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 1, 256, &x)) return 2;
             p.prep_threads = (int)x;

@@ -3,7 +3,9 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 void *st_big_alloc(size_t bytes) {
@@ -43,4 +45,78 @@ size_t st_rss_bytes(void) {
     fclose(f);
     if (n != 2) return 0;
     return (size_t)resident * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+/* the first unsigned number in a file, or -1 (also for "max") */
+static long long read_number(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    long long v = -1;
+    if (fscanf(f, "%lld", &v) != 1) v = -1;
+    fclose(f);
+    return v;
+}
+
+/* "<key>: <n> kB" of /proc/meminfo (or /proc/self/status) in bytes, or -1 */
+static long long read_kb_field(const char *path, const char *key) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    char line[256];
+    long long v = -1;
+    size_t kl = strlen(key);
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, key, kl) && line[kl] == ':') {
+            if (sscanf(line + kl + 1, "%lld", &v) == 1) v *= 1024;
+            break;
+        }
+    fclose(f);
+    return v;
+}
+
+/* room under this process's cgroup memory limit, or -1 when there is no limit */
+static long long cgroup_room(void) {
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    char line[1024], v2[900] = "", v1[900] = "";
+    if (f) {
+        while (fgets(line, sizeof line, f)) {
+            line[strcspn(line, "\n")] = 0;
+            if (!strncmp(line, "0::", 3)) snprintf(v2, sizeof v2, "%.800s", line + 3);
+            char *m = strstr(line, ":memory:");
+            if (m) snprintf(v1, sizeof v1, "%.800s", m + 8);
+        }
+        fclose(f);
+    }
+    const long long unlimited = (long long)1 << 60;
+    char a[1100], b[1100];
+    long long limit = -1, used = -1;
+    /* the process's own group first, then the root the container sees */
+    const char *v2dirs[] = {v2, ""}, *v1dirs[] = {v1, ""};
+    for (int i = 0; i < 2 && limit < 0; i++) {
+        snprintf(a, sizeof a, "/sys/fs/cgroup%s/memory.max", v2dirs[i]);
+        snprintf(b, sizeof b, "/sys/fs/cgroup%s/memory.current", v2dirs[i]);
+        limit = read_number(a);
+        used = read_number(b);
+    }
+    for (int i = 0; i < 2 && limit < 0; i++) {
+        snprintf(a, sizeof a, "/sys/fs/cgroup/memory%s/memory.limit_in_bytes", v1dirs[i]);
+        snprintf(b, sizeof b, "/sys/fs/cgroup/memory%s/memory.usage_in_bytes", v1dirs[i]);
+        limit = read_number(a);
+        used = read_number(b);
+    }
+    if (limit < 0 || limit >= unlimited) return -1;
+    return used >= 0 && used < limit ? limit - used : 0;
+}
+
+size_t st_sysmem_available(void) {
+    long long best = read_kb_field("/proc/meminfo", "MemAvailable");
+    long long cg = cgroup_room();
+    if (cg >= 0 && (best < 0 || cg < best)) best = cg;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+        long long vm = read_kb_field("/proc/self/status", "VmSize");
+        long long room = (long long)rl.rlim_cur - (vm > 0 ? vm : 0);
+        if (room < 0) room = 0;
+        if (best < 0 || room < best) best = room;
+    }
+    return best > 0 ? (size_t)best : 0;
 }

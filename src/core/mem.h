@@ -17,4 +17,9 @@ void st_big_free(void *p, size_t bytes);
 /* Resident set size of this process in bytes (from /proc/self/statm), 0 if unknown. */
 size_t st_rss_bytes(void);
 
+/* Memory this process can still make resident, in bytes: the least of the kernel's
+ * MemAvailable, the room left under its cgroup's memory limit (v2 memory.max or v1
+ * memory.limit_in_bytes) and the room left under RLIMIT_AS. 0 when none is known. */
+size_t st_sysmem_available(void);
+
 #endif /* ST_CORE_MEM_H */

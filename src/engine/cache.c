@@ -21,17 +21,9 @@ static size_t kv_bytes(const st_cache *c) {
     return (size_t)c->p.n_blocks * c->kv_block_elems * c->kv_elem;
 }
 
-st_status st_cache_create(const st_model *m, const st_cache_params *p, st_cache **out,
-                          st_error *err) {
-    *out = NULL;
-    if (p->n_slots < 1 || p->n_slots > (1 << 20))
-        return st_error_set(err, ST_ERR_ARG, "cache: n_slots must be in [1, 2^20]");
-    if (p->block_size < 1 || p->block_size > 4096)
-        return st_error_set(err, ST_ERR_ARG, "cache: block_size must be in [1, 4096]");
-    if (p->max_seq_len < 1 || p->max_seq_len > ((int64_t)1 << 30))
-        return st_error_set(err, ST_ERR_ARG, "cache: max_seq_len must be in [1, 2^30]");
-    st_cache *c = calloc(1, sizeof *c);
-    if (!c) return st_error_set(err, ST_ERR_NOMEM, "out of memory");
+/* Sizes of everything st_cache_create allocates, from the model and the parameters; the
+ * caller has validated p. */
+static void layout(st_cache *c, const st_model *m, const st_cache_params *p) {
     const st_config *cfg = &m->cfg;
     c->p = *p;
     c->n_full = m->n_full;
@@ -45,17 +37,52 @@ st_status st_cache_create(const st_model *m, const st_cache_params *p, st_cache 
     c->k_head_dim = cfg->lin_key_head_dim;
     c->max_blocks_per_seq = (p->max_seq_len + p->block_size - 1) / p->block_size;
     if (c->p.n_blocks <= 0) c->p.n_blocks = c->max_blocks_per_seq * p->n_slots;
-    if (c->p.n_blocks > INT32_MAX) {
-        long long nb = (long long)c->p.n_blocks;
-        free(c);
-        return st_error_set(err, ST_ERR_ARG, "cache: too many KV blocks (%lld)", nb);
-    }
     c->kv_elem = p->kv_dtype == ST_KV_BF16 ? 2 : 4;
     c->kv_head_stride = (size_t)p->block_size * (size_t)c->head_dim;
     c->kv_block_elems = (size_t)c->n_full * 2 * (size_t)c->n_kv_heads * c->kv_head_stride;
     c->conv_slot_floats = (size_t)c->n_linear * (size_t)c->conv_rows * (size_t)c->conv_dim;
     c->rec_slot_floats = (size_t)c->n_linear * (size_t)c->n_v_heads * (size_t)c->v_head_dim *
                          (size_t)c->k_head_dim;
+    size_t n_slots = (size_t)p->n_slots;
+    c->planned_bytes = kv_bytes(c) + n_slots * (c->conv_slot_floats + c->rec_slot_floats) * 4 +
+                       (size_t)c->p.n_blocks * 4 + n_slots * (size_t)c->max_blocks_per_seq * 4;
+}
+
+static st_status check_params(const st_cache_params *p, st_error *err) {
+    if (p->n_slots < 1 || p->n_slots > (1 << 20))
+        return st_error_set(err, ST_ERR_ARG, "cache: n_slots must be in [1, 2^20]");
+    if (p->block_size < 1 || p->block_size > 4096)
+        return st_error_set(err, ST_ERR_ARG, "cache: block_size must be in [1, 4096]");
+    if (p->max_seq_len < 1 || p->max_seq_len > ((int64_t)1 << 30))
+        return st_error_set(err, ST_ERR_ARG, "cache: max_seq_len must be in [1, 2^30]");
+    return ST_OK;
+}
+
+st_cache_plan st_cache_plan_of(const st_model *m, const st_cache_params *p) {
+    st_cache_plan pl = {0, 0, 0};
+    st_cache c;
+    memset(&c, 0, sizeof c);
+    if (check_params(p, NULL) != ST_OK) return pl;
+    layout(&c, m, p);
+    pl.total_bytes = c.planned_bytes;
+    pl.block_bytes = c.kv_block_elems * c.kv_elem + 4;
+    pl.slot_bytes = (c.conv_slot_floats + c.rec_slot_floats) * 4 + (size_t)c.max_blocks_per_seq * 4;
+    return pl;
+}
+
+st_status st_cache_create(const st_model *m, const st_cache_params *p, st_cache **out,
+                          st_error *err) {
+    *out = NULL;
+    st_status st = check_params(p, err);
+    if (st != ST_OK) return st;
+    st_cache *c = calloc(1, sizeof *c);
+    if (!c) return st_error_set(err, ST_ERR_NOMEM, "out of memory");
+    layout(c, m, p);
+    if (c->p.n_blocks > INT32_MAX) {
+        long long nb = (long long)c->p.n_blocks;
+        free(c);
+        return st_error_set(err, ST_ERR_ARG, "cache: too many KV blocks (%lld)", nb);
+    }
     size_t n_slots = (size_t)p->n_slots;
     c->free_blocks = malloc((size_t)c->p.n_blocks * sizeof *c->free_blocks);
     c->block_tables = calloc(n_slots * (size_t)c->max_blocks_per_seq, sizeof *c->block_tables);
@@ -76,8 +103,6 @@ st_status st_cache_create(const st_model *m, const st_cache_params *p, st_cache 
         c->free_blocks[i] = (int32_t)(c->p.n_blocks - 1 - i);
     c->n_free_slots = p->n_slots;
     for (int i = 0; i < p->n_slots; i++) c->free_slots[i] = p->n_slots - 1 - i;
-    c->planned_bytes = kv_bytes(c) + n_slots * (c->conv_slot_floats + c->rec_slot_floats) * 4 +
-                       (size_t)c->p.n_blocks * 4 + n_slots * (size_t)c->max_blocks_per_seq * 4;
     *out = c;
     return ST_OK;
 }

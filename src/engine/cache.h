@@ -68,6 +68,14 @@ st_status st_cache_create(const st_model *m, const st_cache_params *p, st_cache 
                           st_error *err);
 void st_cache_destroy(st_cache *c);
 
+/* What st_cache_create would allocate, without allocating (all 0 for bad parameters). */
+typedef struct st_cache_plan {
+    size_t total_bytes; /* everything */
+    size_t block_bytes; /* one KV block with its free-list entry */
+    size_t slot_bytes;  /* one state slot with its block table */
+} st_cache_plan;
+st_cache_plan st_cache_plan_of(const st_model *m, const st_cache_params *p);
+
 /* Take a state slot (zeroed) for a new sequence; ST_ERR_BUSY when none is free. */
 st_status st_cache_seq_start(st_cache *c, st_seq *seq, st_error *err);
 /* Blocks needed so that the sequence holds n_past + n_new positions. */

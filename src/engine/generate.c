@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "model/forward.h"
+#include "sampler/sampler.h"
 
 st_gen_options st_gen_default_options(void) {
     st_gen_options o = {
@@ -107,6 +108,11 @@ st_status st_generate_greedy(const st_model *m, st_gen_request *reqs, int n_reqs
             if (items[k].logits == ST_LOGITS_NONE) continue;
             const float *lg = logits + row * c->vocab_size;
             row++;
+            if (!st_logits_finite(lg, c->vocab_size)) {
+                st = st_error_set(err, ST_ERR_FORMAT, "prompt %d: the model produced non-finite logits (NaN or "
+                                  "infinity) at position %lld", i, (long long)(reqs[i].n_prompt + reqs[i].n_out));
+                goto out;
+            }
             int32_t id = st_argmax(lg, c->vocab_size);
             if (reqs[i].out_logits)
                 memcpy(reqs[i].out_logits + (size_t)reqs[i].n_out * (size_t)c->vocab_size, lg,

@@ -9,7 +9,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/mem.h"
 #include "model/forward.h"
+
+#include <stdio.h>
 
 /* A request from submit to done. Allocated by st_sched_submit (submitting thread), freed by
  * the scheduler thread after its DONE event. */
@@ -55,7 +58,8 @@ struct st_sched {
     const st_model *m;        /* borrowed */
     const st_tokenizer *tok;  /* borrowed, may be NULL */
     st_sched_params p;
-    int64_t ctx;              /* the context requests get: min(p.ctx, the pool's positions) */
+    st_sched_plan plan;
+    int64_t ctx;              /* the context requests get (plan.ctx) */
     size_t max_event_text;    /* bytes of text one event can carry */
     st_cache *cache;          /* owned */
     st_fwd *fwd;              /* owned */
@@ -118,6 +122,152 @@ st_sched_params st_sched_default_params(void) {
     return p;
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* the memory plan */
+
+#define TEXTOUT_BYTES_EST 65536 /* a sequence's text pipeline, at most (tokenizer-dependent) */
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* the plan at a context and pool size */
+static void plan_at(const st_model *m, const st_sched_params *p, int64_t ctx, int64_t blocks,
+                    st_sched_plan *pl) {
+    st_cache_params cp = st_cache_default_params();
+    cp.n_slots = p->max_seqs;
+    cp.max_seq_len = ctx;
+    cp.block_size = p->block_size;
+    cp.n_blocks = blocks;
+    cp.kv_dtype = p->kv_dtype;
+    st_cache_plan c = st_cache_plan_of(m, &cp);
+    size_t n = (size_t)p->max_seqs, vocab = (size_t)m->cfg.vocab_size;
+    pl->ctx = ctx;
+    pl->kv_blocks = blocks;
+    pl->block_size = p->block_size;
+    pl->max_seqs = p->max_seqs;
+    pl->kv_bytes = m->n_full ? (size_t)blocks * c.block_bytes : 0;
+    pl->state_bytes = n * c.slot_bytes;
+    pl->scratch_bytes = st_fwd_plan_bytes(m, p->step_tokens, ctx, 0);
+    pl->other_bytes = n * ((size_t)ctx * 4 + sizeof(rec) + vocab * 4 + TEXTOUT_BYTES_EST) + vocab * 17;
+    pl->total_bytes = c.total_bytes + pl->scratch_bytes + pl->other_bytes;
+}
+
+static double gib(size_t b) { return (double)b / (double)(1u << 30); }
+
+void st_sched_plan_text(const st_sched_plan *pl, char *buf, size_t cap) {
+    snprintf(buf, cap,
+             "%.2f GiB: KV pool %.2f GiB (%lld blocks of %d positions, %.1f contexts of %lld), "
+             "state %.2f GiB (%d sequences), scratch %.2f GiB, histories and buffers %.2f GiB",
+             gib(pl->total_bytes), gib(pl->kv_bytes), (long long)pl->kv_blocks, pl->block_size,
+             pl->ctx ? (double)pl->kv_blocks * pl->block_size / (double)pl->ctx : 0.0, (long long)pl->ctx,
+             gib(pl->state_bytes), pl->max_seqs, gib(pl->scratch_bytes), gib(pl->other_bytes));
+}
+
+/* the largest context (a multiple of the block size, <= ctx_max) at which every sequence
+ * can hold a whole context within the budget; 0 when none */
+static int64_t fit_ctx(const st_model *m, const st_sched_params *p, int64_t ctx_max, size_t budget) {
+    st_sched_plan t;
+    int64_t bs = p->block_size, lo = 0, hi = ctx_max / bs; /* in blocks */
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo + 1) / 2;
+        plan_at(m, p, mid * bs, (int64_t)p->max_seqs * mid, &t);
+        if (t.total_bytes <= budget) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo * bs;
+}
+
+/* the largest pool within the budget, the context capped by it as an explicit pool caps it
+ * (may be below one context); 0 when none */
+static int64_t fit_blocks(const st_model *m, const st_sched_params *p, int64_t ctx, size_t budget) {
+    st_sched_plan t;
+    int64_t bs = p->block_size, lo = 0, hi = (int64_t)p->max_seqs * ceil_div(ctx, bs);
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo + 1) / 2;
+        plan_at(m, p, mid * bs < ctx ? mid * bs : ctx, mid, &t);
+        if (t.total_bytes <= budget) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+/* the most sequences that fit with a whole context each */
+static int fit_seqs(const st_model *m, const st_sched_params *p, int64_t ctx, size_t budget) {
+    st_sched_params q = *p;
+    st_sched_plan t;
+    for (q.max_seqs = p->max_seqs; q.max_seqs > 0; q.max_seqs--) {
+        plan_at(m, &q, ctx, (int64_t)q.max_seqs * ceil_div(ctx, p->block_size), &t);
+        if (t.total_bytes <= budget) break;
+    }
+    return q.max_seqs;
+}
+
+static st_status refuse(const st_model *m, const st_sched_params *p, const st_sched_plan *pl,
+                        int64_t ctx_max, st_error *err) {
+    char what[400], alt[300] = "";
+    st_sched_plan_text(pl, what, sizeof what);
+    size_t budget = p->mem_budget;
+    int64_t c = fit_ctx(m, p, ctx_max, budget), b = fit_blocks(m, p, pl->ctx, budget);
+    int n = fit_seqs(m, p, pl->ctx, budget);
+    size_t at = 0;
+    if (c > 0) at += (size_t)snprintf(alt + at, sizeof alt - at, " --ctx %lld,", (long long)c);
+    if (b > 0 && at < sizeof alt)
+        at += (size_t)snprintf(alt + at, sizeof alt - at, " --kv-blocks %lld (%lld positions shared by the sequences),",
+                               (long long)b, (long long)b * p->block_size);
+    if (n > 0 && at < sizeof alt) at += (size_t)snprintf(alt + at, sizeof alt - at, " --max-seqs %d,", n);
+    if (at) alt[at - 1] = 0;
+    return st_error_set(err, ST_ERR_LIMIT,
+                        "the memory plan needs %s, but this process can have %.2f GiB for it%s%s",
+                        what, gib(budget), at ? "; these would fit:" : "; nothing would: fewer sequences or a smaller model",
+                        at ? alt : "");
+}
+
+st_status st_sched_plan_for(const st_model *m, const st_sched_params *p, st_sched_plan *out,
+                            st_error *err) {
+    memset(out, 0, sizeof *out);
+    int64_t ctx = p->ctx > 0 ? p->ctx : m->cfg.max_position_embeddings;
+    int64_t bs = p->block_size;
+    if (ctx < 2 || ctx > ((int64_t)1 << 30) || bs < 1 || bs > 4096)
+        return st_error_set(err, ST_ERR_ARG, "the context must be in [2, 2^30] and the block size in [1, 4096]");
+    size_t budget = p->mem_budget;
+    if (p->kv_blocks > 0) { /* an explicit pool: it caps the context */
+        if (m->n_full > 0 && p->kv_blocks * bs < ctx) ctx = p->kv_blocks * bs;
+        plan_at(m, p, ctx, p->kv_blocks, out);
+        if (budget && out->total_bytes > budget) return refuse(m, p, out, ctx, err);
+    } else if (p->ctx > 0) { /* an explicit context: the pool shrinks to fit, to one context */
+        plan_at(m, p, ctx, (int64_t)p->max_seqs * ceil_div(ctx, bs), out);
+        if (budget && out->total_bytes > budget) {
+            int64_t b = fit_blocks(m, p, ctx, budget);
+            if (b < ceil_div(ctx, bs)) return refuse(m, p, out, ctx, err);
+            plan_at(m, p, ctx, b, out);
+            out->fitted = 1;
+        }
+    } else { /* nothing asked: the largest context every sequence can hold */
+        plan_at(m, p, ctx, (int64_t)p->max_seqs * ceil_div(ctx, bs), out);
+        if (budget && out->total_bytes > budget) {
+            int64_t c = fit_ctx(m, p, ctx, budget);
+            if (c < bs) return refuse(m, p, out, ctx, err);
+            plan_at(m, p, c, (int64_t)p->max_seqs * ceil_div(c, bs), out);
+            out->fitted = 1;
+        }
+    }
+    out->budget_bytes = budget;
+    return ST_OK;
+}
+
+size_t st_sched_memory_budget(const st_model *m, double fraction) {
+    size_t avail = st_sysmem_available();
+    if (!avail || !(fraction > 0)) return 0;
+    st_model_stats ms;
+    st_model_get_stats(m, 4, &ms);
+    /* packed copies are resident already; the rest of the weights is read from the mapping
+     * and should stay in the page cache */
+    size_t mapped = m->pack_bytes >= ms.weight_bytes ? 0 : ms.weight_bytes - m->pack_bytes;
+    double room = fraction * (double)avail - (double)mapped;
+    return room > 1 ? (size_t)room : 1;
+}
+
+const st_sched_plan *st_sched_get_plan(const st_sched *s) { return &s->plan; }
+
 void st_sched_destroy(st_sched *s) {
     if (!s) return;
     if (s->recs)
@@ -158,6 +308,9 @@ st_status st_sched_create(const st_model *m, const st_tokenizer *tok, const st_s
     if (p->max_queue < 0) return st_error_set(err, ST_ERR_ARG, "max_queue must be >= 0");
     if (!(p->stall_timeout_s > 0) || !(p->head_wait_s >= 0))
         return st_error_set(err, ST_ERR_ARG, "stall_timeout_s must be > 0 and head_wait_s >= 0");
+    st_sched_plan plan;
+    st_status st = st_sched_plan_for(m, p, &plan, err);
+    if (st != ST_OK) return st;
     st_sched *s = calloc(1, sizeof *s);
     if (!s) return st_error_set(err, ST_ERR_NOMEM, "out of memory");
     pthread_mutex_init(&s->mu, NULL);
@@ -169,18 +322,14 @@ st_status st_sched_create(const st_model *m, const st_tokenizer *tok, const st_s
     s->m = m;
     s->tok = tok;
     s->p = *p;
-    if (s->p.ctx <= 0) s->p.ctx = m->cfg.max_position_embeddings;
-    /* an explicit pool smaller than a context caps the context: every request fits alone */
-    s->ctx = s->p.ctx;
-    if (m->n_full > 0 && p->kv_blocks > 0 && p->kv_blocks * p->block_size < s->ctx)
-        s->ctx = p->kv_blocks * p->block_size;
+    s->plan = plan;
+    s->ctx = s->p.ctx = plan.ctx;
     s->next_id = 1;
-    st_status st;
     st_cache_params cp = st_cache_default_params();
     cp.n_slots = p->max_seqs;
     cp.max_seq_len = s->ctx;
     cp.block_size = p->block_size;
-    cp.n_blocks = p->kv_blocks;
+    cp.n_blocks = plan.kv_blocks;
     cp.kv_dtype = p->kv_dtype;
     if ((st = st_cache_create(m, &cp, &s->cache, err)) != ST_OK) goto fail;
     if ((st = st_fwd_create(m, s->cache, p->step_tokens, p->kernels, &s->fwd, err)) != ST_OK) goto fail;

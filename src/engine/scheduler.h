@@ -24,6 +24,12 @@
  * Logits that are not finite (NaN or infinity) end that sequence with ST_FINISH_ERROR and a
  * message; the others in the batch go on.
  *
+ * Memory. With a budget (mem_budget, e.g. from st_sched_memory_budget) the plan is checked
+ * before anything is allocated: a context and a pool that were not asked for are sized to
+ * fit (the largest context at which every sequence can hold a whole one; with an explicit
+ * ctx, the largest pool that holds at least one), and an explicit plan that cannot fit is
+ * refused with a message saying what would.
+ *
  * Finished and cancelled sequences return their blocks and slot within the step. Every
  * per-sequence structure is fixed-size and allocated when the scheduler is created; a step
  * that only decodes allocates nothing.
@@ -114,10 +120,39 @@ typedef struct st_sched_params {
     int max_queue;           /* requests beyond max_seqs before ST_ERR_BUSY */
     double stall_timeout_s;  /* a sequence paused this long ends with an error */
     double head_wait_s;      /* how long later requests may pass a queue head short of blocks */
+    size_t mem_budget;       /* bytes the plan may take (cache, state, scratch, histories);
+                                0 = not checked */
     const st_kernels *kernels;
 } st_sched_params;
 
 st_sched_params st_sched_default_params(void);
+
+/* What a scheduler allocates: decided before anything is. */
+typedef struct st_sched_plan {
+    int64_t ctx;          /* the context requests get */
+    int64_t kv_blocks;    /* the KV pool */
+    int block_size;
+    int max_seqs;
+    size_t kv_bytes;      /* the pool */
+    size_t state_bytes;   /* recurrent and conv state, block tables */
+    size_t scratch_bytes; /* the forward pass's */
+    size_t other_bytes;   /* histories, logits, sampler, text pipelines */
+    size_t total_bytes;
+    size_t budget_bytes;  /* 0: not checked */
+    int fitted;           /* the context or the pool was made smaller to fit the budget */
+} st_sched_plan;
+
+/* The plan for these parameters (the same decision st_sched_create makes). ST_ERR_LIMIT with
+ * a message naming what would fit when an explicit plan exceeds the budget. */
+st_status st_sched_plan_for(const st_model *m, const st_sched_params *p, st_sched_plan *out,
+                            st_error *err);
+
+/* fraction (0..1] of the memory this process can still have (st_sysmem_available), less
+ * the weights still read from their mapping; 0 when that memory is unknown. */
+size_t st_sched_memory_budget(const st_model *m, double fraction);
+
+/* One line describing a plan ("KV pool 2.0 GiB (...), ..."), into buf. */
+void st_sched_plan_text(const st_sched_plan *pl, char *buf, size_t cap);
 
 typedef struct st_sched st_sched;
 
@@ -177,5 +212,6 @@ typedef struct st_seq_info {
 int st_sched_seq_info(st_sched *s, uint64_t id, st_seq_info *out);
 
 const st_cache *st_sched_cache(const st_sched *s);
+const st_sched_plan *st_sched_get_plan(const st_sched *s);
 
 #endif /* ST_ENGINE_SCHEDULER_H */

@@ -173,6 +173,60 @@ static float *falloc(st_fwd *f, int64_t n, int *fail) {
     return p;
 }
 
+/* Element counts of the scratch buffers of a context for T tokens per call: one definition
+ * for st_fwd_create_ex and st_fwd_plan_bytes. */
+typedef struct scratch_dims {
+    int64_t d, w1, w2, w3, wm, hv, cd, maxcols, qmax, hd, Dk, Dv;
+} scratch_dims;
+
+static scratch_dims dims_of(const st_config *c) {
+    scratch_dims z;
+    int64_t nh = c->n_heads, nkv = c->n_kv_heads;
+    int64_t I = max64(c->intermediate_size,
+                      max64(c->moe_intermediate_size, c->shared_expert_intermediate_size));
+    z.d = c->hidden_size;
+    z.hd = c->head_dim;
+    z.cd = st_config_conv_dim(c);
+    z.hv = c->lin_n_value_heads;
+    z.Dk = c->lin_key_head_dim;
+    z.Dv = c->lin_value_head_dim;
+    int64_t vd = st_config_value_dim(c);
+    z.w1 = max64(max64(z.cd, 2 * nh * z.hd), I);
+    z.w2 = max64(max64(vd, nkv * z.hd), I);
+    z.w3 = max64(z.hv, nkv * z.hd);
+    z.wm = max64(vd, nh * z.hd);
+    z.maxcols = max64(max64(max64(z.d, I), max64(vd, nh * z.hd)), max64(z.hd, max64(z.Dk, z.Dv)));
+    z.qmax = nkv > 0 && nh / nkv > ATT_QMAX ? nh / nkv : ATT_QMAX;
+    return z;
+}
+
+/* attention chunks of a context of max_seq_len positions, and the split-decode tasks */
+static int64_t part_chunks_of(int64_t max_seq_len) { return (max_seq_len + ATT_CHUNK - 1) / ATT_CHUNK; }
+static int64_t max_tasks_of(const st_config *c, int64_t T, int64_t chunks) {
+    return max64(T * max64(c->lin_n_key_heads, c->n_kv_heads), SPLIT_TOK * c->n_kv_heads * chunks);
+}
+
+size_t st_fwd_plan_bytes(const st_model *m, int max_tokens, int64_t max_seq_len, int n_threads) {
+    const st_config *c = &m->cfg;
+    scratch_dims z = dims_of(c);
+    int64_t T = max_tokens, chunks = part_chunks_of(max_seq_len);
+    int nth = n_threads > 0 ? n_threads : st_default_threads();
+    int64_t floats = T * (5 * z.d + z.w1 + z.w2 + z.w3 + z.hv + z.wm) + c->rope_dim / 2 +
+                     (int64_t)m->n_linear * c->conv_kernel * z.cd;
+    size_t bytes = (size_t)(T + 1 + max_tasks_of(c, T, chunks) + 2) * sizeof(int64_t);
+    if (c->is_moe) {
+        floats += T * (c->n_experts + c->n_experts_per_tok + 1);
+        bytes += (size_t)(T * c->n_experts_per_tok + T) * sizeof(int32_t);
+    }
+    int64_t per_thread = st_kernels_matmul_scratch(z.maxcols) + z.cd + c->rope_dim + z.qmax * (3 * z.hd + ATT_CHUNK + 4) +
+                         gdn_ws_floats(z.Dk, z.Dv) + 2 * T;
+    floats += nth * per_thread;
+    bytes += (size_t)floats * sizeof(float) + (size_t)nth * (size_t)z.qmax * sizeof(int64_t);
+    if (nth > 1 && chunks > 1 && c->n_heads > 0)
+        bytes += (size_t)SPLIT_TOK * (size_t)c->n_heads * (size_t)chunks * (size_t)(z.hd + 2) * sizeof(float);
+    return bytes;
+}
+
 st_status st_fwd_create(const st_model *m, st_cache *cache, int max_tokens,
                         const st_kernels *kernels, st_fwd **out, st_error *err) {
     st_fwd_params p = st_fwd_default_params();
@@ -199,17 +253,9 @@ st_status st_fwd_create_ex(const st_model *m, st_cache *cache, int max_tokens,
     f->gdn_chunked = prm->gdn_chunked;
     f->par_work = prm->min_parallel_work > 0 ? prm->min_parallel_work : PAR_WORK;
     f->max_tokens = max_tokens;
-    int64_t T = max_tokens, d = c->hidden_size;
-    int64_t nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
-    int64_t cd = st_config_conv_dim(c), vd = st_config_value_dim(c), hv = c->lin_n_value_heads;
-    int64_t Dk = c->lin_key_head_dim, Dv = c->lin_value_head_dim;
-    int64_t I = max64(c->intermediate_size,
-                      max64(c->moe_intermediate_size, c->shared_expert_intermediate_size));
-    int64_t w1 = max64(max64(cd, 2 * nh * hd), I);
-    int64_t w2 = max64(max64(vd, nkv * hd), I);
-    int64_t w3 = max64(hv, nkv * hd);
-    int64_t wm = max64(vd, nh * hd);
-    int64_t maxcols = max64(max64(max64(d, I), max64(vd, nh * hd)), max64(hd, max64(Dk, Dv)));
+    scratch_dims z = dims_of(c);
+    int64_t T = max_tokens, d = z.d, nh = c->n_heads, hd = z.hd, cd = z.cd;
+    int64_t w1 = z.w1, w2 = z.w2, w3 = z.w3, wm = z.wm, hv = z.hv, Dk = z.Dk, Dv = z.Dv, maxcols = z.maxcols;
     int fail = 0;
     f->x = falloc(f, T * d, &fail);
     f->xn = falloc(f, T * d, &fail);
@@ -225,8 +271,8 @@ st_status st_fwd_create_ex(const st_model *m, st_cache *cache, int max_tokens,
     f->conv_t = falloc(f, (int64_t)m->n_linear * c->conv_kernel * cd, &fail);
     f->item_t0 = calloc((size_t)T + 1, sizeof *f->item_t0);
     /* tasks: (item, key head), (item, KV head, tile) or, split, (item, KV head, chunk) */
-    f->part_chunks = (cache->p.max_seq_len + ATT_CHUNK - 1) / ATT_CHUNK;
-    int64_t max_tasks = max64(T * max64(c->lin_n_key_heads, nkv), SPLIT_TOK * nkv * f->part_chunks);
+    f->part_chunks = part_chunks_of(cache->p.max_seq_len);
+    int64_t max_tasks = max_tasks_of(c, T, f->part_chunks);
     f->task_w = calloc((size_t)max_tasks + 2, sizeof *f->task_w);
     fail |= !f->item_t0 || !f->task_w;
     if (c->is_moe) {
@@ -240,7 +286,7 @@ st_status st_fwd_create_ex(const st_model *m, st_cache *cache, int max_tokens,
     f->n_threads = nth;
     st_balance_init(&f->mm_bal, nth);
     st_balance_init(&f->task_bal, nth);
-    f->att_qmax = nkv > 0 && nh / nkv > ATT_QMAX ? (int)(nh / nkv) : ATT_QMAX;
+    f->att_qmax = (int)z.qmax;
     f->th = calloc((size_t)nth, sizeof *f->th);
     f->run_work = calloc((size_t)nth, sizeof *f->run_work);
     f->run_s = calloc((size_t)nth, sizeof *f->run_s);
@@ -269,6 +315,7 @@ st_status st_fwd_create_ex(const st_model *m, st_cache *cache, int max_tokens,
                         (size_t)(hd + 2) * sizeof(float);
         f->part = st_big_alloc(f->part_bytes);
         if (!f->part) f->part_bytes = 0; /* no split mode then */
+        f->scratch_bytes += f->part_bytes;
     }
     if (fail) {
         st_fwd_destroy(f);

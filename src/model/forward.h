@@ -84,8 +84,12 @@ st_status st_fwd_run(st_fwd *f, const st_batch_item *items, int n_items, float *
 
 void st_fwd_set_hidden_hook(st_fwd *f, st_hidden_hook hook, void *user);
 
-/* Bytes of scratch the context planned. */
+/* Bytes of scratch the context planned (the mapped attention partials included). */
 size_t st_fwd_scratch_bytes(const st_fwd *f);
+
+/* About what st_fwd_create_ex allocates for these parameters (n_threads 0 = the default),
+ * without allocating: for memory plans made before a context exists. */
+size_t st_fwd_plan_bytes(const st_model *m, int max_tokens, int64_t max_seq_len, int n_threads);
 
 /* The kernel set and thread count in use. */
 const st_kernels *st_fwd_kernels(const st_fwd *f);

@@ -63,6 +63,7 @@ st_server_params st_server_default_params(void) {
         .step_tokens = 512,
         .max_queue = 64,
         .kv_dtype = ST_KV_F32,
+        .mem_fraction = 0.9,
         .max_body = (size_t)32 << 20,
         .max_header = (size_t)64 << 10,
         .http_threads = 4,
@@ -1353,19 +1354,22 @@ static st_status load_all(srv *s, st_error *err) {
     sp.kv_dtype = s->p.kv_dtype;
     sp.kv_blocks = s->p.kv_blocks;
     sp.stall_timeout_s = s->p.stall_timeout_s;
+    sp.mem_budget = st_sched_memory_budget(s->m, s->p.mem_fraction);
     if ((st = st_sched_create(s->m, s->tok, &sp, &s->sched, err)) != ST_OK) return st;
     size_t ev = st_sched_max_event_text(s->sched);
     s->inbox_cap = 4 * ev > INBOX_MIN_TEXT ? 4 * ev : INBOX_MIN_TEXT;
     load_defaults(s);
     s->defaults.max_tokens_completion = 16;
     s->defaults.model_name = s->model_id;
-    st_sched_stats ss;
-    st_sched_get_stats(s->sched, &ss);
     st_model_stats ms;
     st_model_get_stats(s->m, s->p.kv_dtype == ST_KV_BF16 ? 2 : 4, &ms);
-    fprintf(stderr, "strand: serving '%s': %d sequences, context %lld, memory planned: %.1f MiB weights (mapped) + %.1f MiB cache and scratch\n",
+    const st_sched_plan *pl = st_sched_get_plan(s->sched);
+    char plan[400];
+    st_sched_plan_text(pl, plan, sizeof plan);
+    fprintf(stderr, "strand: serving '%s': %d sequences, context %lld; weights %.2f GiB; memory plan %s%s\n",
             s->model_id, s->p.max_seqs, (long long)st_sched_context(s->sched),
-            (double)ms.weight_bytes / 1048576.0, (double)ss.planned_bytes / 1048576.0);
+            (double)ms.weight_bytes / (double)(1u << 30), plan,
+            pl->fitted ? " (sized to fit the memory this process can have)" : "");
     return ST_OK;
 }
 

@@ -39,7 +39,8 @@ typedef struct st_server_params {
     int step_tokens;         /* tokens per scheduler step */
     int max_queue;           /* waiting requests before 429 */
     st_kv_dtype kv_dtype;
-    int64_t kv_blocks;       /* 0 = max_seqs full contexts */
+    int64_t kv_blocks;       /* 0 = max_seqs full contexts, or what fits (mem_fraction) */
+    double mem_fraction;     /* of the memory this process can have, for the plan; 0 = no check */
     const char *api_key;     /* NULL = no authentication; "" is refused */
     size_t max_body;         /* request body limit in bytes */
     size_t max_header;       /* per-connection memory for headers */
