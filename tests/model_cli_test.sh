@@ -51,6 +51,13 @@ fails_with "missing -n" "required" $S generate -m $D/fixtures/tiny-a --ids 1
 fails_with "bad -n" "-n" $S generate -m $D/fixtures/tiny-a --ids 1 -n abc
 fails_with "unknown option" "unknown option" $S logits -m $D/fixtures/tiny-a --ids 1 -o "$T/x" --bogus
 fails_with "unknown synth preset" "unknown preset" $S synth --preset 99b -o "$T/x99"
+fails_with "synth --group 48 (MLX groups are 32, 64 or 128)" "32, 64 or 128" $S synth --preset tiny --dtype q4 --group 48 -o "$T/g48"
+fails_with "synth -o - (a checkpoint is a directory)" "cannot hold a checkpoint" $S synth --preset tiny -o -
+check "logits -o - writes the float32 row to standard output" cmp -s "$T/last.bin" <($S logits -m $D/fixtures/tiny-a --ids 5,6,7,8 -o -)
+check "no file named '-' was made" [ ! -e ./- ]
+fails_with "a directory where a file is expected: named as such" "is a directory" $S tokenize -m $D/fixtures/tiny-a --text-file $D
+STRAND_KERNELS=bogus $S generate -m $D/fixtures/tiny-a --ids 1,2 -n 1 >/dev/null 2>"$T/kerr"
+check "an unknown STRAND_KERNELS is called unknown, with the known sets" grep -q "not a kernel set (known: auto, ref" "$T/kerr"
 mkdir -p "$T/trunc" && cp $D/fixtures/tiny-a/config.json "$T/trunc/" && head -c 300000 $D/fixtures/tiny-a/model.safetensors >"$T/trunc/model.safetensors"
 fails_with "truncated checkpoint" "model.safetensors" $S inspect -m "$T/trunc"
 printf '1,2\nnot,ids\n' >"$T/badbatch"

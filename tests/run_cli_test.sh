@@ -30,4 +30,19 @@ rc=$?
 if [ $rc = 1 ] && grep -q "tokenizer" "$T/err5"; then ok "run without a tokenizer: clear error"; else nok "run without tokenizer: rc $rc $(cat "$T/err5")"; fi
 $S run -m "$T/m" >/dev/null 2>"$T/err6"
 if [ $? = 1 ] && grep -q -- "-p PROMPT are required" "$T/err6"; then ok "run without -p: usage"; else nok "run without -p"; fi
+$S run -m "$T/m" -p "What is 2+2?" -n 1 >/dev/null 2>"$T/err7"
+if grep -q "1 token, finish: length" "$T/err7"; then ok "run -n 1: '1 token', no rate of one token"; else nok "run -n 1: $(cat "$T/err7")"; fi
+$S run -m "$T/m" -p "What is 2+2?" --logprobs 2 >"$T/out8" 2>/dev/null
+if grep -q "^\[logprobs" "$T/out8" && [ "$(grep -cE '^ +[0-9]+ .* \| ' "$T/out8")" = 12 ]; then ok "run --logprobs 2 prints each token's logprob and 2 alternatives"
+else nok "run --logprobs: $(tail -3 "$T/out8")"; fi
+$S run -m "$T/m" -p "$(printf 'caf\xe9')" >/dev/null 2>"$T/err9"
+if [ $? = 1 ] && grep -q -- "-p is not valid UTF-8" "$T/err9"; then ok "run -p with Latin-1 bytes: 'not valid UTF-8'"; else nok "run non-UTF-8 -p: $(cat "$T/err9")"; fi
+$S run -m "$T/m" -p "hi" --system "$(printf '\xff')" >/dev/null 2>"$T/err10"
+if [ $? = 1 ] && grep -q -- "--system is not valid UTF-8" "$T/err10"; then ok "run --system non-UTF-8: named"; else nok "run non-UTF-8 --system: $(cat "$T/err10")"; fi
+$S synth --preset tiny --tokenizer tests/data/tokenizers/qwen3 --poison-token 9707 -o "$T/nan" >/dev/null
+cp tests/data/templates/qwen3.5.jinja "$T/nan/chat_template.jinja"
+$S run -m "$T/nan" -p "Hello" --raw >/dev/null 2>"$T/err11"
+if [ $? = 1 ] && grep -q "non-finite logits" "$T/err11"; then ok "run on a model that gives NaN logits: exit 1 naming them"; else nok "run NaN: $(cat "$T/err11")"; fi
+$S generate -m "$T/nan" --ids 9707,11 -n 3 >/dev/null 2>"$T/err12"
+if [ $? = 1 ] && grep -q "non-finite logits" "$T/err12"; then ok "generate likewise"; else nok "generate NaN: $(cat "$T/err12")"; fi
 echo "# $n checks"

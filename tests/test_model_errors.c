@@ -153,6 +153,12 @@ int main(void) {
     expect_load("config field of the wrong type", d, ST_ERR_FORMAT, "'hidden_size'", "integer");
     d = make_bad("heads", "tiny-a", NULL, "\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3");
     expect_load("heads not a multiple of kv heads", d, ST_ERR_FORMAT, "num_key_value_heads", NULL);
+    d = make_bad("eosstr", "tiny-a", NULL, "\"eos_token_id\": null", "\"eos_token_id\": \"2\"");
+    expect_load("eos_token_id as a string (a model that would never stop)", d, ST_ERR_FORMAT, "eos_token_id", "token id");
+    d = make_bad("eoslist", "tiny-a", NULL, "\"eos_token_id\": null", "\"eos_token_id\": [2, 3.5]");
+    expect_load("eos_token_id with a non-integer member", d, ST_ERR_FORMAT, "eos_token_id", NULL);
+    d = make_bad("ropestr", "tiny-a", NULL, "\"rope_parameters\": {", "\"rope_parameters\": \"yes\", \"x\": {");
+    expect_load("rope_parameters not an object", d, ST_ERR_FORMAT, "rope_parameters must be an object", NULL);
     d = make_bad("layertypes", "tiny-a", NULL, "\"full_attention\"\n", "\"sliding_attention\"\n");
     expect_load("unknown layer type", d, ST_ERR_FORMAT, "layer_types[3]", "sliding_attention");
     {

@@ -1,6 +1,7 @@
 /* ==== strand logits: write the logits of a prompt to a file ====
  * strand logits -m DIR --ids 1,2,3 [--all] [--chunk N] [--kv-dtype f32|bf16] -o FILE
  * Output: float32 little-endian, [T][V] with --all, else [V] for the last position. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,9 +80,9 @@ int cmd_logits(int argc, char **argv) {
     }
     st_seq seq = {.slot = -1};
     if (st_cache_seq_start(cache, &seq, &err) != ST_OK) goto done;
-    fp = fopen(out_path, "wb");
+    fp = strcmp(out_path, "-") ? fopen(out_path, "wb") : stdout; /* -o - is standard output */
     if (!fp) {
-        st_error_set(&err, ST_ERR_IO, "%s: cannot create", out_path);
+        st_error_set(&err, ST_ERR_IO, "%s: cannot create: %s", out_path, strerror(errno));
         goto done;
     }
     for (int i = 0; i < n; i += (int)chunk) {
@@ -96,7 +97,7 @@ int cmd_logits(int argc, char **argv) {
             goto done;
         }
     }
-    if (fclose(fp) != 0) {
+    if ((fp == stdout ? fflush(fp) : fclose(fp)) != 0) {
         fp = NULL;
         st_error_set(&err, ST_ERR_IO, "%s: write failed", out_path);
         goto done;
@@ -104,7 +105,7 @@ int cmd_logits(int argc, char **argv) {
     fp = NULL;
     rc = 0;
 done:
-    if (fp) fclose(fp);
+    if (fp && fp != stdout) fclose(fp);
     if (rc) cli_fail(&err);
     free(lg);
     free(ids);

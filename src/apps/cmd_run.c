@@ -72,18 +72,21 @@ static int on_event(void *user, const st_event *ev) {
 }
 
 
-/* a token's text for the logprob listing, escaped for one line */
+/* a token's text for the logprob listing, escaped for one line (bytes that are not whole
+ * UTF-8 characters as \xNN) */
 static void print_token(const st_tokenizer *tok, int32_t id) {
     size_t n = 0;
     const char *b = st_tok_token_bytes(tok, id, &n);
     putchar('\'');
-    for (size_t i = 0; b && i < n; i++) {
+    for (size_t i = 0; b && i < n;) {
         unsigned char c = (unsigned char)b[i];
+        int k = st_utf8_seq((const uint8_t *)b + i, n - i, NULL);
         if (c == '\n') fputs("\\n", stdout);
         else if (c == '\t') fputs("\\t", stdout);
         else if (c == '\'' || c == '\\') printf("\\%c", c);
-        else if (c < 0x20 || c == 0x7f) printf("\\x%02x", c);
-        else putchar(c);
+        else if (c < 0x20 || c == 0x7f || k == 0) printf("\\x%02x", c);
+        else fwrite(b + i, 1, (size_t)k, stdout);
+        i += k > 1 ? (size_t)k : 1;
     }
     putchar('\'');
 }

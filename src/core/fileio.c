@@ -57,6 +57,11 @@ st_status st_file_read(const char *path, size_t max_len, char **out, size_t *out
     if (out_len) *out_len = 0;
     FILE *fp = fopen(path, "rb");
     if (!fp) return st_error_set(err, ST_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(fp), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        fclose(fp);
+        return st_error_set(err, ST_ERR_IO, "%s: is a directory, not a file", path);
+    }
     size_t cap = 4096, len = 0;
     char *buf = malloc(cap + 1);
     if (!buf) {
@@ -89,7 +94,7 @@ st_status st_file_read(const char *path, size_t max_len, char **out, size_t *out
     fclose(fp);
     if (bad) {
         free(buf);
-        return st_error_set(err, ST_ERR_IO, "%s: read error", path);
+        return st_error_set(err, ST_ERR_IO, "%s: read error: %s", path, strerror(errno));
     }
     buf[len] = '\0';
     *out = buf;

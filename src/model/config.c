@@ -59,19 +59,25 @@ static int get_bool(json_t *obj, const char *key, int def) {
     return def;
 }
 
-/* Collect integer ids from an int or a list of ints into cfg->eos_ids (deduplicated). */
-static void add_eos(st_config *cfg, json_t *v) {
-    if (json_is_integer(v)) {
-        json_int_t id = json_integer_value(v);
-        if (id < 0 || id > INT32_MAX) return;
-        for (int i = 0; i < cfg->n_eos; i++)
-            if (cfg->eos_ids[i] == id) return;
-        if (cfg->n_eos < ST_MAX_EOS) cfg->eos_ids[cfg->n_eos++] = (int32_t)id;
-    } else if (json_is_array(v)) {
-        size_t i;
-        json_t *x;
-        json_array_foreach(v, i, x) add_eos(cfg, x);
+static void add_eos_id(st_config *cfg, int32_t id) {
+    for (int i = 0; i < cfg->n_eos; i++)
+        if (cfg->eos_ids[i] == id) return;
+    if (cfg->n_eos < ST_MAX_EOS) cfg->eos_ids[cfg->n_eos++] = id;
+}
+
+/* Collect the ids of an eos_token_id field (absent, null, an id or a list of ids) into
+ * cfg->eos_ids, deduplicated; anything else is refused (a model that never stops). */
+static st_status add_eos(st_config *cfg, json_t *v, const char *label, st_error *err) {
+    if (!v || json_is_null(v)) return ST_OK;
+    size_t n = json_is_array(v) ? json_array_size(v) : 1;
+    for (size_t i = 0; i < n; i++) {
+        json_t *x = json_is_array(v) ? json_array_get(v, i) : v;
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > INT32_MAX)
+            return st_error_set(err, ST_ERR_FORMAT,
+                                "%s: eos_token_id must be a token id or a list of token ids", label);
+        add_eos_id(cfg, (int32_t)json_integer_value(x));
     }
+    return ST_OK;
 }
 
 static int32_t get_token_id(json_t *obj, const char *key) {
@@ -246,8 +252,14 @@ static st_status parse_root(reader *r, st_config *cfg) {
 
     /* RoPE */
     json_t *rp = json_object_get(t, "rope_parameters");
-    if (!json_is_object(rp)) rp = json_object_get(t, "rope_scaling");
-    if (!json_is_object(rp)) rp = NULL;
+    const char *rp_name = "rope_parameters";
+    if (!rp || json_is_null(rp)) {
+        rp = json_object_get(t, "rope_scaling");
+        rp_name = "rope_scaling";
+    }
+    if (json_is_null(rp)) rp = NULL;
+    if (rp && !json_is_object(rp))
+        return st_error_set(r->err, ST_ERR_FORMAT, "%s: %s must be an object", r->label, rp_name);
     double theta_legacy, prf_legacy;
     if ((st = get_num(r, t, "rope_theta", 10000.0, &theta_legacy)) != ST_OK) return st;
     if ((st = get_num(r, t, "partial_rotary_factor", 0.25, &prf_legacy)) != ST_OK) return st;
@@ -311,8 +323,9 @@ static st_status parse_root(reader *r, st_config *cfg) {
     if (q && !json_is_null(q))
         if ((st = parse_quant(r, cfg, q)) != ST_OK) return st;
 
-    add_eos(cfg, json_object_get(root, "eos_token_id"));
-    if (t != root) add_eos(cfg, json_object_get(t, "eos_token_id"));
+    if ((st = add_eos(cfg, json_object_get(root, "eos_token_id"), r->label, r->err)) != ST_OK) return st;
+    if (t != root && (st = add_eos(cfg, json_object_get(t, "eos_token_id"), r->label, r->err)) != ST_OK)
+        return st;
 
     cfg->image_token_id = get_token_id(root, "image_token_id");
     cfg->video_token_id = get_token_id(root, "video_token_id");
@@ -364,8 +377,12 @@ st_status st_config_load(const char *dir, st_config *cfg, st_error *err) {
         if (!g) {
             ST_WARN("%s: ignored, not valid JSON (line %d): %s", path, jerr.line, jerr.text);
         } else {
-            add_eos(cfg, json_object_get(g, "eos_token_id"));
+            st = json_is_object(g) ? add_eos(cfg, json_object_get(g, "eos_token_id"), path, err) : ST_OK;
             json_decref(g);
+            if (st != ST_OK) {
+                st_config_free(cfg);
+                return st;
+            }
         }
     }
     return ST_OK;

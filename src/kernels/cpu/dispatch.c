@@ -4,6 +4,7 @@
  * once per process. The features are detected once (pthread_once) and never change. */
 #include <pthread.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "core/log.h"
@@ -130,6 +131,15 @@ const st_kernels *st_kernels_select(void) {
     const st_kernels *k = st_kernels_by_name(e);
     if (k) return k;
     const st_kernels *b = st_kernels_best();
-    ST_WARN("STRAND_KERNELS=%s is not available on this CPU (or unknown); using %s", e, b->name);
+    int known = strcmp(e, "amx-emulated") == 0;
+    for (const char *const *n = st_kernels_names(); *n; n++) known |= strcmp(*n, e) == 0;
+    if (known) {
+        ST_WARN("STRAND_KERNELS=%s is not available on this CPU; using %s", e, b->name);
+    } else {
+        char list[128] = "";
+        for (const char *const *n = st_kernels_names(); *n; n++)
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", *list ? ", " : "", *n);
+        ST_WARN("STRAND_KERNELS=%s is not a kernel set (known: auto, %s); using %s", e, list, b->name);
+    }
     return b;
 }
