@@ -3,20 +3,43 @@
  * Including this header in a program replaces malloc, calloc, realloc and the aligned
  * allocators with wrappers around glibc's that count calls while `alloc_counting` is set.
  * Allocations made inside libraries are counted too. Include it in one file per program.
+ * Under AddressSanitizer, which owns the allocator, the sanitizer's allocation hook counts
+ * instead (the same calls are seen).
  */
 #ifndef ST_TESTS_ALLOC_COUNT_H
 #define ST_TESTS_ALLOC_COUNT_H
 
 #include <stddef.h>
 
+static int alloc_counting; /* count while non-zero */
+static long alloc_count;   /* allocations seen */
+
+#if defined(__SANITIZE_ADDRESS__)
+#define ST_ALLOC_COUNT_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ST_ALLOC_COUNT_ASAN 1
+#endif
+#endif
+
+#ifdef ST_ALLOC_COUNT_ASAN
+#include <sanitizer/allocator_interface.h>
+
+static void alloc_count_hook(const volatile void *p, size_t n) {
+    (void)p, (void)n;
+    if (alloc_counting) alloc_count++;
+}
+static void alloc_count_free_hook(const volatile void *p) { (void)p; } /* both are required */
+__attribute__((constructor)) static void alloc_count_install(void) {
+    __sanitizer_install_malloc_and_free_hooks(alloc_count_hook, alloc_count_free_hook);
+}
+#else
+
 extern void *__libc_malloc(size_t);
 extern void *__libc_calloc(size_t, size_t);
 extern void *__libc_realloc(void *, size_t);
 extern void *__libc_memalign(size_t, size_t);
 extern void __libc_free(void *);
-
-static int alloc_counting; /* count while non-zero */
-static long alloc_count;   /* allocations seen */
 
 void *malloc(size_t n) {
     if (alloc_counting) alloc_count++;
@@ -40,5 +63,6 @@ int posix_memalign(void **out, size_t al, size_t n) {
     return *out ? 0 : 12;
 }
 void free(void *p) { __libc_free(p); }
+#endif /* ST_ALLOC_COUNT_ASAN */
 
 #endif /* ST_TESTS_ALLOC_COUNT_H */

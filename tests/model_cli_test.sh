@@ -4,7 +4,7 @@
 # exit, a message naming the problem, never a crash) for bad input.
 set -u
 cd "$(dirname "$0")/.."
-S=build/strand
+S=${STRAND:-build/strand}
 D=tests/data
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT

@@ -3,7 +3,7 @@
 # the chat template, tokenizer, reasoning display, --no-think, sampling flags, timing line.
 set -u
 cd "$(dirname "$0")/.."
-S=build/strand
+S=${STRAND:-build/strand}
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 n=0

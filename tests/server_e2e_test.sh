@@ -4,7 +4,7 @@
 # Starts three servers on free loopback ports with synthetic models; prints TAP lines.
 set -u
 cd "$(dirname "$0")/.."
-S=build/strand
+S=${STRAND:-build/strand}
 if ! command -v node >/dev/null 2>&1 || [ ! -d tests/e2e/node_modules/openai ]; then
     echo "not ok 1 - node and tests/e2e/node_modules are needed (run scripts/deps.sh)"
     exit 1
@@ -48,5 +48,8 @@ fi
 SCRIPTED_URL=$SCRIPTED_URL RANDOM_URL=$RANDOM_URL SMALL_URL=$SMALL_URL SMALL_PID=$SMALL_PID \
     timeout 300 node tests/e2e/e2e.mjs
 rc=$?
-for l in "$T"/*.log; do grep -iE "assert|panic|sanitizer" "$l" && rc=1; done
+for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+for p in "${pids[@]}"; do wait "$p"; done
+pids=()
+for l in "$T"/*.log; do grep -iE "assert|panic|sanitizer|runtime error" "$l" && rc=1; done
 exit $rc

@@ -160,9 +160,16 @@ int cmd_generate(int argc, char **argv) {
     } else {
         prompts = calloc(1, sizeof *prompts);
         lens = calloc(1, sizeof *lens);
-        if (!prompts || !lens) return cli_failf("out of memory");
-        if (cli_parse_ids(ids_s, &prompts[0], &lens[0], &err) != ST_OK) return cli_fail(&err);
-        if (lens[0] == 0) return cli_failf("generate: --ids is empty");
+        int rc0 = 0;
+        if (!prompts || !lens) rc0 = cli_failf("out of memory");
+        else if (cli_parse_ids(ids_s, &prompts[0], &lens[0], &err) != ST_OK) rc0 = cli_fail(&err);
+        else if (lens[0] == 0) rc0 = cli_failf("generate: --ids is empty");
+        if (rc0) {
+            if (prompts) free(prompts[0]);
+            free(prompts);
+            free(lens);
+            return rc0;
+        }
         n = 1;
     }
     st_model *m = NULL;

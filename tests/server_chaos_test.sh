@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The request-level property test (tests/e2e/chaos.mjs) against a running server: random
+# requests, disconnects and bad input from several clients; then the server must answer with
+# nothing running and no KV block in use. STRAND=path runs another build; CHAOS_SECONDS and
+# CHAOS_SEED vary the run. TAP lines.
+set -u
+cd "$(dirname "$0")/.."
+S=${STRAND:-build/strand}
+if ! command -v node >/dev/null 2>&1 || [ ! -d tests/e2e/node_modules/openai ]; then
+    echo "not ok 1 - node and tests/e2e/node_modules are needed (run scripts/deps.sh)"
+    exit 1
+fi
+T=$(mktemp -d)
+pid=
+cleanup() {
+    [ -n "$pid" ] && kill "$pid" 2>/dev/null
+    wait 2>/dev/null
+    rm -rf "$T"
+}
+trap cleanup EXIT
+build/strand synth --preset tiny --tokenizer tests/data/tokenizers/qwen3 --seed 11 -o "$T/m" >/dev/null || exit 1
+cp tests/data/templates/qwen3.5.jinja "$T/m/chat_template.jinja"
+"$S" serve --port 0 -m "$T/m" --model-name random --max-seqs 4 --kv-blocks 256 --max-queue 4 --ctx 2048 \
+    --stall-timeout 2 --idle-timeout 2 --max-body-mb 2 >"$T/log" 2>&1 &
+pid=$!
+for _ in $(seq 300); do grep -q '^strand: ready' "$T/log" && break; sleep 0.1; done
+url=$(sed -n 's/^strand: listening on \(http:[^ ]*\).*/\1/p' "$T/log")
+if [ -z "$url" ] || ! grep -q '^strand: ready' "$T/log"; then
+    echo "not ok 1 - the server starts: $(tail -3 "$T/log")"
+    exit 1
+fi
+URL=$url SEED=${CHAOS_SEED:-20261201} SECONDS=${CHAOS_SECONDS:-20} timeout 120 node tests/e2e/chaos.mjs
+kill -TERM "$pid"
+if wait "$pid"; then echo "ok - the server exits 0 on SIGTERM after the storm"; else echo "not ok - the server's exit after the storm: $(tail -5 "$T/log")"; fi
+pid=
+if grep -iE "sanitizer|runtime error|assert" "$T/log"; then echo "not ok - the server's log shows a sanitizer report or an assertion"; else echo "ok - no sanitizer report or assertion in the server's log"; fi
