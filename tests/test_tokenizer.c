@@ -901,6 +901,41 @@ static void test_threads(const st_tokenizer *tok) {
     free(want.v);
 }
 
+/* ==== Encoding with a limit ==== */
+
+/* A prompt over the context costs about the context's worth of work, not the prompt's:
+ * encoding stops as soon as there are more ids than allowed, and a single long piece is
+ * refused before its merges are worked out. */
+static void test_limit(const st_tokenizer *tok) {
+    const char *text = "Hello world, this is a sentence of several tokens, and then some more.";
+    int32_t *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0;
+    st_error err = {0};
+    st_tok_encode(tok, text, strlen(text), 1, &a, &na, &err);
+    st_status in = st_tok_encode_limit(tok, text, strlen(text), 1, na, &b, &nb, &err);
+    int same = in == ST_OK && nb == na && !memcmp(a, b, na * sizeof *a);
+    free(b);
+    b = NULL;
+    st_status over = st_tok_encode_limit(tok, text, strlen(text), 1, na - 1, &b, &nb, &err);
+    CHECK(same && over == ST_ERR_LIMIT && !b && nb == 0,
+          "encode_limit: the same ids at the limit, ST_ERR_LIMIT one below (%s)", err.msg);
+    free(a);
+    size_t big = (size_t)3 << 20; /* one 3 MB piece, and 3 MB of words */
+    char *x = malloc(big + 1);
+    memset(x, 'x', big);
+    x[big] = 0;
+    double t0 = now_s();
+    over = st_tok_encode_limit(tok, x, big, 1, 1000, &b, &nb, &err);
+    double t1 = now_s();
+    for (size_t i = 0; i < big; i++) x[i] = i % 6 == 5 ? ' ' : "lorem"[i % 6];
+    st_status over2 = st_tok_encode_limit(tok, x, big, 1, 1000, &b, &nb, &err);
+    double t2 = now_s();
+    CHECK(over == ST_ERR_LIMIT && over2 == ST_ERR_LIMIT && t1 - t0 < 0.3 && t2 - t1 < 0.3,
+          "3 MB of text with a limit of 1,000 ids is refused early (%.3f s one piece, %.3f s words)", t1 - t0,
+          t2 - t1);
+    free(x);
+}
+
 /* ==== Main ==== */
 
 int main(void) {
@@ -928,6 +963,7 @@ int main(void) {
     test_model_options();
     test_added_ids();
     test_errors();
+    test_limit(tok);
     st_tok_free(tok);
     return tap_done();
 }

@@ -441,6 +441,10 @@ static st_status emit_piece(enc_ctx *c, const char *s, size_t n) {
         return c->fn(&p, c->user) ? st_error_set(c->err, ST_ERR_CANCELLED, "split: stopped")
                                   : ST_OK;
     }
+    /* a piece gives at least one id per max_token_bytes bytes: a long one past the limit is
+     * refused before its merges are worked out */
+    size_t at_least = c->t->max_token_bytes ? n / c->t->max_token_bytes : 0;
+    if (c->max_ids && c->out->n + at_least > c->max_ids) return over_limit(c);
     st_status st = bpe_piece(c, (const uint8_t *)s, n);
     if (st == ST_OK && c->max_ids && c->out->n > c->max_ids) return over_limit(c);
     return st;
