@@ -20,7 +20,7 @@ cleanup() {
 trap cleanup EXIT
 build/strand synth --preset tiny --tokenizer tests/data/tokenizers/qwen3 --seed 11 -o "$T/m" >/dev/null || exit 1
 cp tests/data/templates/qwen3.5.jinja "$T/m/chat_template.jinja"
-"$S" serve --port 0 -m "$T/m" --model-name random --max-seqs 4 --kv-blocks 256 --max-queue 4 --ctx 2048 \
+"$S" serve --port 0 -m "$T/m" --model-name random --max-seqs 4 --kv-blocks 96 --max-queue 4 --ctx 512 \
     --stall-timeout 2 --idle-timeout 2 --max-body-mb 2 >"$T/log" 2>&1 &
 pid=$!
 for _ in $(seq 300); do grep -q '^strand: ready' "$T/log" && break; sleep 0.1; done

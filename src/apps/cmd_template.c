@@ -64,7 +64,7 @@ int cmd_template(int argc, char **argv) {
     json_error_t je;
     json_t *request = json_loadb(buf, len, JSON_ALLOW_NUL, &je);
     free(buf);
-    if (!request) return cli_failf("%s: invalid JSON at line %d: %s", req, je.line, je.text);
+    if (!request) return cli_failf("%s: invalid JSON at line %d: %s", req, je.line, st_json_error_text(je.text));
     if (!json_is_object(request) || !json_is_array(json_object_get(request, "messages"))) {
         json_decref(request);
         return cli_failf("%s: expected a JSON object with a \"messages\" list", req);

@@ -52,3 +52,8 @@ void st_error_clear(st_error *err) {
     err->status = ST_OK;
     err->msg[0] = '\0';
 }
+
+const char *st_json_error_text(const char *text) {
+    if (text && strstr(text, "JSON_ALLOW_NUL")) return "a string contains \\u0000 (NUL), which is not accepted";
+    return text ? text : "";
+}

@@ -60,4 +60,8 @@ void st_error_clear(st_error *err);
 
 #define ST_UNUSED(x) ((void)(x))
 
+/* jansson's parse error text as a user should read it: its messages that name its own
+ * flags ("... without JSON_ALLOW_NUL") are said plainly; others are returned as they are. */
+const char *st_json_error_text(const char *text);
+
 #endif /* ST_CORE_STATUS_H */

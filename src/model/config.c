@@ -341,7 +341,7 @@ st_status st_config_parse(const char *json, size_t len, const char *label, st_co
     json_t *root = json_loadb(json, len, 0, &jerr);
     if (!root)
         return st_error_set(err, ST_ERR_FORMAT, "%s: not valid JSON (line %d): %s", label,
-                            jerr.line, jerr.text);
+                            jerr.line, st_json_error_text(jerr.text));
     st_status st;
     if (!json_is_object(root)) {
         st = st_error_set(err, ST_ERR_FORMAT, "%s: not a JSON object", label);
@@ -375,7 +375,7 @@ st_status st_config_load(const char *dir, st_config *cfg, st_error *err) {
         json_error_t jerr;
         json_t *g = json_load_file(path, 0, &jerr);
         if (!g) {
-            ST_WARN("%s: ignored, not valid JSON (line %d): %s", path, jerr.line, jerr.text);
+            ST_WARN("%s: ignored, not valid JSON (line %d): %s", path, jerr.line, st_json_error_text(jerr.text));
         } else {
             st = json_is_object(g) ? add_eos(cfg, json_object_get(g, "eos_token_id"), path, err) : ST_OK;
             json_decref(g);

@@ -136,7 +136,7 @@ st_status st_sf_parse(const uint8_t *buf, size_t len, const char *label, st_sf_h
     if (!root)
         return st_error_set(err, ST_ERR_FORMAT,
                             "%s: header is not valid JSON (line %d, column %d): %s", label,
-                            jerr.line, jerr.column, jerr.text);
+                            jerr.line, jerr.column, st_json_error_text(jerr.text));
     st_status st = ST_OK;
     span *spans = NULL;
     if (!json_is_object(root)) {
@@ -273,7 +273,7 @@ static st_status open_index(st_checkpoint *ck, const char *index_path, st_error 
     json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &jerr);
     if (!root)
         return st_error_set(err, ST_ERR_FORMAT, "%s: not valid JSON (line %d): %s", index_path,
-                            jerr.line, jerr.text);
+                            jerr.line, st_json_error_text(jerr.text));
     st_status st = ST_OK;
     json_t *wm = json_object_get(root, "weight_map");
     const char **names = NULL;

@@ -459,10 +459,8 @@ st_status st_oai_parse(st_oai_kind kind, const char *body, size_t len, const st_
     json_error_t je;
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!root) {
-        /* jansson names its own flag for this one; say what is wrong instead */
-        const char *why = strstr(je.text, "JSON_ALLOW_NUL") ? "a string contains \\u0000 (NUL), which is not accepted"
-                                                            : je.text;
-        (void)BAD(e, NULL, "the body is not valid JSON (line %d, column %d): %s", je.line, je.column, why);
+        (void)BAD(e, NULL, "the body is not valid JSON (line %d, column %d): %s", je.line, je.column,
+                  st_json_error_text(je.text));
         return ST_ERR_ARG;
     }
     int rc = 0;

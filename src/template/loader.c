@@ -142,7 +142,7 @@ static st_status load_json_file(const char *path, json_t **out, st_error *err) {
     free(buf);
     if (!*out)
         return st_error_set(err, ST_ERR_FORMAT, "%s: invalid JSON at line %d: %s", path, je.line,
-                            je.text);
+                            st_json_error_text(je.text));
     if (!json_is_object(*out)) {
         json_decref(*out);
         *out = NULL;

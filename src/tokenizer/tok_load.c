@@ -904,7 +904,7 @@ st_status st_tok_load_buffer(const char *json, size_t len, const char *name, st_
         json_error_t je;
         json_t *root = json_loadb(small, w, JSON_ALLOW_NUL, &je);
         if (!root) {
-            st = fail(err, ST_ERR_FORMAT, t, "invalid JSON: %s", je.text);
+            st = fail(err, ST_ERR_FORMAT, t, "invalid JSON: %s", st_json_error_text(je.text));
         } else {
             st = build(t, json, root, vocab, merges, err);
             json_decref(root);

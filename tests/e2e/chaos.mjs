@@ -84,9 +84,10 @@ async function httpRequest(path, text, { readMode = 'all', abortMs = 0 } = {}) {
     const reader = r.body.getReader();
     const dec = new TextDecoder();
     let text2 = '', chunks = 0;
+    const slowUntil = Date.now() + 2000; /* slow for two seconds, then at full speed */
     for (;;) {
       if (readMode === 'drop' && chunks >= 2) { reader.cancel().catch(() => {}); count('dropped stream'); return; }
-      if (readMode === 'slow' && chunks % 4 === 3) await sleep(int(50, 400));
+      if (readMode === 'slow' && chunks % 4 === 3 && Date.now() < slowUntil) await sleep(int(50, 400));
       const { value, done } = await reader.read();
       if (done) break;
       text2 += dec.decode(value, { stream: true });
