@@ -6,16 +6,11 @@
 // queued or being prepared and no KV block in use.
 // Env: URL (a server of a random tiny model named "random"), SEED, SECONDS, CLIENTS.
 import net from 'node:net';
+import { check, done, sleep } from './tap.mjs';
 
 const URL_ = process.env.URL;
 let seed = Number(process.env.SEED || 1234567) >>> 0;
 const SECONDS = Number(process.env.SECONDS || 20), CLIENTS = Number(process.env.CLIENTS || 6);
-let n = 0;
-function check(cond, what, detail) {
-  n++;
-  console.log(`${cond ? 'ok' : 'not ok'} ${n} - ${what}${!cond && detail !== undefined ? ' :: ' + JSON.stringify(detail).slice(0, 800) : ''}`);
-  return cond;
-}
 function rnd() { // mulberry32
   seed = (seed + 0x6d2b79f5) >>> 0;
   let t = seed;
@@ -25,7 +20,6 @@ function rnd() { // mulberry32
 }
 const pick = (a) => a[Math.floor(rnd() * a.length)];
 const int = (lo, hi) => lo + Math.floor(rnd() * (hi - lo + 1));
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const STATUSES = new Set([200, 400, 401, 404, 405, 413, 429, 431, 499, 500, 503]);
 const bad = [];
 const counts = {};
@@ -164,4 +158,4 @@ const r = await fetch(URL_ + '/v1/chat/completions', { method: 'POST', headers: 
   body: JSON.stringify({ messages: [{ role: 'user', content: 'still there?' }], max_tokens: 3 }) });
 const j = await r.json();
 check(h.status === 200 && r.status === 200 && j.usage.completion_tokens === 3, 'and it still answers', { h: h.status, r: r.status });
-console.log(`# ${n} checks`);
+done();

@@ -7,16 +7,7 @@
 // Prints TAP lines ("ok N - ..." / "not ok N - ..."), counted by tests/run.sh.
 import OpenAI from 'openai';
 
-let n = 0;
-function check(cond, what, detail) {
-  n++;
-  console.log(`${cond ? 'ok' : 'not ok'} ${n} - ${what}${!cond && detail !== undefined ? ' :: ' + JSON.stringify(detail).slice(0, 600) : ''}`);
-  return cond;
-}
-async function attempt(what, fn) {
-  try { await fn(); } catch (e) { check(false, what, String(e && e.stack || e)); }
-}
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+import { attempt, check, done, sleep } from './tap.mjs';
 
 const scripted = new OpenAI({ baseURL: process.env.SCRIPTED_URL + '/v1', apiKey: 'test-key', maxRetries: 0 });
 const random = new OpenAI({ baseURL: process.env.RANDOM_URL + '/v1', apiKey: 'unused', maxRetries: 0 });
@@ -305,4 +296,4 @@ await attempt('error inside a stream', async () => {
     'an error after the stream started arrives as an error event, then [DONE]', lines.slice(-2));
 });
 
-console.log(`# ${n} checks`);
+done();

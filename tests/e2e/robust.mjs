@@ -9,16 +9,7 @@
 import OpenAI from 'openai';
 import net from 'node:net';
 
-let n = 0;
-function check(cond, what, detail) {
-  n++;
-  console.log(`${cond ? 'ok' : 'not ok'} ${n} - ${what}${!cond && detail !== undefined ? ' :: ' + JSON.stringify(detail).slice(0, 600) : ''}`);
-  return cond;
-}
-async function attempt(what, fn) {
-  try { await fn(); } catch (e) { check(false, what, String(e && e.stack || e)); }
-}
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+import { attempt, check, done, sleep } from './tap.mjs';
 const user = (content) => [{ role: 'user', content }];
 const MAIN = process.env.MAIN_URL, POOL = process.env.POOL_URL, CONN = process.env.CONN_URL;
 const POISON = process.env.POISON_URL;
@@ -276,4 +267,4 @@ await attempt('request shapes', async () => {
 
 const s = await idle(MAIN);
 check(s.running === 0 && s.blocks === 0 && s.waiting === 0, 'at the end: nothing running, no blocks held', s);
-console.log(`# ${n} checks`);
+done();
