@@ -33,4 +33,9 @@ URL=$url SEED=${CHAOS_SEED:-20261201} SECONDS=${CHAOS_SECONDS:-20} timeout 120 n
 kill -TERM "$pid"
 if wait "$pid"; then echo "ok - the server exits 0 on SIGTERM after the storm"; else echo "not ok - the server's exit after the storm: $(tail -5 "$T/log")"; fi
 pid=
-if grep -iE "sanitizer|runtime error|assert" "$T/log"; then echo "not ok - the server's log shows a sanitizer report or an assertion"; else echo "ok - no sanitizer report or assertion in the server's log"; fi
+# the server speaks for itself: libmicrohttpd's own messages ("Connection was closed by
+# remote side ...") stay out of its log, and so would any sanitizer report
+if grep -v '^strand: ' "$T/log" | grep -q .; then
+    echo "not ok - the server's log holds lines that are not its own:"
+    grep -v '^strand: ' "$T/log" | sort | uniq -c | sort -rn | head -5 | sed 's/^/#   /'
+else echo "ok - the server's log holds only its own lines: no libmicrohttpd message, no sanitizer report"; fi
