@@ -84,15 +84,20 @@ typedef struct sbuf {
     size_t n, cap;
 } sbuf;
 
+/* room for n more bytes and a NUL */
+static int sb_reserve(sbuf *b, size_t n) {
+    if (b->n + n + 1 <= b->cap) return 0;
+    size_t nc = b->cap ? b->cap : 1024;
+    while (nc < b->n + n + 1) nc *= 2;
+    char *np = realloc(b->p, nc);
+    if (!np) return -1;
+    b->p = np;
+    b->cap = nc;
+    return 0;
+}
+
 static int sb_put(sbuf *b, const char *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 1024;
-        while (nc < b->n + n + 1) nc *= 2;
-        char *np = realloc(b->p, nc);
-        if (!np) return -1;
-        b->p = np;
-        b->cap = nc;
-    }
+    if (sb_reserve(b, n) != 0) return -1;
     if (n) memcpy(b->p + b->n, s, n);
     b->n += n;
     b->p[b->n] = 0;
