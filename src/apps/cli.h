@@ -23,6 +23,8 @@ ST_CMD(cmd_template);
 ST_CMD(cmd_run);
 ST_CMD(cmd_serve);
 ST_CMD(cmd_bench);
+ST_CMD(cmd_perplexity);
+ST_CMD(cmd_quantize);
 #undef ST_CMD
 
 /* Report an error the way every command does ("strand: <msg>") and return exit status 1. */

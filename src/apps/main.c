@@ -22,6 +22,8 @@ static const struct {
     {"detokenize", cmd_detokenize, "token ids to text"},
     {"template", cmd_template, "render the chat template for a request"},
     {"bench", cmd_bench, "measure prefill/decode speed against this machine's bandwidth"},
+    {"perplexity", cmd_perplexity, "perplexity of a text (and KL divergence from a saved run)"},
+    {"quantize", cmd_quantize, "convert a Hugging Face checkpoint to MLX affine 2-8 bit"},
 };
 
 static void usage(FILE *out) {
