@@ -11,8 +11,9 @@
  * while an MLX file can only hold bf16(1+w) (spec/text-model.md pitfall 2). The test checks
  * that the file's norms are exactly bf16(1+w) of the HF fixture's w, then runs the model with
  * those exact multipliers, so that the quantized matrices, the MLX layout and the rest of the
- * forward pass are compared at the fixtures' full precision. The as-stored deviation is
- * printed as a diagnostic.
+ * forward pass are compared at the fixtures' full precision. Before that, the file as stored
+ * (no override) is held to the reference's run on exactly what it holds (pN.logits_as_stored
+ * and pN.greedy_as_stored), at the same bound.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -104,17 +105,34 @@ static void prepare_mlx_fixture(fixture *fx) {
           fx->dir);
     CHECK(norms_match_bf16(fx->m, hf) == 0,
           "%s: stored norm weights are exactly bf16(1+w) of the HF fixture's w", fx->dir);
+    /* as stored, with no override: the reference run on exactly what the file holds */
     for (int p = 0; p < 2; p++) {
-        char key[32];
+        char key[40];
         snprintf(key, sizeof key, "p%d.ids", p);
         const st_tensor *ti = golden_get(fx->g, key, ST_DTYPE_I32);
         snprintf(key, sizeof key, "p%d.logits", p);
         const st_tensor *tl = golden_get(fx->g, key, ST_DTYPE_F32);
+        snprintf(key, sizeof key, "p%d.logits_as_stored", p);
+        const st_tensor *ts = golden_get(fx->g, key, ST_DTYPE_F32);
+        snprintf(key, sizeof key, "p%d.greedy_as_stored", p);
+        const st_tensor *tg = golden_get(fx->g, key, ST_DTYPE_I32);
         if (!ti || !tl) continue;
         float *lg = malloc((size_t)ti->numel * (size_t)fx->V * sizeof(float));
-        if (prompt_logits(fx->m, ti->data, (int)ti->numel, 512, ST_KV_F32, lg, &err) == ST_OK)
-            printf("# %s p%d as stored (bf16 1+w norms): max rel err %.2e vs the reference\n",
+        if (prompt_logits(fx->m, ti->data, (int)ti->numel, 512, ST_KV_F32, lg, &err) == ST_OK) {
+            printf("# %s p%d as stored (bf16 1+w norms): max rel err %.2e vs the HF-norm reference\n",
                    fx->dir, p, rel_rows_err(lg, tl->data, ti->numel, fx->V));
+            if (CHECK(ts && tg, "%s p%d: the reference's as-stored goldens are there", fx->dir, p)) {
+                double e = rel_rows_err(lg, ts->data, ti->numel, fx->V);
+                CHECK(e < TOL, "%s p%d logits as stored, no override: max rel err %.2e vs logits_as_stored (bound %g)",
+                      fx->dir, p, e, TOL);
+                int32_t out[64];
+                st_gen_request rq = {ti->data, (int)ti->numel, (int)tg->numel, out, 0, NULL};
+                st_gen_options o = st_gen_default_options();
+                CHECK(tg->numel <= 64 && st_generate_greedy(fx->m, &rq, 1, &o, &err) == ST_OK &&
+                          rq.n_out == (int)tg->numel && !memcmp(out, tg->data, (size_t)tg->numel * sizeof *out),
+                      "%s p%d greedy as stored: the reference's %lld tokens", fx->dir, p, (long long)tg->numel);
+            }
+        }
         free(lg);
     }
     use_reference_norms(fx->m, hf);
