@@ -122,3 +122,13 @@ st_status st_path_join(char *buf, size_t cap, const char *dir, const char *name,
         return st_error_set(err, ST_ERR_LIMIT, "path too long: %s/%s", dir, name);
     return ST_OK;
 }
+
+st_status st_file_copy(const char *from, const char *to, st_error *err) {
+    char *data;
+    size_t len;
+    st_status st = st_file_read(from, (size_t)1 << 30, &data, &len, err);
+    if (st != ST_OK) return st;
+    st = st_file_write(to, data, len, err);
+    free(data);
+    return st;
+}

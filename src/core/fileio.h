@@ -30,6 +30,9 @@ st_status st_file_write(const char *path, const void *data, size_t len, st_error
 /* 1 if path names an existing regular file, 0 otherwise. */
 int st_file_exists(const char *path);
 
+/* Copy a file (read whole, up to 1 GiB) to a new path. */
+st_status st_file_copy(const char *from, const char *to, st_error *err);
+
 /* dir + "/" + name into buf (cap bytes); ST_ERR_LIMIT when it does not fit. */
 st_status st_path_join(char *buf, size_t cap, const char *dir, const char *name, st_error *err);
 

@@ -488,16 +488,6 @@ static json_t *config_json(const st_config *c, const st_synth_params *p, int gro
     return j;
 }
 
-static st_status copy_file(const char *from, const char *to, st_error *err) {
-    char *data;
-    size_t len;
-    st_status st = st_file_read(from, 1u << 30, &data, &len, err);
-    if (st != ST_OK) return st;
-    st = st_file_write(to, data, len, err);
-    free(data);
-    return st;
-}
-
 /* ---------------------------------------------------------------------------------------- */
 
 st_status st_synth_write(const st_synth_params *p, const char *out_dir, st_error *err) {
@@ -657,7 +647,7 @@ st_status st_synth_write(const st_synth_params *p, const char *out_dir, st_error
             if (st_path_join(from, sizeof from, p->tokenizer_dir, files[i], err) != ST_OK) continue;
             if (!st_file_exists(from)) continue;
             if ((st = st_path_join(path, sizeof path, out_dir, files[i], err)) != ST_OK) break;
-            st = copy_file(from, path, err);
+            st = st_file_copy(from, path, err);
             copied++;
         }
         if (st == ST_OK && !copied)

@@ -70,47 +70,132 @@ void st_matrix_row_f32(const st_matrix *m, int64_t r, float *out) {
     ST_ASSERT(0 && "bad matrix format");
 }
 
-void st_affine_quantize_row(const float *w, int64_t n, int bits, int group, uint32_t *packed,
-                            uint16_t *scales_bf16, uint16_t *biases_bf16) {
-    ST_ASSERT(n % group == 0 && (n * bits) % 32 == 0 && st_affine_bits_supported(bits));
+/* one group's parameters, as bf16 */
+typedef struct qparams {
+    uint16_t s, b;
+} qparams;
+
+/* the level of x on the grid (s, b): clamp(round((x - b) / s)) */
+static inline float level(float x, float s, float b, float levels) {
+    float q = s != 0.0f ? roundf((x - b) / s) : 0.0f;
+    if (!(q >= 0.0f)) q = 0.0f; /* also catches NaN */
+    return q > levels ? levels : q;
+}
+
+/* squared error of a group on the bf16 grid p */
+static double group_error(const float *x, int g, qparams p, float levels) {
+    float s = st_bf16_to_f32(p.s), b = st_bf16_to_f32(p.b);
+    double e = 0;
+    for (int i = 0; i < g; i++) {
+        double d = (double)(s * level(x[i], s, b, levels) + b) - (double)x[i];
+        e += d * d;
+    }
+    return e;
+}
+
+static qparams round_params(float s, float b) {
+    qparams p = {st_f32_to_bf16(s), st_f32_to_bf16(b)};
+    return p;
+}
+
+/* MLX: the edge of larger magnitude is the bias; the scale, pointing away from it, is snapped
+ * so that the edge is an exact multiple of it (zero stays representable). Truncating (not
+ * rounding) edge/scale only ever widens the step, so the grid still covers [lo, hi]. */
+static qparams mlx_params(float lo, float hi, float levels) {
+    int use_min = fabsf(lo) > fabsf(hi);
+    float scale = (hi - lo) / levels;
+    if (scale < 1e-7f) scale = 1e-7f;
+    if (!use_min) scale = -scale;
+    float edge = use_min ? lo : hi;
+    float q0 = truncf(edge / scale);
+    float bias = edge;
+    if (q0 != 0.0f) scale = edge / q0;
+    else bias = 0.0f;
+    return round_params(scale, bias);
+}
+
+/* least-squares scale and bias for fixed levels q of x; 0 when the levels are all equal */
+static int refit(const float *x, int g, const float *q, float *s, float *b) {
+    double sq = 0, sqq = 0, sx = 0, sqx = 0;
+    for (int i = 0; i < g; i++) {
+        sq += q[i];
+        sqq += (double)q[i] * q[i];
+        sx += x[i];
+        sqx += (double)q[i] * x[i];
+    }
+    double det = (double)g * sqq - sq * sq;
+    if (det <= 0) return 0;
+    *s = (float)(((double)g * sqx - sq * sx) / det);
+    *b = (float)((sqq * sx - sq * sqx) / det);
+    return 1;
+}
+
+static qparams group_params(const float *x, int g, float levels, st_quant_method method) {
+    float lo = x[0], hi = x[0];
+    for (int i = 1; i < g; i++) {
+        if (x[i] < lo) lo = x[i];
+        if (x[i] > hi) hi = x[i];
+    }
+    if (method == ST_QUANT_MLX) return mlx_params(lo, hi, levels);
+    qparams best = round_params(hi > lo ? (hi - lo) / levels : 0.0f, lo);
+    if (method == ST_QUANT_MINMAX || !(hi > lo)) return best;
+    double best_e = group_error(x, g, best, levels);
+    qparams m = mlx_params(lo, hi, levels);
+    double e = group_error(x, g, m, levels);
+    if (e < best_e) best = m, best_e = e;
+    /* grids of (levels - 1 .. levels + 1) steps over [lo, hi], each refitted on its levels */
+    float q[256];
+    for (int k = 0; k <= 20; k++) {
+        float inv = (levels - 1.0f + 0.1f * (float)k) / (hi - lo);
+        for (int i = 0; i < g; i++) {
+            float l = roundf((x[i] - lo) * inv);
+            q[i] = l < 0 ? 0 : l > levels ? levels : l;
+        }
+        float s, b;
+        if (!refit(x, g, q, &s, &b)) continue;
+        for (int pass = 0; pass < 2; pass++) { /* refit once more on the rounded grid's levels */
+            qparams p = round_params(s, b);
+            e = group_error(x, g, p, levels);
+            if (e < best_e) best = p, best_e = e;
+            float ps = st_bf16_to_f32(p.s), pb = st_bf16_to_f32(p.b);
+            for (int i = 0; i < g; i++) q[i] = level(x[i], ps, pb, levels);
+            if (!refit(x, g, q, &s, &b)) break;
+        }
+    }
+    return best;
+}
+
+double st_affine_quantize_row_as(const float *w, int64_t n, int bits, int group,
+                                 st_quant_method method, uint32_t *packed, uint16_t *scales_bf16,
+                                 uint16_t *biases_bf16) {
+    ST_ASSERT(n % group == 0 && (n * bits) % 32 == 0 && st_affine_bits_supported(bits) && group <= 256);
     const float levels = (float)((1 << bits) - 1);
     memset(packed, 0, (size_t)(n * bits / 32) * sizeof *packed);
+    double err = 0;
     for (int64_t g = 0; g < n / group; g++) {
         const float *x = w + g * group;
-        float lo = x[0], hi = x[0];
-        for (int i = 1; i < group; i++) {
-            if (x[i] < lo) lo = x[i];
-            if (x[i] > hi) hi = x[i];
-        }
-        /* the edge of larger magnitude is the bias; the scale points away from it */
-        int use_min = fabsf(lo) > fabsf(hi);
-        float scale = (hi - lo) / levels;
-        if (scale < 1e-7f) scale = 1e-7f;
-        if (!use_min) scale = -scale;
-        float edge = use_min ? lo : hi;
-        /* snap: the edge becomes an exact multiple of the scale so that 0 is representable.
-         * Truncating (not rounding) edge/scale only ever widens the step, so the grid still
-         * covers [lo, hi] and nothing is clipped. */
-        float q0 = truncf(edge / scale);
-        float bias = edge;
-        if (q0 != 0.0f) scale = edge / q0;
-        else bias = 0.0f;
-        uint16_t sb = st_f32_to_bf16(scale), bb = st_f32_to_bf16(bias);
-        scales_bf16[g] = sb;
-        biases_bf16[g] = bb;
-        float s = st_bf16_to_f32(sb), b0 = st_bf16_to_f32(bb);
+        qparams p = group_params(x, group, levels, method);
+        scales_bf16[g] = p.s;
+        biases_bf16[g] = p.b;
+        float s = st_bf16_to_f32(p.s), b0 = st_bf16_to_f32(p.b);
         for (int i = 0; i < group; i++) {
-            float q = s != 0.0f ? roundf((x[i] - b0) / s) : 0.0f;
-            if (!(q >= 0.0f)) q = 0.0f; /* also catches NaN */
-            if (q > levels) q = levels;
+            float q = level(x[i], s, b0, levels);
+            double d = (double)(s * q + b0) - (double)x[i];
+            err += d * d;
             uint32_t qi = (uint32_t)q;
-            uint64_t p = (uint64_t)(g * group + i) * (uint64_t)bits;
-            uint64_t wi = p >> 5;
-            unsigned sh = (unsigned)(p & 31);
+            uint64_t bit = (uint64_t)(g * group + i) * (uint64_t)bits;
+            uint64_t wi = bit >> 5;
+            unsigned sh = (unsigned)(bit & 31);
             packed[wi] |= qi << sh;
             if (sh + (unsigned)bits > 32) packed[wi + 1] |= qi >> (32 - sh);
         }
     }
+    return err;
+}
+
+void st_affine_quantize_row(const float *w, int64_t n, int bits, int group, uint32_t *packed,
+                            uint16_t *scales_bf16, uint16_t *biases_bf16) {
+    (void)st_affine_quantize_row_as(w, n, bits, group, ST_QUANT_MLX, packed, scales_bf16, biases_bf16);
 }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -90,4 +90,19 @@ int st_affine_bits_supported(int bits);
 void st_affine_quantize_row(const float *w, int64_t n, int bits, int group, uint32_t *packed,
                             uint16_t *scales_bf16, uint16_t *biases_bf16);
 
+/* How a group's scale and bias are chosen (append-only). */
+typedef enum st_quant_method {
+    ST_QUANT_MLX = 0,    /* MLX's rule, as st_affine_quantize_row */
+    ST_QUANT_MINMAX = 1, /* scale = (max - min) / (2^bits - 1), bias = min */
+    ST_QUANT_MSE = 2,    /* the least squared error among grids around min..max, each refitted
+                            by least squares; never worse than MINMAX or MLX for a group */
+} st_quant_method;
+
+/* Quantize a row as st_affine_quantize_row does, choosing each group's scale and bias by
+ * `method`; q = clamp(round((w - bias) / scale)) with the bf16-rounded scale and bias.
+ * Returns the row's sum of squared errors (dequantized minus w). */
+double st_affine_quantize_row_as(const float *w, int64_t n, int bits, int group,
+                                 st_quant_method method, uint32_t *packed, uint16_t *scales_bf16,
+                                 uint16_t *biases_bf16);
+
 #endif /* ST_TENSOR_MATRIX_H */
