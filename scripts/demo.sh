@@ -6,16 +6,16 @@
 # With a real checkpoint: MODEL=/path/to/Qwen3.5-0.8B scripts/demo.sh
 set -eu
 cd "$(dirname "$0")/.."
-S=build/strand
+S=${STRAND:-build/strand}
 MODEL=${MODEL:-models/tiny-fortune}
 PROMPT=${PROMPT:-"Tell me something about computers."}
 echo "== strand run -m $MODEL -p \"$PROMPT\""
-$S run -m "$MODEL" -p "$PROMPT"
+"$S" run -m "$MODEL" -p "$PROMPT"
 echo
 echo "== the same without thinking (--no-think)"
-$S run -m "$MODEL" -p "$PROMPT" --no-think
+"$S" run -m "$MODEL" -p "$PROMPT" --no-think
 if [ -f "$MODEL/heldout.txt" ]; then
     echo
     echo "== strand perplexity -m $MODEL --text-file $MODEL/heldout.txt"
-    $S perplexity -m "$MODEL" --text-file "$MODEL/heldout.txt"
+    "$S" perplexity -m "$MODEL" --text-file "$MODEL/heldout.txt"
 fi

@@ -45,7 +45,7 @@ for t in $B/tests/test_*; do
     summarize "$name" "$logs/$name.log" $?
 done
 # the shell tests on the sanitizer build (they check their servers' logs and exit status)
-for t in run_cli model_cli server_e2e server_robust server_chaos; do
+for t in run_cli model_cli fortune_cli server_e2e server_robust server_chaos; do
     STRAND=$B/strand CHAOS_SECONDS=12 bash tests/${t}_test.sh >"$logs/$t.log" 2>&1
     summarize "$t" "$logs/$t.log" $?
 done

@@ -84,7 +84,8 @@ static void on_row(void *user, int64_t index, const float *logits, double lse, i
         kl_row r;
         top_k(logits, c->vocab, r.token, r.logprob);
         for (int k = 0; k < KL_TOP; k++) r.logprob[k] = (float)((double)r.logprob[k] - lse);
-        if (fwrite(&r, sizeof r, 1, c->save) != 1) c->failed = 1;
+        long at = (long)(8 + 3 * sizeof(int64_t) + (size_t)index * sizeof r); /* rows by index, whatever the order */
+        if (fseek(c->save, at, SEEK_SET) != 0 || fwrite(&r, sizeof r, 1, c->save) != 1) c->failed = 1;
     }
     if (c->base && index < c->n_base) {
         const kl_row *b = &c->base[index];

@@ -215,7 +215,7 @@ static int is_linear(const char *rest) {
                                  ".down_proj.weight", ".mlp.gate.weight", ".shared_expert_gate.weight"};
     for (size_t i = 0; i < sizeof mods / sizeof *mods; i++)
         if (ends_with(rest, mods[i])) return 1;
-    return !strcmp(rest, "embed_tokens.weight");
+    return !strcmp(rest, "embed_tokens.weight") || !strcmp(rest, "lm_head.weight");
 }
 
 static int is_shifted_norm(const char *rest) {
