@@ -19,6 +19,7 @@
 #include "model/forward.h"
 #include "model/model.h"
 #include "model/quantize.h"
+#include "model/synth.h"
 #include "tap.h"
 
 static char tmp[256];
@@ -333,6 +334,21 @@ static void test_layouts(void) {
         CHECK(same, "1 and 3 threads write the same bytes");
         st_checkpoint_close(o);
     }
+    st_model_free(m);
+    /* a sharded Hugging Face input */
+    char sharded[512], sout[512];
+    snprintf(sharded, sizeof sharded, "%s/sharded-hf", tmp);
+    snprintf(sout, sizeof sout, "%s/sharded-q6", tmp);
+    st_synth_params sp = st_synth_default_params();
+    sp.preset = "tiny";
+    sp.shard_bytes = 2 << 20;
+    st_checkpoint *sin = NULL;
+    m = NULL;
+    ok = st_synth_write(&sp, sharded, &err) == ST_OK && st_checkpoint_open(sharded, &sin, &err) == ST_OK && sin->n_files > 1 &&
+         convert(sharded, sout, 6, 32, 0, 2, 0, &err) == ST_OK && st_model_load(sout, &m, &err) == ST_OK;
+    CHECK(ok && m->cfg.quant_bits == 6 && m->cfg.quant_group_size == 32,
+          "a Hugging Face checkpoint in %d shards converts (6-bit, group 32) and loads (%s)", sin ? sin->n_files : 0, err.msg);
+    st_checkpoint_close(sin);
     st_model_free(m);
     /* refusals */
     CHECK(convert(out, "x", 4, 64, 0, 1, 0, &err) == ST_ERR_ARG && strstr(err.msg, "quantized already"),
