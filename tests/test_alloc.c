@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kit.h"
 #include "model/forward.h"
 #include "tap.h"
 
@@ -18,6 +19,7 @@ static void run(const char *dir, int pooled) {
     st_model *m = NULL;
     st_cache *c = NULL;
     st_fwd *f = NULL;
+    st_backend *be = NULL;
     st_error err = {0};
     if (!CHECK(st_model_load(path, &m, &err) == ST_OK, "%s loads (%s)", dir, err.msg)) return;
     enum { NS = 4, STEPS = 300 };
@@ -25,12 +27,13 @@ static void run(const char *dir, int pooled) {
     cp.n_slots = NS + 1;
     cp.max_seq_len = 512;
     st_status st = st_cache_create(m, &cp, &c, &err);
-    st_fwd_params fp = st_fwd_default_params();
+    st_cpu_params bp = kit_cpu_params();
     if (pooled) {
-        fp.n_threads = 3;
-        fp.min_parallel_work = 1;
+        bp.n_threads = 3;
+        bp.min_parallel_work = 1;
     }
-    if (st == ST_OK) st = st_fwd_create_ex(m, c, 64, &fp, &f, &err);
+    if (st == ST_OK && !(be = kit_backend(m, &bp, &err))) st = ST_ERR_ARG;
+    if (st == ST_OK) st = kit_fwd(be, c, 64, &f, &err);
     st_seq seqs[NS + 1];
     int32_t toks[NS + 1][32];
     for (int i = 0; i <= NS; i++) {
@@ -42,7 +45,7 @@ static void run(const char *dir, int pooled) {
     st_batch_item items[NS + 1];
     for (int i = 0; i < NS && st == ST_OK; i++) { /* prefill, different lengths */
         items[0] = (st_batch_item){&seqs[i], toks[i], 5 + 3 * i, ST_LOGITS_LAST};
-        st = st_fwd_run(f, items, 1, logits, &err);
+        st = st_batch_run(c, f, items, 1, logits, &err);
     }
     if (!CHECK(st == ST_OK, "%s: prefill (%s)", dir, err.msg)) goto out;
     alloc_count = 0;
@@ -50,7 +53,7 @@ static void run(const char *dir, int pooled) {
     for (int s = 0; s < STEPS && st == ST_OK; s++) {
         for (int i = 0; i < NS; i++)
             items[i] = (st_batch_item){&seqs[i], &toks[i][s % 32], 1, ST_LOGITS_LAST};
-        st = st_fwd_run(f, items, NS, logits, &err);
+        st = st_batch_run(c, f, items, NS, logits, &err);
     }
     alloc_counting = 0;
     CHECK(st == ST_OK && alloc_count == 0, "%s%s: %d decode steps of %d sequences: %ld heap allocations",
@@ -63,7 +66,7 @@ static void run(const char *dir, int pooled) {
         st = st_cache_seq_start(c, &seqs[NS], &err);
         for (int i = 0; i < NS; i++) items[i] = (st_batch_item){&seqs[i], &toks[i][round], 1, ST_LOGITS_LAST};
         items[NS] = (st_batch_item){&seqs[NS], toks[NS], 20, ST_LOGITS_LAST};
-        if (st == ST_OK) st = st_fwd_run(f, items, NS + 1, logits, &err);
+        if (st == ST_OK) st = st_batch_run(c, f, items, NS + 1, logits, &err);
         st_cache_seq_release(c, &seqs[NS]);
     }
     alloc_counting = 0;
@@ -74,6 +77,7 @@ out:
     free(logits);
     st_fwd_destroy(f);
     st_cache_destroy(c);
+    st_backend_destroy(be);
     st_model_free(m);
 }
 

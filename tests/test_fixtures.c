@@ -22,6 +22,7 @@
 #include "engine/generate.h"
 #include "golden.h"
 #include "model/forward.h"
+#include "kit.h"
 #include "tap.h"
 
 #define TOL 1e-3
@@ -30,6 +31,7 @@ typedef struct fixture {
     const char *dir;
     st_model *m;
     st_checkpoint *g;
+    st_backend *be; /* a CPU backend for m with the environment's parameters */
     int64_t V;
 } fixture;
 
@@ -41,6 +43,8 @@ static int open_fixture(fixture *fx, const char *dir) {
     st_error err = {0};
     if (!CHECK(st_model_load(path, &fx->m, &err) == ST_OK, "%s: model loads (%s)", dir, err.msg))
         return 0;
+    if (!CHECK((fx->be = kit_backend(fx->m, NULL, &err)) != NULL, "%s: the CPU backend prepares it (%s)", dir, err.msg))
+        return 0;
     snprintf(path, sizeof path, "%s/fixtures/%s/golden.safetensors", tap_data_dir(), dir);
     if (!CHECK(st_checkpoint_open(path, &fx->g, &err) == ST_OK, "%s: golden loads (%s)", dir,
                err.msg))
@@ -50,6 +54,7 @@ static int open_fixture(fixture *fx, const char *dir) {
 }
 
 static void close_fixture(fixture *fx) {
+    st_backend_destroy(fx->be);
     st_model_free(fx->m);
     st_checkpoint_close(fx->g);
 }
@@ -87,7 +92,7 @@ static void use_reference_norms(st_model *mx, const st_model *hf) {
     }
 }
 
-static st_status prompt_logits(const st_model *m, const int32_t *ids, int n, int chunk,
+static st_status prompt_logits(st_backend *b, const int32_t *ids, int n, int chunk,
                                st_kv_dtype kvd, float *out, st_error *err);
 
 /* For X/mlx-qN: check the stored norms, report the as-stored error, switch to exact norms. */
@@ -118,7 +123,7 @@ static void prepare_mlx_fixture(fixture *fx) {
         const st_tensor *tg = golden_get(fx->g, key, ST_DTYPE_I32);
         if (!ti || !tl) continue;
         float *lg = malloc((size_t)ti->numel * (size_t)fx->V * sizeof(float));
-        if (prompt_logits(fx->m, ti->data, (int)ti->numel, 512, ST_KV_F32, lg, &err) == ST_OK) {
+        if (prompt_logits(fx->be, ti->data, (int)ti->numel, 512, ST_KV_F32, lg, &err) == ST_OK) {
             printf("# %s p%d as stored (bf16 1+w norms): max rel err %.2e vs the HF-norm reference\n",
                    fx->dir, p, rel_rows_err(lg, tl->data, ti->numel, fx->V));
             if (CHECK(ts && tg, "%s p%d: the reference's as-stored goldens are there", fx->dir, p)) {
@@ -128,6 +133,7 @@ static void prepare_mlx_fixture(fixture *fx) {
                 int32_t out[64];
                 st_gen_request rq = {ti->data, (int)ti->numel, (int)tg->numel, out, 0, NULL};
                 st_gen_options o = st_gen_default_options();
+                o.backend = fx->be;
                 CHECK(tg->numel <= 64 && st_generate_greedy(fx->m, &rq, 1, &o, &err) == ST_OK &&
                           rq.n_out == (int)tg->numel && !memcmp(out, tg->data, (size_t)tg->numel * sizeof *out),
                       "%s p%d greedy as stored: the reference's %lld tokens", fx->dir, p, (long long)tg->numel);
@@ -140,8 +146,9 @@ static void prepare_mlx_fixture(fixture *fx) {
 }
 
 /* Run one sequence's prompt with logits for every position, in chunks of `chunk` tokens. */
-static st_status prompt_logits(const st_model *m, const int32_t *ids, int n, int chunk,
+static st_status prompt_logits(st_backend *b, const int32_t *ids, int n, int chunk,
                                st_kv_dtype kvd, float *out, st_error *err) {
+    const st_model *m = b->m;
     st_cache_params cp = st_cache_default_params();
     cp.max_seq_len = n;
     cp.kv_dtype = kvd;
@@ -149,7 +156,7 @@ static st_status prompt_logits(const st_model *m, const int32_t *ids, int n, int
     st_status st = st_cache_create(m, &cp, &cache, err);
     if (st != ST_OK) return st;
     st_fwd *f;
-    if ((st = st_fwd_create(m, cache, chunk, NULL, &f, err)) != ST_OK) {
+    if ((st = kit_fwd(b, cache, chunk, &f, err)) != ST_OK) {
         st_cache_destroy(cache);
         return st;
     }
@@ -157,7 +164,7 @@ static st_status prompt_logits(const st_model *m, const int32_t *ids, int n, int
     st = st_cache_seq_start(cache, &seq, err);
     for (int i = 0; i < n && st == ST_OK; i += chunk) {
         st_batch_item it = {&seq, ids + i, n - i < chunk ? n - i : chunk, ST_LOGITS_ALL};
-        st = st_fwd_run(f, &it, 1, out + (size_t)i * (size_t)m->cfg.vocab_size, err);
+        st = st_batch_run(cache, f, &it, 1, out + (size_t)i * (size_t)m->cfg.vocab_size, err);
     }
     st_fwd_destroy(f);
     st_cache_destroy(cache);
@@ -198,7 +205,7 @@ static void test_prompts(fixture *fx) {
         snprintf(key, sizeof key, "p%d.logits", p);
         const st_tensor *tl = golden_get(fx->g, key, ST_DTYPE_F32);
         float *lg = malloc((size_t)n * (size_t)fx->V * sizeof(float));
-        st_status st = prompt_logits(fx->m, ids, n, 512, ST_KV_F32, lg, &err);
+        st_status st = prompt_logits(fx->be, ids, n, 512, ST_KV_F32, lg, &err);
         if (CHECK(st == ST_OK && tl, "%s p%d: prompt of %d tokens runs (%s)", fx->dir, p, n, err.msg)) {
             double e = rel_rows_err(lg, tl->data, n, fx->V);
             CHECK(e < TOL, "%s p%d: logits of all %d positions within 1e-3 (max rel err %.2e)",
@@ -207,7 +214,7 @@ static void test_prompts(fixture *fx) {
         /* chunked prefill (7 tokens per call) equals one-shot */
         if (n > 7) {
             float *lg2 = malloc((size_t)n * (size_t)fx->V * sizeof(float));
-            st = prompt_logits(fx->m, ids, n, 7, ST_KV_F32, lg2, &err);
+            st = prompt_logits(fx->be, ids, n, 7, ST_KV_F32, lg2, &err);
             double e = st == ST_OK ? rel_rows_err(lg2, lg, n, fx->V) : 1;
             CHECK(e < 1e-5, "%s p%d: prefill in chunks of 7 matches one-shot (rel %.2e)", fx->dir,
                   p, e);
@@ -225,6 +232,7 @@ static void test_prompts(fixture *fx) {
         float *ol = malloc((size_t)ng * (size_t)fx->V * sizeof(float));
         st_gen_request rq = {ids, n, ng, out, 0, ol};
         st_gen_options o = st_gen_default_options();
+        o.backend = fx->be;
         st = st_generate_greedy(fx->m, &rq, 1, &o, &err);
         if (CHECK(st == ST_OK && rq.n_out == ng, "%s p%d: greedy runs (%s)", fx->dir, p, err.msg)) {
             snprintf(key, sizeof key, "p%d", p);
@@ -273,12 +281,12 @@ static void test_hidden(fixture *fx) {
     float *lg = malloc((size_t)tid->numel * (size_t)fx->V * sizeof(float));
     st_seq seq = {.slot = -1};
     st_status st = st_cache_create(fx->m, &cp, &cache, &err);
-    if (st == ST_OK) st = st_fwd_create(fx->m, cache, (int)tid->numel, NULL, &f, &err);
+    if (st == ST_OK) st = kit_fwd(fx->be, cache, (int)tid->numel, &f, &err);
     if (st == ST_OK) st = st_cache_seq_start(cache, &seq, &err);
+    if (st == ST_OK) st = st_fwd_set_hidden_hook(f, hidden_hook, &hc, &err);
     if (st == ST_OK) {
-        st_fwd_set_hidden_hook(f, hidden_hook, &hc);
         st_batch_item it = {&seq, tid->data, (int)tid->numel, ST_LOGITS_ALL};
-        st = st_fwd_run(f, &it, 1, lg, &err);
+        st = st_batch_run(cache, f, &it, 1, lg, &err);
     }
     CHECK(st == ST_OK && hc.n_seen == fx->m->cfg.n_layers + 1 && hc.n_ok == hc.n_seen,
           "%s p0: hidden states of %d/%d layers within 1e-3 (worst %.2e)", fx->dir, hc.n_ok,
@@ -309,6 +317,7 @@ static void test_batch(fixture *fx) {
     st_gen_request rq[16];
     st_error err = {0};
     st_gen_options o = st_gen_default_options();
+    o.backend = fx->be;
     for (int b = 0; b < B; b++)
         rq[b] = (st_gen_request){prompts + b * W, lens[b], G, out_batch + b * G, 0,
                                  lg_batch + (size_t)b * G * fx->V};
@@ -357,6 +366,7 @@ static void test_long(fixture *fx) {
     st_gen_request rq = {ti->data, n, G, out, 0, ol};
     st_error err = {0};
     st_gen_options o = st_gen_default_options();
+    o.backend = fx->be;
     st_status st = st_generate_greedy(fx->m, &rq, 1, &o, &err);
     if (CHECK(st == ST_OK, "%s long: %d-token prompt + %d greedy steps run (%s)", fx->dir, n, G,
               err.msg)) {
@@ -365,7 +375,7 @@ static void test_long(fixture *fx) {
         double worst = 0;
         int checked = 0;
         float *pl = malloc((size_t)n * (size_t)fx->V * sizeof(float));
-        int have_prompt = prompt_logits(fx->m, ti->data, n, 512, ST_KV_F32, pl, &err) == ST_OK;
+        int have_prompt = prompt_logits(fx->be, ti->data, n, 512, ST_KV_F32, pl, &err) == ST_OK;
         for (int r = 0; r < (int)tr->numel; r++) {
             int P = ((const int32_t *)tr->data)[r];
             const float *want = (const float *)trl->data + (size_t)r * fx->V;
@@ -394,7 +404,7 @@ static void test_text_only(fixture *fx) {
     int n = (int)ti->numel;
     float *lg = malloc((size_t)n * (size_t)fx->V * sizeof(float));
     st_error err = {0};
-    st_status st = prompt_logits(fx->m, ti->data, n, 512, ST_KV_F32, lg, &err);
+    st_status st = prompt_logits(fx->be, ti->data, n, 512, ST_KV_F32, lg, &err);
     double e = st == ST_OK ? rel_rows_err(lg, tl->data, n, fx->V) : 1;
     CHECK(e < TOL, "%s text: logits of %d positions within 1e-3 (max rel %.2e) %s", fx->dir, n, e,
           err.msg);

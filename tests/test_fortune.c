@@ -16,6 +16,7 @@
 #include "engine/perplexity.h"
 #include "golden.h"
 #include "model/forward.h"
+#include "kit.h"
 #include "tap.h"
 #include "tokenizer/tokenizer.h"
 
@@ -73,18 +74,20 @@ int main(void) {
         cp.max_seq_len = pi->numel;
         st_cache *c = NULL;
         st_fwd *f = NULL;
+    st_backend *kbe = NULL;
         float *lg = malloc((size_t)pi->numel * (size_t)V * sizeof *lg);
         st_seq seq = {.slot = -1};
-        if (lg && st_cache_create(m, &cp, &c, &err) == ST_OK && st_fwd_create(m, c, (int)pi->numel, NULL, &f, &err) == ST_OK &&
+        if (lg && st_cache_create(m, &cp, &c, &err) == ST_OK && kit_fwd_new(m, c, (int)pi->numel, &kbe, &f, &err) == ST_OK &&
             st_cache_seq_start(c, &seq, &err) == ST_OK) {
             st_batch_item it = {&seq, pi->data, (int)pi->numel, ST_LOGITS_ALL};
-            if (st_fwd_run(f, &it, 1, lg, &err) == ST_OK) {
+            if (st_batch_run(c, f, &it, 1, lg, &err) == ST_OK) {
                 double e = rel_rows_err(lg, pl->data, pi->numel, V);
                 CHECK(e < 1e-3, "p0 logits at all %lld positions within %.2e of the reference (bound 1e-3)",
                       (long long)pi->numel, e);
             }
         }
         st_fwd_destroy(f);
+    st_backend_destroy(kbe);
         st_cache_destroy(c);
         free(lg);
     }

@@ -281,6 +281,120 @@ static void test_matmul(const st_kernels *k) {
     }
 }
 
+/* A contiguous copy of rows [r0, r0+nr) x columns [c0, c0+nc) of m (c0, nc whole groups and
+ * whole words for affine): what a view of them must compute like. */
+static void copy_block(const st_matrix *m, int64_t r0, int64_t nr, int64_t c0, int64_t nc, tmat *t) {
+    memset(t, 0, sizeof *t);
+    t->m = *m;
+    t->m.rows = nr;
+    t->m.cols = nc;
+    t->m.ld = 0;
+    t->m.pack = ST_WPACK_NONE;
+    t->m.packed = NULL;
+    const int64_t K = m->cols;
+    if (m->fmt == ST_WFMT_AFFINE) {
+        const size_t es = st_dtype_size(m->sdtype);
+        const int64_t wpr = K * m->bits / 32, w0 = c0 * m->bits / 32, nw = nc * m->bits / 32;
+        const int64_t gpr = K / m->group, g0 = c0 / m->group, ng = nc / m->group;
+        uint32_t *d = malloc((size_t)(nr * nw) * 4);
+        uint8_t *sc = malloc((size_t)(nr * ng) * es), *bi = malloc((size_t)(nr * ng) * es);
+        for (int64_t r = 0; r < nr; r++) {
+            memcpy(d + r * nw, (const uint32_t *)m->data + (r0 + r) * wpr + w0, (size_t)nw * 4);
+            memcpy(sc + (size_t)(r * ng) * es, (const uint8_t *)m->scales + (size_t)((r0 + r) * gpr + g0) * es, (size_t)ng * es);
+            memcpy(bi + (size_t)(r * ng) * es, (const uint8_t *)m->biases + (size_t)((r0 + r) * gpr + g0) * es, (size_t)ng * es);
+        }
+        t->data = d, t->scales = sc, t->biases = bi;
+    } else {
+        const size_t es = m->fmt == ST_WFMT_F32 ? 4 : 2;
+        uint8_t *d = malloc((size_t)(nr * nc) * es);
+        for (int64_t r = 0; r < nr; r++)
+            memcpy(d + (size_t)(r * nc) * es, (const uint8_t *)m->data + (size_t)((r0 + r) * K + c0) * es, (size_t)nc * es);
+        t->data = d;
+    }
+    t->m.data = t->data;
+    t->m.scales = t->scales;
+    t->m.biases = t->biases;
+}
+
+/* Views (st_matrix_rows / st_matrix_cols: the shards of tensor parallelism) compute the same
+ * bits as contiguous copies of the same block, unpacked and packed. */
+static void test_views(const st_kernels *k) {
+    typedef struct { st_wformat fmt; int bits, group; const char *name; } vf;
+    const vf fmts[] = {{ST_WFMT_F32, 0, 0, "f32"},    {ST_WFMT_F16, 0, 0, "f16"},
+                       {ST_WFMT_BF16, 0, 0, "bf16"},  {ST_WFMT_AFFINE, 8, 32, "q8 g32"},
+                       {ST_WFMT_AFFINE, 4, 64, "q4 g64"}, {ST_WFMT_AFFINE, 3, 32, "q3 g32"},
+                       {ST_WFMT_AFFINE, 6, 64, "q6 g64"}};
+    int all = 1, n = 0;
+    for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++)
+        for (int trial = 0; trial < 6; trial++) {
+            const int64_t unit = fmts[f].group ? fmts[f].group : (trial % 2 ? 1 : 2);
+            const int64_t K = unit * irand(3, 12), R = irand(3, 70);
+            tmat p;
+            make_matrix(&p, fmts[f].fmt, R, K, fmts[f].bits, fmts[f].group, ST_DTYPE_BF16);
+            const int64_t r0 = irand(0, R - 2), nr = irand(1, R - r0);
+            const int64_t c0 = unit * irand(0, K / unit - 2), nc = unit * irand(1, (K - c0) / unit);
+            const int col_view = trial % 3 != 0; /* rows only, columns only, both */
+            const int row_view = trial % 3 != 1;
+            const int64_t vr0 = row_view ? r0 : 0, vnr = row_view ? nr : R;
+            const int64_t vc0 = col_view ? c0 : 0, vnc = col_view ? nc : K;
+            st_matrix v = st_matrix_rows(&p.m, vr0, vnr);
+            if (col_view) v = st_matrix_cols(&v, vc0, vnc);
+            tmat c;
+            copy_block(&p.m, vr0, vnr, vc0, vnc, &c);
+            const int64_t nt = (int64_t[]){1, 3, 17, 5, 2, 40}[trial];
+            float *x = falloc(nt * vnc), *ya = falloc(nt * vnr), *yb = falloc(nt * vnr);
+            float *scr = falloc(st_kernels_matmul_scratch(K));
+            for (int64_t i = 0; i < nt * vnc; i++) x[i] = frand();
+            for (int pk = 0; pk < 3; pk++) {
+                const st_wpack kind = pk == 0 ? ST_WPACK_NONE : pk == 1 ? ST_WPACK_BF16_V16 : ST_WPACK_Q8_V16;
+                void *pa = NULL, *pb = NULL;
+                st_matrix va = v, cb = c.m;
+                if (kind != ST_WPACK_NONE) {
+                    if (!(st_matrix_packs_possible(&v) & ST_WPACK_BIT(kind)) ||
+                        !(st_kernels_packs(k) & ST_WPACK_BIT(kind)))
+                        continue;
+                    const size_t bytes = st_matrix_pack_bytes(&v, kind);
+                    pa = malloc(bytes), pb = malloc(bytes);
+                    st_matrix_pack(&v, kind, pa, 0, v.rows);
+                    st_matrix_pack(&c.m, kind, pb, 0, c.m.rows);
+                    all &= memcmp(pa, pb, bytes) == 0;
+                    va.pack = cb.pack = kind;
+                    va.packed = pa, cb.packed = pb;
+                }
+                memset(ya, 0, (size_t)(nt * vnr) * 4);
+                memset(yb, 0, (size_t)(nt * vnr) * 4);
+                k->matmul(&va, x, vnc, nt, ya, vnr, 0, vnr, scr);
+                k->matmul(&cb, x, vnc, nt, yb, vnr, 0, vnr, scr);
+                const int same = memcmp(ya, yb, (size_t)(nt * vnr) * 4) == 0;
+                if (!same)
+                    printf("# %s %s view rows [%lld,+%lld) cols [%lld,+%lld) of [%lld x %lld], pack %d: differs from its copy\n",
+                           k->name, fmts[f].name, (long long)vr0, (long long)vnr, (long long)vc0,
+                           (long long)vnc, (long long)R, (long long)K, pk);
+                all &= same;
+                n++;
+                free(pa);
+                free(pb);
+            }
+            /* rows converted one by one, too */
+            float *ra = falloc(vnc), *rb = falloc(vnc);
+            for (int64_t r = 0; r < vnr; r++) {
+                st_matrix_row_f32(&v, r, ra);
+                st_matrix_row_f32(&c.m, r, rb);
+                all &= memcmp(ra, rb, (size_t)vnc * 4) == 0;
+            }
+            free(ra);
+            free(rb);
+            free(x);
+            free(ya);
+            free(yb);
+            free(scr);
+            free_matrix(&c);
+            free_matrix(&p);
+        }
+    CHECK(all, "%s matmul on row and column views (f32/f16/bf16, q3/q4/q6/q8; unpacked and packed): %d cases bit-identical to contiguous copies of the same blocks",
+          k->name, n);
+}
+
 static void test_accum_rows(const st_kernels *k) {
     int ok = 1, inv = 1;
     double worst = 0;
@@ -486,6 +600,7 @@ int main(int argc, char **argv) {
             continue;
         }
         if (argc > 1 && strcmp(argv[1], names[i]) != 0) continue;
+        test_views(k);
         if (k == st_kernels_ref()) continue; /* the oracle itself */
         test_matmul(k);
         test_accum_rows(k);
@@ -497,6 +612,7 @@ int main(int argc, char **argv) {
     if (st_kernels_by_name("avx512") && (argc < 2 || strcmp(argv[1], "amx-emulated") == 0)) {
         printf("# amx-emulated: the amx set's packing and tiling with emulated tile instructions\n");
         test_matmul(st_kernels_amx_emulated());
+        test_views(st_kernels_amx_emulated());
     }
     return tap_done();
 }

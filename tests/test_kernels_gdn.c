@@ -2,7 +2,7 @@
  * On fixture models (Gated DeltaNet layers with 1 and 2 value heads per key head), for a
  * 300-token prompt and every kernel set this CPU runs:
  *   - one call with the chunked form (4 whole 64-token chunks + a 44-token tail),
- *   - one call with the per-timestep form only (st_fwd_params.gdn_chunked = 0),
+ *   - one call with the per-timestep form only (st_cpu_params.gdn_chunked = 0),
  *   - token by token (always per-timestep),
  * all logits within 1e-5 of each other relative to the row's largest |logit|; and a prompt
  * split at a multiple of 64 gives the one-call bits exactly (chunks sit on absolute
@@ -13,6 +13,7 @@
 
 #include "golden.h"
 #include "model/forward.h"
+#include "kit.h"
 #include "tap.h"
 
 enum { N = 300 };
@@ -26,20 +27,23 @@ static float *run(const st_model *m, const st_kernels *k, int chunked, const int
     cp.max_seq_len = N;
     st_cache *c = NULL;
     st_fwd *f = NULL;
+    st_backend *be = NULL;
     st_error err = {0};
-    st_fwd_params fp = st_fwd_default_params();
-    fp.kernels = k;
-    fp.gdn_chunked = chunked;
+    st_cpu_params bp = kit_cpu_params();
+    bp.kernels = k;
+    bp.gdn_chunked = chunked;
     st_seq s = {.slot = -1};
     st_status st = st_cache_create(m, &cp, &c, &err);
-    if (st == ST_OK) st = st_fwd_create_ex(m, c, piece, &fp, &f, &err);
+    if (st == ST_OK && !(be = kit_backend(m, &bp, &err))) st = ST_ERR_ARG;
+    if (st == ST_OK) st = kit_fwd(be, c, piece, &f, &err);
     if (st == ST_OK) st = st_cache_seq_start(c, &s, &err);
     for (int i = 0; i < N && st == ST_OK; i += piece) {
         st_batch_item it = {&s, ids + i, N - i < piece ? N - i : piece, ST_LOGITS_ALL};
-        st = st_fwd_run(f, &it, 1, lg + (size_t)i * (size_t)V, &err);
+        st = st_batch_run(c, f, &it, 1, lg + (size_t)i * (size_t)V, &err);
     }
     st_fwd_destroy(f);
     st_cache_destroy(c);
+    st_backend_destroy(be);
     if (st != ST_OK) {
         printf("# run failed: %s\n", err.msg);
         free(lg);

@@ -20,6 +20,7 @@
 #include "model/model.h"
 #include "model/quantize.h"
 #include "model/synth.h"
+#include "kit.h"
 #include "tap.h"
 
 static char tmp[256];
@@ -69,7 +70,7 @@ static int check_matrix(const st_checkpoint *in, const st_checkpoint *out, const
     uint32_t pk[4096];
     uint16_t s[256], b[256];
     st_quant_method m = bits == 8 ? ST_QUANT_MINMAX : ST_QUANT_MSE; /* the default, auto */
-    st_matrix mat = {ST_WFMT_AFFINE, rows, cols, w->data, sc->data, bi->data, ST_DTYPE_BF16, bits, group, 0, NULL};
+    st_matrix mat = {ST_WFMT_AFFINE, rows, cols, w->data, sc->data, bi->data, ST_DTYPE_BF16, bits, group, 0, NULL, 0};
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t j = 0; j < cols; j++) row[j] = elem(src, r * cols + j);
         st_affine_quantize_row_as(row, cols, bits, group, m, pk, s, b);
@@ -242,17 +243,19 @@ static void test_against_reference_file(void) {
         cp.max_seq_len = ti->numel;
         st_cache *c = NULL;
         st_fwd *f = NULL;
+    st_backend *kbe = NULL;
         float *lg = malloc((size_t)ti->numel * (size_t)m->cfg.vocab_size * sizeof *lg);
         st_seq seq = {.slot = -1};
-        if (st_cache_create(m, &cp, &c, &err) == ST_OK && st_fwd_create(m, c, (int)ti->numel, NULL, &f, &err) == ST_OK &&
+        if (st_cache_create(m, &cp, &c, &err) == ST_OK && kit_fwd_new(m, c, (int)ti->numel, &kbe, &f, &err) == ST_OK &&
             st_cache_seq_start(c, &seq, &err) == ST_OK) {
             st_batch_item it = {&seq, ti->data, (int)ti->numel, ST_LOGITS_ALL};
-            if (st_fwd_run(f, &it, 1, lg, &err) == ST_OK) {
+            if (st_batch_run(c, f, &it, 1, lg, &err) == ST_OK) {
                 double e = rel_rows_err(lg, tl->data, ti->numel, m->cfg.vocab_size);
                 if (e > worst) worst = e;
             }
         }
         st_fwd_destroy(f);
+    st_backend_destroy(kbe);
         st_cache_destroy(c);
         free(lg);
     }

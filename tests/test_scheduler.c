@@ -14,6 +14,7 @@
 #include "engine/scheduler.h"
 #include "golden.h"
 #include "model/synth.h"
+#include "backend/cpu/cpu.h"
 #include "tap.h"
 
 #include "alloc_count.h"
@@ -631,11 +632,19 @@ static void test_plan_matches(const st_model *m) {
     st_sched_stats ss;
     st_sched_get_stats(s, &ss);
     size_t cache_plan = pl->kv_bytes + pl->state_bytes;
-    double scratch_ratio = (double)pl->scratch_bytes / (double)(ss.planned_bytes - c->planned_bytes - (pl->other_bytes - 3 * 65536));
-    CHECK(c->planned_bytes >= cache_plan && c->planned_bytes - cache_plan < 64 * 1024 && scratch_ratio > 0.9 &&
-              scratch_ratio < 1.1,
-          "the plan's cache part is what the cache allocated (%zu vs %zu bytes), its scratch within 10%% (%.3f)",
-          cache_plan, c->planned_bytes, scratch_ratio);
+    st_fwd *f = st_sched_forward(s);
+    /* the cache: the engine's books and the backend's KV blocks and state slots */
+    const size_t storage = st_bctx_cpu_storage_bytes(st_fwd_ctx(f));
+    const size_t cache_got = c->planned_bytes + storage;
+    const size_t scratch_got = st_fwd_bytes(f) - storage;
+    double scratch_ratio = (double)pl->scratch_bytes / (double)scratch_got;
+    double engine_ratio = (double)(cache_plan + pl->scratch_bytes) /
+                          (double)(ss.planned_bytes - (pl->other_bytes - 3 * 65536));
+    CHECK(cache_got >= cache_plan && cache_got - cache_plan < 64 * 1024 && scratch_ratio > 0.9 && scratch_ratio < 1.1 &&
+              engine_ratio > 0.9 && engine_ratio < 1.1,
+          "the plan's cache part is what the cache and the backend allocated (%zu vs %zu bytes), its scratch within 10%% "
+          "(%.3f), the whole within 10%% (%.3f)",
+          cache_plan, cache_got, scratch_ratio, engine_ratio);
     st_sched_destroy(s);
 }
 

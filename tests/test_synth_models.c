@@ -12,6 +12,7 @@
 #include "golden.h"
 #include "model/forward.h"
 #include "model/synth.h"
+#include "kit.h"
 #include "tap.h"
 
 static char tmp[256];
@@ -23,14 +24,16 @@ static float *run_logits(const st_model *m, const int32_t *ids, int n) {
     cp.max_seq_len = n;
     st_cache *c = NULL;
     st_fwd *f = NULL;
+    st_backend *kbe = NULL;
     st_seq s = {.slot = -1};
     st_error err = {0};
     st_status st = st_cache_create(m, &cp, &c, &err);
-    if (st == ST_OK) st = st_fwd_create(m, c, n, NULL, &f, &err);
+    if (st == ST_OK) st = kit_fwd_new(m, c, n, &kbe, &f, &err);
     if (st == ST_OK) st = st_cache_seq_start(c, &s, &err);
     st_batch_item it = {&s, ids, n, ST_LOGITS_ALL};
-    if (st == ST_OK) st = st_fwd_run(f, &it, 1, lg, &err);
+    if (st == ST_OK) st = st_batch_run(c, f, &it, 1, lg, &err);
     st_fwd_destroy(f);
+    st_backend_destroy(kbe);
     st_cache_destroy(c);
     if (st != ST_OK) {
         printf("# forward failed: %s\n", err.msg);

@@ -7,7 +7,7 @@
  * - the forward pass gives the same bits with 1, 2 and 3 threads (prefill, decode of a
  *   batch, and a decode past 512 positions where attention is split over the threads), on
  *   every kernel set this CPU runs (every region forced onto the pool);
- * - STRAND_THREADS sets the default.
+ * - STRAND_THREADS sets the thread count (read by apps/ and the tests; library code reads none).
  * Prints the measured cost of an empty parallel region (information only). */
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -18,6 +18,7 @@
 #include "core/balance.h"
 #include "core/threadpool.h"
 #include "model/forward.h"
+#include "kit.h"
 #include "tap.h"
 
 typedef struct count_ctx {
@@ -158,17 +159,19 @@ static float *run_model(const st_model *m, const st_kernels *k, int threads, int
     cp.max_seq_len = ctx;
     st_cache *c = NULL;
     st_fwd *f = NULL;
+    st_backend *be = NULL;
     st_error err = {0};
-    st_fwd_params fp = st_fwd_default_params();
-    fp.n_threads = threads;
-    fp.kernels = k;
-    fp.min_parallel_work = 1; /* every region on the pool, even for tiny models */
+    st_cpu_params bp = kit_cpu_params();
+    bp.n_threads = threads;
+    bp.kernels = k;
+    bp.min_parallel_work = 1; /* every region on the pool, even for tiny models */
     int64_t rows = 3 + 4 * (int64_t)steps;
     float *all = calloc((size_t)(rows * V), sizeof(float));
     int32_t *toks = malloc((size_t)prompt_len * sizeof(int32_t));
     for (int i = 0; i < prompt_len; i++) toks[i] = (int32_t)((i * 37 + 11) % V);
     st_status st = st_cache_create(m, &cp, &c, &err);
-    if (st == ST_OK) st = st_fwd_create_ex(m, c, prompt_len, &fp, &f, &err);
+    if (st == ST_OK && !(be = kit_backend(m, &bp, &err))) st = ST_ERR_ARG;
+    if (st == ST_OK) st = kit_fwd(be, c, prompt_len, &f, &err);
     st_seq s[3];
     for (int i = 0; i < 3; i++) {
         s[i].slot = -1;
@@ -177,7 +180,7 @@ static float *run_model(const st_model *m, const st_kernels *k, int threads, int
     int64_t row = 0;
     for (int i = 0; i < 3 && st == ST_OK; i++) {
         st_batch_item it = {&s[i], toks, prompt_len - 5 * i, ST_LOGITS_LAST};
-        st = st_fwd_run(f, &it, 1, all + row * V, &err);
+        st = st_batch_run(c, f, &it, 1, all + row * V, &err);
         row++;
     }
     for (int step = 0; step < steps && st == ST_OK; step++) {
@@ -187,19 +190,20 @@ static float *run_model(const st_model *m, const st_kernels *k, int threads, int
             ids[i] = (int32_t)((step * 13 + i * 101) % V);
             its[i] = (st_batch_item){&s[i], &ids[i], 1, ST_LOGITS_LAST};
         }
-        st = st_fwd_run(f, its, 3, all + row * V, &err);
+        st = st_batch_run(c, f, its, 3, all + row * V, &err);
         row += 3;
     }
     /* one sequence alone: fewer attention tasks than threads, so its chunks are split */
     for (int step = 0; step < steps && st == ST_OK; step++) {
         int32_t id = (int32_t)((step * 7 + 3) % V);
         st_batch_item it = {&s[0], &id, 1, ST_LOGITS_LAST};
-        st = st_fwd_run(f, &it, 1, all + row * V, &err);
+        st = st_batch_run(c, f, &it, 1, all + row * V, &err);
         row++;
     }
     if (st != ST_OK) printf("# run failed: %s\n", err.msg);
     st_fwd_destroy(f);
     st_cache_destroy(c);
+    st_backend_destroy(be);
     free(toks);
     *n_out = st == ST_OK ? row * V : -1;
     return all;
@@ -241,9 +245,11 @@ int main(void) {
     test_split();
     test_balance();
     setenv("STRAND_THREADS", "3", 1);
-    CHECK(st_default_threads() == 3, "STRAND_THREADS=3 sets the default thread count");
+    CHECK(kit_cpu_params().n_threads == 3 && st_threads_parse("3") == 3,
+          "STRAND_THREADS=3 sets the thread count (read by apps/ and tests, parsed by st_threads_parse)");
     setenv("STRAND_THREADS", "junk", 1);
-    CHECK(st_default_threads() >= 1, "a bad STRAND_THREADS falls back to the CPU count");
+    CHECK(kit_cpu_params().n_threads == 0 && st_default_threads() >= 1,
+          "a bad STRAND_THREADS falls back to the CPU count");
     unsetenv("STRAND_THREADS");
     test_forward_threads("tiny-a");
     test_forward_threads("tiny-b/mlx-q8");

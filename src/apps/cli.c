@@ -1,7 +1,9 @@
 /* ==== CLI helpers (see cli.h) ==== */
 #include "apps/cli.h"
 
+#include "core/threadpool.h"
 #include "engine/scheduler.h"
+#include "kernels/kernels.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -175,4 +177,18 @@ int cli_parse_kv_dtype(const char *value, st_kv_dtype *out) {
         return -1;
     }
     return 0;
+}
+
+st_cpu_params cli_cpu_params(void) {
+    st_cpu_params p = st_cpu_default_params();
+    p.kernels = st_kernels_select(getenv("STRAND_KERNELS"));
+    p.n_threads = st_threads_parse(getenv("STRAND_THREADS"));
+    const char *pack = getenv("STRAND_PACK");
+    p.pack = !(pack && strcmp(pack, "0") == 0);
+    return p;
+}
+
+st_status cli_backend(const st_model *m, st_backend **out, st_error *err) {
+    st_cpu_params p = cli_cpu_params();
+    return st_backend_cpu_create(m, &p, NULL, out, err);
 }

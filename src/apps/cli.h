@@ -5,6 +5,7 @@
 
 #include <stdint.h>
 
+#include "backend/cpu/cpu.h"
 #include "core/status.h"
 #include "engine/cache.h"
 
@@ -50,6 +51,14 @@ struct st_req_params;
 int cli_parse_sampling(int argc, char **argv, int *i, struct st_req_params *rp);
 /* --kv-dtype f32|bf16; returns 0, or -1 after a message. */
 int cli_parse_kv_dtype(const char *value, st_kv_dtype *out);
+
+/* The CPU backend's parameters from the environment (the only place strand reads these):
+ *   STRAND_KERNELS  a kernel set (ref, avx2, avx512, amx) or auto; unknown names warn
+ *   STRAND_THREADS  threads per context (default: the online CPUs)
+ *   STRAND_PACK=0   keep the checkpoint's matrix layout (no packed copies) */
+st_cpu_params cli_cpu_params(void);
+/* A CPU backend for m with cli_cpu_params(). */
+st_status cli_backend(const st_model *m, st_backend **out, st_error *err);
 
 /* The help text of those options. */
 const char *cli_sampling_help(void);

@@ -25,6 +25,7 @@
 #include "apps/cli.h"
 #include "core/mem.h"
 #include "core/threadpool.h"
+#include "engine/batch.h"
 #include "model/forward.h"
 
 #if defined(__x86_64__)
@@ -249,6 +250,7 @@ int cmd_bench(int argc, char **argv) {
     st_model *m = NULL;
     st_cache *cache = NULL;
     st_fwd *f = NULL;
+    st_backend *be = NULL;
     float *logits = NULL;
     int32_t *toks = NULL;
     bw_probe probe = {0};
@@ -266,11 +268,13 @@ int cmd_bench(int argc, char **argv) {
     cp.max_seq_len = (max_prompt > plen ? max_prompt : plen) + decode_steps_max + 8;
     cp.n_blocks = (cp.max_seq_len + cp.block_size - 1) / cp.block_size * (max_batch + 1);
     int max_tokens = (int)(max_prompt > plen * max_batch ? max_prompt : plen * max_batch);
-    st_fwd_params fp = st_fwd_default_params();
-    fp.n_threads = (int)threads;
-    fp.kernels = k;
+    st_cpu_params bp = cli_cpu_params();
+    if (threads) bp.n_threads = (int)threads;
+    if (k) bp.kernels = k;
+    if (st_backend_cpu_create(m, &bp, NULL, &be, &err) != ST_OK) goto done;
     if (st_cache_create(m, &cp, &cache, &err) != ST_OK) goto done;
-    if (st_fwd_create_ex(m, cache, max_tokens, &fp, &f, &err) != ST_OK) goto done;
+    st_ctx_params xp = st_cache_ctx_params(cache, max_tokens);
+    if (st_fwd_create(be, &xp, &f, &err) != ST_OK) goto done;
     logits = malloc((size_t)max_batch * (size_t)c->vocab_size * sizeof(float));
     toks = malloc((size_t)max_tokens * sizeof(int32_t));
     if (!logits || !toks) {
@@ -278,8 +282,8 @@ int cmd_bench(int argc, char **argv) {
         goto done;
     }
     for (int i = 0; i < max_tokens; i++) toks[i] = (int32_t)((1000003LL * i + 17) % c->vocab_size);
-    const int nth = st_fwd_threads(f);
-    if (bw_probe_create(st_fwd_pool(f), &probe, &err)) goto done;
+    const int nth = st_backend_cpu_threads(be);
+    if (bw_probe_create(st_bctx_cpu_pool(st_fwd_ctx(f)), &probe, &err)) goto done;
     if (!json) fprintf(stderr, "measuring memory bandwidth (%d threads)...\n", nth);
     double bw = bw_probe_measure(&probe, 5);
 
@@ -290,7 +294,7 @@ int cmd_bench(int argc, char **argv) {
         if (st_cache_seq_start(cache, &seqs[0], &err) != ST_OK) goto done;
         st_batch_item it = {&seqs[0], toks, 1, ST_LOGITS_LAST};
         for (int r = 0; r < 2; r++)
-            if (st_fwd_run(f, &it, 1, logits, &err) != ST_OK) goto done;
+            if (st_batch_run(cache, f, &it, 1, logits, &err) != ST_OK) goto done;
         st_cache_seq_release(cache, &seqs[0]);
     }
 
@@ -300,7 +304,7 @@ int cmd_bench(int argc, char **argv) {
         if (st_cache_seq_start(cache, &seqs[0], &err) != ST_OK) goto done;
         st_batch_item it = {&seqs[0], toks, (int)prompts[i], ST_LOGITS_LAST};
         double t0 = now_s();
-        if (st_fwd_run(f, &it, 1, logits, &err) != ST_OK) goto done;
+        if (st_batch_run(cache, f, &it, 1, logits, &err) != ST_OK) goto done;
         pre_s[i] = now_s() - t0;
         pre_tok_s[i] = (double)prompts[i] / pre_s[i];
         st_cache_seq_release(cache, &seqs[0]);
@@ -321,7 +325,7 @@ int cmd_bench(int argc, char **argv) {
             if (st_cache_seq_start(cache, &seqs[s], &err) != ST_OK) goto done;
             items[s] = (st_batch_item){&seqs[s], toks + s * plen, (int)plen, ST_LOGITS_LAST};
         }
-        if (st_fwd_run(f, items, B, logits, &err) != ST_OK) goto done;
+        if (st_batch_run(cache, f, items, B, logits, &err) != ST_OK) goto done;
         /* rounds of about half a second, each after its own bandwidth sample */
         int n_rounds = (int)(decode_s / 0.5);
         n_rounds = n_rounds < 3 ? 3 : n_rounds > 64 ? 64 : n_rounds;
@@ -336,7 +340,7 @@ int cmd_bench(int argc, char **argv) {
                     next[s] = (int32_t)((steps * 7919 + s * 104729) % c->vocab_size);
                     items[s] = (st_batch_item){&seqs[s], &next[s], 1, ST_LOGITS_LAST};
                 }
-                if (st_fwd_run(f, items, B, logits, &err) != ST_OK) goto done;
+                if (st_batch_run(cache, f, items, B, logits, &err) != ST_OK) goto done;
                 steps++;
                 steps_r++;
                 t_r = now_s() - t0;
@@ -367,7 +371,7 @@ int cmd_bench(int argc, char **argv) {
         printf("{\"model\": \"%s\", \"kernels\": \"%s\", \"threads\": %d, "
                "\"bandwidth_gb_s\": %.3f, \"weight_bytes_per_step\": %zu, "
                "\"decode_floor_steps_s\": %.3f, \"prefill\": [",
-               dir, st_fwd_kernels(f)->name, nth, bw, ms.bytes_per_token, floor_tok_s);
+               dir, st_backend_cpu_kernels(be)->name, nth, bw, ms.bytes_per_token, floor_tok_s);
         for (int i = 0; i < n_prompts; i++)
             printf("%s{\"tokens\": %lld, \"seconds\": %.4f, \"tok_s\": %.3f}", i ? ", " : "",
                    prompts[i], pre_s[i], pre_tok_s[i]);
@@ -383,7 +387,7 @@ int cmd_bench(int argc, char **argv) {
         printf("]}\n");
     } else {
         printf("model      %s\n", dir);
-        printf("kernels    %s, %d threads\n", st_fwd_kernels(f)->name, nth);
+        printf("kernels    %s, %d threads\n", st_backend_cpu_kernels(be)->name, nth);
         printf("bandwidth  %.2f GB/s (memory read, %d threads)\n", bw, nth);
         printf("weights    %.3f GB read per decode step -> floor %.2f steps/s\n",
                (double)ms.bytes_per_token / 1e9, floor_tok_s);
@@ -411,6 +415,7 @@ done:
     bw_probe_destroy(&probe);
     st_fwd_destroy(f);
     st_cache_destroy(cache);
+    st_backend_destroy(be);
     st_model_free(m);
     return rc;
 }

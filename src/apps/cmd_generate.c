@@ -173,6 +173,7 @@ int cmd_generate(int argc, char **argv) {
         n = 1;
     }
     st_model *m = NULL;
+    st_backend *be = NULL;
     st_tokenizer *tok = NULL;
     st_sched *s = NULL;
     gen_out *outs = calloc((size_t)n, sizeof *outs);
@@ -182,6 +183,7 @@ int cmd_generate(int argc, char **argv) {
         goto done;
     }
     if (st_model_load(dir, &m, &err) != ST_OK) goto done;
+    if (cli_backend(m, &be, &err) != ST_OK) goto done;
     if (rp.n_stop && st_tok_load_dir(dir, &tok, &err) != ST_OK) {
         st_error_prefix(&err, "--stop needs the model's tokenizer: ");
         goto done;
@@ -195,7 +197,8 @@ int cmd_generate(int argc, char **argv) {
     sp.kv_dtype = kvd;
     sp.max_queue = n;
     sp.kv_blocks = 0;
-    sp.mem_budget = st_sched_memory_budget(m, 0.9);
+    sp.mem_budget = st_sched_memory_budget(m, be, 0.9);
+    sp.backend = be;
     for (int i = 0; i < n; i++) {
         if (lens[i] >= ctx) {
             st_error_set(&err, ST_ERR_LIMIT, "prompt %d has %d tokens; the context length is %lld",
@@ -270,6 +273,7 @@ done:
     free(lens);
     st_sched_destroy(s);
     st_tok_free(tok);
+    st_backend_destroy(be);
     st_model_free(m);
     return rc;
 }

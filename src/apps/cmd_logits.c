@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "apps/cli.h"
+#include "engine/batch.h"
 #include "model/forward.h"
 
 static void usage(void) {
@@ -62,16 +63,19 @@ int cmd_logits(int argc, char **argv) {
     st_model *m = NULL;
     st_cache *cache = NULL;
     st_fwd *f = NULL;
+    st_backend *be = NULL;
     float *lg = NULL;
     FILE *fp = NULL;
     int rc = 1;
     if (st_model_load(dir, &m, &err) != ST_OK) goto done;
+    if (cli_backend(m, &be, &err) != ST_OK) goto done;
     st_cache_params cp = st_cache_default_params();
     cp.max_seq_len = n;
     cp.kv_dtype = kvd;
     if (st_cache_create(m, &cp, &cache, &err) != ST_OK) goto done;
     if (chunk > n) chunk = n;
-    if (st_fwd_create(m, cache, (int)chunk, NULL, &f, &err) != ST_OK) goto done;
+    st_ctx_params xp = st_cache_ctx_params(cache, (int)chunk);
+    if (st_fwd_create(be, &xp, &f, &err) != ST_OK) goto done;
     int64_t V = m->cfg.vocab_size;
     lg = malloc((size_t)chunk * (size_t)V * sizeof(float));
     if (!lg) {
@@ -90,8 +94,8 @@ int cmd_logits(int argc, char **argv) {
         int last = i + take == n;
         st_batch_item it = {&seq, ids + i, take,
                             all ? ST_LOGITS_ALL : (last ? ST_LOGITS_LAST : ST_LOGITS_NONE)};
-        if (st_fwd_run(f, &it, 1, lg, &err) != ST_OK) goto done;
-        size_t rows = (size_t)st_fwd_logit_rows(&it, 1);
+        if (st_batch_run(cache, f, &it, 1, lg, &err) != ST_OK) goto done;
+        size_t rows = (size_t)st_batch_logit_rows(&it, 1);
         if (rows && fwrite(lg, sizeof(float) * (size_t)V, rows, fp) != rows) {
             st_error_set(&err, ST_ERR_IO, "%s: write failed", out_path);
             goto done;
@@ -111,6 +115,7 @@ done:
     free(ids);
     st_fwd_destroy(f);
     st_cache_destroy(cache);
+    st_backend_destroy(be);
     st_model_free(m);
     return rc;
 }

@@ -148,6 +148,7 @@ int cmd_perplexity(int argc, char **argv) {
     }
     st_error err = {0};
     st_model *m = NULL;
+    st_backend *be = NULL;
     st_tokenizer *tok = NULL;
     char *text = NULL;
     size_t text_len = 0, n_ids = 0;
@@ -157,6 +158,8 @@ int cmd_perplexity(int argc, char **argv) {
     int rc = 1;
     if (st_file_read(text_file, (size_t)1 << 30, &text, &text_len, &err) != ST_OK) goto done;
     if (st_model_load(dir, &m, &err) != ST_OK) goto done;
+    if (cli_backend(m, &be, &err) != ST_OK) goto done;
+    pp.backend = be;
     if (st_tok_load_dir(dir, &tok, &err) != ST_OK) goto done;
     if (st_tok_encode(tok, text, text_len, 1, &ids, &n_ids, &err) != ST_OK) {
         st_error_prefix(&err, "%s: ", text_file);
@@ -238,6 +241,7 @@ done:
     free(ids);
     free(text);
     st_tok_free(tok);
+    st_backend_destroy(be);
     st_model_free(m);
     return rc;
 }

@@ -3,11 +3,13 @@
  *                 [--method auto|mse|minmax|mlx] [--shard-mb N] [--threads N] -o OUT
  * See model/quantize.h for what is written. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "apps/cli.h"
 #include "core/clock.h"
+#include "core/threadpool.h"
 #include "model/quantize.h"
 
 static void usage(void) {
@@ -47,6 +49,7 @@ static void on_progress(void *user, size_t done, size_t total, const char *tenso
 int cmd_quantize(int argc, char **argv) {
     const char *in = NULL, *out = NULL;
     st_quantize_params p = st_quantize_default_params();
+    p.n_threads = st_threads_parse(getenv("STRAND_THREADS")); /* 0: the online CPUs */
     int bits_given = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;

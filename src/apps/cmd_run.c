@@ -157,6 +157,7 @@ int cmd_run(int argc, char **argv) {
         return cli_failf("run: --system is not valid UTF-8 (byte %zu)", st_utf8_check(system, strlen(system)));
     st_error err = {0};
     st_model *m = NULL;
+    st_backend *be = NULL;
     st_tokenizer *tok = NULL;
     st_chat_template *ct = NULL;
     st_sched *s = NULL;
@@ -167,6 +168,7 @@ int cmd_run(int argc, char **argv) {
     run_state st = {0};
     int rc = 1;
     if (st_model_load(dir, &m, &err) != ST_OK) goto done;
+    if (cli_backend(m, &be, &err) != ST_OK) goto done;
     if (st_tok_load_dir(dir, &tok, &err) != ST_OK) goto done;
     if (raw) {
         text = strdup(prompt);
@@ -193,7 +195,8 @@ int cmd_run(int argc, char **argv) {
     sp.max_seqs = 1;
     sp.ctx = ctx;
     sp.kv_dtype = kvd;
-    sp.mem_budget = st_sched_memory_budget(m, mem_fraction);
+    sp.mem_budget = st_sched_memory_budget(m, be, mem_fraction);
+    sp.backend = be;
     if (n_new > 0) { /* the pool holds this request, no more */
         long long need = (long long)n_ids + n_new < ctx_max ? (long long)n_ids + n_new : ctx_max;
         sp.kv_blocks = (need + sp.block_size - 1) / sp.block_size;
@@ -242,6 +245,7 @@ done:
     st_sched_destroy(s);
     st_chat_template_free(ct);
     st_tok_free(tok);
+    st_backend_destroy(be);
     st_model_free(m);
     return rc;
 }

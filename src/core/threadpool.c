@@ -151,13 +151,15 @@ void st_pool_run(st_pool *p, st_pool_fn fn, void *ctx) {
     }
 }
 
+int st_threads_parse(const char *e) {
+    if (!e || !*e) return 0;
+    char *end;
+    long v = strtol(e, &end, 10);
+    if (*end != 0 || v < 1) return 0;
+    return v > ST_POOL_MAX_THREADS ? ST_POOL_MAX_THREADS : (int)v;
+}
+
 int st_default_threads(void) {
-    const char *e = getenv("STRAND_THREADS");
-    if (e && *e) {
-        char *end;
-        long v = strtol(e, &end, 10);
-        if (*end == 0 && v >= 1) return v > ST_POOL_MAX_THREADS ? ST_POOL_MAX_THREADS : (int)v;
-    }
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     if (n < 1) n = 1;
     return n > ST_POOL_MAX_THREADS ? ST_POOL_MAX_THREADS : (int)n;

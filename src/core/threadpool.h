@@ -37,9 +37,12 @@ int st_pool_size(const st_pool *p);
 /* Run fn on every thread of the pool and wait for all of them. */
 void st_pool_run(st_pool *p, st_pool_fn fn, void *ctx);
 
-/* The default thread count: $STRAND_THREADS when set to a positive number, else the number
- * of online CPUs (at least 1, at most ST_POOL_MAX_THREADS). */
+/* The default thread count: the number of online CPUs (at least 1, at most
+ * ST_POOL_MAX_THREADS). */
 int st_default_threads(void);
+/* A thread count written as a positive decimal number (apps/ pass $STRAND_THREADS), capped at
+ * ST_POOL_MAX_THREADS; 0 when s is NULL, empty or not such a number. */
+int st_threads_parse(const char *s);
 
 /* Split [0, n) into `parts` contiguous ranges whose boundaries are multiples of `align`
  * (except the end); part i is [*lo, *hi). Ranges may be empty. */

@@ -1,10 +1,8 @@
-/* ==== Paged KV blocks and recurrent-state slots (see cache.h) ==== */
+/* ==== The books of KV blocks and state slots (see cache.h) ==== */
 #include "engine/cache.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-#include "core/mem.h"
 
 st_cache_params st_cache_default_params(void) {
     st_cache_params p = {
@@ -17,35 +15,16 @@ st_cache_params st_cache_default_params(void) {
     return p;
 }
 
-static size_t kv_bytes(const st_cache *c) {
-    return (size_t)c->p.n_blocks * c->kv_block_elems * c->kv_elem;
-}
-
-/* Sizes of everything st_cache_create allocates, from the model and the parameters; the
- * caller has validated p. */
+/* Sizes of everything st_cache_create allocates; the caller has validated p. */
 static void layout(st_cache *c, const st_model *m, const st_cache_params *p) {
-    const st_config *cfg = &m->cfg;
     c->p = *p;
     c->n_full = m->n_full;
     c->n_linear = m->n_linear;
-    c->n_kv_heads = cfg->n_kv_heads;
-    c->head_dim = cfg->head_dim;
-    c->conv_rows = cfg->conv_kernel - 1;
-    c->conv_dim = st_config_conv_dim(cfg);
-    c->n_v_heads = cfg->lin_n_value_heads;
-    c->v_head_dim = cfg->lin_value_head_dim;
-    c->k_head_dim = cfg->lin_key_head_dim;
+    c->vocab = m->cfg.vocab_size;
     c->max_blocks_per_seq = (p->max_seq_len + p->block_size - 1) / p->block_size;
     if (c->p.n_blocks <= 0) c->p.n_blocks = c->max_blocks_per_seq * p->n_slots;
-    c->kv_elem = p->kv_dtype == ST_KV_BF16 ? 2 : 4;
-    c->kv_head_stride = (size_t)p->block_size * (size_t)c->head_dim;
-    c->kv_block_elems = (size_t)c->n_full * 2 * (size_t)c->n_kv_heads * c->kv_head_stride;
-    c->conv_slot_floats = (size_t)c->n_linear * (size_t)c->conv_rows * (size_t)c->conv_dim;
-    c->rec_slot_floats = (size_t)c->n_linear * (size_t)c->n_v_heads * (size_t)c->v_head_dim *
-                         (size_t)c->k_head_dim;
-    size_t n_slots = (size_t)p->n_slots;
-    c->planned_bytes = kv_bytes(c) + n_slots * (c->conv_slot_floats + c->rec_slot_floats) * 4 +
-                       (size_t)c->p.n_blocks * 4 + n_slots * (size_t)c->max_blocks_per_seq * 4;
+    const size_t n_slots = (size_t)p->n_slots;
+    c->planned_bytes = (size_t)c->p.n_blocks * 4 + n_slots * ((size_t)c->max_blocks_per_seq * 4 + sizeof(int));
 }
 
 static st_status check_params(const st_cache_params *p, st_error *err) {
@@ -65,9 +44,21 @@ st_cache_plan st_cache_plan_of(const st_model *m, const st_cache_params *p) {
     if (check_params(p, NULL) != ST_OK) return pl;
     layout(&c, m, p);
     pl.total_bytes = c.planned_bytes;
-    pl.block_bytes = c.kv_block_elems * c.kv_elem + 4;
-    pl.slot_bytes = (c.conv_slot_floats + c.rec_slot_floats) * 4 + (size_t)c.max_blocks_per_seq * 4;
+    pl.block_bytes = 4;
+    pl.slot_bytes = (size_t)c.max_blocks_per_seq * 4 + sizeof(int);
     return pl;
+}
+
+st_ctx_params st_cache_ctx_params(const st_cache *c, int max_tokens) {
+    st_ctx_params p = {
+        .max_tokens = max_tokens,
+        .n_slots = c->p.n_slots,
+        .n_blocks = c->p.n_blocks,
+        .block_size = c->p.block_size,
+        .max_seq_len = c->p.max_seq_len,
+        .kv_dtype = c->p.kv_dtype,
+    };
+    return p;
 }
 
 st_status st_cache_create(const st_model *m, const st_cache_params *p, st_cache **out,
@@ -84,17 +75,12 @@ st_status st_cache_create(const st_model *m, const st_cache_params *p, st_cache 
         return st_error_set(err, ST_ERR_ARG, "cache: too many KV blocks (%lld)", nb);
     }
     size_t n_slots = (size_t)p->n_slots;
-    c->free_blocks = malloc((size_t)c->p.n_blocks * sizeof *c->free_blocks);
+    c->free_blocks = malloc((size_t)(c->p.n_blocks ? c->p.n_blocks : 1) * sizeof *c->free_blocks);
     c->block_tables = calloc(n_slots * (size_t)c->max_blocks_per_seq, sizeof *c->block_tables);
     c->free_slots = malloc(n_slots * sizeof *c->free_slots);
-    c->kv = st_big_alloc(kv_bytes(c));
-    c->conv = st_big_alloc(n_slots * c->conv_slot_floats * sizeof(float));
-    c->rec = st_big_alloc_huge(n_slots * c->rec_slot_floats * sizeof(float));
-    if (!c->free_blocks || !c->block_tables || !c->free_slots || (kv_bytes(c) && !c->kv) ||
-        (c->conv_slot_floats && !c->conv) || (c->rec_slot_floats && !c->rec)) {
+    if (!c->free_blocks || !c->block_tables || !c->free_slots) {
         st_cache_destroy(c);
-        return st_error_set(err, ST_ERR_NOMEM,
-                            "cache: cannot reserve %lld KV blocks and %d state slots",
+        return st_error_set(err, ST_ERR_NOMEM, "cache: cannot plan %lld KV blocks and %d state slots",
                             (long long)p->n_blocks, p->n_slots);
     }
     /* stacks: lowest ids on top */
@@ -109,9 +95,6 @@ st_status st_cache_create(const st_model *m, const st_cache_params *p, st_cache 
 
 void st_cache_destroy(st_cache *c) {
     if (!c) return;
-    st_big_free(c->kv, kv_bytes(c));
-    st_big_free(c->conv, (size_t)c->p.n_slots * c->conv_slot_floats * sizeof(float));
-    st_big_free(c->rec, (size_t)c->p.n_slots * c->rec_slot_floats * sizeof(float));
     free(c->free_blocks);
     free(c->block_tables);
     free(c->free_slots);
@@ -122,8 +105,6 @@ st_status st_cache_seq_start(st_cache *c, st_seq *seq, st_error *err) {
     if (c->n_free_slots == 0)
         return st_error_set(err, ST_ERR_BUSY, "all %d sequence slots are in use", c->p.n_slots);
     int slot = c->free_slots[--c->n_free_slots];
-    memset(st_cache_conv_state(c, slot, 0), 0, c->conv_slot_floats * sizeof(float));
-    memset(st_cache_rec_state(c, slot, 0), 0, c->rec_slot_floats * sizeof(float));
     seq->slot = slot;
     seq->n_past = 0;
     seq->n_blocks = 0;
@@ -149,6 +130,12 @@ st_status st_cache_seq_reserve(st_cache *c, st_seq *seq, int64_t n_new, st_error
                             (long long)need, (long long)c->n_free_blocks);
     for (int64_t i = 0; i < need; i++) seq->blocks[seq->n_blocks++] = c->free_blocks[--c->n_free_blocks];
     return ST_OK;
+}
+
+void st_cache_seq_trim(st_cache *c, st_seq *seq) {
+    if (seq->slot < 0) return;
+    const int64_t keep = c->n_full ? (seq->n_past + c->p.block_size - 1) / c->p.block_size : 0;
+    while (seq->n_blocks > keep) c->free_blocks[c->n_free_blocks++] = seq->blocks[--seq->n_blocks];
 }
 
 void st_cache_seq_release(st_cache *c, st_seq *seq) {

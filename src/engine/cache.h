@@ -1,10 +1,13 @@
-/* ==== Per-sequence model state: paged KV blocks and recurrent-state slots ====
+/* ==== Per-sequence model state: the books of KV blocks and state slots ====
  *
- * All memory is planned at creation: a pool of KV blocks shared by all sequences (each block
- * holds `block_size` positions of K and V for every full-attention layer), and a fixed pool
- * of state slots (conv state + fp32 delta-rule state for every linear layer, plus the slot's
- * block table). A sequence (st_seq) is a few integers and a borrowed row of block ids; taking
- * and returning blocks or slots never allocates.
+ * The engine's side of the cache: which KV blocks and state slots are free, and each
+ * sequence's block table. The storage itself (the blocks' K and V, the conv and delta-rule
+ * state of every slot) is the backend's (backend/backend.h, st_bctx): a step's plan names
+ * the slot and the blocks, and the backend reads and writes its own memory. A slot's state
+ * is zeroed by the backend at the sequence's first step (position 0).
+ *
+ * All memory is planned at creation: taking and returning blocks or slots never allocates.
+ * A sequence (st_seq) is a few integers and a borrowed row of block ids.
  *
  * Thread ownership: one thread (the scheduler/driver) owns a cache and its sequences.
  */
@@ -14,13 +17,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/backend.h"
 #include "core/status.h"
 #include "model/model.h"
-
-typedef enum st_kv_dtype {
-    ST_KV_F32 = 0,
-    ST_KV_BF16 = 1,
-} st_kv_dtype;
 
 typedef struct st_cache_params {
     int n_slots;         /* sequences live at once */
@@ -41,24 +40,13 @@ typedef struct st_seq {
 } st_seq;
 
 typedef struct st_cache {
-    st_cache_params p;
+    st_cache_params p;              /* n_blocks resolved */
     int n_full, n_linear;           /* layers by kind */
-    int n_kv_heads, head_dim;
-    int conv_rows;                  /* K - 1 */
-    int64_t conv_dim;
-    int n_v_heads, v_head_dim, k_head_dim;
+    int64_t vocab;                  /* token ids are in [0, vocab) */
     int64_t max_blocks_per_seq;
-    size_t kv_elem;                 /* bytes per K/V element */
-    size_t kv_head_stride;          /* elements of one (layer, K|V, head) run: block_size*hd */
-    size_t kv_block_elems;          /* elements of one block: n_full*2*n_kv*block_size*hd */
-    uint8_t *kv;                    /* [n_blocks][n_full][2][n_kv][block_size][hd] of kv_dtype */
     int32_t *free_blocks;           /* [n_blocks] stack of free block ids */
     int64_t n_free_blocks;
     int32_t *block_tables;          /* [n_slots][max_blocks_per_seq] */
-    size_t conv_slot_floats;        /* n_linear * (K-1) * conv_dim */
-    size_t rec_slot_floats;         /* n_linear * Hv * Dv * Dk */
-    float *conv;                    /* [n_slots][n_linear][K-1][conv_dim] */
-    float *rec;                     /* [n_slots][n_linear][Hv][Dv][Dk] */
     int *free_slots;                /* [n_slots] stack */
     int n_free_slots;
     size_t planned_bytes;           /* all of the above */
@@ -71,39 +59,24 @@ void st_cache_destroy(st_cache *c);
 /* What st_cache_create would allocate, without allocating (all 0 for bad parameters). */
 typedef struct st_cache_plan {
     size_t total_bytes; /* everything */
-    size_t block_bytes; /* one KV block with its free-list entry */
-    size_t slot_bytes;  /* one state slot with its block table */
+    size_t block_bytes; /* one block's free-list entry */
+    size_t slot_bytes;  /* one slot's block table and free-list entry */
 } st_cache_plan;
 st_cache_plan st_cache_plan_of(const st_model *m, const st_cache_params *p);
 
-/* Take a state slot (zeroed) for a new sequence; ST_ERR_BUSY when none is free. */
+/* The backend context a cache's sequences need, with max_tokens tokens per step. */
+st_ctx_params st_cache_ctx_params(const st_cache *c, int max_tokens);
+
+/* Take a state slot for a new sequence; ST_ERR_BUSY when none is free. */
 st_status st_cache_seq_start(st_cache *c, st_seq *seq, st_error *err);
 /* Blocks needed so that the sequence holds n_past + n_new positions. */
 int64_t st_cache_blocks_needed(const st_cache *c, const st_seq *seq, int64_t n_new);
 /* Make room for n_new more positions (ST_ERR_LIMIT past max_seq_len, ST_ERR_BUSY when the
  * pool is empty; nothing is taken on failure). */
 st_status st_cache_seq_reserve(st_cache *c, st_seq *seq, int64_t n_new, st_error *err);
+/* Return the blocks beyond those n_past positions need (undoing a reservation). */
+void st_cache_seq_trim(st_cache *c, st_seq *seq);
 /* Return the sequence's blocks and slot to the pools; seq becomes "not started". */
 void st_cache_seq_release(st_cache *c, st_seq *seq);
-
-/* Element pointer of K (kv = 0) or V (kv = 1) for full layer `li`, head `h`, at position pos
- * of seq; the run of positions within a block is contiguous (stride head_dim). */
-static inline void *st_cache_kv_ptr(const st_cache *c, const st_seq *seq, int li, int kv, int h,
-                                    int64_t pos) {
-    int64_t b = seq->blocks[pos / c->p.block_size];
-    int64_t off = pos % c->p.block_size;
-    size_t e = (size_t)b * c->kv_block_elems +
-               ((size_t)(li * 2 + kv) * (size_t)c->n_kv_heads + (size_t)h) * c->kv_head_stride +
-               (size_t)off * (size_t)c->head_dim;
-    return c->kv + e * c->kv_elem;
-}
-static inline float *st_cache_conv_state(const st_cache *c, int slot, int li) {
-    return c->conv + (size_t)slot * c->conv_slot_floats +
-           (size_t)li * (size_t)c->conv_rows * (size_t)c->conv_dim;
-}
-static inline float *st_cache_rec_state(const st_cache *c, int slot, int li) {
-    return c->rec + (size_t)slot * c->rec_slot_floats +
-           (size_t)li * (size_t)c->n_v_heads * (size_t)c->v_head_dim * (size_t)c->k_head_dim;
-}
 
 #endif /* ST_ENGINE_CACHE_H */

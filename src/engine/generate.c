@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/cpu.h"
+#include "engine/batch.h"
 #include "model/forward.h"
 #include "sampler/sampler.h"
 
@@ -14,7 +16,7 @@ st_gen_options st_gen_default_options(void) {
         .kv_dtype = ST_KV_F32,
         .max_seq_len = 0,
         .stop_at_eos = 0,
-        .kernels = NULL,
+        .backend = NULL,
     };
     return o;
 }
@@ -58,6 +60,7 @@ st_status st_generate_greedy(const st_model *m, st_gen_request *reqs, int n_reqs
     cp.kv_dtype = opt->kv_dtype;
     st_cache *cache = NULL;
     st_fwd *fwd = NULL;
+    st_backend *own = NULL, *be = opt->backend;
     st_seq *seqs = calloc((size_t)n_reqs, sizeof *seqs);
     st_batch_item *items = calloc((size_t)n_reqs, sizeof *items);
     int *item_req = calloc((size_t)n_reqs, sizeof *item_req);
@@ -72,8 +75,11 @@ st_status st_generate_greedy(const st_model *m, st_gen_request *reqs, int n_reqs
     for (int i = 0; i < n_reqs; i++) seqs[i].slot = -1;
     int budget = opt->max_batch_tokens;
     if (budget < n_reqs) budget = n_reqs; /* a decode step holds one token per sequence */
+    if (!be && (st = st_backend_cpu_create(m, NULL, NULL, &own, err)) != ST_OK) goto out;
+    if (!be) be = own;
     if ((st = st_cache_create(m, &cp, &cache, err)) != ST_OK) goto out;
-    if ((st = st_fwd_create(m, cache, budget, opt->kernels, &fwd, err)) != ST_OK) goto out;
+    st_ctx_params xp = st_cache_ctx_params(cache, budget);
+    if ((st = st_fwd_create(be, &xp, &fwd, err)) != ST_OK) goto out;
     for (int i = 0; i < n_reqs; i++) {
         if ((st = st_cache_seq_start(cache, &seqs[i], err)) != ST_OK) goto out;
         done[i] = reqs[i].n_new == 0;
@@ -100,7 +106,7 @@ st_status st_generate_greedy(const st_model *m, st_gen_request *reqs, int n_reqs
             left -= it->n_tokens;
         }
         if (n_items == 0) break;
-        if ((st = st_fwd_run(fwd, items, n_items, logits, err)) != ST_OK) goto out;
+        if ((st = st_batch_run(cache, fwd, items, n_items, logits, err)) != ST_OK) goto out;
         int64_t row = 0;
         for (int k = 0; k < n_items; k++) {
             int i = item_req[k];
@@ -126,6 +132,7 @@ out:
         for (int i = 0; i < n_reqs; i++) st_cache_seq_release(cache, &seqs[i]);
     st_fwd_destroy(fwd);
     st_cache_destroy(cache);
+    st_backend_destroy(own);
     free(seqs);
     free(items);
     free(item_req);

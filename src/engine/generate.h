@@ -3,15 +3,15 @@
  * The simple driver behind `strand generate` and the fixture tests: all prompts are
  * prefilled together in chunks of at most max_batch_tokens tokens, then every unfinished
  * sequence decodes one token per step, all in the same batch. (The continuous-batching
- * scheduler of the server builds on the same st_fwd_run steps.)
+ * scheduler of the server builds on the same st_batch_run steps.)
  */
 #ifndef ST_ENGINE_GENERATE_H
 #define ST_ENGINE_GENERATE_H
 
 #include <stdint.h>
 
+#include "backend/backend.h"
 #include "engine/cache.h"
-#include "kernels/kernels.h"
 #include "model/model.h"
 
 typedef struct st_gen_options {
@@ -20,7 +20,8 @@ typedef struct st_gen_options {
     st_kv_dtype kv_dtype;
     int64_t max_seq_len;      /* context limit; 0 = the model's max_position_embeddings */
     int stop_at_eos;          /* stop a sequence after it emits one of the config's eos ids */
-    const st_kernels *kernels;/* NULL = the best for this CPU ($STRAND_KERNELS overrides) */
+    st_backend *backend;      /* borrowed; NULL = a CPU backend with default parameters, made
+                                 for the call */
 } st_gen_options;
 
 st_gen_options st_gen_default_options(void);

@@ -7,6 +7,8 @@
 
 #include "core/clock.h"
 #include "core/threadpool.h"
+#include "backend/cpu/cpu.h"
+#include "engine/batch.h"
 #include "model/forward.h"
 
 #define ST_PPL_ALIGN 64 /* the chunked delta rule's chunk (model/forward.c) */
@@ -17,7 +19,7 @@ st_ppl_params st_ppl_default_params(void) {
         .batch = 4,
         .step_tokens = 0,
         .kv_dtype = ST_KV_F32,
-        .kernels = NULL,
+        .backend = NULL,
         .progress = NULL,
         .row = NULL,
         .user = NULL,
@@ -89,6 +91,7 @@ st_status st_perplexity(const st_model *m, const int32_t *ids, int64_t n, const 
     cp.kv_dtype = p->kv_dtype;
     st_cache *cache = NULL;
     st_fwd *fwd = NULL;
+    st_backend *own = NULL, *be = p->backend;
     slot *slots = calloc((size_t)batch, sizeof *slots);
     double *win_sum = calloc((size_t)n_win * 2, sizeof *win_sum); /* [n_win][sum, sum of squares] */
     st_batch_item *items = calloc((size_t)batch, sizeof *items);
@@ -100,10 +103,13 @@ st_status st_perplexity(const st_model *m, const int32_t *ids, int64_t n, const 
         st = st_error_set(err, ST_ERR_NOMEM, "perplexity: out of memory for %lld rows of logits", (long long)step);
         goto out;
     }
-    st_fwd_params fp = st_fwd_default_params();
-    fp.kernels = p->kernels;
+    if (!be && (st = st_backend_cpu_create(m, NULL, NULL, &own, err)) != ST_OK) goto out;
+    if (!be) be = own;
     if ((st = st_cache_create(m, &cp, &cache, err)) != ST_OK) goto out;
-    if ((st = st_fwd_create_ex(m, cache, (int)step, &fp, &fwd, err)) != ST_OK) goto out;
+    st_ctx_params xp = st_cache_ctx_params(cache, (int)step);
+    if ((st = st_fwd_create(be, &xp, &fwd, err)) != ST_OK) goto out;
+    /* the log-sum-exps run on the CPU backend's threads, or on this one */
+    st_pool *pool = st_backend_is_cpu(be) ? st_bctx_cpu_pool(st_fwd_ctx(fwd)) : NULL;
     for (int64_t s = 0; s < batch; s++) slots[s].window = -1, slots[s].seq.slot = -1;
 
     double sum = 0; /* running, for the progress line only */
@@ -127,9 +133,10 @@ st_status st_perplexity(const st_model *m, const int32_t *ids, int64_t n, const 
             item_slot[n_items++] = (int)s;
             rows += take;
         }
-        if ((st = st_fwd_run(fwd, items, (int)n_items, logits, err)) != ST_OK) goto out;
+        if ((st = st_batch_run(cache, fwd, items, (int)n_items, logits, err)) != ST_OK) goto out;
         lse_job job = {logits, rows, V, lse};
-        st_pool_run(st_fwd_pool(fwd), lse_rows, &job);
+        if (pool) st_pool_run(pool, lse_rows, &job);
+        else lse_rows(&job, 0, 1);
         int64_t row = 0;
         for (int64_t k = 0; k < n_items; k++) {
             slot *sl = &slots[item_slot[k]];
@@ -174,6 +181,7 @@ out:
         for (int64_t s = 0; s < batch; s++) st_cache_seq_release(cache, &slots[s].seq);
     st_fwd_destroy(fwd);
     st_cache_destroy(cache);
+    st_backend_destroy(own);
     free(slots);
     free(items);
     free(item_slot);

@@ -16,8 +16,8 @@
 
 #include <stdint.h>
 
+#include "backend/backend.h"
 #include "engine/cache.h"
-#include "kernels/kernels.h"
 #include "model/model.h"
 
 /* After each window: windows done and in all, the scored tokens so far and their ppl. */
@@ -36,7 +36,7 @@ typedef struct st_ppl_params {
     int step_tokens;         /* tokens per forward step over all windows; 0 = as many as keep
                                 the step's logits within about 256 MiB */
     st_kv_dtype kv_dtype;
-    const st_kernels *kernels; /* NULL = the best for this CPU */
+    st_backend *backend;       /* borrowed; NULL = a CPU backend with default parameters */
     st_ppl_progress_fn progress;
     st_ppl_row_fn row;
     void *user;

@@ -10,6 +10,8 @@
 #include <time.h>
 
 #include "core/mem.h"
+#include "backend/cpu/cpu.h"
+#include "engine/batch.h"
 #include "model/forward.h"
 
 #include <stdio.h>
@@ -63,6 +65,7 @@ struct st_sched {
     size_t max_event_text;    /* bytes of text one event can carry */
     st_cache *cache;          /* owned */
     st_fwd *fwd;              /* owned */
+    st_backend *own_backend;  /* owned when the params named none */
     st_sampler *sampler;      /* owned */
     rec *recs;                /* [max_seqs] */
     st_batch_item *items;     /* [max_seqs] */
@@ -117,7 +120,7 @@ st_sched_params st_sched_default_params(void) {
         .max_queue = 256,
         .stall_timeout_s = 60.0,
         .head_wait_s = 10.0,
-        .kernels = NULL,
+        .backend = NULL,
     };
     return p;
 }
@@ -139,16 +142,21 @@ static void plan_at(const st_model *m, const st_sched_params *p, int64_t ctx, in
     cp.n_blocks = blocks;
     cp.kv_dtype = p->kv_dtype;
     st_cache_plan c = st_cache_plan_of(m, &cp);
+    st_ctx_params xp = {.max_tokens = p->step_tokens, .n_slots = p->max_seqs, .n_blocks = blocks,
+                        .block_size = p->block_size, .max_seq_len = ctx, .kv_dtype = p->kv_dtype};
+    st_ctx_plan bx;
+    if (p->backend) p->backend->ops->ctx_plan(p->backend, &xp, &bx);
+    else st_cpu_ctx_plan(m, 0, &xp, &bx);
     size_t n = (size_t)p->max_seqs, vocab = (size_t)m->cfg.vocab_size;
     pl->ctx = ctx;
     pl->kv_blocks = blocks;
     pl->block_size = p->block_size;
     pl->max_seqs = p->max_seqs;
-    pl->kv_bytes = m->n_full ? (size_t)blocks * c.block_bytes : 0;
-    pl->state_bytes = n * c.slot_bytes;
-    pl->scratch_bytes = st_fwd_plan_bytes(m, p->step_tokens, ctx, 0);
+    pl->kv_bytes = m->n_full ? (size_t)blocks * (c.block_bytes + bx.kv_block_bytes) : 0;
+    pl->state_bytes = n * (c.slot_bytes + bx.slot_bytes);
+    pl->scratch_bytes = bx.scratch_bytes;
     pl->other_bytes = n * ((size_t)ctx * 4 + sizeof(rec) + vocab * 4 + TEXTOUT_BYTES_EST) + vocab * 17;
-    pl->total_bytes = c.total_bytes + pl->scratch_bytes + pl->other_bytes;
+    pl->total_bytes = pl->kv_bytes + pl->state_bytes + pl->scratch_bytes + pl->other_bytes;
 }
 
 static double gib(size_t b) { return (double)b / (double)(1u << 30); }
@@ -254,14 +262,15 @@ st_status st_sched_plan_for(const st_model *m, const st_sched_params *p, st_sche
     return ST_OK;
 }
 
-size_t st_sched_memory_budget(const st_model *m, double fraction) {
+size_t st_sched_memory_budget(const st_model *m, const st_backend *b, double fraction) {
     size_t avail = st_sysmem_available();
     if (!avail || !(fraction > 0)) return 0;
     st_model_stats ms;
     st_model_get_stats(m, 4, &ms);
     /* packed copies are resident already; the rest of the weights is read from the mapping
      * and should stay in the page cache */
-    size_t mapped = m->pack_bytes >= ms.weight_bytes ? 0 : ms.weight_bytes - m->pack_bytes;
+    const size_t packed = st_backend_is_cpu(b) ? st_backend_cpu_packed_bytes(b) : 0;
+    size_t mapped = packed >= ms.weight_bytes ? 0 : ms.weight_bytes - packed;
     double room = fraction * (double)avail - (double)mapped;
     return room > 1 ? (size_t)room : 1;
 }
@@ -292,6 +301,7 @@ void st_sched_destroy(st_sched *s) {
     st_sampler_destroy(s->sampler);
     st_fwd_destroy(s->fwd);
     st_cache_destroy(s->cache);
+    st_backend_destroy(s->own_backend);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s);
@@ -331,8 +341,12 @@ st_status st_sched_create(const st_model *m, const st_tokenizer *tok, const st_s
     cp.block_size = p->block_size;
     cp.n_blocks = plan.kv_blocks;
     cp.kv_dtype = p->kv_dtype;
+    st_backend *be = p->backend;
+    if (!be && (st = st_backend_cpu_create(m, NULL, NULL, &s->own_backend, err)) != ST_OK) goto fail;
+    if (!be) be = s->own_backend;
     if ((st = st_cache_create(m, &cp, &s->cache, err)) != ST_OK) goto fail;
-    if ((st = st_fwd_create(m, s->cache, p->step_tokens, p->kernels, &s->fwd, err)) != ST_OK) goto fail;
+    st_ctx_params xp = st_cache_ctx_params(s->cache, p->step_tokens);
+    if ((st = st_fwd_create(be, &xp, &s->fwd, err)) != ST_OK) goto fail;
     if ((st = st_sampler_create(m->cfg.vocab_size, &s->sampler, err)) != ST_OK) goto fail;
     size_t n = (size_t)p->max_seqs;
     s->recs = calloc(n, sizeof *s->recs);
@@ -356,7 +370,7 @@ st_status st_sched_create(const st_model *m, const st_tokenizer *tok, const st_s
         if (tok && (st = st_textout_create(tok, max_tok, &r->tx, err)) != ST_OK) goto fail;
     }
     s->max_event_text = s->recs[0].tx ? st_textout_max_delta(s->recs[0].tx) : 0;
-    s->planned_bytes = s->cache->planned_bytes + st_fwd_scratch_bytes(s->fwd) +
+    s->planned_bytes = s->cache->planned_bytes + st_fwd_bytes(s->fwd) +
                        n * ((size_t)s->ctx * 4 + sizeof(rec) + (size_t)m->cfg.vocab_size * 4) +
                        (size_t)m->cfg.vocab_size * 17;
     s->stats.kv_blocks_total = s->cache->p.n_blocks;
@@ -369,6 +383,7 @@ fail:
 }
 
 const st_cache *st_sched_cache(const st_sched *s) { return s->cache; }
+st_fwd *st_sched_forward(const st_sched *s) { return s->fwd; }
 int64_t st_sched_context(const st_sched *s) { return s->ctx; }
 size_t st_sched_max_event_text(const st_sched *s) { return s->max_event_text; }
 
@@ -818,7 +833,7 @@ int st_sched_step(st_sched *s) {
     if (n > 0) {
         progress = 1;
         st_error err = {0};
-        st_status st = st_fwd_run(s->fwd, s->items, n, s->logits, &err);
+        st_status st = st_batch_run(s->cache, s->fwd, s->items, n, s->logits, &err);
         if (st != ST_OK) {
             for (int k = 0; k < n; k++) finish_rec(s, &s->recs[s->item_rec[k]], ST_FINISH_ERROR, err.msg);
         } else {

@@ -39,9 +39,10 @@
 
 #include <stdint.h>
 
+#include "backend/backend.h"
 #include "engine/cache.h"
 #include "engine/textout.h"
-#include "kernels/kernels.h"
+#include "model/forward.h"
 #include "model/model.h"
 #include "sampler/sampler.h"
 #include "tokenizer/tokenizer.h"
@@ -122,7 +123,8 @@ typedef struct st_sched_params {
     double head_wait_s;      /* how long later requests may pass a queue head short of blocks */
     size_t mem_budget;       /* bytes the plan may take (cache, state, scratch, histories);
                                 0 = not checked */
-    const st_kernels *kernels;
+    st_backend *backend;     /* borrowed (it must outlive the scheduler); NULL = a CPU backend
+                                with default parameters, made and owned by the scheduler */
 } st_sched_params;
 
 st_sched_params st_sched_default_params(void);
@@ -148,8 +150,9 @@ st_status st_sched_plan_for(const st_model *m, const st_sched_params *p, st_sche
                             st_error *err);
 
 /* fraction (0..1] of the memory this process can still have (st_sysmem_available), less
- * the weights still read from their mapping; 0 when that memory is unknown. */
-size_t st_sched_memory_budget(const st_model *m, double fraction);
+ * the weights still read from their mapping (b: the backend that packed copies, or NULL);
+ * 0 when that memory is unknown. */
+size_t st_sched_memory_budget(const st_model *m, const st_backend *b, double fraction);
 
 /* One line describing a plan ("KV pool 2.0 GiB (...), ..."), into buf. */
 void st_sched_plan_text(const st_sched_plan *pl, char *buf, size_t cap);
@@ -212,6 +215,8 @@ typedef struct st_seq_info {
 int st_sched_seq_info(st_sched *s, uint64_t id, st_seq_info *out);
 
 const st_cache *st_sched_cache(const st_sched *s);
+/* The forward context steps run on (its backend context holds the KV blocks and states). */
+st_fwd *st_sched_forward(const st_sched *s);
 const st_sched_plan *st_sched_get_plan(const st_sched *s);
 
 #endif /* ST_ENGINE_SCHEDULER_H */

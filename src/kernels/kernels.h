@@ -32,8 +32,8 @@
 typedef struct st_kernels {
     const char *name;
     /* the matrix packings (ST_WPACK_BIT mask, tensor/matrix.h) this set has code for; the
-     * ones this CPU runs are st_kernels_packs(set), and the model packs its matrices for the
-     * selected set at load. A set
+     * ones this CPU runs are st_kernels_packs(set), and the CPU backend packs its matrices for
+     * its set. A set
      * reads a packed matrix's packed copy when it knows the packing, else the original: per
      * matrix one layout for every token count, so batch invariance holds either way. */
     unsigned packs;
@@ -84,9 +84,9 @@ const char *const *st_kernels_names(void);
 /* The best set this CPU runs: amx, else avx512, else avx2, else ref. */
 const st_kernels *st_kernels_best(void);
 
-/* $STRAND_KERNELS when set (a name above or "auto"; an unavailable or unknown name warns and
- * falls back to the best), else st_kernels_best(). */
-const st_kernels *st_kernels_select(void);
+/* The set called `name` (a name above, or NULL, "" or "auto" for st_kernels_best()); an
+ * unavailable or unknown name warns and falls back to the best. (apps/ pass $STRAND_KERNELS.) */
+const st_kernels *st_kernels_select(const char *name);
 
 /* CPU features the dispatcher saw (for reports). */
 typedef struct st_cpu_features {

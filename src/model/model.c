@@ -7,13 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "core/log.h"
-#include "core/mem.h"
-#include "core/threadpool.h"
-#include "kernels/kernels.h"
 #include "core/numeric.h"
 
 typedef struct loader {
@@ -482,10 +477,6 @@ st_status st_model_load(const char *dir, st_model **out, st_error *err) {
     } else if ((st = load_matrix(&l, head, c->vocab_size, c->hidden_size, &m->lm_head)) != ST_OK) {
         goto fail;
     }
-    const char *pe = getenv("STRAND_PACK");
-    if (!(pe && !strcmp(pe, "0")) &&
-        (st = st_model_pack(m, st_kernels_packs(st_kernels_select()), err)) != ST_OK)
-        goto fail;
     *out = m;
     return ST_OK;
 fail:
@@ -493,111 +484,8 @@ fail:
     return st;
 }
 
-/* ---------------------------------------------------------------------------------------- */
-/* packing */
-
-/* Every matrix the forward pass multiplies by (the LM head, not the embedding's lookup):
- * the count, and the pointers in out[] when out is not NULL. */
-static size_t model_matrices(st_model *m, st_matrix **out) {
-    size_t n = 0;
-#define ADD(w) do { if ((w)->data) { if (out) out[n] = (w); n++; } } while (0)
-    ADD(&m->lm_head);
-    for (int i = 0; i < m->cfg.n_layers; i++) {
-        st_layer *L = &m->layers[i];
-        st_matrix *mats[] = {&L->in_qkv, &L->in_z,   &L->in_b,   &L->in_a,    &L->out_proj,
-                             &L->q_proj, &L->k_proj, &L->v_proj, &L->o_proj,  &L->gate,
-                             &L->up,     &L->down,   &L->router, &L->sh_gate, &L->sh_up,
-                             &L->sh_down, &L->sh_expert_gate};
-        for (size_t k = 0; k < sizeof mats / sizeof mats[0]; k++) ADD(mats[k]);
-        if (m->cfg.is_moe)
-            for (int e = 0; e < m->cfg.n_experts; e++) {
-                ADD(&L->exp_gate[e]);
-                ADD(&L->exp_up[e]);
-                ADD(&L->exp_down[e]);
-            }
-    }
-#undef ADD
-    return n;
-}
-
-typedef struct pack_job {
-    st_matrix *w;
-    void *dst;
-} pack_job;
-
-static void pack_fn(void *ctx, int tid, int n) {
-    pack_job *j = ctx;
-    int64_t lo, hi;
-    st_split_range(j->w->rows, n, tid, 16, &lo, &hi);
-    if (lo < hi) st_matrix_pack(j->w, j->w->pack, j->dst, lo, hi);
-}
-
-st_status st_model_pack(st_model *m, unsigned packs, st_error *err) {
-    static const st_wpack order[] = {ST_WPACK_BF16_V16, ST_WPACK_Q8_V16};
-    const size_t n = model_matrices(m, NULL);
-    st_matrix **mats = calloc(n ? n : 1, sizeof *mats);
-    size_t *offs = calloc(n ? n : 1, sizeof *offs);
-    if (!mats || !offs) {
-        free(mats);
-        free(offs);
-        return st_error_set(err, ST_ERR_NOMEM, "out of memory");
-    }
-    model_matrices(m, mats);
-    /* the packing of each matrix and its place in one block (64-byte aligned) */
-    size_t total = 0;
-    for (size_t i = 0; i < n; i++) {
-        st_wpack kind = ST_WPACK_NONE;
-        const unsigned possible = st_matrix_packs_possible(mats[i]) & packs;
-        for (size_t o = 0; o < sizeof order / sizeof order[0] && kind == ST_WPACK_NONE; o++)
-            if (possible & ST_WPACK_BIT(order[o])) kind = order[o];
-        if (mats[i]->pack != ST_WPACK_NONE || kind == ST_WPACK_NONE) {
-            offs[i] = SIZE_MAX;
-            continue;
-        }
-        offs[i] = total;
-        mats[i]->pack = kind;
-        total += (st_matrix_pack_bytes(mats[i], kind) + 63) / 64 * 64;
-    }
-    st_status st = ST_OK;
-    st_pool *pool = NULL;
-    if (total == 0) goto done;
-    uint8_t *block = st_big_alloc_huge(total);
-    if (!block) {
-        st = st_error_set(err, ST_ERR_NOMEM, "out of memory packing %zu MiB of weights",
-                          total >> 20);
-        goto undo;
-    }
-    if ((st = st_pool_create(st_default_threads(), &pool, err)) != ST_OK) {
-        st_big_free(block, total);
-        goto undo;
-    }
-    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    for (size_t i = 0; i < n; i++) {
-        if (offs[i] == SIZE_MAX) continue;
-        pack_job j = {mats[i], block + offs[i]};
-        st_pool_run(pool, pack_fn, &j);
-        mats[i]->packed = j.dst;
-        /* the original's whole pages leave memory (they come back from the file if read) */
-        const uintptr_t a = (uintptr_t)mats[i]->data, e = a + st_matrix_bytes(mats[i]);
-        const uintptr_t pa = (a + page - 1) / page * page, pe = e / page * page;
-        if (pe > pa) madvise((void *)pa, pe - pa, MADV_DONTNEED);
-    }
-    st_pool_destroy(pool);
-    m->pack_storage = block;
-    m->pack_bytes = total;
-    goto done;
-undo:
-    for (size_t i = 0; i < n; i++)
-        if (offs[i] != SIZE_MAX) mats[i]->pack = ST_WPACK_NONE;
-done:
-    free(mats);
-    free(offs);
-    return st;
-}
-
 void st_model_free(st_model *m) {
     if (!m) return;
-    if (m->pack_storage) st_big_free(m->pack_storage, m->pack_bytes);
     st_checkpoint_close(m->ck);
     st_config_free(&m->cfg);
     free(m->vec_storage);

@@ -71,18 +71,12 @@ typedef struct st_model {
     float *vec_storage;   /* owned block holding every fp32 vector above */
     size_t vec_used, vec_cap;
     st_matrix *expert_views; /* owned block of MoE views */
-    void *pack_storage;   /* owned (st_big_alloc): every packed copy (st_model_pack) */
-    size_t pack_bytes;
 } st_model;
 
-/* Load the text model of the checkpoint in dir (config.json + safetensors), packed for the
- * selected kernel set (st_kernels_select; $STRAND_PACK=0 keeps the checkpoint's layout). */
+/* Load the text model of the checkpoint in dir (config.json + safetensors). The model is
+ * immutable once loaded: each backend prepares its own copy of the weights it computes
+ * with (packed for the CPU's kernels, on a device, a shard). */
 st_status st_model_load(const char *dir, st_model **out, st_error *err);
-
-/* Give every matrix the forward pass multiplies by a packed copy in the first of the
- * packings in `packs` (ST_WPACK_BIT mask) it can take, once: matrices already packed are
- * left alone. The originals' pages are released from memory (they stay mapped). */
-st_status st_model_pack(st_model *m, unsigned packs, st_error *err);
 void st_model_free(st_model *m);
 
 /* Sizes for `inspect`, planning and benchmarks. */

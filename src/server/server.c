@@ -72,6 +72,7 @@ st_server_params st_server_default_params(void) {
         .idle_timeout_s = 5,
         .stall_timeout_s = 60.0,
         .keepalive_s = 10.0,
+        .cpu = {.kernels = NULL, .n_threads = 0, .pack = 1, .gdn_chunked = 1, .min_parallel_work = 0},
     };
     return p;
 }
@@ -185,6 +186,7 @@ struct srv {
     atomic_int health;
     char health_reason[1024];
     st_model *m;
+    st_backend *backend;     /* owned: the model prepared for the CPU */
     st_tokenizer *tok;
     size_t max_token_bytes;
     st_chat_template *ct;
@@ -1343,6 +1345,7 @@ static void load_defaults(srv *s) {
 static st_status load_all(srv *s, st_error *err) {
     st_status st;
     if ((st = st_model_load(s->p.model_dir, &s->m, err)) != ST_OK) return st;
+    if ((st = st_backend_cpu_create(s->m, &s->p.cpu, NULL, &s->backend, err)) != ST_OK) return st;
     if ((st = st_tok_load_dir(s->p.model_dir, &s->tok, err)) != ST_OK) return st;
     s->max_token_bytes = st_textout_max_token_bytes(s->tok);
     st_error terr = {0};
@@ -1359,7 +1362,8 @@ static st_status load_all(srv *s, st_error *err) {
     sp.kv_dtype = s->p.kv_dtype;
     sp.kv_blocks = s->p.kv_blocks;
     sp.stall_timeout_s = s->p.stall_timeout_s;
-    sp.mem_budget = st_sched_memory_budget(s->m, s->p.mem_fraction);
+    sp.mem_budget = st_sched_memory_budget(s->m, s->backend, s->p.mem_fraction);
+    sp.backend = s->backend;
     if ((st = st_sched_create(s->m, s->tok, &sp, &s->sched, err)) != ST_OK) return st;
     size_t ev = st_sched_max_event_text(s->sched);
     s->inbox_cap = 4 * ev > INBOX_MIN_TEXT ? 4 * ev : INBOX_MIN_TEXT;
@@ -1549,6 +1553,7 @@ out:
     free(s->prep_threads);
     st_chat_template_free(s->ct);
     st_tok_free(s->tok);
+    st_backend_destroy(s->backend);
     st_model_free(s->m);
     st_metrics_destroy(&s->metrics);
     pthread_mutex_destroy(&s->streams_mu);

@@ -11,6 +11,49 @@ int st_affine_bits_supported(int bits) {
     return bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8;
 }
 
+st_matrix st_matrix_rows(const st_matrix *m, int64_t r0, int64_t n) {
+    ST_ASSERT(r0 >= 0 && n >= 0 && r0 + n <= m->rows);
+    st_matrix v = *m;
+    const int64_t ld = st_matrix_ld(m);
+    v.rows = n;
+    v.pack = ST_WPACK_NONE;
+    v.packed = NULL;
+    v.ld = ld;
+    if (m->fmt == ST_WFMT_AFFINE) {
+        const size_t es = st_dtype_size(m->sdtype), lds = (size_t)(ld / m->group);
+        v.data = (const uint8_t *)m->data + (size_t)r0 * (size_t)(ld * m->bits / 8);
+        v.scales = (const uint8_t *)m->scales + (size_t)r0 * lds * es;
+        v.biases = (const uint8_t *)m->biases + (size_t)r0 * lds * es;
+    } else {
+        v.data = (const uint8_t *)m->data + (size_t)r0 * (size_t)ld * (m->fmt == ST_WFMT_F32 ? 4 : 2);
+    }
+    return v;
+}
+
+int st_matrix_cols_ok(const st_matrix *m, int64_t c0, int64_t n) {
+    if (c0 < 0 || n < 1 || c0 + n > m->cols) return 0;
+    if (m->fmt != ST_WFMT_AFFINE) return 1;
+    return c0 % m->group == 0 && n % m->group == 0 && (c0 * m->bits) % 32 == 0;
+}
+
+st_matrix st_matrix_cols(const st_matrix *m, int64_t c0, int64_t n) {
+    ST_ASSERT(st_matrix_cols_ok(m, c0, n));
+    st_matrix v = *m;
+    v.cols = n;
+    v.pack = ST_WPACK_NONE;
+    v.packed = NULL;
+    v.ld = st_matrix_ld(m);
+    if (m->fmt == ST_WFMT_AFFINE) {
+        const size_t es = st_dtype_size(m->sdtype);
+        v.data = (const uint8_t *)m->data + (size_t)(c0 * m->bits / 8);
+        v.scales = (const uint8_t *)m->scales + (size_t)(c0 / m->group) * es;
+        v.biases = (const uint8_t *)m->biases + (size_t)(c0 / m->group) * es;
+    } else {
+        v.data = (const uint8_t *)m->data + (size_t)c0 * (m->fmt == ST_WFMT_F32 ? 4 : 2);
+    }
+    return v;
+}
+
 size_t st_matrix_row_bytes(const st_matrix *m) {
     switch (m->fmt) {
     case ST_WFMT_F32: return (size_t)m->cols * 4;
@@ -34,27 +77,27 @@ static inline float load_scalar(const void *base, st_dtype dt, int64_t i) {
 }
 
 void st_matrix_row_f32(const st_matrix *m, int64_t r, float *out) {
-    const int64_t n = m->cols;
+    const int64_t n = m->cols, ld = st_matrix_ld(m);
     switch (m->fmt) {
-    case ST_WFMT_F32: memcpy(out, (const float *)m->data + r * n, (size_t)n * 4); return;
+    case ST_WFMT_F32: memcpy(out, (const float *)m->data + r * ld, (size_t)n * 4); return;
     case ST_WFMT_BF16: {
-        const uint16_t *w = (const uint16_t *)m->data + r * n;
+        const uint16_t *w = (const uint16_t *)m->data + r * ld;
         for (int64_t j = 0; j < n; j++) out[j] = st_bf16_to_f32(w[j]);
         return;
     }
     case ST_WFMT_F16: {
-        const uint16_t *w = (const uint16_t *)m->data + r * n;
+        const uint16_t *w = (const uint16_t *)m->data + r * ld;
         for (int64_t j = 0; j < n; j++) out[j] = st_f16_to_f32(w[j]);
         return;
     }
     case ST_WFMT_AFFINE: {
         const int b = m->bits;
-        const int64_t words = n * b / 32, ngroups = n / m->group;
+        const int64_t words = ld * b / 32, ngroups = n / m->group, lds = ld / m->group;
         const uint32_t *w = (const uint32_t *)m->data + r * words;
         const uint32_t mask = (1u << b) - 1u;
         for (int64_t g = 0; g < ngroups; g++) {
-            float s = load_scalar(m->scales, m->sdtype, r * ngroups + g);
-            float bias = load_scalar(m->biases, m->sdtype, r * ngroups + g);
+            float s = load_scalar(m->scales, m->sdtype, r * lds + g);
+            float bias = load_scalar(m->biases, m->sdtype, r * lds + g);
             for (int64_t j = g * m->group; j < (g + 1) * m->group; j++) {
                 uint64_t p = (uint64_t)j * (uint64_t)b;
                 uint64_t wi = p >> 5;
@@ -237,7 +280,7 @@ size_t st_matrix_pack_bytes(const st_matrix *m, st_wpack kind) {
 void st_matrix_pack(const st_matrix *m, st_wpack kind, void *dst, int64_t r0, int64_t r1) {
     ST_ASSERT(st_matrix_packs_possible(m) & ST_WPACK_BIT(kind));
     ST_ASSERT(r0 % 16 == 0 && r0 <= r1 && r1 <= m->rows);
-    const int64_t K = m->cols, np = K / 2;
+    const int64_t K = m->cols, np = K / 2, ld = st_matrix_ld(m);
     const int64_t b0 = r0 / 16, b1 = (r1 + 15) / 16;
     if (kind == ST_WPACK_BF16_V16) {
         const uint8_t *src = m->data; /* rows of K bf16; a pair is 4 bytes (maybe unaligned) */
@@ -245,10 +288,10 @@ void st_matrix_pack(const st_matrix *m, st_wpack kind, void *dst, int64_t r0, in
         for (int64_t b = b0; b < b1; b++) {
             uint32_t *ob = out + b * np * 16;
             const int n = m->rows - b * 16 < 16 ? (int)(m->rows - b * 16) : 16;
-            const uint8_t *rows = src + (size_t)(b * 16) * (size_t)K * 2;
+            const uint8_t *rows = src + (size_t)(b * 16) * (size_t)ld * 2;
             for (int64_t p = 0; p < np; p++) {
                 uint32_t *o = ob + p * 16;
-                for (int i = 0; i < n; i++) memcpy(&o[i], rows + ((size_t)i * (size_t)K + 2 * (size_t)p) * 2, 4);
+                for (int i = 0; i < n; i++) memcpy(&o[i], rows + ((size_t)i * (size_t)ld + 2 * (size_t)p) * 2, 4);
                 for (int i = n; i < 16; i++) o[i] = 0;
             }
         }
@@ -256,18 +299,18 @@ void st_matrix_pack(const st_matrix *m, st_wpack kind, void *dst, int64_t r0, in
     if (kind == ST_WPACK_Q8_V16) {
         const size_t bb = st_matrix_q8v16_block_bytes(m), es = st_dtype_size(m->sdtype);
         const size_t so = st_matrix_q8v16_scales_at(m), bo = st_matrix_q8v16_biases_at(m);
-        const int64_t ng = K / m->group;
-        const uint8_t *q = m->data; /* 8-bit: row r's q are bytes r*K .. in column order */
+        const int64_t ng = K / m->group, lds = ld / m->group;
+        const uint8_t *q = m->data; /* 8-bit: row r's q are bytes r*ld .. in column order */
         for (int64_t b = b0; b < b1; b++) {
             uint8_t *ob = (uint8_t *)dst + (size_t)b * bb;
             memset(ob, 0, bb);
             const int n = m->rows - b * 16 < 16 ? (int)(m->rows - b * 16) : 16;
             for (int i = 0; i < n; i++) {
                 const int64_t r = b * 16 + i;
-                const uint8_t *qr = q + (size_t)r * (size_t)K;
+                const uint8_t *qr = q + (size_t)r * (size_t)ld;
                 for (int64_t j = 0; j < K / 4; j++) memcpy(ob + j * 64 + 4 * i, qr + 4 * j, 4);
-                const uint8_t *sr = (const uint8_t *)m->scales + (size_t)(r * ng) * es;
-                const uint8_t *br = (const uint8_t *)m->biases + (size_t)(r * ng) * es;
+                const uint8_t *sr = (const uint8_t *)m->scales + (size_t)(r * lds) * es;
+                const uint8_t *br = (const uint8_t *)m->biases + (size_t)(r * lds) * es;
                 for (int64_t g = 0; g < ng; g++) {
                     memcpy(ob + so + ((size_t)g * 16 + (size_t)i) * es, sr + (size_t)g * es, es);
                     memcpy(ob + bo + ((size_t)g * 16 + (size_t)i) * es, br + (size_t)g * es, es);

@@ -53,8 +53,21 @@ typedef struct st_matrix {
     int bits;           /* AFFINE: 2, 3, 4, 5, 6 or 8 */
     int group;          /* AFFINE: 32, 64 or 128 (any divisor of cols accepted) */
     st_wpack pack;      /* the packed copy's layout, or ST_WPACK_NONE */
-    const void *packed; /* the packed copy; owned by whoever packed (the model) */
+    const void *packed; /* the packed copy; owned by whoever packed (a backend) */
+    int64_t ld;         /* elements from one row's start to the next's; 0 = cols. A view of
+                           a column range (st_matrix_cols) keeps its parent's; for AFFINE the
+                           scales and biases step ld/group per row */
 } st_matrix;
+
+/* Elements from one row to the next. */
+static inline int64_t st_matrix_ld(const st_matrix *m) { return m->ld ? m->ld : m->cols; }
+
+/* A view of rows [r0, r0 + n) of m (unpacked; shares m's storage). */
+st_matrix st_matrix_rows(const st_matrix *m, int64_t r0, int64_t n);
+/* 1 when columns [c0, c0 + n) of m can be a view: whole quantization groups for AFFINE. */
+int st_matrix_cols_ok(const st_matrix *m, int64_t c0, int64_t n);
+/* A view of columns [c0, c0 + n) of m (st_matrix_cols_ok must hold; unpacked). */
+st_matrix st_matrix_cols(const st_matrix *m, int64_t c0, int64_t n);
 
 /* Bytes one row occupies (data plus scales and biases). */
 size_t st_matrix_row_bytes(const st_matrix *m);

@@ -143,7 +143,8 @@ static int amx_takes_packed(const st_matrix *w) {
     return w->pack == ST_WPACK_BF16_V16 && w->packed && w->cols % 32 == 0;
 }
 static int amx_takes_rows(const st_matrix *w) {
-    return w->fmt == ST_WFMT_BF16 && w->pack == ST_WPACK_NONE && w->cols % 32 == 0;
+    return w->fmt == ST_WFMT_BF16 && w->pack == ST_WPACK_NONE && w->cols % 32 == 0 &&
+           st_matrix_ld(w) == w->cols;
 }
 
 static void matmul_amx_emu(const st_matrix *w, const float *x, int64_t ldx, int64_t n_tok,

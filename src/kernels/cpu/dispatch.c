@@ -125,8 +125,7 @@ const st_kernels *st_kernels_best(void) {
     return st_kernels_ref();
 }
 
-const st_kernels *st_kernels_select(void) {
-    const char *e = getenv("STRAND_KERNELS");
+const st_kernels *st_kernels_select(const char *e) {
     if (!e || !*e || strcmp(e, "auto") == 0) return st_kernels_best();
     const st_kernels *k = st_kernels_by_name(e);
     if (k) return k;
@@ -134,12 +133,12 @@ const st_kernels *st_kernels_select(void) {
     int known = strcmp(e, "amx-emulated") == 0;
     for (const char *const *n = st_kernels_names(); *n; n++) known |= strcmp(*n, e) == 0;
     if (known) {
-        ST_WARN("STRAND_KERNELS=%s is not available on this CPU; using %s", e, b->name);
+        ST_WARN("kernel set %s is not available on this CPU; using %s", e, b->name);
     } else {
         char list[128] = "";
         for (const char *const *n = st_kernels_names(); *n; n++)
             snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", *list ? ", " : "", *n);
-        ST_WARN("STRAND_KERNELS=%s is not a kernel set (known: auto, %s); using %s", e, list, b->name);
+        ST_WARN("%s is not a kernel set (known: auto, %s); using %s", e, list, b->name);
     }
     return b;
 }

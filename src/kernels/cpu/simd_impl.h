@@ -114,14 +114,14 @@ typedef struct rowp {
 AI rowp row_ptr(const st_matrix *w, int64_t r) {
     rowp p;
     if (w->fmt == ST_WFMT_AFFINE) {
-        const int64_t ng = w->cols / w->group;
+        const int64_t ng = st_matrix_ld(w) / w->group;
         const size_t es = st_dtype_size(w->sdtype);
-        p.d = (const uint8_t *)w->data + (size_t)r * (size_t)(w->cols * w->bits / 8);
+        p.d = (const uint8_t *)w->data + (size_t)r * (size_t)(st_matrix_ld(w) * w->bits / 8);
         p.s = (const uint8_t *)w->scales + (size_t)(r * ng) * es;
         p.b = (const uint8_t *)w->biases + (size_t)(r * ng) * es;
     } else {
         const size_t es = w->fmt == ST_WFMT_F32 ? 4 : 2;
-        p.d = (const uint8_t *)w->data + (size_t)r * (size_t)w->cols * es;
+        p.d = (const uint8_t *)w->data + (size_t)r * (size_t)st_matrix_ld(w) * es;
         p.s = p.b = NULL;
     }
     return p;
@@ -130,8 +130,8 @@ AI rowp row_ptr(const st_matrix *w, int64_t r) {
 /* rows r .. r+n-1 (one division for all of them: tiles call this per block of rows) */
 AI void row_ptrs(const st_matrix *w, int64_t r, int n, rowp *out) {
     if (w->fmt == ST_WFMT_AFFINE) {
-        const size_t ds = (size_t)(w->cols * w->bits / 8);
-        const size_t ss = (size_t)(w->cols / w->group) * st_dtype_size(w->sdtype);
+        const size_t ds = (size_t)(st_matrix_ld(w) * w->bits / 8);
+        const size_t ss = (size_t)(st_matrix_ld(w) / w->group) * st_dtype_size(w->sdtype);
         const uint8_t *d = (const uint8_t *)w->data + (size_t)r * ds;
         const uint8_t *sc = (const uint8_t *)w->scales + (size_t)r * ss;
         const uint8_t *bi = (const uint8_t *)w->biases + (size_t)r * ss;
@@ -141,7 +141,7 @@ AI void row_ptrs(const st_matrix *w, int64_t r, int n, rowp *out) {
             out[i].b = bi + (size_t)i * ss;
         }
     } else {
-        const size_t ds = (size_t)w->cols * (w->fmt == ST_WFMT_F32 ? 4 : 2);
+        const size_t ds = (size_t)st_matrix_ld(w) * (w->fmt == ST_WFMT_F32 ? 4 : 2);
         const uint8_t *d = (const uint8_t *)w->data + (size_t)r * ds;
         for (int i = 0; i < n; i++) {
             out[i].d = d + (size_t)i * ds;
@@ -205,14 +205,13 @@ AI void ld_aff(int fk, const uint8_t *d, int64_t c, gctx g, vf *w0, vf *w1) {
     else ld_q4_eo(d + c * (CH / 2), g, w0, w1);
 }
 
-/* The bytes of rows [r, r+n) (rows are contiguous, and so are their scales and biases):
- * [*d0, *d1) of data; for affine matrices also [*s0, *s1) and [*b0, *b1). */
+/* The bytes of data from row r's start to row r+n's: [*d0, *d1) (of a column view, the
+ * parent's rows between). */
 static void row_span(const st_matrix *w, int64_t r, int64_t n, const uint8_t **d0,
                      const uint8_t **d1) {
     rowp a = row_ptr(w, r);
     *d0 = a.d;
-    *d1 = a.d + (size_t)n * (w->fmt == ST_WFMT_AFFINE ? (size_t)(w->cols * w->bits / 8)
-                                                      : st_matrix_row_bytes(w));
+    *d1 = row_ptr(w, r + n).d;
 }
 
 /* Row r converted to fp32 in lane order into dst[kp] (zero-padded). */
@@ -351,8 +350,8 @@ AI void tile_fused(const int fk, const int R, const int M, const st_matrix *w, i
     /* the same place in the rows R further on (the next call's), requested as this block
      * streams: rows are short (2 KiB at 1024 bf16 columns) and the hardware prefetchers stop
      * at page boundaries; prefetching past the matrix is harmless */
-    const int64_t pf_dist = (int64_t)R * (w->fmt == ST_WFMT_AFFINE ? K * w->bits / 8
-                                                                   : (int64_t)st_matrix_row_bytes(w));
+    const int64_t pf_dist = (int64_t)R * (w->fmt == ST_WFMT_AFFINE ? st_matrix_ld(w) * w->bits / 8
+                                                                   : st_matrix_ld(w) * (w->fmt == ST_WFMT_F32 ? 4 : 2));
     const int64_t chunk_bytes = w->fmt == ST_WFMT_AFFINE ? CH * w->bits / 8
                                 : (int64_t)(CH * (w->fmt == ST_WFMT_F32 ? 4 : 2));
     row_ptrs(w, r, R, rp);
@@ -842,7 +841,8 @@ static void KFN(matmul_)(const st_matrix *w, const float *x, int64_t ldx, int64_
      * values, the same order) when they are 64-byte aligned (split loads would cost more than
      * the copy). The activations are always packed: measured faster than reading them in
      * place even when aligned. */
-    const int w_direct = fk == FK_F32 && K == kp && ((uintptr_t)w->data % 64 == 0) && K % 16 == 0;
+    const int w_direct = fk == FK_F32 && K == kp && ((uintptr_t)w->data % 64 == 0) && K % 16 == 0 &&
+                         st_matrix_ld(w) == K;
     const int64_t mblk = mblk_for(kp);
     float *xp = scratch, *wp = scratch + (262144 > 24 * kp ? 262144 : 24 * kp);
     float *accs = wp + 16 * kp; /* [tiles][RP][TMAX][VW] accumulators between column blocks */

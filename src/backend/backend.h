@@ -1,0 +1,202 @@
+/* ==== The backend seam: what the model's layer loop asks of a device ====
+ *
+ * The model is written once (model/forward.c): for each layer it names which operation runs
+ * on which activation buffer with which weight. A backend (backend/cpu/ today, CUDA and
+ * tensor-parallel ranks next) implements those whole-batch operations on its own memory:
+ *
+ *   st_backend   one per model and device: the weights prepared for it (the CPU backend
+ *                packs them for its kernels; a GPU copies them; a rank keeps its shard)
+ *   st_bctx      an execution context: activations for up to max_tokens tokens, the KV
+ *                block pool and the state slots (their storage; engine/cache.c keeps the
+ *                books: free lists, block tables, slots), per-thread scratch or streams
+ *   st_step_plan one step, as plain data: token ids, each item's token range, first
+ *                position, state slot, KV block ids and which rows need logits. It lives in
+ *                one buffer (st_plan_buf) with capacities fixed at creation, so a GPU uploads
+ *                it in one copy and a rank 0 can broadcast the same bytes.
+ *
+ * A step: plan -> step_begin (states of items at position 0 are zeroed) -> embed -> per layer
+ * norm, projections (matmul groups), the mixer (gdn, or attn_prep + attention), its output
+ * projection, allreduce, norm, MLP (matmul group with SwiGLU, or moe), allreduce -> final
+ * norm -> logits (downloaded to the host). Backends keep the batch-invariance rule of
+ * kernels/kernels.h: a token's results never depend on the rest of the batch.
+ *
+ * Activation widths are the shard's (st_shard): with world size 1, the model's.
+ */
+#ifndef ST_BACKEND_BACKEND_H
+#define ST_BACKEND_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "model/model.h"
+
+/* KV cache element type (append-only) */
+typedef enum st_kv_dtype {
+    ST_KV_F32 = 0,
+    ST_KV_BF16 = 1,
+} st_kv_dtype;
+
+enum {
+    ST_LOGITS_NONE = 0, /* no logits for this item */
+    ST_LOGITS_LAST = 1, /* logits of the item's last token */
+    ST_LOGITS_ALL = 2,  /* logits of every token of the item */
+};
+
+/* ---- the step plan ---- */
+
+typedef struct st_step_plan {
+    int n_items;
+    int64_t n_tokens;
+    int64_t n_logit_rows;
+    const int32_t *tokens;   /* [n_tokens] token ids, item after item */
+    const int64_t *item_t0;  /* [n_items + 1] each item's first row in tokens */
+    const int64_t *pos0;     /* [n_items] the position of each item's first token */
+    const int32_t *slot;     /* [n_items] each item's state slot */
+    const int32_t *logits;   /* [n_items] ST_LOGITS_* */
+    const int64_t *block_t0; /* [n_items + 1] each item's first entry in blocks */
+    const int32_t *blocks;   /* the KV blocks holding each item's positions 0, bs, 2 bs, ... up
+                                to its last token's position */
+} st_step_plan;
+
+/* A plan's storage: one allocation, capacities fixed when it is made. */
+typedef struct st_plan_buf {
+    st_step_plan plan;       /* points into mem */
+    int cap_items;
+    int64_t cap_tokens, cap_blocks;
+    void *mem;               /* owned */
+    size_t bytes;
+} st_plan_buf;
+
+st_status st_plan_buf_init(st_plan_buf *b, int max_items, int64_t max_tokens, int64_t max_blocks,
+                           st_error *err);
+void st_plan_buf_free(st_plan_buf *b);
+void st_plan_reset(st_plan_buf *b);
+/* Append an item: n tokens continuing at position pos0 in state slot `slot`, whose KV blocks
+ * (covering positions [0, pos0 + n)) are blocks[0..n_blocks). ST_ERR_LIMIT past a capacity. */
+st_status st_plan_add(st_plan_buf *b, const int32_t *tokens, int n, int64_t pos0, int slot,
+                      const int32_t *blocks, int64_t n_blocks, int logits, st_error *err);
+
+/* ---- shards ---- */
+
+/* The part of the model one rank computes (tensor parallelism); world 1 is the whole model.
+ * Query heads and GDN value heads split evenly; KV heads and GDN key heads split where they
+ * divide and are replicated where they do not (a rank holds every KV / key head its query /
+ * value heads read); the MLP width splits in whole quantization groups, unevenly if need
+ * be; experts are not split (each rank computes its slice of every expert's width). */
+typedef struct st_shard {
+    int rank, world;
+    int n_heads, head0;          /* local query heads: global heads [head0, head0 + n_heads) */
+    int n_kv_heads, kv_head0;    /* local KV heads, likewise */
+    int lin_v_heads, lin_v0;     /* local GDN value heads */
+    int lin_k_heads, lin_k0;     /* local GDN key heads (those the local value heads read) */
+    int64_t inter, inter0;       /* local dense MLP width: columns [inter0, inter0 + inter) */
+    int64_t moe_inter, moe_inter0;       /* local width of every expert */
+    int64_t shared_inter, shared_inter0; /* local width of the shared expert */
+} st_shard;
+
+/* The shard of rank/world for this model: ST_ERR_ARG naming the shape that does not split. */
+st_status st_shard_make(const st_model *m, int rank, int world, st_shard *out, st_error *err);
+
+/* ---- the operations ---- */
+
+/* Activation buffers of a context, by role; each is [max_tokens][width] of fp32. */
+typedef enum st_act {
+    ST_ACT_X = 0,   /* [T][d] residual stream */
+    ST_ACT_XN = 1,  /* [T][d] normalised input of a block */
+    ST_ACT_OUT = 2, /* [T][d] a block's output (a partial sum on a shard) */
+    ST_ACT_P1 = 3,  /* [T][w1] q_proj | in_proj_qkv | gate output */
+    ST_ACT_P2 = 4,  /* [T][w2] k_proj | in_proj_z | up output */
+    ST_ACT_P3 = 5,  /* [T][w3] v_proj | in_proj_b */
+    ST_ACT_P4 = 6,  /* [T][Hv] in_proj_a */
+    ST_ACT_MIX = 7, /* [T][wm] a mixer's output before its out projection */
+    ST_ACT_COUNT = 8,
+} st_act;
+
+/* Weights of a layer the loop names (append-only). */
+typedef enum st_wid {
+    ST_W_IN_QKV = 0, ST_W_IN_Z, ST_W_IN_B, ST_W_IN_A, ST_W_OUT_PROJ,
+    ST_W_Q, ST_W_K, ST_W_V, ST_W_O,
+    ST_W_GATE, ST_W_UP, ST_W_DOWN,
+    ST_W_COUNT
+} st_wid;
+
+/* One matrix of a group: weight w of the layer, into buffer out. */
+typedef struct st_mm {
+    st_wid w;
+    st_act out;
+} st_mm;
+
+/* Norms the loop names. */
+typedef enum st_norm {
+    ST_NORM_INPUT = 0, /* a layer's input_layernorm */
+    ST_NORM_POST = 1,  /* its post_attention_layernorm */
+    ST_NORM_FINAL = 2, /* the final norm (layer ignored) */
+} st_norm;
+
+enum {
+    ST_NORM_ADD = 1,   /* x += out first */
+    ST_NORM_APPLY = 2, /* then xn = rmsnorm(x) */
+};
+
+/* What a context is sized for. */
+typedef struct st_ctx_params {
+    int max_tokens;          /* tokens per step */
+    int n_slots;             /* state slots (and items per step) */
+    int64_t n_blocks;        /* KV blocks */
+    int block_size;          /* positions per block */
+    int64_t max_seq_len;     /* positions per sequence */
+    st_kv_dtype kv_dtype;
+} st_ctx_params;
+
+/* Memory a context takes, before it exists (memory plans). */
+typedef struct st_ctx_plan {
+    size_t kv_block_bytes; /* one KV block (every full-attention layer's K and V) */
+    size_t slot_bytes;     /* one state slot (conv and delta-rule state of every GDN layer) */
+    size_t scratch_bytes;  /* activations, work areas, per-thread scratch */
+    size_t total_bytes;    /* all of it for the parameters */
+} st_ctx_plan;
+
+typedef struct st_backend st_backend;
+
+/* The common part of every backend's context (its first member). */
+typedef struct st_bctx {
+    st_backend *b;
+} st_bctx;
+
+typedef struct st_backend_ops {
+    const char *name;
+    void (*destroy)(st_backend *b);
+    /* contexts: the backend allocates and owns their KV blocks and state slots */
+    st_status (*ctx_create)(st_backend *b, const st_ctx_params *p, st_bctx **out, st_error *err);
+    void (*ctx_destroy)(st_bctx *c);
+    size_t (*ctx_bytes)(const st_bctx *c);     /* memory it holds */
+    void (*ctx_plan)(const st_backend *b, const st_ctx_params *p, st_ctx_plan *out);
+    /* A step, in this order: step_begin, the layer loop's operations, logits, step_end. The
+     * plan (validated by the caller) stays valid and unchanged until step_end. */
+    st_status (*step_begin)(st_bctx *c, const st_step_plan *plan, st_error *err);
+    void (*embed)(st_bctx *c);                                        /* tokens -> X */
+    void (*add_norm)(st_bctx *c, int layer, st_norm which, int mode); /* ST_NORM_* bits */
+    /* up to 4 matrices of the layer reading buffer `in`; swiglu: out0 = silu(out0) * out1 */
+    void (*matmul)(st_bctx *c, int layer, st_act in, const st_mm *mm, int n, int swiglu);
+    void (*gdn)(st_bctx *c, int layer);        /* P1..P4 -> MIX: conv, norms, delta rule, gated norm */
+    void (*attn_prep)(st_bctx *c, int layer);  /* P1, P2, P3: q/k norm, RoPE, K and V into the pool */
+    void (*attention)(st_bctx *c, int layer);  /* P1 -> MIX: paged attention, sigmoid gate */
+    void (*moe)(st_bctx *c, int layer);        /* XN -> OUT: router, top-k, experts, shared expert */
+    void (*allreduce)(st_bctx *c, st_act a);   /* sum a [T][d] buffer over the shards */
+    void (*logits)(st_bctx *c, float *out);    /* XN rows the plan asks for -> out[rows][vocab]
+                                                  (host memory) */
+    void (*read)(st_bctx *c, st_act a, float *out); /* a [T][d] buffer's step rows -> host */
+    void (*step_end)(st_bctx *c);              /* results are in host memory when it returns */
+} st_backend_ops;
+
+/* The common part of every backend (its first member). */
+struct st_backend {
+    const st_backend_ops *ops;
+    const st_model *m;       /* borrowed */
+    st_shard shard;
+};
+
+void st_backend_destroy(st_backend *b);
+
+#endif /* ST_BACKEND_BACKEND_H */

@@ -1,0 +1,47 @@
+/* ==== A step of the engine: batch items -> the plan -> the forward pass ====
+ *
+ * The engine's sequences (engine/cache.h) and the tokens each adds this step become one
+ * plain-data plan (backend/backend.h): st_batch_plan checks the items, reserves the KV
+ * blocks they need and writes token ids, positions, slots and block tables; the forward
+ * pass runs it (model/forward.h); st_batch_commit then advances each sequence's position.
+ * st_batch_run does the three. A tensor-parallel rank 0 would broadcast the same plan
+ * bytes to every rank before running it.
+ *
+ * Thread ownership: the cache's owner.
+ */
+#ifndef ST_ENGINE_BATCH_H
+#define ST_ENGINE_BATCH_H
+
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "core/status.h"
+#include "engine/cache.h"
+#include "model/forward.h"
+
+typedef struct st_batch_item {
+    st_seq *seq;           /* started with st_cache_seq_start; advanced by n_tokens */
+    const int32_t *tokens; /* [n_tokens] token ids; borrowed */
+    int n_tokens;          /* >= 1 */
+    int logits;            /* ST_LOGITS_* */
+} st_batch_item;
+
+/* Logit rows a batch produces (the row count of st_batch_run's output). */
+int64_t st_batch_logit_rows(const st_batch_item *items, int n_items);
+
+/* Check the items (started, distinct, token ids in the vocabulary, within the context),
+ * reserve their KV blocks and write the plan into pb. On an error (caused by the request:
+ * bad token id, context or pool exhausted, plan capacity) nothing is changed. */
+st_status st_batch_plan(st_cache *c, const st_batch_item *items, int n_items, st_plan_buf *pb,
+                        st_error *err);
+/* After the step ran: every item's sequence holds its new positions. */
+void st_batch_commit(const st_batch_item *items, int n_items);
+/* After a step that did not run: the blocks st_batch_plan reserved go back. */
+void st_batch_undo(st_cache *c, const st_batch_item *items, int n_items);
+
+/* Plan into f's plan buffer, run, commit. logits: [st_batch_logit_rows][vocab]. On an error
+ * nothing is changed. */
+st_status st_batch_run(st_cache *c, st_fwd *f, const st_batch_item *items, int n_items,
+                       float *logits, st_error *err);
+
+#endif /* ST_ENGINE_BATCH_H */
