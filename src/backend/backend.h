@@ -186,7 +186,10 @@ typedef struct st_backend_ops {
     void (*allreduce)(st_bctx *c, st_act a);   /* sum a [T][d] buffer over the shards */
     void (*logits)(st_bctx *c, float *out);    /* XN rows the plan asks for -> out[rows][vocab]
                                                   (host memory) */
-    void (*read)(st_bctx *c, st_act a, float *out); /* a [T][d] buffer's step rows -> host */
+    /* host <-> the step's T rows of a buffer, `width` floats each (at most the buffer's):
+     * the hidden-state hook reads X and XN; tests drive single operations with them */
+    void (*read)(st_bctx *c, st_act a, int64_t width, float *out);
+    void (*write)(st_bctx *c, st_act a, int64_t width, const float *in);
     void (*step_end)(st_bctx *c);              /* results are in host memory when it returns */
 } st_backend_ops;
 

@@ -127,7 +127,7 @@ st_status st_fwd_run(st_fwd *f, const st_step_plan *plan, float *logits, st_erro
         const st_norm which = li < cfg->n_layers ? ST_NORM_INPUT : ST_NORM_FINAL;
         if (f->hook && li < cfg->n_layers) {
             if (add) op->add_norm(c, li, which, ST_NORM_ADD);
-            op->read(c, ST_ACT_X, f->hook_buf);
+            op->read(c, ST_ACT_X, d, f->hook_buf);
             f->hook(f->hook_user, li, T, d, f->hook_buf);
             op->add_norm(c, li, which, ST_NORM_APPLY);
         } else {
@@ -162,7 +162,7 @@ st_status st_fwd_run(st_fwd *f, const st_step_plan *plan, float *logits, st_erro
         op->allreduce(c, ST_ACT_OUT);
     }
     if (f->hook) {
-        op->read(c, ST_ACT_XN, f->hook_buf);
+        op->read(c, ST_ACT_XN, d, f->hook_buf);
         f->hook(f->hook_user, cfg->n_layers, T, d, f->hook_buf);
     }
     op->logits(c, logits);

@@ -1095,10 +1095,29 @@ static void cpu_logits(st_bctx *base, float *out) {
     if (rows) mm(c, &c->b->lm_head, c->gath, d, rows, out, c->z->V);
 }
 
-static void cpu_read(st_bctx *base, st_act a, float *out) {
+/* floats per row a buffer holds */
+static int64_t act_width(const cpu_ctx *c, st_act a) {
+    const cpu_dims *z = c->z;
+    switch (a) {
+    case ST_ACT_P1: return z->w1;
+    case ST_ACT_P2: return z->w2;
+    case ST_ACT_P3: return z->w3;
+    case ST_ACT_P4: return z->Hv;
+    case ST_ACT_MIX: return z->wm;
+    default: return z->d;
+    }
+}
+
+static void cpu_read(st_bctx *base, st_act a, int64_t width, float *out) {
     cpu_ctx *c = (cpu_ctx *)base;
-    ST_ASSERT(a == ST_ACT_X || a == ST_ACT_XN || a == ST_ACT_OUT);
-    memcpy(out, act(c, a), (size_t)(c->T * c->z->d) * sizeof(float));
+    ST_ASSERT(width >= 0 && width <= act_width(c, a));
+    memcpy(out, act(c, a), (size_t)(c->T * width) * sizeof(float));
+}
+
+static void cpu_write(st_bctx *base, st_act a, int64_t width, const float *in) {
+    cpu_ctx *c = (cpu_ctx *)base;
+    ST_ASSERT(width >= 0 && width <= act_width(c, a));
+    memcpy(act(c, a), in, (size_t)(c->T * width) * sizeof(float));
 }
 
 /* The group's ranks meet; each sums every rank's buffer in rank order (so all get the same
@@ -1697,6 +1716,7 @@ static const st_backend_ops cpu_ops = {
     .allreduce = cpu_allreduce,
     .logits = cpu_logits,
     .read = cpu_read,
+    .write = cpu_write,
     .step_end = cpu_step_end,
 };
 
