@@ -3,6 +3,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <pthread.h>
+
+#include "server/inbox.h"
 #include "server/oai.h"
 #include "server/toolcall.h"
 #include "tap.h"
@@ -159,7 +162,66 @@ static void test_requests(void) {
     CHECK(st_oai_json_depth("{\"a\":\"[[[[\",\"b\":[[1]]}", 22, 64) == 3, "depth counting ignores brackets inside strings");
 }
 
+/* the inbox ring: a producer thread's records arrive whole and in order, across wrap-arounds,
+ * with the producer refused (never blocked) while the ring is full */
+typedef struct inbox_run {
+    st_inbox ib;
+    int n;
+    long refused;
+} inbox_run;
+
+static size_t rec_len(int i) { return (size_t)((i * 7919) % 300); }
+
+static void *inbox_producer(void *arg) {
+    inbox_run *r = arg;
+    unsigned char buf[400];
+    for (int i = 0; i < r->n;) {
+        size_t n = rec_len(i);
+        for (size_t j = 0; j < n; j++) buf[j] = (unsigned char)(i + j);
+        uint32_t tag = (uint32_t)i;
+        const void *parts[2] = {&tag, buf};
+        size_t lens[2] = {4, n};
+        if (st_inbox_put(&r->ib, parts, lens, 2)) i++;
+        else r->refused++;
+    }
+    return NULL;
+}
+
+static void test_inbox(void) {
+    inbox_run r = {.n = 20000};
+    st_error err = {0};
+    if (!CHECK(st_inbox_init(&r.ib, 1000, &err) == ST_OK, "an inbox of 1000 bytes")) return;
+    CHECK(st_inbox_next_len(&r.ib) == -1 && st_inbox_room(&r.ib) >= 900, "empty, with room (%zu)", st_inbox_room(&r.ib));
+    pthread_t th;
+    pthread_create(&th, NULL, inbox_producer, &r);
+    unsigned char got[400];
+    int ok = 1, seen = 0;
+    while (seen < r.n && ok) {
+        int64_t len = st_inbox_take(&r.ib, got, sizeof got);
+        if (len == -1) continue;
+        uint32_t tag;
+        memcpy(&tag, got, 4);
+        ok = len == (int64_t)(4 + rec_len(seen)) && tag == (uint32_t)seen;
+        for (size_t j = 0; ok && j < rec_len(seen); j++) ok = got[4 + j] == (unsigned char)(seen + j);
+        seen++;
+    }
+    pthread_join(th, NULL);
+    CHECK(ok && seen == r.n && st_inbox_next_len(&r.ib) == -1,
+          "%d records of 4-303 bytes through a 1000-byte ring, whole and in order (the producer refused %ld times "
+          "while it was full)",
+          seen, r.refused);
+    const void *parts[1] = {got};
+    size_t big = 2000;
+    CHECK(!st_inbox_put(&r.ib, parts, &big, 1), "a record larger than the ring is refused");
+    size_t small = 10;
+    st_inbox_put(&r.ib, parts, &small, 1);
+    CHECK(st_inbox_take(&r.ib, got, 4) == -2 && st_inbox_take(&r.ib, got, sizeof got) == 10,
+          "a record larger than the reader's buffer stays until a larger one is given");
+    st_inbox_free(&r.ib);
+}
+
 int main(void) {
+    test_inbox();
     test_toolcalls();
     test_requests();
     return tap_done();
