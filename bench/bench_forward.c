@@ -17,6 +17,8 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "backend/cpu/cpu.h"
+#include "engine/batch.h"
 #include "model/forward.h"
 #include "model/synth.h"
 
@@ -90,7 +92,8 @@ int main(int argc, char **argv) {
     cp.max_seq_len = maxp + 1024;
     st_cache *c = NULL;
     st_fwd *f = NULL;
-    st_fwd_params fp = st_fwd_default_params();
+    st_backend *be = NULL;
+    st_cpu_params fp = st_cpu_default_params();
     fp.n_threads = threads;
     fp.gdn_chunked = chunked;
     if (kname && !(fp.kernels = st_kernels_by_name(kname))) {
@@ -98,8 +101,9 @@ int main(int argc, char **argv) {
         return 1;
     }
     int max_tokens = maxp > plen * maxb ? maxp : plen * maxb;
-    if (st_cache_create(m, &cp, &c, &err) != ST_OK ||
-        st_fwd_create_ex(m, c, max_tokens, &fp, &f, &err) != ST_OK) {
+    st_ctx_params xp;
+    if (st_backend_cpu_create(m, &fp, NULL, &be, &err) != ST_OK || st_cache_create(m, &cp, &c, &err) != ST_OK ||
+        (xp = st_cache_ctx_params(c, max_tokens), st_fwd_create(be, &xp, &f, &err)) != ST_OK) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;
     }
@@ -108,18 +112,18 @@ int main(int argc, char **argv) {
     int32_t *toks = malloc((size_t)max_tokens * sizeof(int32_t));
     for (int i = 0; i < max_tokens; i++) toks[i] = (int32_t)((1000003LL * i + 17) % V);
     printf("%s: kernels %s, %d threads, %.3f GB of weights per decode step\n", dir,
-           st_fwd_kernels(f)->name, st_fwd_threads(f), ms.bytes_per_token / 1e9);
+           st_backend_cpu_kernels(be)->name, st_backend_cpu_threads(be), ms.bytes_per_token / 1e9);
     st_seq s[64];
     for (int i = 0; i < 64; i++) s[i].slot = -1;
     st_status st = st_cache_seq_start(c, &s[0], &err);
     st_batch_item it = {&s[0], toks, 1, ST_LOGITS_LAST};
-    for (int r = 0; r < 2 && st == ST_OK; r++) st = st_fwd_run(f, &it, 1, logits, &err);
+    for (int r = 0; r < 2 && st == ST_OK; r++) st = st_batch_run(c, f, &it, 1, logits, &err);
     st_cache_seq_release(c, &s[0]);
     for (int i = 0; i < np && st == ST_OK; i++) {
         st = st_cache_seq_start(c, &s[0], &err);
         it = (st_batch_item){&s[0], toks, prompts[i], ST_LOGITS_LAST};
         double t0 = now_s();
-        if (st == ST_OK) st = st_fwd_run(f, &it, 1, logits, &err);
+        if (st == ST_OK) st = st_batch_run(c, f, &it, 1, logits, &err);
         double t = now_s() - t0;
         st_cache_seq_release(c, &s[0]);
         printf("prefill %5d tokens: %8.1f tok/s (%.2f s)\n", prompts[i], prompts[i] / t, t);
@@ -132,7 +136,7 @@ int main(int argc, char **argv) {
             st = st_cache_seq_start(c, &s[i], &err);
             items[i] = (st_batch_item){&s[i], toks + plen * i, plen, ST_LOGITS_LAST};
         }
-        if (st == ST_OK) st = st_fwd_run(f, items, B, logits, &err);
+        if (st == ST_OK) st = st_batch_run(c, f, items, B, logits, &err);
         int steps = 0;
         double t0 = now_s(), t = 0, best = 1e30;
         while (st == ST_OK && (steps < 3 || t < 2.0) && steps < 900) {
@@ -141,7 +145,7 @@ int main(int argc, char **argv) {
                 items[i] = (st_batch_item){&s[i], &next[i], 1, ST_LOGITS_LAST};
             }
             double a = now_s();
-            st = st_fwd_run(f, items, B, logits, &err);
+            st = st_batch_run(c, f, items, B, logits, &err);
             double d = now_s() - a;
             if (d < best) best = d;
             steps++;
@@ -157,6 +161,7 @@ int main(int argc, char **argv) {
     free(toks);
     st_fwd_destroy(f);
     st_cache_destroy(c);
+    st_backend_destroy(be);
     st_model_free(m);
     return st == ST_OK ? 0 : 1;
 }

@@ -94,11 +94,12 @@ int main(int argc, char **argv) {
         return 1;
     }
     const st_cache *c = st_sched_cache(s);
+    const st_sched_plan *pl = st_sched_get_plan(s);
     st_model_stats ms;
-    st_model_get_stats(m, c->kv_elem, &ms);
+    st_model_get_stats(m, c->p.kv_dtype == ST_KV_BF16 ? 2 : 4, &ms);
     st_sched_stats ss;
     st_sched_get_stats(s, &ss);
-    size_t block_bytes = c->kv_block_elems * c->kv_elem;
+    size_t block_bytes = pl->kv_blocks ? pl->kv_bytes / (size_t)pl->kv_blocks : 0;
     double MiB = 1024.0 * 1024.0;
     printf("soak: %d sequences x %ld tokens, model %s (%lld params)\n", seqs, steps, dir,
            (long long)ms.n_params);
@@ -106,8 +107,8 @@ int main(int argc, char **argv) {
            "state slots %.2f MiB + scratch and records %.2f MiB = %.2f MiB\n",
            (double)ms.weight_bytes / MiB, (double)c->p.n_blocks * (double)block_bytes / MiB,
            (long long)c->p.n_blocks, block_bytes,
-           (double)seqs * (double)(c->conv_slot_floats + c->rec_slot_floats) * 4 / MiB,
-           (double)(ss.planned_bytes - c->planned_bytes) / MiB,
+           (double)pl->state_bytes / MiB,
+           (double)(ss.planned_bytes - pl->kv_bytes - pl->state_bytes) / MiB,
            ((double)ms.weight_bytes + (double)ss.planned_bytes) / MiB);
     seq_out *outs = calloc((size_t)seqs, sizeof *outs);
     st_req_params rp = st_req_default_params();
