@@ -129,7 +129,7 @@ st_status st_shard_make(const st_model *m, int rank, int world, st_shard *out, s
     out->lin_k0 = out->lin_v0 / rep;
     out->lin_k_heads = c->lin_n_value_heads ? (out->lin_v0 + out->lin_v_heads - 1) / rep - out->lin_k0 + 1 : 0;
     /* MLP widths in whole quantization groups of the matrices that read them (down_proj) */
-    const st_layer *L0 = c->n_layers ? &m->layers[0] : NULL;
+    const st_layer *L0 = c->n_layers && m->layers ? &m->layers[0] : NULL; /* NULL: a config alone (plans) */
     int64_t a, len;
     if (!c->is_moe && c->intermediate_size) {
         by_groups(c->intermediate_size, L0 ? group_of(&L0->down) : 1, world, rank, &a, &len);
@@ -146,7 +146,7 @@ st_status st_shard_make(const st_model *m, int rank, int world, st_shard *out, s
     }
     if ((!c->is_moe && c->intermediate_size && out->inter == 0) || (c->is_moe && out->moe_inter == 0))
         return st_error_set(err, ST_ERR_ARG, "shard: the MLP width has too few quantization groups for %d ranks", world);
-    if (world == 1) return ST_OK;
+    if (world == 1 || !m->layers) return ST_OK;
     /* the matrices a shard reads a column range of: whole quantization groups */
     for (int i = 0; i < c->n_layers; i++) {
         const st_layer *L = &m->layers[i];
