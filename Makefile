@@ -10,10 +10,11 @@ CFLAGS  ?= $(OPT) -g
 WARN    := -Wall -Wextra -Wno-unused-parameter -Wshadow -Wstrict-prototypes \
            -Werror=implicit-function-declaration -Werror=incompatible-pointer-types
 CPPFLAGS_ALL := -std=c11 -D_GNU_SOURCE -Isrc -MMD -MP
-LDLIBS  := -lmicrohttpd -ljansson -lpcre2-8 -lutf8proc -lpthread -lm
+LDLIBS  := -lmicrohttpd -ljansson -lpcre2-8 -lutf8proc -lpthread -lm -ldl
 
-# library sources: everything under src/ except the CLI
-LIB_SRC  := $(shell find src -name '*.c' ! -path 'src/apps/*' | sort)
+# library sources: everything under src/ except the CLI and the CUDA backend (its own
+# shared object, below)
+LIB_SRC  := $(shell find src -name '*.c' ! -path 'src/apps/*' ! -path 'src/backend/cuda/*' | sort)
 APP_SRC  := $(sort $(wildcard src/apps/*.c))
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 
@@ -22,8 +23,37 @@ APP_OBJ  := $(APP_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 LIB      := $(BUILD)/libstrand.a
 
-.PHONY: all test deps clean fuzz demo bench
+.PHONY: all test deps clean fuzz demo bench test-gpu
 all: $(BUILD)/strand $(TEST_BIN)
+
+# The CUDA backend: build/libstrand-cuda.so, when nvcc is there (strand opens it at run time,
+# so the binary itself never needs CUDA). Hopper (sm_90) machine code, and PTX for newer.
+NVCC ?= $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+CUDA_LIB := $(BUILD)/libstrand-cuda.so
+CUDA_CU  := $(sort $(wildcard src/backend/cuda/*.cu))
+CUDA_C   := $(sort $(wildcard src/backend/cuda/*.c))
+CUDA_OBJ := $(CUDA_CU:%.cu=$(BUILD)/obj/%.cu.o) $(CUDA_C:%.c=$(BUILD)/obj/%.pic.o)
+ifneq ($(NVCC),)
+all: $(CUDA_LIB)
+endif
+$(BUILD)/obj/%.cu.o: %.cu src/backend/cuda/cuda_kernels.h
+	@mkdir -p $(dir $@)
+	@echo "  NVCC    $<"
+	@$(NVCC) -std=c++17 -O3 -Isrc $(CUDA_ARCH) -Xcompiler -fPIC -c $< -o $@
+$(BUILD)/obj/src/backend/cuda/%.pic.o: src/backend/cuda/%.c
+	@mkdir -p $(dir $@)
+	@echo "  CC      $< (PIC)"
+	@$(CC) $(CPPFLAGS_ALL) -I$(CUDA_HOME)/include $(WARN) $(CFLAGS) -fPIC -fvisibility=hidden -c $< -o $@
+$(CUDA_LIB): $(CUDA_OBJ)
+	@echo "  LINK    $@"
+	@$(NVCC) -shared $(CUDA_ARCH) -cudart static -o $@ $(CUDA_OBJ) -Xlinker -z,defs -lrt -ldl -lpthread
+
+# the GPU tests (on a machine with an NVIDIA GPU): the fixtures, the op conformance test and
+# the device-allocation count on the CUDA backend
+test-gpu: all
+	@tests/gpu_test.sh
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)

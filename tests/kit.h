@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "backend/cpu/cpu.h"
+#include "backend/cuda.h"
 #include "core/threadpool.h"
 #include "engine/batch.h"
 #include "engine/cache.h"
@@ -25,11 +26,22 @@ __attribute__((unused)) static st_cpu_params kit_cpu_params(void) {
     return p;
 }
 
-/* A CPU backend for m: p, or the environment's parameters when p is NULL. NULL on error. */
+/* 1 when the environment asks for the CUDA backend (STRAND_DEVICE=cuda: tests/gpu_test.sh). */
+__attribute__((unused)) static int kit_on_cuda(void) {
+    const char *d = getenv("STRAND_DEVICE");
+    return d && !strcmp(d, "cuda");
+}
+
+/* A backend for m: the CPU with p, or with the environment's parameters when p is NULL (or
+ * the CUDA backend when p is NULL and STRAND_DEVICE=cuda). NULL on error. */
 __attribute__((unused)) static st_backend *kit_backend(const st_model *m, const st_cpu_params *p,
                                                        st_error *err) {
     st_cpu_params e = kit_cpu_params();
     st_backend *b = NULL;
+    if (!p && kit_on_cuda()) {
+        if (st_backend_cuda_create(m, NULL, &b, err) != ST_OK) return NULL;
+        return b;
+    }
     if (st_backend_cpu_create(m, p ? p : &e, NULL, &b, err) != ST_OK) return NULL;
     return b;
 }

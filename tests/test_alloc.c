@@ -81,6 +81,62 @@ out:
     st_model_free(m);
 }
 
+/* The CUDA backend: not one device allocation and no change in free device memory over
+ * thousands of decode steps (skipped without a GPU). */
+static void run_cuda(const char *dir) {
+    char why[512] = "";
+    if (!st_cuda_available(NULL, why, sizeof why)) {
+        printf("# %s on CUDA: skipped here: %s\n", dir, why);
+        return;
+    }
+    char path[512];
+    snprintf(path, sizeof path, "%s/fixtures/%s", tap_data_dir(), dir);
+    st_model *m = NULL;
+    st_cache *c = NULL;
+    st_fwd *f = NULL;
+    st_backend *be = NULL;
+    st_error err = {0};
+    if (!CHECK(st_model_load(path, &m, &err) == ST_OK, "%s loads (%s)", dir, err.msg)) return;
+    enum { NS = 4, STEPS = 5000 };
+    st_cache_params cp = st_cache_default_params();
+    cp.n_slots = NS;
+    cp.max_seq_len = STEPS + 64;
+    st_status st = st_cache_create(m, &cp, &c, &err);
+    if (st == ST_OK) st = st_backend_cuda_create(m, NULL, &be, &err);
+    if (st == ST_OK) st = kit_fwd(be, c, 64, &f, &err);
+    st_seq seqs[NS];
+    int32_t toks[NS][32];
+    for (int i = 0; i < NS; i++) {
+        seqs[i].slot = -1;
+        for (int j = 0; j < 32; j++) toks[i][j] = (int32_t)((i * 31 + j * 7) % 1000);
+        if (st == ST_OK) st = st_cache_seq_start(c, &seqs[i], &err);
+    }
+    float *logits = malloc((size_t)NS * (size_t)m->cfg.vocab_size * sizeof(float));
+    st_batch_item items[NS];
+    for (int i = 0; i < NS && st == ST_OK; i++) {
+        items[0] = (st_batch_item){&seqs[i], toks[i], 5 + 3 * i, ST_LOGITS_LAST};
+        st = st_batch_run(c, f, items, 1, logits, &err);
+    }
+    if (!CHECK(st == ST_OK, "%s on CUDA: prefill (%s)", dir, err.msg)) goto out;
+    const int64_t allocs = st_backend_cuda_device_allocs(be);
+    size_t free0, free1, total;
+    st_backend_cuda_memory(be, &free0, &total);
+    for (int s = 0; s < STEPS && st == ST_OK; s++) {
+        for (int i = 0; i < NS; i++) items[i] = (st_batch_item){&seqs[i], &toks[i][s % 32], 1, ST_LOGITS_LAST};
+        st = st_batch_run(c, f, items, NS, logits, &err);
+    }
+    st_backend_cuda_memory(be, &free1, &total);
+    CHECK(st == ST_OK && st_backend_cuda_device_allocs(be) == allocs && free1 == free0,
+          "%s on CUDA: %d decode steps of %d sequences: %lld device allocations, free device memory %zu -> %zu bytes (%s)",
+          dir, STEPS, NS, (long long)(st_backend_cuda_device_allocs(be) - allocs), free0, free1, err.msg);
+out:
+    free(logits);
+    st_fwd_destroy(f);
+    st_cache_destroy(c);
+    st_backend_destroy(be);
+    st_model_free(m);
+}
+
 int main(void) {
     /* the counter itself works (including allocations made inside libraries) */
     alloc_count = 0;
@@ -98,5 +154,7 @@ int main(void) {
     run("tiny-moe", 0);
     run("tiny-a", 1);
     run("tiny-moe", 1);
+    run_cuda("tiny-a");
+    run_cuda("tiny-moe");
     return tap_done();
 }

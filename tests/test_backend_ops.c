@@ -26,6 +26,8 @@ typedef struct declared {
     int bit_exact_threads;
 } declared;
 static const declared CPU = {"cpu", 1e-5, 1};
+/* fp32 throughout, its own summation orders: the same bound; one configuration (no threads) */
+static const declared CUDA = {"cuda", 1e-5, 0};
 
 static uint64_t rng = 0x2545F4914F6CDD1Dull;
 static float frand(void) {
@@ -169,7 +171,7 @@ static void run_step(ctx *x, const shapes *s, const st_step_plan *pl, const inpu
     x->out[15] = realloc(x->out[15], (size_t)(pl->n_logit_rows * s->V + 1) * sizeof(float));
     op->logits(c, x->out[15]);
     x->n_out[15] = pl->n_logit_rows * s->V;
-    op->step_end(c);
+    op->step_end(c, &err);
 }
 
 /* a step: up to 4 items (sequence, tokens) */
@@ -202,7 +204,11 @@ static void test_model(const char *dir) {
     ref.n_threads = 1;
     ref.pack = 0;
     st_cpu_params conf[MAXC];
+    const declared *decl[MAXC];
+    int partner[MAXC]; /* the 1-thread configuration a 3-thread one must equal, or -1 */
     conf[n_cx] = ref;
+    decl[n_cx] = &CPU;
+    partner[n_cx] = -1;
     snprintf(label[n_cx++], sizeof label[0], "reference");
     const char *const *names = st_kernels_names();
     for (int i = 0; names[i] && n_cx + 2 <= MAXC; i++) {
@@ -214,12 +220,24 @@ static void test_model(const char *dir) {
             p.n_threads = th;
             p.min_parallel_work = 1; /* every region on the pool */
             conf[n_cx] = p;
+            decl[n_cx] = &CPU;
+            partner[n_cx] = th > 1 ? n_cx - 1 : -1;
             snprintf(label[n_cx++], sizeof label[0], "%s, %d thread%s", names[i], th, th > 1 ? "s" : "");
         }
     }
+    char why[512] = "";
+    const int cuda_at = st_cuda_available(NULL, why, sizeof why) ? n_cx : -1;
+    if (cuda_at >= 0) {
+        decl[n_cx] = &CUDA;
+        partner[n_cx] = -1;
+        snprintf(label[n_cx++], sizeof label[0], "device 0");
+    } else {
+        printf("# %s: the CUDA backend is skipped here: %s\n", dir, why);
+    }
     for (int i = 0; i < n_cx && st == ST_OK; i++) {
-        if ((st = st_backend_cpu_create(m, &conf[i], NULL, &cx[i].b, &err)) == ST_OK)
-            st = kit_fwd(cx[i].b, cache, MAX_T, &cx[i].f, &err);
+        if (i == cuda_at) st = st_backend_cuda_create(m, NULL, &cx[i].b, &err);
+        else st = st_backend_cpu_create(m, &conf[i], NULL, &cx[i].b, &err);
+        if (st == ST_OK) st = kit_fwd(cx[i].b, cache, MAX_T, &cx[i].f, &err);
     }
     st_plan_buf pb;
     memset(&pb, 0, sizeof pb);
@@ -282,10 +300,10 @@ static void test_model(const char *dir) {
                     }
                     d = mx > 0 ? d / mx : d;
                     if (!(d <= worst[i][o])) worst[i][o] = d;
-                    /* configurations come in pairs (1, 3 threads) of one kernel set */
-                    if (i % 2 == 0 && i > 0)
-                        exact[i][o] &= cx[i].n_out[o] == cx[i - 1].n_out[o] &&
-                                       !memcmp(cx[i].out[o], cx[i - 1].out[o], (size_t)cx[i].n_out[o] * sizeof(float));
+                    const int q = partner[i];
+                    if (q >= 0)
+                        exact[i][o] &= cx[i].n_out[o] == cx[q].n_out[o] &&
+                                       !memcmp(cx[i].out[o], cx[q].out[o], (size_t)cx[i].n_out[o] * sizeof(float));
                 }
             }
         }
@@ -293,10 +311,10 @@ static void test_model(const char *dir) {
         for (int o = 0; o < N_OPS && st == ST_OK; o++) {
             if (!seen[o]) continue;
             for (int i = 1; i < n_cx; i++) {
-                CHECK(worst[i][o] <= CPU.tol, "%s, %s %s: %s within %.0e of the reference (worst %.2e)", dir, CPU.name,
-                      label[i], op_names[o], CPU.tol, worst[i][o]);
-                if (i % 2 == 0 && CPU.bit_exact_threads)
-                    CHECK(exact[i][o], "%s, %s %s: %s the same bits with 1 and 3 threads", dir, CPU.name, label[i],
+                CHECK(worst[i][o] <= decl[i]->tol, "%s, %s %s: %s within %.0e of the reference (worst %.2e)", dir,
+                      decl[i]->name, label[i], op_names[o], decl[i]->tol, worst[i][o]);
+                if (partner[i] >= 0 && decl[i]->bit_exact_threads)
+                    CHECK(exact[i][o], "%s, %s %s: %s the same bits with 1 and 3 threads", dir, decl[i]->name, label[i],
                           op_names[o]);
             }
         }
@@ -314,7 +332,13 @@ out:
     st_model_free(m);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--cuda-available")) { /* for tests/gpu_test.sh */
+        char why[512] = "";
+        int ok = st_cuda_available(NULL, why, sizeof why);
+        printf("%s\n", ok ? "yes" : why);
+        return ok ? 0 : 1;
+    }
     test_model("tiny-b");
     test_model("tiny-b/mlx-q8");
     test_model("tiny-moe");

@@ -43,7 +43,8 @@ static int open_fixture(fixture *fx, const char *dir) {
     st_error err = {0};
     if (!CHECK(st_model_load(path, &fx->m, &err) == ST_OK, "%s: model loads (%s)", dir, err.msg))
         return 0;
-    if (!CHECK((fx->be = kit_backend(fx->m, NULL, &err)) != NULL, "%s: the CPU backend prepares it (%s)", dir, err.msg))
+    if (!CHECK((fx->be = kit_backend(fx->m, NULL, &err)) != NULL, "%s: the %s backend prepares it (%s)", dir,
+               kit_on_cuda() ? "CUDA" : "CPU", err.msg))
         return 0;
     snprintf(path, sizeof path, "%s/fixtures/%s/golden.safetensors", tap_data_dir(), dir);
     if (!CHECK(st_checkpoint_open(path, &fx->g, &err) == ST_OK, "%s: golden loads (%s)", dir,

@@ -188,7 +188,31 @@ st_cpu_params cli_cpu_params(void) {
     return p;
 }
 
+static const char *g_device; /* the --device value main.c found, or NULL */
+
+int cli_set_device(const char *value) {
+    st_device_kind k;
+    if (st_device_parse(value, &k) != 0) return -1;
+    g_device = value;
+    return 0;
+}
+
+st_device_params cli_device_params(void) {
+    st_device_params p = st_device_default_params();
+    p.cpu = cli_cpu_params();
+    const char *d = g_device ? g_device : getenv("STRAND_DEVICE");
+    if (d && *d && st_device_parse(d, &p.kind) != 0)
+        fprintf(stderr, "strand: warning: STRAND_DEVICE=%s is not a device (cpu, cuda, auto); using auto\n", d);
+    return p;
+}
+
 st_status cli_backend(const st_model *m, st_backend **out, st_error *err) {
-    st_cpu_params p = cli_cpu_params();
-    return st_backend_cpu_create(m, &p, NULL, out, err);
+    st_device_params p = cli_device_params();
+    st_status st = st_backend_create(m, &p, out, err);
+    if (st == ST_OK && p.kind != ST_DEVICE_CPU) {
+        char what[512];
+        st_backend_describe(*out, what, sizeof what);
+        if (st_backend_is_cuda(*out)) fprintf(stderr, "strand: running on %s\n", what);
+    }
+    return st;
 }

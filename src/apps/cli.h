@@ -5,7 +5,7 @@
 
 #include <stdint.h>
 
-#include "backend/cpu/cpu.h"
+#include "backend/select.h"
 #include "core/status.h"
 #include "engine/cache.h"
 
@@ -57,7 +57,12 @@ int cli_parse_kv_dtype(const char *value, st_kv_dtype *out);
  *   STRAND_THREADS  threads per context (default: the online CPUs)
  *   STRAND_PACK=0   keep the checkpoint's matrix layout (no packed copies) */
 st_cpu_params cli_cpu_params(void);
-/* A CPU backend for m with cli_cpu_params(). */
+/* The device the command runs its model on: --device cpu|cuda|auto (main.c takes the option
+ * from any command's arguments), else $STRAND_DEVICE, else auto; with cli_cpu_params(). */
+st_device_params cli_device_params(void);
+/* main.c: the --device value (-1 when it is not a device). */
+int cli_set_device(const char *value);
+/* A backend for m on cli_device_params()'s device. */
 st_status cli_backend(const st_model *m, st_backend **out, st_error *err);
 
 /* The help text of those options. */

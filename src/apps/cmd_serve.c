@@ -59,7 +59,7 @@ static void raise_open_file_limit(void) {
 
 int cmd_serve(int argc, char **argv) {
     st_server_params p = st_server_default_params();
-    p.cpu = cli_cpu_params();
+    p.device = cli_device_params();
     const char *key_file = NULL;
     char *key_buf = NULL;
     for (int i = 1; i < argc; i++) {

@@ -42,6 +42,31 @@ int main(int argc, char **argv) {
     const char *lvl = getenv("STRAND_LOG");
     if (lvl && !strcmp(lvl, "debug")) st_log_set_level(ST_LOG_DEBUG);
     else if (lvl && !strcmp(lvl, "info")) st_log_set_level(ST_LOG_INFO);
+    /* --device DEV (or --device=DEV) is every model command's: taken out before the command
+     * parses the rest */
+    int n = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *v = NULL;
+        if (!strcmp(argv[i], "--device")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "strand: --device needs a value: cpu, cuda or auto\n");
+                return 2;
+            }
+            v = argv[++i];
+        } else if (!strncmp(argv[i], "--device=", 9)) {
+            v = argv[i] + 9;
+        }
+        if (!v) {
+            argv[n++] = argv[i];
+            continue;
+        }
+        if (cli_set_device(v) != 0) {
+            fprintf(stderr, "strand: --device %s: expected cpu, cuda or auto\n", v);
+            return 2;
+        }
+    }
+    argc = n;
+    argv[argc] = NULL;
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
         if (strcmp(argv[1], commands[i].name) != 0) continue;
         if (!commands[i].fn) {

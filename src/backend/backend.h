@@ -190,7 +190,8 @@ typedef struct st_backend_ops {
      * the hidden-state hook reads X and XN; tests drive single operations with them */
     void (*read)(st_bctx *c, st_act a, int64_t width, float *out);
     void (*write)(st_bctx *c, st_act a, int64_t width, const float *in);
-    void (*step_end)(st_bctx *c);              /* results are in host memory when it returns */
+    /* results are in host memory when it returns; a device error is reported here */
+    st_status (*step_end)(st_bctx *c, st_error *err);
 } st_backend_ops;
 
 /* The common part of every backend (its first member). */

@@ -166,6 +166,5 @@ st_status st_fwd_run(st_fwd *f, const st_step_plan *plan, float *logits, st_erro
         f->hook(f->hook_user, cfg->n_layers, T, d, f->hook_buf);
     }
     op->logits(c, logits);
-    op->step_end(c);
-    return ST_OK;
+    return op->step_end(c, err);
 }

@@ -19,7 +19,9 @@ st_server_params st_server_default_params(void) {
         .idle_timeout_s = 5,
         .stall_timeout_s = 60.0,
         .keepalive_s = 10.0,
-        .cpu = {.kernels = NULL, .n_threads = 0, .pack = 1, .gdn_chunked = 1, .min_parallel_work = 0},
+        .device = {.kind = ST_DEVICE_AUTO,
+                   .cpu = {.kernels = NULL, .n_threads = 0, .pack = 1, .gdn_chunked = 1, .min_parallel_work = 0},
+                   .cuda = {.device = 0, .library = NULL}},
     };
     return p;
 }
@@ -118,7 +120,7 @@ static void load_defaults(srv *s) {
 static st_status load_all(srv *s, st_error *err) {
     st_status st;
     if ((st = st_model_load(s->p.model_dir, &s->m, err)) != ST_OK) return st;
-    if ((st = st_backend_cpu_create(s->m, &s->p.cpu, NULL, &s->backend, err)) != ST_OK) return st;
+    if ((st = st_backend_create(s->m, &s->p.device, &s->backend, err)) != ST_OK) return st;
     if ((st = st_tok_load_dir(s->p.model_dir, &s->tok, err)) != ST_OK) return st;
     s->max_token_bytes = st_textout_max_token_bytes(s->tok);
     st_error terr = {0};

@@ -26,7 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend/cpu/cpu.h"
+#include "backend/select.h"
 #include "core/status.h"
 #include "engine/cache.h"
 
@@ -51,7 +51,7 @@ typedef struct st_server_params {
     unsigned idle_timeout_s; /* a connection with no request in progress is closed after this */
     double stall_timeout_s;  /* a stream whose client reads nothing this long is cancelled */
     double keepalive_s;      /* SSE comment after this much silence */
-    st_cpu_params cpu;       /* the CPU backend the model runs on (kernels, threads, packing) */
+    st_device_params device; /* where the model runs (cpu, cuda or auto) and how */
 } st_server_params;
 
 st_server_params st_server_default_params(void);

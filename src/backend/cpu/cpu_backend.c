@@ -850,10 +850,12 @@ static st_status cpu_step_begin(st_bctx *base, const st_step_plan *plan, st_erro
     return ST_OK;
 }
 
-static void cpu_step_end(st_bctx *base) {
+static st_status cpu_step_end(st_bctx *base, st_error *err) {
     cpu_ctx *c = (cpu_ctx *)base;
+    (void)err;
     fp_mode_leave(c->fp_saved);
     c->plan = NULL;
+    return ST_OK;
 }
 
 /* ---------------------------------------------------------------------------------------- */

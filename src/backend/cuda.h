@@ -1,0 +1,65 @@
+/* ==== The CUDA backend, loaded at run time ====
+ *
+ * The CUDA code lives in a shared object (build/libstrand-cuda.so, built when nvcc is
+ * present) that this loader opens with dlopen when a CUDA backend is asked for, so the
+ * strand binary starts on machines with no GPU, no driver and no CUDA libraries. Asking for
+ * it there is an error that says why (no library, no driver, no device).
+ *
+ * The backend implements backend/backend.h on one GPU: weights uploaded once, the KV pool,
+ * state slots and every scratch buffer allocated with the context (a step allocates no
+ * device memory; st_backend_cuda_device_allocs counts every allocation), one stream per
+ * context, the plan uploaded in one copy at step_begin, results synchronized at step_end.
+ * Numerics: fp32 activations, accumulation and state ("exact").
+ */
+#ifndef ST_BACKEND_CUDA_H
+#define ST_BACKEND_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+
+typedef struct st_cuda_params {
+    int device;             /* CUDA device index */
+    const char *library;    /* path of libstrand-cuda.so; NULL = next to the executable, or
+                               one folder up from it (tests), or the loader's search path */
+} st_cuda_params;
+
+st_cuda_params st_cuda_default_params(void);
+
+/* A CUDA backend for the whole model m (borrowed). ST_ERR_UNSUPPORTED when the library, the
+ * driver or the device is missing (the message says which). */
+st_status st_backend_cuda_create(const st_model *m, const st_cuda_params *p, st_backend **out,
+                                 st_error *err);
+
+/* 1 when a CUDA backend can be made here; else 0 with the reason in why. */
+int st_cuda_available(const st_cuda_params *p, char *why, size_t why_cap);
+
+/* 1 when b is a CUDA backend. */
+int st_backend_is_cuda(const st_backend *b);
+
+/* Device allocations the backend and its contexts have made since it was created. */
+int64_t st_backend_cuda_device_allocs(const st_backend *b);
+
+/* The device memory free now and in all (cudaMemGetInfo); 0, 0 when b is not a CUDA backend. */
+void st_backend_cuda_memory(const st_backend *b, size_t *free_bytes, size_t *total_bytes);
+
+/* The device's name and memory (for reports); "" when b is not a CUDA backend. */
+void st_backend_cuda_describe(const st_backend *b, char *buf, size_t cap);
+
+/* ---- the entry points the shared object exports (the loader's side of the contract) ---- */
+#define ST_CUDA_ABI 1
+typedef struct st_cuda_entry {
+    int abi;                                /* ST_CUDA_ABI */
+    const st_backend_ops *ops;              /* the ops table (identifies its backends) */
+    st_status (*create)(const st_model *m, const st_cuda_params *p, const st_shard *shard,
+                        st_backend **out, st_error *err);
+    int (*available)(int device, char *why, size_t why_cap);
+    int64_t (*device_allocs)(const st_backend *b);
+    void (*describe)(const st_backend *b, char *buf, size_t cap);
+    void (*memory)(const st_backend *b, size_t *free_bytes, size_t *total_bytes);
+} st_cuda_entry;
+/* the symbol: const st_cuda_entry *st_cuda_entry_get(void) */
+#define ST_CUDA_ENTRY_SYMBOL "st_cuda_entry_get"
+
+#endif /* ST_BACKEND_CUDA_H */

@@ -1,0 +1,789 @@
+/* ==== The CUDA backend: host side (see backend/cuda.h, cuda_kernels.h) ====
+ *
+ * Built into libstrand-cuda.so (with the kernels) and opened at run time by
+ * backend/cuda_load.c. It uses nothing of libstrand but header-only helpers, so the shared
+ * object stands alone.
+ *
+ * Memory: the weights are uploaded once into one device block (each matrix contiguous, in
+ * its stored format; vectors in fp32); a context allocates its activations, the KV pool,
+ * the state slots, the plan's device copy and pinned staging once. Every device allocation
+ * goes through dev_alloc, which counts: a step allocates nothing.
+ */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/cuda.h"
+#include "backend/cuda/cuda_kernels.h"
+#include "model/model.h"
+
+/* ---------------------------------------------------------------------------------------- */
+/* errors (the shared object's own: libstrand's st_error_set is not linked in) */
+
+static st_status fail(st_error *err, st_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static st_status fail(st_error *err, st_status st, const char *fmt, ...) {
+    if (err) {
+        err->status = st;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+    }
+    return st;
+}
+
+static st_status cuda_fail(st_error *err, cudaError_t e, const char *what) {
+    return fail(err, e == cudaErrorMemoryAllocation ? ST_ERR_NOMEM : ST_ERR_INTERNAL, "CUDA: %s: %s", what,
+                cudaGetErrorString(e));
+}
+
+static size_t dtype_size(st_dtype d) { return d == ST_DTYPE_F32 ? 4 : 2; }
+static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+/* ---------------------------------------------------------------------------------------- */
+/* the backend */
+
+typedef struct cl_layer {
+    int kind, kind_index, has_shared;
+    const float *input_norm, *post_norm;      /* device [d] */
+    cu_mat w[ST_W_COUNT];
+    const float *conv_t;                      /* [K][cd] tap-major */
+    const float *dt_bias, *neg_exp_a, *gdn_norm;
+    const float *q_norm, *k_norm;
+    cu_mat router, sh_gate, sh_up, sh_down, sh_egate;
+    cu_mat *exp_gate, *exp_up, *exp_down;     /* [E] host array of device matrices */
+} cl_layer;
+
+typedef struct cuda_backend {
+    st_backend base;
+    int device;
+    char name[256];
+    size_t total_mem;
+    int64_t allocs;         /* device allocations made, ever */
+    uint8_t *weights;       /* the device block of every weight and vector (owned) */
+    size_t weight_bytes;
+    cl_layer *layers;       /* [n_layers] host, owned */
+    cu_mat *experts;        /* [n_layers][3][E] host, owned */
+    cu_mat embed, lm_head;
+    const float *final_norm, *inv_freq;
+    /* shapes (world 1) */
+    int64_t d, V, cd, kd, vd, I;
+    int nh, nkv, hd, Hk, Hv, Dk, Dv, K, E, topk, norm_topk, rope_dim;
+    float eps;
+    double upload_s;
+} cuda_backend;
+
+static const st_backend_ops cuda_ops;
+
+static st_status dev_alloc(cuda_backend *b, size_t bytes, void **out, st_error *err) {
+    *out = NULL;
+    if (!bytes) bytes = 256;
+    cudaError_t e = cudaMalloc(out, bytes);
+    if (e != cudaSuccess) {
+        *out = NULL;
+        return fail(err, ST_ERR_NOMEM, "CUDA: cannot allocate %zu MiB on the device: %s", bytes >> 20,
+                    cudaGetErrorString(e));
+    }
+    b->allocs++;
+    return ST_OK;
+}
+
+/* Two passes over everything uploaded: the first sizes the block, the second copies. */
+typedef struct uploader {
+    cuda_backend *b;
+    int copy;          /* 0: size only */
+    size_t at;         /* bytes placed so far */
+    cudaError_t err;
+} uploader;
+
+static const void *put(uploader *u, const void *host, size_t bytes) {
+    const size_t at = u->at;
+    u->at += align256(bytes);
+    if (!u->copy || !bytes) return u->copy ? u->b->weights + at : NULL;
+    cudaError_t e = cudaMemcpy(u->b->weights + at, host, bytes, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess && u->err == cudaSuccess) u->err = e;
+    return u->b->weights + at;
+}
+
+static const float *put_vec(uploader *u, const float *v, size_t n) { return v ? put(u, v, n * sizeof(float)) : NULL; }
+
+static void put_mat(uploader *u, const st_matrix *w, cu_mat *out) {
+    memset(out, 0, sizeof *out);
+    if (!w->data) return;
+    out->fmt = (int)w->fmt;
+    out->rows = w->rows;
+    out->cols = w->cols;
+    if (w->fmt == ST_WFMT_AFFINE) {
+        out->bits = w->bits;
+        out->group = w->group;
+        out->sdtype = (int)w->sdtype;
+        const size_t es = dtype_size(w->sdtype), ng = (size_t)(w->cols / w->group);
+        out->data = put(u, w->data, (size_t)w->rows * (size_t)(w->cols * w->bits / 8));
+        out->scales = put(u, w->scales, (size_t)w->rows * ng * es);
+        out->biases = put(u, w->biases, (size_t)w->rows * ng * es);
+    } else {
+        const size_t es = w->fmt == ST_WFMT_F32 ? 4 : 2;
+        out->data = put(u, w->data, (size_t)w->rows * (size_t)w->cols * es);
+    }
+}
+
+/* every weight of the model, through u */
+static void put_model(uploader *u, const st_model *m, float *conv_tmp) {
+    cuda_backend *b = u->b;
+    const st_config *c = &m->cfg;
+    put_mat(u, &m->embed, &b->embed);
+    if (m->tied) b->lm_head = b->embed;
+    else put_mat(u, &m->lm_head, &b->lm_head);
+    b->final_norm = put_vec(u, m->final_norm, (size_t)b->d);
+    float *inv = conv_tmp; /* scratch: [K * cd] is at least rope_dim / 2 */
+    for (int i = 0; i < c->rope_dim / 2; i++)
+        inv[i] = (float)(1.0 / pow(c->rope_theta, (double)(2 * i) / (double)c->rope_dim));
+    b->inv_freq = put_vec(u, inv, (size_t)(c->rope_dim / 2));
+    for (int li = 0; li < c->n_layers; li++) {
+        const st_layer *L = &m->layers[li];
+        cl_layer *o = &b->layers[li];
+        o->kind = L->kind;
+        o->kind_index = L->kind_index;
+        o->input_norm = put_vec(u, L->input_norm, (size_t)b->d);
+        o->post_norm = put_vec(u, L->post_norm, (size_t)b->d);
+        if (L->kind == ST_LAYER_LINEAR) {
+            put_mat(u, &L->in_qkv, &o->w[ST_W_IN_QKV]);
+            put_mat(u, &L->in_z, &o->w[ST_W_IN_Z]);
+            put_mat(u, &L->in_b, &o->w[ST_W_IN_B]);
+            put_mat(u, &L->in_a, &o->w[ST_W_IN_A]);
+            put_mat(u, &L->out_proj, &o->w[ST_W_OUT_PROJ]);
+            for (int64_t ch = 0; ch < b->cd; ch++)
+                for (int j = 0; j < b->K; j++) conv_tmp[j * b->cd + ch] = L->conv_w[ch * b->K + j];
+            o->conv_t = put_vec(u, conv_tmp, (size_t)(b->K * b->cd));
+            o->dt_bias = put_vec(u, L->dt_bias, (size_t)b->Hv);
+            o->neg_exp_a = put_vec(u, L->neg_exp_a, (size_t)b->Hv);
+            o->gdn_norm = put_vec(u, L->gdn_norm, (size_t)b->Dv);
+        } else {
+            put_mat(u, &L->q_proj, &o->w[ST_W_Q]);
+            put_mat(u, &L->k_proj, &o->w[ST_W_K]);
+            put_mat(u, &L->v_proj, &o->w[ST_W_V]);
+            put_mat(u, &L->o_proj, &o->w[ST_W_O]);
+            o->q_norm = put_vec(u, L->q_norm, (size_t)b->hd);
+            o->k_norm = put_vec(u, L->k_norm, (size_t)b->hd);
+        }
+        if (!c->is_moe) {
+            put_mat(u, &L->gate, &o->w[ST_W_GATE]);
+            put_mat(u, &L->up, &o->w[ST_W_UP]);
+            put_mat(u, &L->down, &o->w[ST_W_DOWN]);
+            continue;
+        }
+        put_mat(u, &L->router, &o->router);
+        o->exp_gate = b->experts + (size_t)li * 3 * (size_t)b->E;
+        o->exp_up = o->exp_gate + b->E;
+        o->exp_down = o->exp_up + b->E;
+        for (int e = 0; e < b->E; e++) {
+            put_mat(u, &L->exp_gate[e], &o->exp_gate[e]);
+            put_mat(u, &L->exp_up[e], &o->exp_up[e]);
+            put_mat(u, &L->exp_down[e], &o->exp_down[e]);
+        }
+        o->has_shared = L->has_shared;
+        if (L->has_shared) {
+            put_mat(u, &L->sh_gate, &o->sh_gate);
+            put_mat(u, &L->sh_up, &o->sh_up);
+            put_mat(u, &L->sh_down, &o->sh_down);
+            put_mat(u, &L->sh_expert_gate, &o->sh_egate);
+        }
+    }
+}
+
+static void cuda_destroy(st_backend *base) {
+    cuda_backend *b = (cuda_backend *)base;
+    if (!b) return;
+    if (b->weights) cudaFree(b->weights);
+    free(b->layers);
+    free(b->experts);
+    free(b);
+}
+
+static int cuda_available(int device, char *why, size_t cap) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e == cudaErrorInsufficientDriver) {
+        snprintf(why, cap, "no NVIDIA driver here, or one older than this CUDA runtime needs (%s)", cudaGetErrorString(e));
+        return 0;
+    }
+    if (e != cudaSuccess) {
+        snprintf(why, cap, "%s", cudaGetErrorString(e));
+        return 0;
+    }
+    if (device < 0 || device >= n) {
+        snprintf(why, cap, "device %d asked for; %d CUDA device%s here", device, n, n == 1 ? "" : "s");
+        return 0;
+    }
+    return 1;
+}
+
+static st_status cuda_create(const st_model *m, const st_cuda_params *p, const st_shard *shard, st_backend **out,
+                             st_error *err) {
+    *out = NULL;
+    if (m->cfg.is_moe && m->cfg.n_experts > 1024)
+        return fail(err, ST_ERR_UNSUPPORTED, "the CUDA backend routes at most 1024 experts (the model has %d)",
+                    m->cfg.n_experts);
+    if (shard && shard->world != 1)
+        return fail(err, ST_ERR_UNSUPPORTED, "the CUDA backend computes a whole model (world 1), not a shard of %d",
+                    shard->world);
+    cudaError_t e = cudaSetDevice(p->device);
+    if (e != cudaSuccess) return cuda_fail(err, e, "selecting the device");
+    cuda_backend *b = calloc(1, sizeof *b);
+    if (!b) return fail(err, ST_ERR_NOMEM, "out of memory");
+    const st_config *c = &m->cfg;
+    b->base.ops = &cuda_ops;
+    b->base.m = m;
+    b->base.shard = *shard;
+    b->device = p->device;
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, p->device) == cudaSuccess) {
+        snprintf(b->name, sizeof b->name, "%s", prop.name);
+        b->total_mem = prop.totalGlobalMem;
+    }
+    b->d = c->hidden_size;
+    b->V = c->vocab_size;
+    b->nh = c->n_heads;
+    b->nkv = c->n_kv_heads;
+    b->hd = c->head_dim;
+    b->Hk = c->lin_n_key_heads;
+    b->Hv = c->lin_n_value_heads;
+    b->Dk = c->lin_key_head_dim;
+    b->Dv = c->lin_value_head_dim;
+    b->kd = st_config_key_dim(c);
+    b->vd = st_config_value_dim(c);
+    b->cd = st_config_conv_dim(c);
+    b->K = c->conv_kernel;
+    b->E = c->is_moe ? c->n_experts : 0;
+    b->topk = c->is_moe ? c->n_experts_per_tok : 0;
+    b->norm_topk = c->norm_topk_prob;
+    b->rope_dim = c->rope_dim;
+    b->eps = c->rms_norm_eps;
+    int64_t I = c->intermediate_size;
+    if (c->moe_intermediate_size > I) I = c->moe_intermediate_size;
+    if (c->shared_expert_intermediate_size > I) I = c->shared_expert_intermediate_size;
+    b->I = I;
+    b->layers = calloc((size_t)(c->n_layers ? c->n_layers : 1), sizeof *b->layers);
+    const size_t n_exp = c->is_moe ? (size_t)c->n_layers * 3 * (size_t)b->E : 1;
+    b->experts = calloc(n_exp, sizeof *b->experts);
+    const size_t tmp_n = (size_t)(b->K * b->cd) > (size_t)c->rope_dim ? (size_t)(b->K * b->cd) : (size_t)c->rope_dim + 1;
+    float *tmp = malloc(tmp_n * sizeof(float));
+    if (!b->layers || !b->experts || !tmp) {
+        free(tmp);
+        cuda_destroy(&b->base);
+        return fail(err, ST_ERR_NOMEM, "out of memory");
+    }
+    uploader u = {b, 0, 0, cudaSuccess};
+    put_model(&u, m, tmp);
+    b->weight_bytes = u.at;
+    st_status st = dev_alloc(b, b->weight_bytes, (void **)&b->weights, err);
+    if (st == ST_OK) {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        u = (uploader){b, 1, 0, cudaSuccess};
+        put_model(&u, m, tmp);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        b->upload_s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        if (u.err != cudaSuccess) st = cuda_fail(err, u.err, "uploading the weights");
+    }
+    if (st == ST_OK && m->n_linear && cu_gdn_prepare(b->Dk, b->Dv) != 0)
+        st = fail(err, ST_ERR_UNSUPPORTED, "CUDA: the device cannot hold a %dx%d delta-rule state in shared memory",
+                  b->Dv, b->Dk);
+    free(tmp);
+    if (st != ST_OK) {
+        cuda_destroy(&b->base);
+        return st;
+    }
+    *out = &b->base;
+    return ST_OK;
+}
+
+static int64_t cuda_device_allocs(const st_backend *b) { return ((const cuda_backend *)b)->allocs; }
+
+static void cuda_memory(const st_backend *base, size_t *free_bytes, size_t *total_bytes) {
+    const cuda_backend *b = (const cuda_backend *)base;
+    cudaSetDevice(b->device);
+    if (cudaMemGetInfo(free_bytes, total_bytes) != cudaSuccess) *free_bytes = *total_bytes = 0;
+}
+
+static void cuda_describe(const st_backend *base, char *buf, size_t cap) {
+    const cuda_backend *b = (const cuda_backend *)base;
+    snprintf(buf, cap, "%s, %.1f GiB; weights %.2f GiB uploaded in %.2f s (%.1f GB/s)", b->name,
+             (double)b->total_mem / (double)(1u << 30), (double)b->weight_bytes / (double)(1u << 30), b->upload_s,
+             b->upload_s > 0 ? (double)b->weight_bytes / b->upload_s / 1e9 : 0.0);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* contexts */
+
+#define LOGIT_CHUNK 64 /* logit rows computed per pass (the device buffer holds this many) */
+
+typedef struct cuda_ctx {
+    st_bctx base;
+    cuda_backend *b;
+    st_ctx_params p;
+    cudaStream_t stream;
+    /* activations (device, fp32) */
+    float *x, *xn, *out, *p1, *p2, *p3, *p4, *mix, *gath, *gout, *lg, *small;
+    int64_t w1, w2, w3, wm;
+    /* storage */
+    void *kv;
+    size_t kv_block_elems, kv_elem, kv_bytes;
+    float *conv, *rec;
+    size_t conv_slot, rec_slot; /* floats per slot */
+    /* the plan: pinned staging, its device copy */
+    uint8_t *h_plan, *d_plan;
+    size_t plan_cap;
+    cu_plan plan;               /* device pointers of the current step */
+    const st_step_plan *hp;     /* the host plan of the current step */
+    int64_t T, max_item_tokens;
+    /* MoE routing on the host: pinned */
+    float *h_router;            /* [T][E] */
+    int32_t *h_list, *d_list;   /* [T * topk] */
+    float *h_w, *d_w;
+    int32_t *h_sel;
+    float *h_selw;
+    cudaError_t first_error;
+    size_t bytes;
+} cuda_ctx;
+
+static void note(cuda_ctx *c, cudaError_t e) {
+    if (e != cudaSuccess && c->first_error == cudaSuccess) c->first_error = e;
+}
+
+typedef struct plan_layout {
+    size_t tokens, item_t0, pos0, slot, block_t0, blocks, tok_item, rows, total;
+} plan_layout;
+
+static size_t align8(size_t n) { return (n + 7) / 8 * 8; }
+
+static plan_layout layout_of(const st_ctx_params *p, int64_t cap_blocks) {
+    plan_layout l;
+    size_t at = 0, T = (size_t)p->max_tokens, n = (size_t)p->n_slots;
+    l.tokens = at, at += align8(T * 4);
+    l.item_t0 = at, at += 8 * (n + 1);
+    l.pos0 = at, at += 8 * n;
+    l.slot = at, at += align8(4 * n);
+    l.block_t0 = at, at += 8 * (n + 1);
+    l.blocks = at, at += align8((size_t)cap_blocks * 4 + 4);
+    l.tok_item = at, at += align8(T * 4);
+    l.rows = at, at += align8(T * 4);
+    l.total = at;
+    return l;
+}
+
+static int64_t cap_blocks_of(const cuda_backend *b, const st_ctx_params *p) {
+    const int64_t per = (p->max_seq_len + p->block_size - 1) / p->block_size, all = per * p->n_slots;
+    return b->base.m->n_full ? (all < p->n_blocks ? all : p->n_blocks) : 0;
+}
+
+static void cuda_ctx_plan(const st_backend *base, const st_ctx_params *p, st_ctx_plan *out) {
+    const cuda_backend *b = (const cuda_backend *)base;
+    const st_model *m = b->base.m;
+    const size_t kv_elem = p->kv_dtype == ST_KV_BF16 ? 2 : 4;
+    out->kv_block_bytes = (size_t)m->n_full * 2 * (size_t)b->nkv * (size_t)p->block_size * (size_t)b->hd * kv_elem;
+    out->slot_bytes = ((size_t)m->n_linear * (size_t)(b->K - 1) * (size_t)b->cd +
+                       (size_t)m->n_linear * (size_t)b->Hv * (size_t)b->Dv * (size_t)b->Dk) * sizeof(float);
+    const size_t T = (size_t)p->max_tokens;
+    int64_t w1 = b->cd > 2 * b->nh * b->hd ? b->cd : 2 * b->nh * b->hd;
+    if (b->I > w1) w1 = b->I;
+    int64_t w2 = b->vd > b->nkv * b->hd ? b->vd : b->nkv * b->hd;
+    if (b->I > w2) w2 = b->I;
+    const int64_t w3 = b->Hv > b->nkv * b->hd ? b->Hv : b->nkv * b->hd;
+    const int64_t wm = b->vd > b->nh * b->hd ? b->vd : b->nh * b->hd;
+    size_t floats = T * (size_t)(5 * b->d + w1 + w2 + w3 + b->Hv + wm + 2) + (size_t)LOGIT_CHUNK * (size_t)b->V;
+    out->scratch_bytes = floats * sizeof(float) + 2 * layout_of(p, cap_blocks_of(b, p)).total +
+                         T * (size_t)(b->E + 4 * b->topk + 2) * 4;
+    out->total_bytes = (size_t)p->n_blocks * out->kv_block_bytes + (size_t)p->n_slots * out->slot_bytes + out->scratch_bytes;
+}
+
+static void cuda_ctx_destroy(st_bctx *base) {
+    cuda_ctx *c = (cuda_ctx *)base;
+    if (!c) return;
+    cudaSetDevice(c->b->device);
+    if (c->stream) cudaStreamSynchronize(c->stream);
+    float *bufs[] = {c->x, c->xn, c->out, c->p1, c->p2, c->p3, c->p4, c->mix, c->gath, c->gout, c->lg, c->small,
+                     c->conv, c->rec, c->d_w};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) cudaFree(bufs[i]);
+    if (c->kv) cudaFree(c->kv);
+    if (c->d_plan) cudaFree(c->d_plan);
+    if (c->d_list) cudaFree(c->d_list);
+    if (c->h_plan) cudaFreeHost(c->h_plan);
+    if (c->h_router) cudaFreeHost(c->h_router);
+    if (c->h_list) cudaFreeHost(c->h_list);
+    if (c->h_w) cudaFreeHost(c->h_w);
+    free(c->h_sel);
+    free(c->h_selw);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    free(c);
+}
+
+static st_status cuda_ctx_create(st_backend *base, const st_ctx_params *p, st_bctx **out, st_error *err) {
+    *out = NULL;
+    cuda_backend *b = (cuda_backend *)base;
+    const st_model *m = b->base.m;
+    if (p->max_tokens < 1 || p->n_slots < 1 || p->block_size < 1 || p->max_seq_len < 1 || p->n_blocks < 0)
+        return fail(err, ST_ERR_ARG, "context: bad parameters");
+    cudaSetDevice(b->device);
+    cuda_ctx *c = calloc(1, sizeof *c);
+    if (!c) return fail(err, ST_ERR_NOMEM, "out of memory");
+    c->base.b = base;
+    c->b = b;
+    c->p = *p;
+    st_status st = ST_OK;
+    cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        free(c);
+        return cuda_fail(err, e, "creating a stream");
+    }
+    const int64_t T = p->max_tokens;
+    c->w1 = b->cd > 2 * b->nh * b->hd ? b->cd : 2 * b->nh * b->hd;
+    if (b->I > c->w1) c->w1 = b->I;
+    c->w2 = b->vd > b->nkv * b->hd ? b->vd : b->nkv * b->hd;
+    if (b->I > c->w2) c->w2 = b->I;
+    c->w3 = b->Hv > b->nkv * b->hd ? b->Hv : b->nkv * b->hd;
+    c->wm = b->vd > b->nh * b->hd ? b->vd : b->nh * b->hd;
+    struct { float **p; int64_t n; } acts[] = {
+        {&c->x, T * b->d},   {&c->xn, T * b->d},  {&c->out, T * b->d}, {&c->p1, T * c->w1},
+        {&c->p2, T * c->w2}, {&c->p3, T * c->w3}, {&c->p4, T * (b->Hv ? b->Hv : 1)}, {&c->mix, T * c->wm},
+        {&c->gath, T * b->d}, {&c->gout, T * b->d}, {&c->lg, (int64_t)LOGIT_CHUNK * b->V}, {&c->small, 2 * T},
+    };
+    for (size_t i = 0; i < sizeof acts / sizeof acts[0] && st == ST_OK; i++) {
+        st = dev_alloc(b, (size_t)acts[i].n * sizeof(float), (void **)acts[i].p, err);
+        c->bytes += (size_t)acts[i].n * sizeof(float);
+    }
+    /* the KV pool and the state slots */
+    c->kv_elem = p->kv_dtype == ST_KV_BF16 ? 2 : 4;
+    c->kv_block_elems = (size_t)m->n_full * 2 * (size_t)b->nkv * (size_t)p->block_size * (size_t)b->hd;
+    c->kv_bytes = (size_t)p->n_blocks * c->kv_block_elems * c->kv_elem;
+    c->conv_slot = (size_t)m->n_linear * (size_t)(b->K - 1) * (size_t)b->cd;
+    c->rec_slot = (size_t)m->n_linear * (size_t)b->Hv * (size_t)b->Dv * (size_t)b->Dk;
+    if (st == ST_OK) st = dev_alloc(b, c->kv_bytes, &c->kv, err);
+    if (st == ST_OK) st = dev_alloc(b, (size_t)p->n_slots * c->conv_slot * sizeof(float), (void **)&c->conv, err);
+    if (st == ST_OK) st = dev_alloc(b, (size_t)p->n_slots * c->rec_slot * sizeof(float), (void **)&c->rec, err);
+    c->bytes += c->kv_bytes + (size_t)p->n_slots * (c->conv_slot + c->rec_slot) * sizeof(float);
+    /* the plan */
+    plan_layout l = layout_of(p, cap_blocks_of(b, p));
+    c->plan_cap = l.total;
+    if (st == ST_OK) st = dev_alloc(b, l.total, (void **)&c->d_plan, err);
+    if (st == ST_OK && (e = cudaMallocHost((void **)&c->h_plan, l.total)) != cudaSuccess)
+        st = cuda_fail(err, e, "pinned staging");
+    c->bytes += 2 * l.total;
+    /* MoE routing */
+    if (st == ST_OK && b->E) {
+        const size_t nk = (size_t)T * (size_t)b->topk;
+        if ((e = cudaMallocHost((void **)&c->h_router, (size_t)T * (size_t)b->E * sizeof(float))) != cudaSuccess ||
+            (e = cudaMallocHost((void **)&c->h_list, nk * sizeof(int32_t))) != cudaSuccess ||
+            (e = cudaMallocHost((void **)&c->h_w, nk * sizeof(float))) != cudaSuccess)
+            st = cuda_fail(err, e, "pinned staging");
+        if (st == ST_OK) st = dev_alloc(b, nk * sizeof(int32_t), (void **)&c->d_list, err);
+        if (st == ST_OK) st = dev_alloc(b, nk * sizeof(float), (void **)&c->d_w, err);
+        c->h_sel = malloc(nk * sizeof(int32_t));
+        c->h_selw = malloc(nk * sizeof(float));
+        if (st == ST_OK && (!c->h_sel || !c->h_selw)) st = fail(err, ST_ERR_NOMEM, "out of memory");
+        c->bytes += nk * 16 + (size_t)T * (size_t)b->E * 4;
+    }
+    if (st != ST_OK) {
+        cuda_ctx_destroy(&c->base);
+        return st;
+    }
+    *out = &c->base;
+    return ST_OK;
+}
+
+static size_t cuda_ctx_bytes(const st_bctx *base) { return ((const cuda_ctx *)base)->bytes; }
+
+/* ---------------------------------------------------------------------------------------- */
+/* a step */
+
+static st_status cuda_step_begin(st_bctx *base, const st_step_plan *pl, st_error *err) {
+    cuda_ctx *c = (cuda_ctx *)base;
+    cudaSetDevice(c->b->device);
+    c->first_error = cudaSuccess;
+    c->hp = pl;
+    c->T = pl->n_tokens;
+    plan_layout l = layout_of(&c->p, cap_blocks_of(c->b, &c->p));
+    const int n = pl->n_items;
+    const int64_t nb = pl->block_t0[n];
+    uint8_t *h = c->h_plan;
+    memcpy(h + l.tokens, pl->tokens, (size_t)pl->n_tokens * 4);
+    memcpy(h + l.item_t0, pl->item_t0, (size_t)(n + 1) * 8);
+    memcpy(h + l.pos0, pl->pos0, (size_t)n * 8);
+    memcpy(h + l.slot, pl->slot, (size_t)n * 4);
+    memcpy(h + l.block_t0, pl->block_t0, (size_t)(n + 1) * 8);
+    if (nb) memcpy(h + l.blocks, pl->blocks, (size_t)nb * 4);
+    int32_t *ti = (int32_t *)(h + l.tok_item), *rows = (int32_t *)(h + l.rows);
+    int64_t nr = 0;
+    c->max_item_tokens = 0;
+    for (int i = 0; i < n; i++) {
+        const int64_t t0 = pl->item_t0[i], t1 = pl->item_t0[i + 1];
+        if (t1 - t0 > c->max_item_tokens) c->max_item_tokens = t1 - t0;
+        for (int64_t t = t0; t < t1; t++) ti[t] = i;
+        if (pl->logits[i] == ST_LOGITS_ALL)
+            for (int64_t t = t0; t < t1; t++) rows[nr++] = (int32_t)t;
+        else if (pl->logits[i] == ST_LOGITS_LAST)
+            rows[nr++] = (int32_t)(t1 - 1);
+    }
+    note(c, cudaMemcpyAsync(c->d_plan, h, l.total, cudaMemcpyHostToDevice, c->stream));
+    uint8_t *d = c->d_plan;
+    c->plan = (cu_plan){.n_items = n,
+                        .n_tokens = pl->n_tokens,
+                        .tokens = (const int32_t *)(d + l.tokens),
+                        .item_t0 = (const int64_t *)(d + l.item_t0),
+                        .pos0 = (const int64_t *)(d + l.pos0),
+                        .slot = (const int32_t *)(d + l.slot),
+                        .block_t0 = (const int64_t *)(d + l.block_t0),
+                        .blocks = (const int32_t *)(d + l.blocks),
+                        .tok_item = (const int32_t *)(d + l.tok_item),
+                        .rows = (const int32_t *)(d + l.rows)};
+    /* a sequence's first step starts from zero state */
+    for (int i = 0; i < n; i++) {
+        if (pl->pos0[i] != 0) continue;
+        const size_t s = (size_t)pl->slot[i];
+        if (c->conv_slot) note(c, cudaMemsetAsync(c->conv + s * c->conv_slot, 0, c->conv_slot * sizeof(float), c->stream));
+        if (c->rec_slot) note(c, cudaMemsetAsync(c->rec + s * c->rec_slot, 0, c->rec_slot * sizeof(float), c->stream));
+    }
+    if (c->first_error != cudaSuccess) return cuda_fail(err, c->first_error, "starting a step");
+    return ST_OK;
+}
+
+static float *act(cuda_ctx *c, st_act a) {
+    switch (a) {
+    case ST_ACT_X: return c->x;
+    case ST_ACT_XN: return c->xn;
+    case ST_ACT_OUT: return c->out;
+    case ST_ACT_P1: return c->p1;
+    case ST_ACT_P2: return c->p2;
+    case ST_ACT_P3: return c->p3;
+    case ST_ACT_P4: return c->p4;
+    case ST_ACT_MIX: return c->mix;
+    default: return NULL;
+    }
+}
+
+static void cuda_embed(st_bctx *base) {
+    cuda_ctx *c = (cuda_ctx *)base;
+    cu_embed(c->stream, &c->b->embed, c->plan.tokens, c->T, c->x);
+}
+
+static void cuda_add_norm(st_bctx *base, int layer, st_norm which, int mode) {
+    cuda_ctx *c = (cuda_ctx *)base;
+    const float *w = which == ST_NORM_FINAL ? c->b->final_norm
+                     : which == ST_NORM_INPUT ? c->b->layers[layer].input_norm
+                                              : c->b->layers[layer].post_norm;
+    cu_add_norm(c->stream, c->x, c->out, w, c->xn, c->T, c->b->d, c->b->eps, mode & ST_NORM_ADD,
+                (mode & ST_NORM_APPLY) != 0);
+}
+
+static void cuda_matmul(st_bctx *base, int layer, st_act in, const st_mm *mm, int n, int swiglu) {
+    cuda_ctx *c = (cuda_ctx *)base;
+    const cl_layer *L = &c->b->layers[layer];
+    const float *x = act(c, in);
+    for (int i = 0; i < n; i++) {
+        const cu_mat *w = &L->w[mm[i].w];
+        cu_matmul(c->stream, w, x, w->cols, c->T, act(c, mm[i].out), w->rows);
+    }
+    if (swiglu) {
+        const cu_mat *g = &L->w[mm[0].w];
+        cu_silu_mul(c->stream, act(c, mm[0].out), act(c, mm[1].out), c->T, g->rows, g->rows);
+    }
+}
+
+static void cuda_gdn(st_bctx *base, int layer) {
+    cuda_ctx *c = (cuda_ctx *)base;
+    const cuda_backend *b = c->b;
+    const cl_layer *L = &b->layers[layer];
+    cu_gdn_args a = {
+        .qkv = c->p1, .z = c->p2, .b = c->p3, .a = c->p4, .mix = c->mix, .conv_t = L->conv_t,
+        .conv_state = c->conv + (size_t)L->kind_index * (size_t)(b->K - 1) * (size_t)b->cd, .conv_stride = c->conv_slot,
+        .rec_state = c->rec + (size_t)L->kind_index * (size_t)b->Hv * (size_t)b->Dv * (size_t)b->Dk,
+        .rec_stride = c->rec_slot, .dt_bias = L->dt_bias, .neg_exp_a = L->neg_exp_a, .norm_w = L->gdn_norm,
+        .K = b->K, .Hk = b->Hk, .Hv = b->Hv, .Dk = b->Dk, .Dv = b->Dv, .cd = b->cd, .kd = b->kd, .vd = b->vd,
+        .eps = b->eps};
+    cu_gdn(c->stream, &c->plan, &a, (int)c->max_item_tokens);
+}
+
+static cu_kv kv_of(const cuda_ctx *c) {
+    cu_kv kv = {.base = c->kv, .bf16 = c->p.kv_dtype == ST_KV_BF16, .block_size = c->p.block_size,
+                .nkv = c->b->nkv, .hd = c->b->hd, .n_full = c->b->base.m->n_full};
+    return kv;
+}
+
+static cu_attn_args attn_args(cuda_ctx *c, int layer) {
+    const cuda_backend *b = c->b;
+    const cl_layer *L = &b->layers[layer];
+    cu_attn_args a = {.q = c->p1, .k = c->p2, .v = c->p3, .mix = c->mix, .q_norm = L->q_norm, .k_norm = L->k_norm,
+                      .inv_freq = b->inv_freq, .nh = b->nh, .nkv = b->nkv, .hd = b->hd, .rope_dim = b->rope_dim,
+                      .li = L->kind_index, .eps = b->eps};
+    return a;
+}
+
+static void cuda_attn_prep(st_bctx *base, int layer) {
+    cuda_ctx *c = (cuda_ctx *)base;
+    cu_attn_args a = attn_args(c, layer);
+    cu_kv kv = kv_of(c);
+    cu_attn_prep(c->stream, &c->plan, &a, &kv);
+}
+
+static void cuda_attention(st_bctx *base, int layer) {
+    cuda_ctx *c = (cuda_ctx *)base;
+    cu_attn_args a = attn_args(c, layer);
+    cu_kv kv = kv_of(c);
+    cu_attention(c->stream, &c->plan, &a, &kv);
+}
+
+/* SwiGLU MLP of n rows of x into y, on p1/p2 */
+static void swiglu(cuda_ctx *c, const cu_mat *g, const cu_mat *u, const cu_mat *dn, const float *x, int64_t n, float *y) {
+    cu_matmul(c->stream, g, x, g->cols, n, c->p1, g->rows);
+    cu_matmul(c->stream, u, x, u->cols, n, c->p2, u->rows);
+    cu_silu_mul(c->stream, c->p1, c->p2, n, g->rows, g->rows);
+    cu_matmul(c->stream, dn, c->p1, dn->cols, n, y, dn->rows);
+}
+
+/* Routing on the host, as the CPU backend does it (the same selection, ties to the lower
+ * expert), then each expert's tokens gathered, run and scattered back. */
+static void cuda_moe(st_bctx *base, int layer) {
+    cuda_ctx *c = (cuda_ctx *)base;
+    const cuda_backend *b = c->b;
+    const cl_layer *L = &b->layers[layer];
+    const int64_t T = c->T, d = b->d;
+    const int E = b->E, k = b->topk;
+    cu_matmul(c->stream, &L->router, c->xn, d, T, c->gout, E);
+    note(c, cudaMemcpyAsync(c->h_router, c->gout, (size_t)(T * E) * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
+    note(c, cudaStreamSynchronize(c->stream));
+    for (int64_t t = 0; t < T; t++) {
+        float *p = c->h_router + t * E;
+        float mx = p[0];
+        for (int e = 1; e < E; e++) mx = p[e] > mx ? p[e] : mx;
+        float sum = 0.0f;
+        for (int e = 0; e < E; e++) {
+            p[e] = expf(p[e] - mx);
+            sum += p[e];
+        }
+        for (int e = 0; e < E; e++) p[e] /= sum;
+        float wsum = 0.0f;
+        for (int s = 0; s < k; s++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int q = 0; q < s; q++) taken |= c->h_sel[t * k + q] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            c->h_sel[t * k + s] = best;
+            c->h_selw[t * k + s] = p[best];
+            wsum += p[best];
+        }
+        if (b->norm_topk)
+            for (int s = 0; s < k; s++) c->h_selw[t * k + s] /= wsum;
+    }
+    /* the lists of every expert, one after another, uploaded once */
+    int64_t at = 0, start[1024 + 1];
+    const int ne = E < 1024 ? E : 1024;
+    for (int e = 0; e < ne; e++) {
+        start[e] = at;
+        for (int64_t t = 0; t < T; t++)
+            for (int s = 0; s < k; s++)
+                if (c->h_sel[t * k + s] == e) {
+                    c->h_list[at] = (int32_t)t;
+                    c->h_w[at] = c->h_selw[t * k + s];
+                    at++;
+                }
+    }
+    start[ne] = at;
+    note(c, cudaMemcpyAsync(c->d_list, c->h_list, (size_t)at * sizeof(int32_t), cudaMemcpyHostToDevice, c->stream));
+    note(c, cudaMemcpyAsync(c->d_w, c->h_w, (size_t)at * sizeof(float), cudaMemcpyHostToDevice, c->stream));
+    cu_fill_zero(c->stream, c->out, T * d);
+    for (int e = 0; e < ne; e++) {
+        const int64_t n = start[e + 1] - start[e];
+        if (!n) continue;
+        cu_gather_rows(c->stream, c->xn, d, c->d_list + start[e], n, c->gath);
+        swiglu(c, &L->exp_gate[e], &L->exp_up[e], &L->exp_down[e], c->gath, n, c->gout);
+        cu_scatter_add(c->stream, c->out, c->gout, c->d_list + start[e], c->d_w + start[e], n, d);
+    }
+    if (L->has_shared) {
+        swiglu(c, &L->sh_gate, &L->sh_up, &L->sh_down, c->xn, T, c->gout);
+        cu_matmul(c->stream, &L->sh_egate, c->xn, d, T, c->small, 1);
+        cu_gated_add(c->stream, c->out, c->gout, c->small, T, d);
+    }
+    /* the host lists are reused by the next layer: their copies must be done */
+    note(c, cudaStreamSynchronize(c->stream));
+}
+
+static void cuda_allreduce(st_bctx *base, st_act a) {
+    (void)base;
+    (void)a; /* world 1 */
+}
+
+static void cuda_logits(st_bctx *base, float *out) {
+    cuda_ctx *c = (cuda_ctx *)base;
+    const cuda_backend *b = c->b;
+    const int64_t rows = c->hp->n_logit_rows;
+    for (int64_t r0 = 0; r0 < rows; r0 += LOGIT_CHUNK) {
+        const int64_t n = rows - r0 < LOGIT_CHUNK ? rows - r0 : LOGIT_CHUNK;
+        cu_gather_rows(c->stream, c->xn, b->d, c->plan.rows + r0, n, c->gath);
+        cu_matmul(c->stream, &b->lm_head, c->gath, b->d, n, c->lg, b->V);
+        note(c, cudaMemcpyAsync(out + r0 * b->V, c->lg, (size_t)(n * b->V) * sizeof(float), cudaMemcpyDeviceToHost,
+                                c->stream));
+        note(c, cudaStreamSynchronize(c->stream));
+    }
+}
+
+static void cuda_read(st_bctx *base, st_act a, int64_t width, float *out) {
+    cuda_ctx *c = (cuda_ctx *)base;
+    note(c, cudaMemcpyAsync(out, act(c, a), (size_t)(c->T * width) * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
+    note(c, cudaStreamSynchronize(c->stream));
+}
+
+static void cuda_write(st_bctx *base, st_act a, int64_t width, const float *in) {
+    cuda_ctx *c = (cuda_ctx *)base;
+    note(c, cudaMemcpyAsync(act(c, a), in, (size_t)(c->T * width) * sizeof(float), cudaMemcpyHostToDevice, c->stream));
+    note(c, cudaStreamSynchronize(c->stream));
+}
+
+static st_status cuda_step_end(st_bctx *base, st_error *err) {
+    cuda_ctx *c = (cuda_ctx *)base;
+    note(c, cudaStreamSynchronize(c->stream));
+    note(c, cudaGetLastError());
+    c->hp = NULL;
+    if (c->first_error != cudaSuccess) return cuda_fail(err, c->first_error, "a step");
+    return ST_OK;
+}
+
+static const st_backend_ops cuda_ops = {
+    .name = "cuda",
+    .destroy = cuda_destroy,
+    .ctx_create = cuda_ctx_create,
+    .ctx_destroy = cuda_ctx_destroy,
+    .ctx_bytes = cuda_ctx_bytes,
+    .ctx_plan = cuda_ctx_plan,
+    .step_begin = cuda_step_begin,
+    .embed = cuda_embed,
+    .add_norm = cuda_add_norm,
+    .matmul = cuda_matmul,
+    .gdn = cuda_gdn,
+    .attn_prep = cuda_attn_prep,
+    .attention = cuda_attention,
+    .moe = cuda_moe,
+    .allreduce = cuda_allreduce,
+    .logits = cuda_logits,
+    .read = cuda_read,
+    .write = cuda_write,
+    .step_end = cuda_step_end,
+};
+
+static const st_cuda_entry entry = {
+    .abi = ST_CUDA_ABI,
+    .ops = &cuda_ops,
+    .create = cuda_create,
+    .available = cuda_available,
+    .device_allocs = cuda_device_allocs,
+    .describe = cuda_describe,
+    .memory = cuda_memory,
+};
+
+__attribute__((visibility("default"))) const st_cuda_entry *st_cuda_entry_get(void) { return &entry; }

@@ -1,0 +1,113 @@
+/* ==== CUDA kernels of the CUDA backend (private to src/backend/cuda) ====
+ *
+ * Launchers callable from C: each enqueues its kernels on `stream` and returns. Numerics are
+ * "exact": fp32 activations and accumulation, the reduction order of every output fixed by
+ * its own index alone (never by how many tokens share the launch), so a sequence gets the
+ * same bits alone or in any batch.
+ */
+#ifndef ST_BACKEND_CUDA_CUDA_KERNELS_H
+#define ST_BACKEND_CUDA_CUDA_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct CUstream_st *cu_stream; /* = cudaStream_t */
+
+/* A weight matrix in device memory, contiguous rows. */
+typedef struct cu_mat {
+    int fmt;               /* st_wformat: 0 f32, 1 f16, 2 bf16, 3 MLX affine */
+    int sdtype;            /* affine scales/biases: st_dtype 0 f32, 1 f16, 2 bf16 */
+    int bits, group;       /* affine */
+    int64_t rows, cols;
+    const void *data;      /* dense [rows][cols]; affine uint32 [rows][cols*bits/32] */
+    const void *scales;    /* affine [rows][cols/group] */
+    const void *biases;
+} cu_mat;
+
+/* The step plan in device memory (pointers into one uploaded block). */
+typedef struct cu_plan {
+    int n_items;
+    int64_t n_tokens;
+    const int32_t *tokens;   /* [T] */
+    const int64_t *item_t0;  /* [n_items + 1] */
+    const int64_t *pos0;     /* [n_items] */
+    const int32_t *slot;     /* [n_items] */
+    const int64_t *block_t0; /* [n_items + 1] */
+    const int32_t *blocks;
+    const int32_t *tok_item; /* [T] the item of each token */
+    const int32_t *rows;     /* [n_logit_rows] the token rows that get logits */
+} cu_plan;
+
+/* The KV pool: [n_blocks][n_full][2][nkv][block_size][hd] of f32 or bf16. */
+typedef struct cu_kv {
+    void *base;
+    int bf16;
+    int block_size, nkv, hd, n_full;
+} cu_kv;
+
+void cu_embed(cu_stream s, const cu_mat *emb, const int32_t *tokens, int64_t T, float *x);
+void cu_add_norm(cu_stream s, float *x, const float *out, const float *w, float *xn, int64_t T,
+                 int64_t d, float eps, int add, int apply);
+/* y[t*ldy + r] = sum_c W[r][c] x[t*ldx + c], r < rows, t < T */
+void cu_matmul(cu_stream s, const cu_mat *w, const float *x, int64_t ldx, int64_t T, float *y,
+               int64_t ldy);
+/* g[t*ld + i] = silu(g) * u[t*ld + i], i < n */
+void cu_silu_mul(cu_stream s, float *g, const float *u, int64_t T, int64_t n, int64_t ld);
+void cu_gather_rows(cu_stream s, const float *src, int64_t d, const int32_t *rows, int64_t n,
+                    float *dst);
+
+/* Gated DeltaNet of one layer: conv + SiLU over the item's tokens (state [K-1][cd] per slot,
+ * slot stride conv_stride floats), L2 norms of q and k, the per-step delta rule (state
+ * [Hv][Dv][Dk] per slot, stride rec_stride), the gated norm; mix [T][Hv*Dv]. */
+typedef struct cu_gdn_args {
+    float *qkv;              /* P1 [T][cd] */
+    const float *z, *b, *a;  /* P2 [T][vd], P3 [T][Hv], P4 [T][Hv] */
+    float *mix;              /* [T][vd] */
+    const float *conv_t;     /* [K][cd] */
+    float *conv_state;       /* this layer's row of slot 0 */
+    size_t conv_stride;
+    float *rec_state;
+    size_t rec_stride;
+    const float *dt_bias, *neg_exp_a, *norm_w; /* [Hv], [Hv], [Dv] */
+    int K, Hk, Hv, Dk, Dv;
+    int64_t cd, kd, vd;
+    float eps;
+} cu_gdn_args;
+void cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int max_item_tokens);
+/* Once per process and shape, before cu_gdn: the shared memory its state needs; -1 when the
+ * device cannot give it. */
+int cu_gdn_prepare(int Dk, int Dv);
+
+/* Attention of one layer: q/k norm and RoPE (P1 [T][nh][q|gate][hd], P2 [T][nkv][hd]),
+ * K and V (P3) into the pool at layer li; then per query causal softmax over its item's
+ * positions and the sigmoid gate into mix [T][nh*hd]. */
+typedef struct cu_attn_args {
+    float *q, *k;
+    const float *v;
+    float *mix;
+    const float *q_norm, *k_norm, *inv_freq;
+    int nh, nkv, hd, rope_dim, li;
+    float eps;
+} cu_attn_args;
+void cu_attn_prep(cu_stream s, const cu_plan *p, const cu_attn_args *a, const cu_kv *kv);
+void cu_attention(cu_stream s, const cu_plan *p, const cu_attn_args *a, const cu_kv *kv);
+
+/* MoE pieces: out[list[i]] += w[i] * src[i] (rows of d); out[t] += sigmoid(g[t]) * src[t] */
+void cu_scatter_add(cu_stream s, float *out, const float *src, const int32_t *list, const float *w,
+                    int64_t n, int64_t d);
+void cu_gated_add(cu_stream s, float *out, const float *src, const float *g, int64_t T, int64_t d);
+/* dst[i] = src[i] + ... : elementwise sum of two buffers into dst (all-reduce of one rank) */
+void cu_fill_zero(cu_stream s, float *p, int64_t n);
+
+/* the copy kernel bench measures the device's bandwidth with */
+void cu_copy(cu_stream s, const float *src, float *dst, int64_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ST_BACKEND_CUDA_CUDA_KERNELS_H */

@@ -1,0 +1,466 @@
+/* ==== CUDA kernels (see cuda_kernels.h) ====
+ *
+ * Every reduction has a fixed order given by the output's own indices: a matrix row's dot
+ * product is summed by lane (columns lane, lane+32, ...) then over the warp by a fixed
+ * butterfly; norms by a fixed block tree; the delta rule by state row, sequentially over
+ * the key dimension; attention by query, over positions in order. No kernel's result for a
+ * token depends on the other tokens of the launch.
+ */
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "backend/cuda/cuda_kernels.h"
+
+#define FULL 0xffffffffu
+
+__device__ __forceinline__ float bf16f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+__device__ __forceinline__ float f16f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+/* round to nearest even; NaN stays NaN (core/numeric.h st_f32_to_bf16) */
+__device__ __forceinline__ uint16_t f2bf16(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+__device__ __forceinline__ float load_s(const void *p, int dt, int64_t i) {
+    if (dt == 2) return bf16f(((const uint16_t *)p)[i]);
+    if (dt == 1) return f16f(((const uint16_t *)p)[i]);
+    return ((const float *)p)[i];
+}
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float siluf_(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+/* element c of row r, for the matrix format FMT */
+template <int FMT>
+__device__ __forceinline__ float w_at(const cu_mat &w, int64_t r, int64_t c) {
+    if (FMT == 0) return ((const float *)w.data)[r * w.cols + c];
+    if (FMT == 1) return f16f(((const uint16_t *)w.data)[r * w.cols + c]);
+    if (FMT == 2) return bf16f(((const uint16_t *)w.data)[r * w.cols + c]);
+    const uint32_t *row = (const uint32_t *)w.data + r * (w.cols * w.bits / 32);
+    const uint64_t p = (uint64_t)c * (uint64_t)w.bits;
+    const uint32_t wi = (uint32_t)(p >> 5), off = (uint32_t)(p & 31);
+    uint64_t v = row[wi];
+    if (off + w.bits > 32) v |= (uint64_t)row[wi + 1] << 32;
+    const uint32_t q = (uint32_t)(v >> off) & ((1u << w.bits) - 1u);
+    const int64_t g = r * (w.cols / w.group) + c / w.group;
+    return load_s(w.scales, w.sdtype, g) * (float)q + load_s(w.biases, w.sdtype, g);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+    return v;
+}
+
+/* sum over a block of blockDim.x (a multiple of 32, at most 1024) threads, in a fixed
+ * order; every thread gets it. red: [32] shared floats. */
+__device__ float block_sum(float v, float *red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float s = 0.0f;
+    for (int i = 0; i < nw; i++) s += red[i];
+    return s;
+}
+
+__device__ float block_max(float v, float *red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL, v, o));
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float m = red[0];
+    for (int i = 1; i < nw; i++) m = fmaxf(m, red[i]);
+    return m;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* embedding, norms, elementwise */
+
+template <int FMT>
+__global__ void k_embed(cu_mat w, const int32_t *tokens, float *x) {
+    const int64_t t = blockIdx.x, row = tokens[t];
+    for (int64_t c = threadIdx.x; c < w.cols; c += blockDim.x) x[t * w.cols + c] = w_at<FMT>(w, row, c);
+}
+
+extern "C" void cu_embed(cu_stream s, const cu_mat *emb, const int32_t *tokens, int64_t T, float *x) {
+    if (T <= 0) return;
+    switch (emb->fmt) {
+    case 0: k_embed<0><<<(unsigned)T, 256, 0, s>>>(*emb, tokens, x); break;
+    case 1: k_embed<1><<<(unsigned)T, 256, 0, s>>>(*emb, tokens, x); break;
+    case 2: k_embed<2><<<(unsigned)T, 256, 0, s>>>(*emb, tokens, x); break;
+    default: k_embed<3><<<(unsigned)T, 256, 0, s>>>(*emb, tokens, x); break;
+    }
+}
+
+__global__ void k_add_norm(float *x, const float *out, const float *w, float *xn, int64_t d, float eps, int add,
+                           int apply) {
+    __shared__ float red[32];
+    const int64_t t = blockIdx.x;
+    float *xr = x + t * d;
+    float ss = 0.0f;
+    for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+        float v = xr[c];
+        if (add) xr[c] = v = v + out[t * d + c];
+        ss += v * v;
+    }
+    if (!apply) return;
+    ss = block_sum(ss, red);
+    const float r = 1.0f / sqrtf(ss / (float)d + eps);
+    for (int64_t c = threadIdx.x; c < d; c += blockDim.x) xn[t * d + c] = xr[c] * r * w[c];
+}
+
+extern "C" void cu_add_norm(cu_stream s, float *x, const float *out, const float *w, float *xn, int64_t T,
+                            int64_t d, float eps, int add, int apply) {
+    if (T <= 0) return;
+    k_add_norm<<<(unsigned)T, 256, 0, s>>>(x, out, w, xn, d, eps, add, apply);
+}
+
+__global__ void k_silu_mul(float *g, const float *u, int64_t T, int64_t n, int64_t ld) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= T * n) return;
+    const int64_t t = i / n, c = i % n;
+    const float v = g[t * ld + c];
+    g[t * ld + c] = siluf_(v) * u[t * ld + c];
+}
+
+extern "C" void cu_silu_mul(cu_stream s, float *g, const float *u, int64_t T, int64_t n, int64_t ld) {
+    const int64_t total = T * n;
+    if (total <= 0) return;
+    k_silu_mul<<<(unsigned)((total + 255) / 256), 256, 0, s>>>(g, u, T, n, ld);
+}
+
+__global__ void k_gather_rows(const float *src, int64_t d, const int32_t *rows, float *dst) {
+    const int64_t i = blockIdx.x, r = rows[i];
+    for (int64_t c = threadIdx.x; c < d; c += blockDim.x) dst[i * d + c] = src[r * d + c];
+}
+
+extern "C" void cu_gather_rows(cu_stream s, const float *src, int64_t d, const int32_t *rows, int64_t n, float *dst) {
+    if (n <= 0) return;
+    k_gather_rows<<<(unsigned)n, 256, 0, s>>>(src, d, rows, dst);
+}
+
+__global__ void k_scatter_add(float *out, const float *src, const int32_t *list, const float *w, int64_t d) {
+    const int64_t i = blockIdx.x, t = list[i];
+    const float wi = w[i];
+    for (int64_t c = threadIdx.x; c < d; c += blockDim.x) out[t * d + c] += wi * src[i * d + c];
+}
+
+extern "C" void cu_scatter_add(cu_stream s, float *out, const float *src, const int32_t *list, const float *w,
+                               int64_t n, int64_t d) {
+    if (n <= 0) return;
+    k_scatter_add<<<(unsigned)n, 256, 0, s>>>(out, src, list, w, d);
+}
+
+__global__ void k_gated_add(float *out, const float *src, const float *g, int64_t d) {
+    const int64_t t = blockIdx.x;
+    const float gv = sigmoidf_(g[t]);
+    for (int64_t c = threadIdx.x; c < d; c += blockDim.x) out[t * d + c] += gv * src[t * d + c];
+}
+
+extern "C" void cu_gated_add(cu_stream s, float *out, const float *src, const float *g, int64_t T, int64_t d) {
+    if (T <= 0) return;
+    k_gated_add<<<(unsigned)T, 256, 0, s>>>(out, src, g, d);
+}
+
+extern "C" void cu_fill_zero(cu_stream s, float *p, int64_t n) {
+    if (n > 0) cudaMemsetAsync(p, 0, (size_t)n * sizeof(float), s);
+}
+
+__global__ void k_copy(const float4 *src, float4 *dst, int64_t n4) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = src[i];
+}
+
+extern "C" void cu_copy(cu_stream s, const float *src, float *dst, int64_t n) {
+    k_copy<<<1024, 512, 0, s>>>((const float4 *)src, (float4 *)dst, n / 4);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* matrix products: a warp per row, MM_TT tokens per pass */
+
+#define MM_WARPS 4
+#define MM_TT 8
+
+template <int FMT>
+__global__ void k_matmul(cu_mat w, const float *x, int64_t ldx, int64_t T, float *y, int64_t ldy) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t r = (int64_t)blockIdx.x * MM_WARPS + warp;
+    if (r >= w.rows) return; /* the whole warp */
+    const int64_t t0 = (int64_t)blockIdx.y * MM_TT;
+    const int nt = T - t0 < MM_TT ? (int)(T - t0) : MM_TT;
+    float acc[MM_TT];
+#pragma unroll
+    for (int i = 0; i < MM_TT; i++) acc[i] = 0.0f;
+    for (int64_t c = lane; c < w.cols; c += 32) {
+        const float wv = w_at<FMT>(w, r, c);
+#pragma unroll
+        for (int i = 0; i < MM_TT; i++)
+            if (i < nt) acc[i] = fmaf(wv, x[(t0 + i) * ldx + c], acc[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < MM_TT; i++) {
+        const float v = warp_sum(acc[i]);
+        if (lane == 0 && i < nt) y[(t0 + i) * ldy + r] = v;
+    }
+}
+
+extern "C" void cu_matmul(cu_stream s, const cu_mat *w, const float *x, int64_t ldx, int64_t T, float *y,
+                          int64_t ldy) {
+    if (T <= 0 || w->rows <= 0) return;
+    dim3 grid((unsigned)((w->rows + MM_WARPS - 1) / MM_WARPS), (unsigned)((T + MM_TT - 1) / MM_TT));
+    switch (w->fmt) {
+    case 0: k_matmul<0><<<grid, 32 * MM_WARPS, 0, s>>>(*w, x, ldx, T, y, ldy); break;
+    case 1: k_matmul<1><<<grid, 32 * MM_WARPS, 0, s>>>(*w, x, ldx, T, y, ldy); break;
+    case 2: k_matmul<2><<<grid, 32 * MM_WARPS, 0, s>>>(*w, x, ldx, T, y, ldy); break;
+    default: k_matmul<3><<<grid, 32 * MM_WARPS, 0, s>>>(*w, x, ldx, T, y, ldy); break;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Gated DeltaNet */
+
+/* causal depthwise conv + SiLU: a thread per (item, channel), the item's tokens in order */
+__global__ void k_gdn_conv(cu_plan p, cu_gdn_args a) {
+    const int it = blockIdx.x;
+    const int64_t ch = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
+    if (ch >= a.cd) return;
+    const int64_t t0 = p.item_t0[it], n = p.item_t0[it + 1] - t0;
+    float *st = a.conv_state + (size_t)p.slot[it] * a.conv_stride;
+    const int K = a.K;
+    for (int64_t i = 0; i < n; i++) {
+        float *m = a.qkv + (t0 + i) * a.cd + ch;
+        const float mv = *m;
+        float acc = 0.0f;
+        for (int j = 0; j < K - 1; j++) acc += a.conv_t[j * a.cd + ch] * st[j * a.cd + ch];
+        acc += a.conv_t[(K - 1) * a.cd + ch] * mv;
+        for (int j = 0; j + 1 < K - 1; j++) st[j * a.cd + ch] = st[(j + 1) * a.cd + ch];
+        if (K > 1) st[(K - 2) * a.cd + ch] = mv;
+        *m = acc / (1.0f + expf(-acc));
+    }
+}
+
+/* L2 norms of the q and k heads: a warp per (token, q or k, key head) */
+__global__ void k_gdn_qknorm(cu_gdn_args a, int64_t T) {
+    const int64_t t = blockIdx.x;
+    const int which = blockIdx.y / a.Hk, g = blockIdx.y % a.Hk;
+    float *v = a.qkv + t * a.cd + (which ? a.kd : 0) + (int64_t)g * a.Dk;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < a.Dk; j += 32) ss += v[j] * v[j];
+    ss = warp_sum(ss);
+    const float scale = which ? 1.0f : 1.0f / sqrtf((float)a.Dk);
+    const float r = scale / sqrtf(ss + 1e-6f);
+    for (int j = threadIdx.x; j < a.Dk; j += 32) v[j] *= r;
+}
+
+/* the delta rule, per step: a block per (item, value head), a thread per state row; the
+ * state sits in shared memory as [Dk][Dv] (thread i's row strided by Dv) */
+__global__ void k_gdn_recur(cu_plan p, cu_gdn_args a) {
+    extern __shared__ float sh[];
+    const int it = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
+    const int Dk = a.Dk, Dv = a.Dv, g = h / (a.Hv / a.Hk);
+    float *S = sh, *qs = sh + Dk * Dv, *ks = qs + Dk;
+    float *Sg = a.rec_state + (size_t)p.slot[it] * a.rec_stride + (size_t)h * Dv * Dk;
+    if (i < Dv)
+        for (int j = 0; j < Dk; j++) S[j * Dv + i] = Sg[(size_t)i * Dk + j];
+    const int64_t t0 = p.item_t0[it], n = p.item_t0[it + 1] - t0;
+    for (int64_t s = 0; s < n; s++) {
+        const int64_t t = t0 + s;
+        const float *row = a.qkv + t * a.cd;
+        __syncthreads();
+        for (int j = i; j < Dk; j += blockDim.x) {
+            qs[j] = row[(int64_t)g * Dk + j];
+            ks[j] = row[a.kd + (int64_t)g * Dk + j];
+        }
+        __syncthreads();
+        if (i < Dv) {
+            const float beta = sigmoidf_(a.b[t * a.Hv + h]);
+            const float alpha = expf(a.neg_exp_a[h] * softplusf_(a.a[t * a.Hv + h] + a.dt_bias[h]));
+            const float v = row[2 * a.kd + (int64_t)h * Dv + i];
+            float e = 0.0f;
+            for (int j = 0; j < Dk; j++) {
+                const float x = S[j * Dv + i] * alpha;
+                S[j * Dv + i] = x;
+                e += x * ks[j];
+            }
+            const float delta = beta * (v - e);
+            float o = 0.0f;
+            for (int j = 0; j < Dk; j++) {
+                const float x = S[j * Dv + i] + delta * ks[j];
+                S[j * Dv + i] = x;
+                o += x * qs[j];
+            }
+            a.mix[t * a.vd + (int64_t)h * Dv + i] = o;
+        }
+    }
+    if (i < Dv)
+        for (int j = 0; j < Dk; j++) Sg[(size_t)i * Dk + j] = S[j * Dv + i];
+}
+
+/* gated RMSNorm: norm(o) * w * silu(z), a warp per (token, value head) */
+__global__ void k_gdn_gnorm(cu_gdn_args a) {
+    const int64_t t = blockIdx.x;
+    const int h = blockIdx.y;
+    float *o = a.mix + t * a.vd + (int64_t)h * a.Dv;
+    const float *z = a.z + t * a.vd + (int64_t)h * a.Dv;
+    float ss = 0.0f;
+    for (int r = threadIdx.x; r < a.Dv; r += 32) ss += o[r] * o[r];
+    ss = warp_sum(ss);
+    const float rs = 1.0f / sqrtf(ss / (float)a.Dv + a.eps);
+    for (int r = threadIdx.x; r < a.Dv; r += 32) o[r] = o[r] * rs * a.norm_w[r] * siluf_(z[r]);
+}
+
+extern "C" void cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int max_item_tokens) {
+    (void)max_item_tokens;
+    if (p->n_tokens <= 0) return;
+    dim3 gc((unsigned)p->n_items, (unsigned)((a->cd + 127) / 128));
+    k_gdn_conv<<<gc, 128, 0, s>>>(*p, *a);
+    dim3 gq((unsigned)p->n_tokens, (unsigned)(2 * a->Hk));
+    k_gdn_qknorm<<<gq, 32, 0, s>>>(*a, p->n_tokens);
+    const size_t shm = ((size_t)a->Dk * a->Dv + 2 * (size_t)a->Dk) * sizeof(float);
+    const int threads = (a->Dv + 31) / 32 * 32;
+    dim3 gr((unsigned)p->n_items, (unsigned)a->Hv);
+    k_gdn_recur<<<gr, threads, shm, s>>>(*p, *a);
+    dim3 gn((unsigned)p->n_tokens, (unsigned)a->Hv);
+    k_gdn_gnorm<<<gn, 32, 0, s>>>(*a);
+}
+
+extern "C" int cu_gdn_prepare(int Dk, int Dv) {
+    const size_t shm = ((size_t)Dk * Dv + 2 * (size_t)Dk) * sizeof(float);
+    if (shm <= 48 * 1024) return 0;
+    return cudaFuncSetAttribute(k_gdn_recur, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm) == cudaSuccess ? 0 : -1;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* attention */
+
+__device__ __forceinline__ size_t kv_index(const cu_kv &kv, const cu_plan &p, int it, int li, int which, int h,
+                                           int64_t pos) {
+    const int64_t b = p.blocks[p.block_t0[it] + pos / kv.block_size], off = pos % kv.block_size;
+    return (size_t)b * ((size_t)kv.n_full * 2 * kv.nkv * kv.block_size * kv.hd) +
+           ((size_t)(li * 2 + which) * kv.nkv + h) * ((size_t)kv.block_size * kv.hd) + (size_t)off * kv.hd;
+}
+
+/* rmsnorm (weight w) then the half-split rotation of the first rope_dim dims, one warp */
+__device__ void norm_rope(float *x, const float *w, int hd, int rope_dim, float eps, const float *cs,
+                          const float *sn) {
+    const int lane = threadIdx.x & 31;
+    float ss = 0.0f;
+    for (int e = lane; e < hd; e += 32) ss += x[e] * x[e];
+    ss = warp_sum(ss);
+    const float r = 1.0f / sqrtf(ss / (float)hd + eps);
+    __syncwarp();
+    for (int e = lane; e < hd; e += 32) x[e] = x[e] * r * w[e];
+    __syncwarp();
+    const int half = rope_dim / 2;
+    for (int i = lane; i < half; i += 32) {
+        const float a0 = x[i], b0 = x[i + half];
+        x[i] = a0 * cs[i] - b0 * sn[i];
+        x[i + half] = b0 * cs[i] + a0 * sn[i];
+    }
+    __syncwarp();
+}
+
+/* a block per token: angles, q and k heads (a warp each), K and V into the pool */
+__global__ void k_attn_prep(cu_plan p, cu_attn_args a, cu_kv kv) {
+    extern __shared__ float sh[];
+    float *cs = sh, *sn = sh + a.rope_dim / 2;
+    const int64_t t = blockIdx.x;
+    const int it = p.tok_item[t];
+    const int64_t pos = p.pos0[it] + (t - p.item_t0[it]);
+    for (int i = threadIdx.x; i < a.rope_dim / 2; i += blockDim.x) {
+        const float ang = (float)pos * a.inv_freq[i];
+        cs[i] = cosf(ang);
+        sn[i] = sinf(ang);
+    }
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5, lane = threadIdx.x & 31;
+    for (int j = warp; j < a.nh; j += nw)
+        norm_rope(a.q + t * 2 * a.nh * a.hd + (int64_t)j * 2 * a.hd, a.q_norm, a.hd, a.rope_dim, a.eps, cs, sn);
+    for (int h = warp; h < a.nkv; h += nw) {
+        float *k = a.k + t * a.nkv * a.hd + (int64_t)h * a.hd;
+        norm_rope(k, a.k_norm, a.hd, a.rope_dim, a.eps, cs, sn);
+        const float *v = a.v + t * a.nkv * a.hd + (int64_t)h * a.hd;
+        const size_t ki = kv_index(kv, p, it, a.li, 0, h, pos), vi = kv_index(kv, p, it, a.li, 1, h, pos);
+        for (int e = lane; e < a.hd; e += 32) {
+            if (kv.bf16) {
+                ((uint16_t *)kv.base)[ki + e] = f2bf16(k[e]);
+                ((uint16_t *)kv.base)[vi + e] = f2bf16(v[e]);
+            } else {
+                ((float *)kv.base)[ki + e] = k[e];
+                ((float *)kv.base)[vi + e] = v[e];
+            }
+        }
+    }
+}
+
+extern "C" void cu_attn_prep(cu_stream s, const cu_plan *p, const cu_attn_args *a, const cu_kv *kv) {
+    if (p->n_tokens <= 0) return;
+    k_attn_prep<<<(unsigned)p->n_tokens, 128, (size_t)a->rope_dim * sizeof(float), s>>>(*p, *a, *kv);
+}
+
+#define ATT_CH 128 /* positions per pass = threads per block */
+
+__device__ __forceinline__ float kv_load(const cu_kv &kv, size_t i) {
+    return kv.bf16 ? bf16f(((const uint16_t *)kv.base)[i]) : ((const float *)kv.base)[i];
+}
+
+/* a block per (token, query head): the causal softmax over the item's positions in passes of
+ * ATT_CH positions merged online, then the sigmoid gate */
+__global__ void k_attention(cu_plan p, cu_attn_args a, cu_kv kv) {
+    extern __shared__ float sh[];
+    __shared__ float red[32];
+    float *qs = sh, *pr = sh + a.hd, *o = pr + ATT_CH;
+    const int64_t t = blockIdx.x;
+    const int j = blockIdx.y, h = j / (a.nh / a.nkv), tid = threadIdx.x;
+    const int it = p.tok_item[t];
+    const int64_t pos = p.pos0[it] + (t - p.item_t0[it]);
+    const float scale = 1.0f / sqrtf((float)a.hd);
+    const float *qg = a.q + t * 2 * a.nh * a.hd + (int64_t)j * 2 * a.hd;
+    for (int e = tid; e < a.hd; e += blockDim.x) {
+        qs[e] = qg[e] * scale;
+        o[e] = 0.0f;
+    }
+    __syncthreads();
+    float m = -INFINITY, l = 0.0f;
+    for (int64_t c0 = 0; c0 <= pos; c0 += ATT_CH) {
+        const int64_t pp = c0 + tid;
+        float sc = -INFINITY;
+        if (pp <= pos) {
+            const size_t ki = kv_index(kv, p, it, a.li, 0, h, pp);
+            float acc = 0.0f;
+            for (int e = 0; e < a.hd; e++) acc += qs[e] * kv_load(kv, ki + e);
+            sc = acc;
+        }
+        const float cm = block_max(sc, red);
+        const float mn = fmaxf(m, cm);
+        const float pe = pp <= pos ? expf(sc - mn) : 0.0f;
+        pr[tid] = pe;
+        const float csum = block_sum(pe, red); /* also orders pr[] before the reads below */
+        const float f = m == -INFINITY ? 0.0f : expf(m - mn);
+        l = l * f + csum;
+        const int64_t n = pos - c0 + 1 < ATT_CH ? pos - c0 + 1 : ATT_CH;
+        for (int e = tid; e < a.hd; e += blockDim.x) {
+            float acc = o[e] * f;
+            for (int64_t q = 0; q < n; q++) acc += pr[q] * kv_load(kv, kv_index(kv, p, it, a.li, 1, h, c0 + q) + e);
+            o[e] = acc;
+        }
+        m = mn;
+        __syncthreads();
+    }
+    const float *gate = qg + a.hd;
+    float *dst = a.mix + t * a.nh * a.hd + (int64_t)j * a.hd;
+    const float inv = 1.0f / l;
+    for (int e = tid; e < a.hd; e += blockDim.x) dst[e] = o[e] * inv * sigmoidf_(gate[e]);
+}
+
+extern "C" void cu_attention(cu_stream s, const cu_plan *p, const cu_attn_args *a, const cu_kv *kv) {
+    if (p->n_tokens <= 0) return;
+    dim3 grid((unsigned)p->n_tokens, (unsigned)a->nh);
+    const size_t shm = (size_t)(2 * a->hd + ATT_CH) * sizeof(float);
+    k_attention<<<grid, ATT_CH, shm, s>>>(*p, *a, *kv);
+}

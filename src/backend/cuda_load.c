@@ -1,0 +1,117 @@
+/* ==== Loading the CUDA backend's shared object (see cuda.h) ==== */
+#include "backend/cuda.h"
+
+#include <dlfcn.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+st_cuda_params st_cuda_default_params(void) {
+    st_cuda_params p = {.device = 0, .library = NULL};
+    return p;
+}
+
+/* the entry of the library, opened once per process (the handle is kept: the library's
+ * code runs as long as a backend may exist) */
+static pthread_mutex_t g_load_mu = PTHREAD_MUTEX_INITIALIZER;
+static const st_cuda_entry *g_entry;
+static char g_load_error[512];
+
+static const st_cuda_entry *try_open(const char *path, char *why, size_t cap) {
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(why, cap, "%s", dlerror());
+        return NULL;
+    }
+    const st_cuda_entry *(*get)(void) = (const st_cuda_entry *(*)(void))dlsym(h, ST_CUDA_ENTRY_SYMBOL);
+    const st_cuda_entry *e = get ? get() : NULL;
+    if (!e || e->abi != ST_CUDA_ABI) {
+        snprintf(why, cap, "%.400s: not a strand CUDA backend of this version", path);
+        dlclose(h);
+        return NULL;
+    }
+    return e;
+}
+
+static const st_cuda_entry *load(const st_cuda_params *p, char *why, size_t cap) {
+    pthread_mutex_lock(&g_load_mu);
+    if (!g_entry) {
+        char tried[4][PATH_MAX + 32];
+        int n = 0;
+        if (p && p->library) {
+            snprintf(tried[n++], sizeof tried[0], "%s", p->library);
+        } else {
+            char exe[PATH_MAX];
+            ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+            if (len > 0) {
+                exe[len] = 0;
+                char *slash = strrchr(exe, '/');
+                if (slash) {
+                    *slash = 0;
+                    snprintf(tried[n++], sizeof tried[0], "%s/libstrand-cuda.so", exe);
+                    snprintf(tried[n++], sizeof tried[0], "%s/../libstrand-cuda.so", exe);
+                }
+            }
+            snprintf(tried[n++], sizeof tried[0], "libstrand-cuda.so");
+        }
+        char first[sizeof g_load_error] = "";
+        for (int i = 0; i < n && !g_entry; i++) {
+            char w[512];
+            g_entry = try_open(tried[i], w, sizeof w);
+            if (!g_entry && !*first) snprintf(first, sizeof first, "%s", w);
+        }
+        if (!g_entry)
+            snprintf(g_load_error, sizeof g_load_error, "the CUDA backend library could not be loaded (%s)", first);
+    }
+    const st_cuda_entry *e = g_entry;
+    if (!e) snprintf(why, cap, "%s", g_load_error);
+    pthread_mutex_unlock(&g_load_mu);
+    return e;
+}
+
+int st_cuda_available(const st_cuda_params *p, char *why, size_t why_cap) {
+    char w[512] = "";
+    const st_cuda_entry *e = load(p, w, sizeof w);
+    if (e && e->available(p ? p->device : 0, w, sizeof w)) return 1;
+    if (why && why_cap) snprintf(why, why_cap, "%s", w);
+    return 0;
+}
+
+st_status st_backend_cuda_create(const st_model *m, const st_cuda_params *p, st_backend **out,
+                                 st_error *err) {
+    *out = NULL;
+    st_cuda_params dp = st_cuda_default_params();
+    if (!p) p = &dp;
+    char why[512] = "";
+    const st_cuda_entry *e = load(p, why, sizeof why);
+    if (!e) return st_error_set(err, ST_ERR_UNSUPPORTED, "%s", why);
+    if (!e->available(p->device, why, sizeof why))
+        return st_error_set(err, ST_ERR_UNSUPPORTED, "no usable CUDA device: %s", why);
+    st_shard whole;
+    st_status st = st_shard_make(m, 0, 1, &whole, err);
+    if (st != ST_OK) return st;
+    return e->create(m, p, &whole, out, err);
+}
+
+int st_backend_is_cuda(const st_backend *b) {
+    pthread_mutex_lock(&g_load_mu);
+    const st_cuda_entry *e = g_entry;
+    pthread_mutex_unlock(&g_load_mu);
+    return b && e && b->ops == e->ops;
+}
+
+int64_t st_backend_cuda_device_allocs(const st_backend *b) {
+    return st_backend_is_cuda(b) ? g_entry->device_allocs(b) : 0;
+}
+
+void st_backend_cuda_memory(const st_backend *b, size_t *free_bytes, size_t *total_bytes) {
+    *free_bytes = *total_bytes = 0;
+    if (st_backend_is_cuda(b)) g_entry->memory(b, free_bytes, total_bytes);
+}
+
+void st_backend_cuda_describe(const st_backend *b, char *buf, size_t cap) {
+    if (cap) buf[0] = 0;
+    if (st_backend_is_cuda(b)) g_entry->describe(b, buf, cap);
+}

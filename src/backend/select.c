@@ -1,0 +1,42 @@
+/* ==== Choosing the device (see select.h) ==== */
+#include "backend/select.h"
+
+#include <stdio.h>
+#include <string.h>
+
+st_device_params st_device_default_params(void) {
+    st_device_params p;
+    p.kind = ST_DEVICE_AUTO;
+    p.cpu = st_cpu_default_params();
+    p.cuda = st_cuda_default_params();
+    return p;
+}
+
+int st_device_parse(const char *s, st_device_kind *out) {
+    if (!s) return -1;
+    if (!strcmp(s, "auto")) *out = ST_DEVICE_AUTO;
+    else if (!strcmp(s, "cpu")) *out = ST_DEVICE_CPU;
+    else if (!strcmp(s, "cuda") || !strcmp(s, "gpu")) *out = ST_DEVICE_CUDA;
+    else return -1;
+    return 0;
+}
+
+st_status st_backend_create(const st_model *m, const st_device_params *p, st_backend **out, st_error *err) {
+    st_device_params dp = st_device_default_params();
+    if (!p) p = &dp;
+    if (p->kind == ST_DEVICE_CUDA || (p->kind == ST_DEVICE_AUTO && st_cuda_available(&p->cuda, NULL, 0)))
+        return st_backend_cuda_create(m, &p->cuda, out, err);
+    return st_backend_cpu_create(m, &p->cpu, NULL, out, err);
+}
+
+void st_backend_describe(const st_backend *b, char *buf, size_t cap) {
+    if (st_backend_is_cpu(b)) {
+        snprintf(buf, cap, "cpu (%s, %d threads)", st_backend_cpu_kernels(b)->name, st_backend_cpu_threads(b));
+    } else if (st_backend_is_cuda(b)) {
+        char d[400];
+        st_backend_cuda_describe(b, d, sizeof d);
+        snprintf(buf, cap, "cuda (%s)", d);
+    } else {
+        snprintf(buf, cap, "%s", b ? b->ops->name : "none");
+    }
+}

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The GPU tests (`make test-gpu`): on a machine with an NVIDIA GPU and build/libstrand-cuda.so,
+# the CUDA backend must pass the op conformance test, every fixture (STRAND_DEVICE=cuda:
+# logits, greedy, ragged batches bit-identical to solo runs, chunked prefill, 600-step
+# decode, MLX widths, MoE), allocate no device memory while decoding, and give the CLI the
+# CPU's greedy tokens and perplexity. Without a GPU it says so and skips. TAP lines.
+set -u
+cd "$(dirname "$0")/.."
+S=${STRAND:-build/strand}
+D=tests/data
+n=0
+fail=0
+ok() { n=$((n + 1)); echo "ok $n - $1"; }
+nok() { n=$((n + 1)); echo "not ok $n - $1"; fail=1; }
+why=$(build/tests/test_backend_ops --cuda-available 2>&1)
+if [ $? -ne 0 ]; then
+    ok "GPU tests skipped: no CUDA backend here ($why)"
+    echo "# 1 checks"
+    exit 0
+fi
+summary() { grep '^# [0-9]* passed' "$1" | tail -1 | sed 's/^# //'; }
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+
+build/tests/test_backend_ops >"$T/ops" 2>&1
+c=$(grep -c '^ok.*cuda device 0' "$T/ops")
+if grep -q '^# [0-9]* passed, 0 failed' "$T/ops" && [ "$c" -gt 0 ]; then
+    w=$(grep '^ok.*cuda device 0.*within' "$T/ops" | grep -o 'worst [0-9.e+-]*' | awk '{print $2}' | sort -g | tail -1)
+    ok "op conformance, CUDA backend: $c checks pass (largest error vs the scalar reference $w)"
+else
+    nok "op conformance: $(summary "$T/ops")"
+    grep '^not ok' "$T/ops" | head -8 | sed 's/^/#   /'
+fi
+
+STRAND_DEVICE=cuda build/tests/test_fixtures >"$T/fx" 2>&1
+if [ $? -eq 0 ] && grep -q '^# [0-9]* passed, 0 failed' "$T/fx" && grep -q 'CUDA backend prepares' "$T/fx"; then
+    w=$(grep '^ok.*within 1e-3' "$T/fx" | grep -o '[0-9.]*e[-+][0-9]*)' | tr -d ')' | sort -g | tail -1)
+    ok "fixtures on the CUDA backend: $(summary "$T/fx") (largest logit error vs the reference $w)"
+else
+    nok "fixtures on the CUDA backend: $(summary "$T/fx")"
+    grep '^not ok' "$T/fx" | head -8 | sed 's/^/#   /'
+fi
+
+build/tests/test_alloc >"$T/alloc" 2>&1
+if grep -q '^# [0-9]* passed, 0 failed' "$T/alloc" && grep -q '^ok.*on CUDA: .*decode steps' "$T/alloc"; then
+    ok "$(grep '^ok.*on CUDA: .*decode steps' "$T/alloc" | head -1 | sed 's/^ok [0-9]* - //')"
+else
+    nok "device allocations: $(grep 'on CUDA' "$T/alloc" | head -3 | tr '\n' ' ')"
+fi
+
+a=$("$S" generate --device cpu -m $D/fixtures/tiny-b --ids 1,2,3,4,5 -n 16 2>/dev/null)
+b=$("$S" generate --device cuda -m $D/fixtures/tiny-b --ids 1,2,3,4,5 -n 16 2>"$T/gerr")
+if [ -n "$a" ] && [ "$a" = "$b" ]; then ok "strand generate --device cuda: the CPU's 16 greedy tokens ($b)"
+else nok "generate --device cuda gave '$b', the CPU '$a' ($(head -c 300 "$T/gerr"))"; fi
+
+p1=$("$S" perplexity --device cpu -m models/tiny-fortune --text-file models/tiny-fortune/heldout.txt --json 2>/dev/null | grep -o '"perplexity": *[0-9.]*' | grep -o '[0-9.]*$')
+p2=$("$S" perplexity --device cuda -m models/tiny-fortune --text-file models/tiny-fortune/heldout.txt --json 2>"$T/perr" | grep -o '"perplexity": *[0-9.]*' | grep -o '[0-9.]*$')
+if [ -n "$p1" ] && [ -n "$p2" ] && awk -v a="$p1" -v b="$p2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d / a < 1e-4) }'; then
+    ok "tiny-fortune held-out perplexity on the GPU $p2, on the CPU $p1 (within 1e-4)"
+else
+    nok "perplexity: GPU '$p2', CPU '$p1' ($(head -c 300 "$T/perr"))"
+fi
+
+echo "# $n checks"
+exit $fail
