@@ -144,6 +144,11 @@ static void prepare_mlx_fixture(fixture *fx) {
     }
     use_reference_norms(fx->m, hf);
     st_model_free(hf);
+    /* the model changed: a backend that copied its vectors (a GPU's) prepares it again */
+    st_error err2 = {0};
+    st_backend_destroy(fx->be);
+    CHECK((fx->be = kit_backend(fx->m, NULL, &err2)) != NULL, "%s: the backend prepares the exact-norm model (%s)",
+          fx->dir, err2.msg);
 }
 
 /* Run one sequence's prompt with logits for every position, in chunks of `chunk` tokens. */
