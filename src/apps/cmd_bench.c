@@ -204,7 +204,7 @@ int cmd_bench(int argc, char **argv) {
     int json = 0;
     long long threads = 0, plen = 128;
     long long prompts[8] = {512, 2048}, batches[8] = {1, 4, 16};
-    int n_prompts = 2, n_batches = 3;
+    int n_prompts = 2, n_batches = 3, lists_given = 0;
     double decode_s = 2.0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -228,6 +228,7 @@ int cmd_bench(int argc, char **argv) {
             if (n < 0) return cli_failf("%s: expected a comma-separated list of positive numbers", a);
             if (is_p) n_prompts = n;
             else n_batches = n;
+            lists_given |= is_p ? 1 : 2;
         } else if (!strcmp(a, "--prompt-len")) {
             const char *v = cli_value(argc, argv, &i);
             if (!v || cli_parse_int(a, v, 1, 1 << 16, &plen)) return 2;
@@ -256,6 +257,13 @@ int cmd_bench(int argc, char **argv) {
     bw_probe probe = {0};
     int rc = 1;
     if (st_model_load(dir, &m, &err) != ST_OK) return cli_fail(&err);
+    {   /* on a GPU the defaults reach further: 8192-token prompts, batch 64 */
+        st_device_params probe_dp = cli_device_params();
+        if (probe_dp.kind == ST_DEVICE_CUDA || (probe_dp.kind == ST_DEVICE_AUTO && st_cuda_available(NULL, NULL, 0))) {
+            if (!(lists_given & 1)) prompts[n_prompts++] = 8192;
+            if (!(lists_given & 2)) batches[n_batches++] = 64;
+        }
+    }
     const st_config *c = &m->cfg;
     st_model_stats ms;
     st_model_get_stats(m, sizeof(float), &ms);
@@ -268,10 +276,13 @@ int cmd_bench(int argc, char **argv) {
     cp.max_seq_len = (max_prompt > plen ? max_prompt : plen) + decode_steps_max + 8;
     cp.n_blocks = (cp.max_seq_len + cp.block_size - 1) / cp.block_size * (max_batch + 1);
     int max_tokens = (int)(max_prompt > plen * max_batch ? max_prompt : plen * max_batch);
-    st_cpu_params bp = cli_cpu_params();
-    if (threads) bp.n_threads = (int)threads;
-    if (k) bp.kernels = k;
-    if (st_backend_cpu_create(m, &bp, NULL, &be, &err) != ST_OK) goto done;
+    st_device_params dp = cli_device_params();
+    if (threads) dp.cpu.n_threads = (int)threads;
+    if (k) dp.cpu.kernels = k;
+    if (st_backend_create(m, &dp, &be, &err) != ST_OK) goto done;
+    const int gpu = st_backend_is_cuda(be);
+    char dev[512];
+    st_backend_describe(be, dev, sizeof dev);
     if (st_cache_create(m, &cp, &cache, &err) != ST_OK) goto done;
     st_ctx_params xp = st_cache_ctx_params(cache, max_tokens);
     if (st_fwd_create(be, &xp, &f, &err) != ST_OK) goto done;
@@ -282,10 +293,16 @@ int cmd_bench(int argc, char **argv) {
         goto done;
     }
     for (int i = 0; i < max_tokens; i++) toks[i] = (int32_t)((1000003LL * i + 17) % c->vocab_size);
-    const int nth = st_backend_cpu_threads(be);
-    if (bw_probe_create(st_bctx_cpu_pool(st_fwd_ctx(f)), &probe, &err)) goto done;
-    if (!json) fprintf(stderr, "measuring memory bandwidth (%d threads)...\n", nth);
-    double bw = bw_probe_measure(&probe, 5);
+    const int nth = gpu ? 0 : st_backend_cpu_threads(be);
+    double bw;
+    if (gpu) { /* the device's copy bandwidth, once: a GPU is not shared with neighbours */
+        if (!json) fprintf(stderr, "measuring the device's copy bandwidth...\n");
+        bw = st_backend_cuda_copy_bandwidth(be, (size_t)2 << 30);
+    } else {
+        if (bw_probe_create(st_bctx_cpu_pool(st_fwd_ctx(f)), &probe, &err)) goto done;
+        if (!json) fprintf(stderr, "measuring memory bandwidth (%d threads)...\n", nth);
+        bw = bw_probe_measure(&probe, 5);
+    }
 
     /* warm-up: one decode step reads every weight once (faults the mapping in) */
     st_seq seqs[64];
@@ -346,8 +363,8 @@ int cmd_bench(int argc, char **argv) {
                 t_r = now_s() - t0;
             }
             t += t_r;
-            /* the round's bandwidth: the better of two passes right after it */
-            const double bw_r = bw_probe_measure(&probe, 2);
+            /* the round's bandwidth: the better of two passes right after it (CPU) */
+            const double bw_r = gpu ? bw : bw_probe_measure(&probe, 2);
             bw = bw_r > bw ? bw_r : bw;
             fr[rd] = (double)ms.bytes_per_token * steps_r / t_r / 1e9 / bw_r;
         }
@@ -368,10 +385,11 @@ int cmd_bench(int argc, char **argv) {
         if (dr[i].batch == 1) b1_tok_s = dr[i].tok_s;
     const double floor_tok_s = bw > 0 ? bw * 1e9 / (double)ms.bytes_per_token : 0;
     if (json) {
-        printf("{\"model\": \"%s\", \"kernels\": \"%s\", \"threads\": %d, "
+        printf("{\"model\": \"%s\", \"device\": \"%s\", \"kernels\": \"%s\", \"threads\": %d, "
                "\"bandwidth_gb_s\": %.3f, \"weight_bytes_per_step\": %zu, "
                "\"decode_floor_steps_s\": %.3f, \"prefill\": [",
-               dir, st_backend_cpu_kernels(be)->name, nth, bw, ms.bytes_per_token, floor_tok_s);
+               dir, gpu ? "cuda" : "cpu", gpu ? "cuda" : st_backend_cpu_kernels(be)->name, nth, bw,
+               ms.bytes_per_token, floor_tok_s);
         for (int i = 0; i < n_prompts; i++)
             printf("%s{\"tokens\": %lld, \"seconds\": %.4f, \"tok_s\": %.3f}", i ? ", " : "",
                    prompts[i], pre_s[i], pre_tok_s[i]);
@@ -387,8 +405,9 @@ int cmd_bench(int argc, char **argv) {
         printf("]}\n");
     } else {
         printf("model      %s\n", dir);
-        printf("kernels    %s, %d threads\n", st_backend_cpu_kernels(be)->name, nth);
-        printf("bandwidth  %.2f GB/s (memory read, %d threads)\n", bw, nth);
+        printf("device     %s\n", dev);
+        if (gpu) printf("bandwidth  %.2f GB/s (device copy: bytes read + written)\n", bw);
+        else printf("bandwidth  %.2f GB/s (memory read, %d threads)\n", bw, nth);
         printf("weights    %.3f GB read per decode step -> floor %.2f steps/s\n",
                (double)ms.bytes_per_token / 1e9, floor_tok_s);
         printf("\n%-10s %8s %10s\n", "prefill", "tokens", "tok/s");

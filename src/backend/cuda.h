@@ -44,6 +44,10 @@ int64_t st_backend_cuda_device_allocs(const st_backend *b);
 /* The device memory free now and in all (cudaMemGetInfo); 0, 0 when b is not a CUDA backend. */
 void st_backend_cuda_memory(const st_backend *b, size_t *free_bytes, size_t *total_bytes);
 
+/* The device's copy bandwidth (bytes read plus bytes written per second, GB/s) measured with a
+ * copy kernel over two buffers of `bytes` (best of several passes); 0 on failure. */
+double st_backend_cuda_copy_bandwidth(const st_backend *b, size_t bytes);
+
 /* The device's name and memory (for reports); "" when b is not a CUDA backend. */
 void st_backend_cuda_describe(const st_backend *b, char *buf, size_t cap);
 
@@ -58,6 +62,7 @@ typedef struct st_cuda_entry {
     int64_t (*device_allocs)(const st_backend *b);
     void (*describe)(const st_backend *b, char *buf, size_t cap);
     void (*memory)(const st_backend *b, size_t *free_bytes, size_t *total_bytes);
+    double (*copy_bandwidth)(const st_backend *b, size_t bytes);
 } st_cuda_entry;
 /* the symbol: const st_cuda_entry *st_cuda_entry_get(void) */
 #define ST_CUDA_ENTRY_SYMBOL "st_cuda_entry_get"

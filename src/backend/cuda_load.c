@@ -111,6 +111,10 @@ void st_backend_cuda_memory(const st_backend *b, size_t *free_bytes, size_t *tot
     if (st_backend_is_cuda(b)) g_entry->memory(b, free_bytes, total_bytes);
 }
 
+double st_backend_cuda_copy_bandwidth(const st_backend *b, size_t bytes) {
+    return st_backend_is_cuda(b) ? g_entry->copy_bandwidth(b, bytes) : 0.0;
+}
+
 void st_backend_cuda_describe(const st_backend *b, char *buf, size_t cap) {
     if (cap) buf[0] = 0;
     if (st_backend_is_cuda(b)) g_entry->describe(b, buf, cap);

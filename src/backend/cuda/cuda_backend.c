@@ -310,6 +310,36 @@ static void cuda_memory(const st_backend *base, size_t *free_bytes, size_t *tota
     if (cudaMemGetInfo(free_bytes, total_bytes) != cudaSuccess) *free_bytes = *total_bytes = 0;
 }
 
+static double cuda_copy_bandwidth(const st_backend *base, size_t bytes) {
+    const cuda_backend *b = (const cuda_backend *)base;
+    cudaSetDevice(b->device);
+    bytes = bytes / 4096 * 4096;
+    float *src = NULL, *dst = NULL;
+    cudaStream_t s = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    double best = 0;
+    if (cudaMalloc((void **)&src, bytes) == cudaSuccess && cudaMalloc((void **)&dst, bytes) == cudaSuccess &&
+        cudaStreamCreate(&s) == cudaSuccess && cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess) {
+        cudaMemsetAsync(src, 0, bytes, s);
+        for (int pass = 0; pass < 8; pass++) {
+            cudaEventRecord(e0, s);
+            cu_copy(s, src, dst, (int64_t)(bytes / 4));
+            cudaEventRecord(e1, s);
+            cudaEventSynchronize(e1);
+            float ms = 0;
+            cudaEventElapsedTime(&ms, e0, e1);
+            const double gbs = ms > 0 ? 2.0 * (double)bytes / (ms * 1e-3) / 1e9 : 0;
+            if (pass > 0 && gbs > best) best = gbs; /* the first pass warms up */
+        }
+    }
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    if (s) cudaStreamDestroy(s);
+    if (src) cudaFree(src);
+    if (dst) cudaFree(dst);
+    return best;
+}
+
 static void cuda_describe(const st_backend *base, char *buf, size_t cap) {
     const cuda_backend *b = (const cuda_backend *)base;
     snprintf(buf, cap, "%s, %.1f GiB; weights %.2f GiB uploaded in %.2f s (%.1f GB/s)", b->name,
@@ -784,6 +814,7 @@ static const st_cuda_entry entry = {
     .device_allocs = cuda_device_allocs,
     .describe = cuda_describe,
     .memory = cuda_memory,
+    .copy_bandwidth = cuda_copy_bandwidth,
 };
 
 __attribute__((visibility("default"))) const st_cuda_entry *st_cuda_entry_get(void) { return &entry; }

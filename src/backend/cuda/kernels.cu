@@ -46,7 +46,7 @@ __device__ __forceinline__ float w_at(const cu_mat &w, int64_t r, int64_t c) {
     if (off + w.bits > 32) v |= (uint64_t)row[wi + 1] << 32;
     const uint32_t q = (uint32_t)(v >> off) & ((1u << w.bits) - 1u);
     const int64_t g = r * (w.cols / w.group) + c / w.group;
-    return load_s(w.scales, w.sdtype, g) * (float)q + load_s(w.biases, w.sdtype, g);
+    return fmaf(load_s(w.scales, w.sdtype, g), (float)q, load_s(w.biases, w.sdtype, g));
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -181,43 +181,150 @@ extern "C" void cu_copy(cu_stream s, const float *src, float *dst, int64_t n) {
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* matrix products: a warp per row, MM_TT tokens per pass */
+/* matrix products
+ *
+ * A block of MM_THREADS threads computes MM_R rows for up to MM_TT tokens. Its threads sweep
+ * the columns in chunks of 8 (thread j of the block takes columns j*8 .. j*8+7, then the
+ * same plus MM_THREADS*8, ...), each keeping one partial sum per (row, token) in column
+ * order; the partials are then added over each warp by a fixed butterfly and over the
+ * block's warps in warp order. So every output's summation order is fixed by the matrix's
+ * width alone: the same bits for any token count (the batch-invariance rule). The chunk's 8
+ * weights are read with one 16-byte load (bf16), one 8-byte load (MLX 8-bit) or one 4-byte
+ * load (4-bit); other formats are converted element by element in the same order. */
 
-#define MM_WARPS 4
-#define MM_TT 8
+#define MM_THREADS 256
+#define MM_R 4
+#define MM_TT 16
 
-template <int FMT>
-__global__ void k_matmul(cu_mat w, const float *x, int64_t ldx, int64_t T, float *y, int64_t ldy) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t r = (int64_t)blockIdx.x * MM_WARPS + warp;
-    if (r >= w.rows) return; /* the whole warp */
+enum { FK_F32 = 0, FK_F16 = 1, FK_BF16 = 2, FK_Q8 = 3, FK_Q4 = 4, FK_GEN = 5 };
+
+/* the 8 weights of row r at columns c .. c+7 */
+template <int FK>
+__device__ __forceinline__ void chunk8(const cu_mat &w, int64_t r, int64_t c, float *o) {
+    if (FK == FK_BF16) {
+        const uint4 v = *(const uint4 *)((const uint16_t *)w.data + r * w.cols + c);
+        const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            o[2 * k] = __uint_as_float(u[k] << 16);
+            o[2 * k + 1] = __uint_as_float(u[k] & 0xffff0000u);
+        }
+    } else if (FK == FK_F32) {
+        const float4 a = *(const float4 *)((const float *)w.data + r * w.cols + c);
+        const float4 b = *(const float4 *)((const float *)w.data + r * w.cols + c + 4);
+        o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
+    } else if (FK == FK_Q8 || FK == FK_Q4) {
+        const int64_t g = r * (w.cols / w.group) + c / w.group;
+        const float sc = load_s(w.scales, w.sdtype, g), bi = load_s(w.biases, w.sdtype, g);
+        if (FK == FK_Q8) {
+            const uint2 v = *(const uint2 *)((const uint8_t *)w.data + r * w.cols + c);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                o[k] = fmaf(sc, (float)((v.x >> (8 * k)) & 255u), bi);
+                o[4 + k] = fmaf(sc, (float)((v.y >> (8 * k)) & 255u), bi);
+            }
+        } else {
+            const uint32_t v = *((const uint32_t *)w.data + (r * w.cols + c) / 8);
+#pragma unroll
+            for (int k = 0; k < 8; k++) o[k] = fmaf(sc, (float)((v >> (4 * k)) & 15u), bi);
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const int64_t cc = c + k;
+            o[k] = cc >= w.cols  ? 0.0f
+                   : w.fmt == 1 ? w_at<1>(w, r, cc)
+                   : w.fmt == 2 ? w_at<2>(w, r, cc)
+                   : w.fmt == 3 ? w_at<3>(w, r, cc)
+                                : w_at<0>(w, r, cc);
+        }
+    }
+}
+
+template <int FK>
+__global__ void __launch_bounds__(MM_THREADS) k_matmul(cu_mat w, const float *x, int64_t ldx, int64_t T, float *y,
+                                                       int64_t ldy) {
+    __shared__ float red[MM_THREADS / 32][MM_R * MM_TT];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t r0 = (int64_t)blockIdx.x * MM_R;
     const int64_t t0 = (int64_t)blockIdx.y * MM_TT;
     const int nt = T - t0 < MM_TT ? (int)(T - t0) : MM_TT;
-    float acc[MM_TT];
+    const int nr = w.rows - r0 < MM_R ? (int)(w.rows - r0) : MM_R;
+    float acc[MM_R][MM_TT];
 #pragma unroll
-    for (int i = 0; i < MM_TT; i++) acc[i] = 0.0f;
-    for (int64_t c = lane; c < w.cols; c += 32) {
-        const float wv = w_at<FMT>(w, r, c);
+    for (int r = 0; r < MM_R; r++)
 #pragma unroll
-        for (int i = 0; i < MM_TT; i++)
-            if (i < nt) acc[i] = fmaf(wv, x[(t0 + i) * ldx + c], acc[i]);
+        for (int i = 0; i < MM_TT; i++) acc[r][i] = 0.0f;
+    const bool vec_x = FK != FK_GEN;
+    for (int64_t c = (int64_t)tid * 8; c < w.cols; c += MM_THREADS * 8) {
+        float wv[MM_R][8];
+#pragma unroll
+        for (int r = 0; r < MM_R; r++) {
+            if (r < nr) chunk8<FK>(w, r0 + r, c, wv[r]);
+            else
+#pragma unroll
+                for (int k = 0; k < 8; k++) wv[r][k] = 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < MM_TT; i++) {
+            if (i >= nt) break;
+            float xv[8];
+            const float *xp = x + (t0 + i) * ldx + c;
+            if (vec_x) {
+                const float4 a = *(const float4 *)xp, b = *(const float4 *)(xp + 4);
+                xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w, xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
+            } else {
+#pragma unroll
+                for (int k = 0; k < 8; k++) xv[k] = c + k < w.cols ? xp[k] : 0.0f;
+            }
+#pragma unroll
+            for (int r = 0; r < MM_R; r++)
+#pragma unroll
+                for (int k = 0; k < 8; k++) acc[r][i] = fmaf(wv[r][k], xv[k], acc[r][i]);
+        }
     }
 #pragma unroll
-    for (int i = 0; i < MM_TT; i++) {
-        const float v = warp_sum(acc[i]);
-        if (lane == 0 && i < nt) y[(t0 + i) * ldy + r] = v;
+    for (int r = 0; r < MM_R; r++)
+#pragma unroll
+        for (int i = 0; i < MM_TT; i++) {
+            const float v = warp_sum(acc[r][i]);
+            if (lane == 0) red[warp][r * MM_TT + i] = v;
+        }
+    __syncthreads();
+    if (tid < MM_R * MM_TT) {
+        const int r = tid / MM_TT, i = tid % MM_TT;
+        if (r < nr && i < nt) {
+            float s = 0.0f;
+#pragma unroll
+            for (int q = 0; q < MM_THREADS / 32; q++) s += red[q][tid];
+            y[(t0 + i) * ldy + r0 + r] = s;
+        }
     }
+}
+
+/* the kernel a matrix takes (one for every token count) */
+static int fk_of(const cu_mat *w) {
+    if (w->cols % 8 != 0) return FK_GEN;
+    if (w->fmt == 2) return FK_BF16;
+    if (w->fmt == 0) return FK_F32;
+    if (w->fmt == 3 && w->bits == 8 && w->group % 8 == 0) return FK_Q8;
+    if (w->fmt == 3 && w->bits == 4 && w->group % 8 == 0) return FK_Q4;
+    return FK_GEN;
 }
 
 extern "C" void cu_matmul(cu_stream s, const cu_mat *w, const float *x, int64_t ldx, int64_t T, float *y,
                           int64_t ldy) {
     if (T <= 0 || w->rows <= 0) return;
-    dim3 grid((unsigned)((w->rows + MM_WARPS - 1) / MM_WARPS), (unsigned)((T + MM_TT - 1) / MM_TT));
-    switch (w->fmt) {
-    case 0: k_matmul<0><<<grid, 32 * MM_WARPS, 0, s>>>(*w, x, ldx, T, y, ldy); break;
-    case 1: k_matmul<1><<<grid, 32 * MM_WARPS, 0, s>>>(*w, x, ldx, T, y, ldy); break;
-    case 2: k_matmul<2><<<grid, 32 * MM_WARPS, 0, s>>>(*w, x, ldx, T, y, ldy); break;
-    default: k_matmul<3><<<grid, 32 * MM_WARPS, 0, s>>>(*w, x, ldx, T, y, ldy); break;
+    dim3 grid((unsigned)((w->rows + MM_R - 1) / MM_R), (unsigned)((T + MM_TT - 1) / MM_TT));
+    /* 16-byte activation loads need 16-byte aligned rows */
+    int fk = fk_of(w);
+    if (ldx % 4 != 0 || ((uintptr_t)x & 15) != 0) fk = FK_GEN;
+    switch (fk) {
+    case FK_BF16: k_matmul<FK_BF16><<<grid, MM_THREADS, 0, s>>>(*w, x, ldx, T, y, ldy); break;
+    case FK_F32: k_matmul<FK_F32><<<grid, MM_THREADS, 0, s>>>(*w, x, ldx, T, y, ldy); break;
+    case FK_Q8: k_matmul<FK_Q8><<<grid, MM_THREADS, 0, s>>>(*w, x, ldx, T, y, ldy); break;
+    case FK_Q4: k_matmul<FK_Q4><<<grid, MM_THREADS, 0, s>>>(*w, x, ldx, T, y, ldy); break;
+    default: k_matmul<FK_GEN><<<grid, MM_THREADS, 0, s>>>(*w, x, ldx, T, y, ldy); break;
     }
 }
 
