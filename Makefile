@@ -35,6 +35,9 @@ CUDA_LIB := $(BUILD)/libstrand-cuda.so
 CUDA_CU  := $(sort $(wildcard src/backend/cuda/*.cu))
 CUDA_C   := $(sort $(wildcard src/backend/cuda/*.c))
 CUDA_OBJ := $(CUDA_CU:%.cu=$(BUILD)/obj/%.cu.o) $(CUDA_C:%.c=$(BUILD)/obj/%.pic.o)
+# the backend's host code is built on its own flags: nvcc links the shared object without a
+# sanitizer runtime, so a sanitizer build of strand must not instrument it
+CUDA_CFLAGS ?= -O2 -g
 ifneq ($(NVCC),)
 all: $(CUDA_LIB)
 endif
@@ -45,7 +48,7 @@ $(BUILD)/obj/%.cu.o: %.cu src/backend/cuda/cuda_kernels.h
 $(BUILD)/obj/src/backend/cuda/%.pic.o: src/backend/cuda/%.c
 	@mkdir -p $(dir $@)
 	@echo "  CC      $< (PIC)"
-	@$(CC) $(CPPFLAGS_ALL) -I$(CUDA_HOME)/include $(WARN) $(CFLAGS) -fPIC -fvisibility=hidden -c $< -o $@
+	@$(CC) $(CPPFLAGS_ALL) -I$(CUDA_HOME)/include $(WARN) $(CUDA_CFLAGS) -fPIC -fvisibility=hidden -c $< -o $@
 $(CUDA_LIB): $(CUDA_OBJ)
 	@echo "  LINK    $@"
 	@$(NVCC) -shared $(CUDA_ARCH) -cudart static -o $@ $(CUDA_OBJ) -Xlinker -z,defs -lrt -ldl -lpthread

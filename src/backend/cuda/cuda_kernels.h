@@ -62,7 +62,7 @@ void cu_gather_rows(cu_stream s, const float *src, int64_t d, const int32_t *row
 
 /* Gated DeltaNet of one layer: conv + SiLU over the item's tokens (state [K-1][cd] per slot,
  * slot stride conv_stride floats), L2 norms of q and k, the per-step delta rule (state
- * [Hv][Dv][Dk] per slot, stride rec_stride), the gated norm; mix [T][Hv*Dv]. */
+ * [Hv][Dk][Dv] per slot on the device, stride rec_stride), the gated norm; mix [T][Hv*Dv]. */
 typedef struct cu_gdn_args {
     float *qkv;              /* P1 [T][cd] */
     const float *z, *b, *a;  /* P2 [T][vd], P3 [T][Hv], P4 [T][Hv] */

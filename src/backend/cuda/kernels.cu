@@ -371,9 +371,11 @@ __global__ void k_gdn_recur(cu_plan p, cu_gdn_args a) {
     const int it = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
     const int Dk = a.Dk, Dv = a.Dv, g = h / (a.Hv / a.Hk);
     float *S = sh, *qs = sh + Dk * Dv, *ks = qs + Dk;
+    /* the device keeps each head's state as [Dk][Dv]: thread i's row is a column, so the
+     * block's loads and stores are coalesced */
     float *Sg = a.rec_state + (size_t)p.slot[it] * a.rec_stride + (size_t)h * Dv * Dk;
     if (i < Dv)
-        for (int j = 0; j < Dk; j++) S[j * Dv + i] = Sg[(size_t)i * Dk + j];
+        for (int j = 0; j < Dk; j++) S[j * Dv + i] = Sg[(size_t)j * Dv + i];
     const int64_t t0 = p.item_t0[it], n = p.item_t0[it + 1] - t0;
     for (int64_t s = 0; s < n; s++) {
         const int64_t t = t0 + s;
@@ -405,7 +407,7 @@ __global__ void k_gdn_recur(cu_plan p, cu_gdn_args a) {
         }
     }
     if (i < Dv)
-        for (int j = 0; j < Dk; j++) Sg[(size_t)i * Dk + j] = S[j * Dv + i];
+        for (int j = 0; j < Dk; j++) Sg[(size_t)j * Dv + i] = S[j * Dv + i];
 }
 
 /* gated RMSNorm: norm(o) * w * silu(z), a warp per (token, value head) */
