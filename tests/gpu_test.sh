@@ -48,6 +48,19 @@ else
     nok "device allocations: $(grep 'on CUDA' "$T/alloc" | head -3 | tr '\n' ' ')"
 fi
 
+if grep -q '^ok.*captured once as a graph' "$T/alloc" && grep -q '^ok.*MoE decode steps run eagerly' "$T/alloc"; then
+    ok "$(grep '^ok.*captured once as a graph' "$T/alloc" | head -1 | sed 's/^ok [0-9]* - //')"
+else
+    nok "CUDA graphs: $(grep 'graph\|eagerly' "$T/alloc" | head -3 | tr '\n' ' ')"
+fi
+
+if "$S" bench --device cuda --synth tiny --prompts 16 --batches 1,2 --decode-s 0.5 >"$T/bench" 2>&1 &&
+    grep -q 'synthetic tiny' "$T/bench"; then
+    ok "strand bench --synth tiny: weights made in device memory, $(grep -A3 '^decode' "$T/bench" | sed -n 2p | awk '{print $4}') tok/s at batch 1"
+else
+    nok "bench --synth: $(tail -3 "$T/bench" | tr '\n' ' ')"
+fi
+
 a=$("$S" generate --device cpu -m $D/fixtures/tiny-b --ids 1,2,3,4,5 -n 16 2>/dev/null)
 b=$("$S" generate --device cuda -m $D/fixtures/tiny-b --ids 1,2,3,4,5 -n 16 2>"$T/gerr")
 if [ -n "$a" ] && [ "$a" = "$b" ]; then ok "strand generate --device cuda: the CPU's 16 greedy tokens ($b)"

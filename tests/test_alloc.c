@@ -119,9 +119,17 @@ static void run_cuda(const char *dir) {
     }
     if (!CHECK(st == ST_OK, "%s on CUDA: prefill (%s)", dir, err.msg)) goto out;
     const int64_t allocs = st_backend_cuda_device_allocs(be);
-    size_t free0, free1, total;
+    size_t free_pre, free0, free1, total;
+    st_backend_cuda_memory(be, &free_pre, &total);
+    /* the first decode step of a batch size is captured as a CUDA graph (once) */
+    int64_t cap0, launch0, cap1, launch1;
+    for (int s = 0; s < 2 && st == ST_OK; s++) {
+        for (int i = 0; i < NS; i++) items[i] = (st_batch_item){&seqs[i], &toks[i][s % 32], 1, ST_LOGITS_LAST};
+        st = st_batch_run(c, f, items, NS, logits, &err);
+    }
     st_backend_cuda_memory(be, &free0, &total);
-    for (int s = 0; s < STEPS && st == ST_OK; s++) {
+    st_bctx_cuda_graphs(st_fwd_ctx(f), &cap0, &launch0);
+    for (int s = 2; s < STEPS && st == ST_OK; s++) {
         for (int i = 0; i < NS; i++) items[i] = (st_batch_item){&seqs[i], &toks[i][s % 32], 1, ST_LOGITS_LAST};
         st = st_batch_run(c, f, items, NS, logits, &err);
     }
@@ -129,6 +137,14 @@ static void run_cuda(const char *dir) {
     CHECK(st == ST_OK && st_backend_cuda_device_allocs(be) == allocs && free1 == free0,
           "%s on CUDA: %d decode steps of %d sequences: %lld device allocations, free device memory %zu -> %zu bytes (%s)",
           dir, STEPS, NS, (long long)(st_backend_cuda_device_allocs(be) - allocs), free0, free1, err.msg);
+    st_bctx_cuda_graphs(st_fwd_ctx(f), &cap1, &launch1);
+    if (m->cfg.is_moe) /* routing on the host syncs: MoE steps run eagerly */
+        CHECK(cap1 == 0 && launch1 == 0, "%s on CUDA: MoE decode steps run eagerly (%lld graphs)", dir, (long long)cap1);
+    else
+        CHECK(cap0 == 1 && cap1 == 1 && launch1 - launch0 == STEPS - 2,
+              "%s on CUDA: the decode step was captured once as a graph (%lld) and replayed %lld times after; the "
+              "capture took %lld bytes of device memory",
+              dir, (long long)cap1, (long long)(launch1 - launch0), (long long)free_pre - (long long)free0);
 out:
     free(logits);
     st_fwd_destroy(f);

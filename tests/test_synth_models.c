@@ -138,6 +138,61 @@ static int same_model(const st_model *hf, const st_model *q, char *why, size_t c
     return 1;
 }
 
+/* every matrix of a and b has the same shape and format (data aside) */
+static int same_shapes(const st_model *a, const st_model *b) {
+#define SAME(x, y) ((x).fmt == (y).fmt && (x).rows == (y).rows && (x).cols == (y).cols && (x).bits == (y).bits && \
+                    (x).group == (y).group)
+    if (!SAME(a->embed, b->embed) || !SAME(a->lm_head, b->lm_head) || a->tied != b->tied) return 0;
+    if (a->n_linear != b->n_linear || a->n_full != b->n_full) return 0;
+    for (int i = 0; i < a->cfg.n_layers; i++) {
+        const st_layer *x = &a->layers[i], *y = &b->layers[i];
+        if (x->kind != y->kind || x->kind_index != y->kind_index || x->has_shared != y->has_shared) return 0;
+        const st_matrix *mx[] = {&x->in_qkv, &x->in_z, &x->in_b, &x->in_a, &x->out_proj, &x->q_proj, &x->k_proj,
+                                 &x->v_proj, &x->o_proj, &x->gate, &x->up, &x->down, &x->router, &x->sh_gate,
+                                 &x->sh_up, &x->sh_down, &x->sh_expert_gate};
+        const st_matrix *my[] = {&y->in_qkv, &y->in_z, &y->in_b, &y->in_a, &y->out_proj, &y->q_proj, &y->k_proj,
+                                 &y->v_proj, &y->o_proj, &y->gate, &y->up, &y->down, &y->router, &y->sh_gate,
+                                 &y->sh_up, &y->sh_down, &y->sh_expert_gate};
+        for (size_t k = 0; k < sizeof mx / sizeof mx[0]; k++)
+            if (!SAME(*mx[k], *my[k])) return 0;
+        for (int e = 0; a->cfg.is_moe && e < a->cfg.n_experts; e++)
+            if (!SAME(x->exp_gate[e], y->exp_gate[e]) || !SAME(x->exp_up[e], y->exp_up[e]) ||
+                !SAME(x->exp_down[e], y->exp_down[e]))
+                return 0;
+    }
+#undef SAME
+    return 1;
+}
+
+/* st_model_synthetic (bench --synth) against the checkpoint strand synth writes */
+static void check_synthetic(const char *name, const char *preset, const char *config, int bits, int group) {
+    st_model *disk = synth_load(name, preset, config, bits, group, 0, 0);
+    if (!disk) return;
+    st_error err = {0};
+    st_model *syn = NULL;
+    if (CHECK(st_model_synthetic(&disk->cfg, bits, group ? group : 64, 1, &syn, &err) == ST_OK,
+              "%s: synthetic model (%s)", name, err.msg)) {
+        st_model_stats a, b;
+        st_model_get_stats(disk, 4, &a);
+        st_model_get_stats(syn, 4, &b);
+        CHECK(syn->synthetic && !syn->embed.data && same_shapes(disk, syn),
+              "%s: the synthetic model has the checkpoint's matrices (shapes, formats), no host data", name);
+        CHECK(a.n_params == b.n_params && a.weight_bytes == b.weight_bytes && a.bytes_per_token == b.bytes_per_token &&
+                  a.state_bytes_per_seq == b.state_bytes_per_seq,
+              "%s: the same sizes (%lld params, %zu bytes, %zu per token; synthetic %lld, %zu, %zu)", name,
+              (long long)a.n_params, a.weight_bytes, a.bytes_per_token, (long long)b.n_params, b.weight_bytes,
+              b.bytes_per_token);
+        st_backend *be = NULL;
+        st_cpu_params cpu = st_cpu_default_params();
+        st_status st = st_backend_cpu_create(syn, &cpu, NULL, &be, &err);
+        CHECK(st == ST_ERR_UNSUPPORTED && !be && strstr(err.msg, "synthesized"),
+              "%s: the CPU backend refuses it with a clear error (%s)", name, err.msg);
+        st_backend_destroy(be);
+    }
+    st_model_free(syn);
+    st_model_free(disk);
+}
+
 static const char *write_config(const char *name, const char *text) {
     static char path[512];
     snprintf(path, sizeof path, "%s/%s.json", tmp, name);
@@ -319,6 +374,17 @@ int main(void) {
             free(data);
             st_model_free(pe);
         }
+    }
+    check_synthetic("syn-tiny", "tiny", NULL, 0, 0);
+    check_synthetic("syn-tiny-moe", "tiny-moe", NULL, 0, 0);
+    check_synthetic("syn-q4", NULL, cfg, 4, 64);
+    check_synthetic("syn-q8", NULL, cfg, 8, 32);
+    {
+        st_config pc;
+        st_error err = {0};
+        CHECK(st_synth_preset_config("27b", &pc, &err) == ST_OK && pc.n_layers == 64 && pc.hidden_size == 5120 &&
+                  st_synth_preset_config("27c", &pc, &err) == ST_ERR_ARG && strstr(err.msg, "27c"),
+              "preset configs: 27b has 64 layers of 5120; an unknown name is refused by name");
     }
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);

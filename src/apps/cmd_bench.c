@@ -27,6 +27,7 @@
 #include "core/threadpool.h"
 #include "engine/batch.h"
 #include "model/forward.h"
+#include "model/synth.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -40,12 +41,14 @@ static double now_s(void) {
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: strand bench -m DIR [--json] [-t THREADS] [-k ref|avx2|avx512|amx]\n"
+            "usage: strand bench (-m DIR | --synth PRESET [--dtype bf16|q8|q4]) [--json]\n"
+            "                    [-t THREADS] [-k ref|avx2|avx512|amx] [--device cpu|cuda]\n"
             "                    [--prompts 512,2048] [--batches 1,4,16] [--prompt-len 128]\n"
             "                    [--decode-s SECONDS]\n"
             "  Measures memory read bandwidth, prefill tokens/s per prompt length, and decode\n"
             "  tokens/s per batch size with the weight bytes read per second as a fraction of\n"
-            "  the bandwidth (the decode floor).\n");
+            "  the bandwidth (the decode floor). --synth makes a preset's weights (e.g. 27b)\n"
+            "  directly in device memory (GPU only): real shapes with no checkpoint.\n");
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -200,7 +203,7 @@ typedef struct decode_res {
 } decode_res;
 
 int cmd_bench(int argc, char **argv) {
-    const char *dir = NULL, *kname = NULL;
+    const char *dir = NULL, *kname = NULL, *synth = NULL, *dtype = "bf16";
     int json = 0;
     long long threads = 0, plen = 128;
     long long prompts[8] = {512, 2048}, batches[8] = {1, 4, 16};
@@ -213,6 +216,10 @@ int cmd_bench(int argc, char **argv) {
             return 0;
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
             if (!(dir = cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--synth")) {
+            if (!(synth = cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--dtype")) {
+            if (!(dtype = cli_value(argc, argv, &i))) return 2;
         } else if (!strcmp(a, "--json")) {
             json = 1;
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
@@ -240,10 +247,14 @@ int cmd_bench(int argc, char **argv) {
             return cli_failf("bench: unknown option '%s'", a);
         }
     }
-    if (!dir) {
+    if (!dir == !synth) {
         usage();
-        return cli_failf("bench: -m DIR is required");
+        return cli_failf("bench: give a checkpoint (-m DIR) or a preset to synthesize (--synth 27b)");
     }
+    int synth_bits = 0;
+    if (!strcmp(dtype, "q8")) synth_bits = 8;
+    else if (!strcmp(dtype, "q4")) synth_bits = 4;
+    else if (strcmp(dtype, "bf16") != 0) return cli_failf("bench: --dtype '%s' (bf16, q8 or q4)", dtype);
     const st_kernels *k = NULL;
     if (kname && !(k = st_kernels_by_name(kname)))
         return cli_failf("bench: kernel set '%s' is not available on this CPU", kname);
@@ -256,7 +267,17 @@ int cmd_bench(int argc, char **argv) {
     int32_t *toks = NULL;
     bw_probe probe = {0};
     int rc = 1;
-    if (st_model_load(dir, &m, &err) != ST_OK) return cli_fail(&err);
+    char label[128];
+    if (synth) { /* real shapes, weights made in device memory: no checkpoint, no disk */
+        st_config sc;
+        if (st_synth_preset_config(synth, &sc, &err) != ST_OK ||
+            st_model_synthetic(&sc, synth_bits, 64, 1, &m, &err) != ST_OK)
+            return cli_fail(&err);
+        snprintf(label, sizeof label, "synthetic %s, %s (weights made on the device)", synth, dtype);
+        dir = label;
+    } else if (st_model_load(dir, &m, &err) != ST_OK) {
+        return cli_fail(&err);
+    }
     {   /* on a GPU the defaults reach further: 8192-token prompts, batch 64 */
         st_device_params probe_dp = cli_device_params();
         if (probe_dp.kind == ST_DEVICE_CUDA || (probe_dp.kind == ST_DEVICE_AUTO && st_cuda_available(NULL, NULL, 0))) {
@@ -273,8 +294,10 @@ int cmd_bench(int argc, char **argv) {
     int64_t decode_steps_max = 4096;
     st_cache_params cp = st_cache_default_params();
     cp.n_slots = (int)max_batch;
-    cp.max_seq_len = (max_prompt > plen ? max_prompt : plen) + decode_steps_max + 8;
-    cp.n_blocks = (cp.max_seq_len + cp.block_size - 1) / cp.block_size * (max_batch + 1);
+    cp.max_seq_len = (max_prompt > plen + decode_steps_max ? max_prompt : plen + decode_steps_max) + 8;
+    /* the prompts run one at a time; the decode sequences together */
+    const int64_t bs = cp.block_size;
+    cp.n_blocks = (max_prompt + 8 + bs - 1) / bs + max_batch * ((plen + decode_steps_max + 8 + bs - 1) / bs);
     int max_tokens = (int)(max_prompt > plen * max_batch ? max_prompt : plen * max_batch);
     st_device_params dp = cli_device_params();
     if (threads) dp.cpu.n_threads = (int)threads;

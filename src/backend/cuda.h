@@ -51,8 +51,13 @@ double st_backend_cuda_copy_bandwidth(const st_backend *b, size_t bytes);
 /* The device's name and memory (for reports); "" when b is not a CUDA backend. */
 void st_backend_cuda_describe(const st_backend *b, char *buf, size_t cap);
 
+/* Decode steps of context c captured as CUDA graphs and graph launches so far (0, 0 when c
+ * is not a CUDA context). A decode step (one token per item) of a dense model is captured
+ * once per item count and replayed after. */
+void st_bctx_cuda_graphs(const st_bctx *c, int64_t *captures, int64_t *launches);
+
 /* ---- the entry points the shared object exports (the loader's side of the contract) ---- */
-#define ST_CUDA_ABI 1
+#define ST_CUDA_ABI 2
 typedef struct st_cuda_entry {
     int abi;                                /* ST_CUDA_ABI */
     const st_backend_ops *ops;              /* the ops table (identifies its backends) */
@@ -63,6 +68,7 @@ typedef struct st_cuda_entry {
     void (*describe)(const st_backend *b, char *buf, size_t cap);
     void (*memory)(const st_backend *b, size_t *free_bytes, size_t *total_bytes);
     double (*copy_bandwidth)(const st_backend *b, size_t bytes);
+    void (*graphs)(const st_bctx *c, int64_t *captures, int64_t *launches);
 } st_cuda_entry;
 /* the symbol: const st_cuda_entry *st_cuda_entry_get(void) */
 #define ST_CUDA_ENTRY_SYMBOL "st_cuda_entry_get"

@@ -115,6 +115,11 @@ double st_backend_cuda_copy_bandwidth(const st_backend *b, size_t bytes) {
     return st_backend_is_cuda(b) ? g_entry->copy_bandwidth(b, bytes) : 0.0;
 }
 
+void st_bctx_cuda_graphs(const st_bctx *c, int64_t *captures, int64_t *launches) {
+    *captures = *launches = 0;
+    if (c && st_backend_is_cuda(c->b)) g_entry->graphs(c, captures, launches);
+}
+
 void st_backend_cuda_describe(const st_backend *b, char *buf, size_t cap) {
     if (cap) buf[0] = 0;
     if (st_backend_is_cuda(b)) g_entry->describe(b, buf, cap);

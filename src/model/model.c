@@ -1,6 +1,7 @@
 /* ==== Loading a Qwen3.5-family text model from a checkpoint (see model.h) ==== */
 #include "model/model.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -484,6 +485,137 @@ fail:
     return st;
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* synthetic models */
+
+static uint64_t syn_mix(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* n values centre + half * uniform[-1, 1) drawn from (seed, key) */
+static float *syn_vec(st_model *m, uint64_t seed, uint64_t key, size_t n, float centre, float half) {
+    float *v = m->vec_storage + m->vec_used;
+    assert(m->vec_used + n <= m->vec_cap);
+    m->vec_used += (n + 15) & ~(size_t)15;
+    const uint64_t k = syn_mix(seed ^ syn_mix(key));
+    for (size_t i = 0; i < n; i++) {
+        const double u = (double)(syn_mix(k ^ (i * 0xd1b54a32d192ed03ull)) >> 11) * (2.0 / 9007199254740992.0) - 1.0;
+        v[i] = centre + half * (float)u;
+    }
+    return v;
+}
+
+static st_matrix syn_mat(int64_t rows, int64_t cols, int bits, int group) {
+    st_matrix w = {.fmt = ST_WFMT_BF16, .rows = rows, .cols = cols};
+    if (bits && cols % group == 0 && (cols * bits) % 32 == 0) {
+        w.fmt = ST_WFMT_AFFINE;
+        w.bits = bits;
+        w.group = group;
+        w.sdtype = ST_DTYPE_BF16;
+    }
+    return w;
+}
+
+st_status st_model_synthetic(const st_config *c, int bits, int group, uint64_t seed, st_model **out,
+                             st_error *err) {
+    *out = NULL;
+    if (bits && (bits < 2 || bits > 8 || bits == 7))
+        return st_error_set(err, ST_ERR_ARG, "synthetic model: %d bits (2, 3, 4, 5, 6 or 8)", bits);
+    if (bits && group != 32 && group != 64 && group != 128)
+        return st_error_set(err, ST_ERR_ARG, "synthetic model: group %d (32, 64 or 128)", group);
+    if (c->n_layers < 1 || c->n_layers > ST_MAX_LAYERS || c->hidden_size < 1 || c->vocab_size < 1)
+        return st_error_set(err, ST_ERR_ARG, "synthetic model: a config without layers or vocabulary");
+    st_model *m = calloc(1, sizeof *m);
+    if (!m) return st_error_set(err, ST_ERR_NOMEM, "out of memory");
+    m->cfg = *c;
+    m->cfg.quant_overrides = NULL;
+    m->cfg.n_quant_overrides = 0;
+    m->synthetic = 1;
+    m->synth_seed = seed;
+    m->dir = strdup("(synthetic)");
+    snprintf(m->prefix, sizeof m->prefix, "model.");
+    m->vec_cap = count_vec_floats(c);
+    m->vec_storage = calloc(m->vec_cap, sizeof(float));
+    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    if (c->is_moe)
+        m->expert_views = calloc((size_t)c->n_layers * 3 * (size_t)c->n_experts, sizeof(st_matrix));
+    if (!m->dir || !m->vec_storage || !m->layers || (c->is_moe && !m->expert_views)) {
+        st_model_free(m);
+        return st_error_set(err, ST_ERR_NOMEM, "out of memory");
+    }
+    const int64_t d = c->hidden_size, V = c->vocab_size;
+    const int64_t vd = st_config_value_dim(c), cd = st_config_conv_dim(c);
+    const int64_t hd = c->head_dim;
+    uint64_t key = 1;
+    m->embed = syn_mat(V, d, bits, group);
+    m->final_norm = syn_vec(m, seed, key++, (size_t)d, 1.0f, 0.1f);
+    int n_lin = 0, n_full = 0;
+    for (int i = 0; i < c->n_layers; i++) {
+        st_layer *L = &m->layers[i];
+        L->kind = c->layer_kind[i];
+        L->kind_index = L->kind == ST_LAYER_LINEAR ? n_lin++ : n_full++;
+        L->input_norm = syn_vec(m, seed, key++, (size_t)d, 1.0f, 0.1f);
+        L->post_norm = syn_vec(m, seed, key++, (size_t)d, 1.0f, 0.1f);
+        if (L->kind == ST_LAYER_LINEAR) {
+            const int64_t Hv = c->lin_n_value_heads;
+            L->in_qkv = syn_mat(cd, d, bits, group);
+            L->in_z = syn_mat(vd, d, bits, group);
+            L->in_b = syn_mat(Hv, d, bits, group);
+            L->in_a = syn_mat(Hv, d, bits, group);
+            L->out_proj = syn_mat(d, vd, bits, group);
+            L->conv_w = syn_vec(m, seed, key++, (size_t)(cd * c->conv_kernel), 0.0f, 0.5f);
+            L->dt_bias = syn_vec(m, seed, key++, (size_t)Hv, 1.0f, 0.1f);
+            L->neg_exp_a = syn_vec(m, seed, key++, (size_t)Hv, -8.5f, 7.5f); /* -A, A in [1, 16) */
+            L->gdn_norm = syn_vec(m, seed, key++, (size_t)c->lin_value_head_dim, 1.0f, 0.1f);
+        } else {
+            L->q_proj = syn_mat(2 * c->n_heads * hd, d, bits, group);
+            L->k_proj = syn_mat(c->n_kv_heads * hd, d, bits, group);
+            L->v_proj = syn_mat(c->n_kv_heads * hd, d, bits, group);
+            L->o_proj = syn_mat(d, c->n_heads * hd, bits, group);
+            L->q_norm = syn_vec(m, seed, key++, (size_t)hd, 1.0f, 0.1f);
+            L->k_norm = syn_vec(m, seed, key++, (size_t)hd, 1.0f, 0.1f);
+        }
+        if (!c->is_moe) {
+            L->gate = syn_mat(c->intermediate_size, d, bits, group);
+            L->up = syn_mat(c->intermediate_size, d, bits, group);
+            L->down = syn_mat(d, c->intermediate_size, bits, group);
+            continue;
+        }
+        const int E = c->n_experts;
+        const int64_t Ie = c->moe_intermediate_size;
+        L->router = syn_mat(E, d, 0, group);
+        L->exp_gate = m->expert_views + (size_t)i * 3 * (size_t)E;
+        L->exp_up = L->exp_gate + E;
+        L->exp_down = L->exp_up + E;
+        for (int e = 0; e < E; e++) {
+            L->exp_gate[e] = syn_mat(Ie, d, bits, group);
+            L->exp_up[e] = syn_mat(Ie, d, bits, group);
+            L->exp_down[e] = syn_mat(d, Ie, bits, group);
+        }
+        if (c->shared_expert_intermediate_size > 0) {
+            const int64_t Is = c->shared_expert_intermediate_size;
+            L->has_shared = 1;
+            L->sh_gate = syn_mat(Is, d, bits, group);
+            L->sh_up = syn_mat(Is, d, bits, group);
+            L->sh_down = syn_mat(d, Is, bits, group);
+            L->sh_expert_gate = syn_mat(1, d, 0, group);
+        }
+    }
+    m->n_linear = n_lin;
+    m->n_full = n_full;
+    if (c->tie_word_embeddings) {
+        m->lm_head = m->embed;
+        m->tied = 1;
+    } else {
+        m->lm_head = syn_mat(V, d, bits, group);
+    }
+    *out = m;
+    return ST_OK;
+}
+
 void st_model_free(st_model *m) {
     if (!m) return;
     st_checkpoint_close(m->ck);
@@ -499,7 +631,7 @@ void st_model_free(st_model *m) {
 /* sizes */
 
 static void add_matrix(const st_matrix *w, int64_t *params, size_t *bytes) {
-    if (!w->data) return;
+    if (!w->rows) return; /* absent (a synthetic model's matrices have shapes, no data) */
     *params += w->rows * w->cols;
     *bytes += st_matrix_bytes(w);
 }

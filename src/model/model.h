@@ -71,6 +71,11 @@ typedef struct st_model {
     float *vec_storage;   /* owned block holding every fp32 vector above */
     size_t vec_used, vec_cap;
     st_matrix *expert_views; /* owned block of MoE views */
+    /* A synthetic model (st_model_synthetic): its matrices have shapes and formats but no
+     * host data (data, scales and biases are NULL); a backend that can synthesize weights in
+     * its own memory fills them from synth_seed; the others refuse the model. */
+    int synthetic;
+    uint64_t synth_seed;
 } st_model;
 
 /* Load the text model of the checkpoint in dir (config.json + safetensors). The model is
@@ -78,6 +83,13 @@ typedef struct st_model {
  * with (packed for the CPU's kernels, on a device, a shard). */
 st_status st_model_load(const char *dir, st_model **out, st_error *err);
 void st_model_free(st_model *m);
+
+/* A model of config c whose weight matrices exist only as a recipe, for benchmarks of real
+ * shapes without a checkpoint (`strand bench --synth 27b`): bits 0 = bf16, else MLX affine
+ * (bits 2-8, group `group`, bf16 scales and biases). The small fp32 vectors (norms, conv
+ * taps, gates) are real, drawn from seed as `strand synth` draws them. */
+st_status st_model_synthetic(const st_config *c, int bits, int group, uint64_t seed, st_model **out,
+                             st_error *err);
 
 /* Sizes for `inspect`, planning and benchmarks. */
 typedef struct st_model_stats {

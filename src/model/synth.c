@@ -102,6 +102,12 @@ static int config_from_preset(const char *name, st_config *c) {
     return -1;
 }
 
+st_status st_synth_preset_config(const char *name, st_config *out, st_error *err) {
+    if (name && config_from_preset(name, out) == 0) return ST_OK;
+    return st_error_set(err, ST_ERR_ARG, "unknown preset '%s' (tiny, tiny-moe, 0.8b, 2b, 4b, 9b, 27b, 35b-a3b)",
+                        name ? name : "");
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* the plan: every stored tensor and where its values come from */
 

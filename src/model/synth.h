@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "core/status.h"
+#include "model/config.h"
 
 typedef struct st_synth_params {
     const char *preset;        /* tiny, tiny-moe, 0.8b, 2b, 4b, 9b, 27b, 35b-a3b; or NULL */
@@ -41,6 +42,9 @@ st_synth_params st_synth_default_params(void);
 
 /* Names of the presets, NULL-terminated. */
 const char *const *st_synth_presets(void);
+
+/* The config of a preset (st_synth_presets); ST_ERR_ARG naming the presets if unknown. */
+st_status st_synth_preset_config(const char *preset, st_config *out, st_error *err);
 
 /* Write the checkpoint into out_dir (created if missing). */
 st_status st_synth_write(const st_synth_params *p, const char *out_dir, st_error *err);

@@ -413,6 +413,10 @@ st_cpu_params st_cpu_default_params(void) {
 st_status st_backend_cpu_create(const st_model *m, const st_cpu_params *p, const st_shard *shard,
                                 st_backend **out, st_error *err) {
     *out = NULL;
+    if (m->synthetic)
+        return st_error_set(err, ST_ERR_UNSUPPORTED,
+                            "this model's weights are synthesized in device memory (--synth): the CPU backend "
+                            "needs a checkpoint (strand synth writes one)");
     st_cpu_params dp = st_cpu_default_params();
     if (!p) p = &dp;
     const int nth = p->n_threads > 0 ? p->n_threads : st_default_threads();

@@ -98,7 +98,18 @@ typedef struct uploader {
     int copy;          /* 0: size only */
     size_t at;         /* bytes placed so far */
     cudaError_t err;
+    int synthetic;     /* matrices are made on the device (st_model_synthetic) */
+    uint64_t key;      /* the next synthetic matrix's seed */
 } uploader;
+
+/* room for bytes in the block, filled on the device (a synthetic matrix's part) */
+static void *put_synth(uploader *u, size_t n, size_t elem, int kind, float a) {
+    const size_t at = u->at;
+    u->at += align256(n * elem);
+    if (!u->copy) return NULL;
+    cu_synth_fill(NULL, u->b->weights + at, n, kind, u->key++, a);
+    return u->b->weights + at;
+}
 
 static const void *put(uploader *u, const void *host, size_t bytes) {
     const size_t at = u->at;
@@ -113,10 +124,28 @@ static const float *put_vec(uploader *u, const float *v, size_t n) { return v ? 
 
 static void put_mat(uploader *u, const st_matrix *w, cu_mat *out) {
     memset(out, 0, sizeof *out);
-    if (!w->data) return;
+    if (!w->rows) return;
     out->fmt = (int)w->fmt;
     out->rows = w->rows;
     out->cols = w->cols;
+    if (u->synthetic) { /* bf16 uniform with std 1/sqrt(cols), or uniform q over the same range */
+        const float half = sqrtf(3.0f / (float)w->cols);
+        const size_t n = (size_t)w->rows * (size_t)w->cols;
+        if (w->fmt == ST_WFMT_AFFINE) {
+            out->bits = w->bits;
+            out->group = w->group;
+            out->sdtype = ST_DTYPE_BF16;
+            const size_t ng = (size_t)w->rows * (size_t)(w->cols / w->group);
+            out->data = put_synth(u, n * (size_t)w->bits / 32, 4, CU_SYNTH_WORDS, 0);
+            out->scales = put_synth(u, ng, 2, CU_SYNTH_BF16_CONST, 2 * half / (float)((1 << w->bits) - 1));
+            out->biases = put_synth(u, ng, 2, CU_SYNTH_BF16_CONST, -half);
+        } else {
+            out->fmt = ST_WFMT_BF16;
+            out->data = put_synth(u, n, 2, CU_SYNTH_BF16, half);
+        }
+        return;
+    }
+    if (!w->data) return;
     if (w->fmt == ST_WFMT_AFFINE) {
         out->bits = w->bits;
         out->group = w->group;
@@ -277,15 +306,20 @@ static st_status cuda_create(const st_model *m, const st_cuda_params *p, const s
         cuda_destroy(&b->base);
         return fail(err, ST_ERR_NOMEM, "out of memory");
     }
-    uploader u = {b, 0, 0, cudaSuccess};
+    uploader u = {b, 0, 0, cudaSuccess, m->synthetic, m->synth_seed};
     put_model(&u, m, tmp);
     b->weight_bytes = u.at;
     st_status st = dev_alloc(b, b->weight_bytes, (void **)&b->weights, err);
     if (st == ST_OK) {
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
-        u = (uploader){b, 1, 0, cudaSuccess};
+        u = (uploader){b, 1, 0, cudaSuccess, m->synthetic, m->synth_seed};
         put_model(&u, m, tmp);
+        if (m->synthetic) {
+            cudaError_t se = cudaDeviceSynchronize();
+            if (se == cudaSuccess) se = cudaGetLastError();
+            if (se != cudaSuccess && u.err == cudaSuccess) u.err = se;
+        }
         clock_gettime(CLOCK_MONOTONIC, &t1);
         b->upload_s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
         if (u.err != cudaSuccess) st = cuda_fail(err, u.err, "uploading the weights");
@@ -352,6 +386,23 @@ static void cuda_describe(const st_backend *base, char *buf, size_t cap) {
 
 #define LOGIT_CHUNK 64 /* logit rows computed per pass (the device buffer holds this many) */
 
+/* an op of the forward pass, as called (kind and arguments) */
+typedef struct g_op {
+    int kind, layer, a, b, n;
+    st_mm mm[4];
+} g_op;
+
+/* a decode step's captured graph, the op sequence it holds, or a refusal */
+typedef struct g_slot {
+    cudaGraphExec_t exec;
+    g_op *ops;                  /* [n_ops] owned */
+    int n_ops;
+    int refused;                /* the step of this size once did something a graph cannot hold */
+} g_slot;
+
+enum { G_EAGER = 0, G_CAPTURE = 1, G_REPLAY = 2 };
+enum { OP_EMBED = 1, OP_ADD_NORM, OP_MATMUL, OP_GDN, OP_ATTN_PREP, OP_ATTENTION };
+
 typedef struct cuda_ctx {
     st_bctx base;
     cuda_backend *b;
@@ -379,6 +430,13 @@ typedef struct cuda_ctx {
     float *h_selw;
     cudaError_t first_error;
     size_t bytes;
+    /* CUDA graphs of decode steps (see "graphs" below) */
+    int graph_mode;             /* G_EAGER, G_CAPTURE or G_REPLAY for this step */
+    int64_t graph_T;            /* the step's key: its token count (= item count) */
+    g_op *log;                  /* [max_ops] the ops of the step being captured */
+    int n_log, max_ops, at;     /* ops logged; capacity; replay: ops matched so far */
+    g_slot *graphs;             /* [n_slots + 1] by token count; owned */
+    int64_t graph_launches, graph_captures;
 } cuda_ctx;
 
 static void note(cuda_ctx *c, cudaError_t e) {
@@ -449,6 +507,13 @@ static void cuda_ctx_destroy(st_bctx *base) {
     if (c->h_w) cudaFreeHost(c->h_w);
     free(c->h_sel);
     free(c->h_selw);
+    if (c->graphs)
+        for (int i = 0; i <= c->p.n_slots; i++) {
+            if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
+            free(c->graphs[i].ops);
+        }
+    free(c->graphs);
+    free(c->log);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
 }
@@ -518,6 +583,11 @@ static st_status cuda_ctx_create(st_backend *base, const st_ctx_params *p, st_bc
         if (st == ST_OK && (!c->h_sel || !c->h_selw)) st = fail(err, ST_ERR_NOMEM, "out of memory");
         c->bytes += nk * 16 + (size_t)T * (size_t)b->E * 4;
     }
+    /* graphs: MoE steps sync with the host (routing), so only dense models capture */
+    c->max_ops = 16 * (m->cfg.n_layers + 1) + 8;
+    c->log = calloc((size_t)c->max_ops, sizeof *c->log);
+    c->graphs = calloc((size_t)p->n_slots + 1, sizeof *c->graphs);
+    if (st == ST_OK && (!c->log || !c->graphs)) st = fail(err, ST_ERR_NOMEM, "out of memory");
     if (st != ST_OK) {
         cuda_ctx_destroy(&c->base);
         return st;
@@ -530,6 +600,8 @@ static size_t cuda_ctx_bytes(const st_bctx *base) { return ((const cuda_ctx *)ba
 
 /* ---------------------------------------------------------------------------------------- */
 /* a step */
+
+static void graph_begin(cuda_ctx *c, const st_step_plan *pl);
 
 static st_status cuda_step_begin(st_bctx *base, const st_step_plan *pl, st_error *err) {
     cuda_ctx *c = (cuda_ctx *)base;
@@ -579,6 +651,7 @@ static st_status cuda_step_begin(st_bctx *base, const st_step_plan *pl, st_error
         if (c->rec_slot) note(c, cudaMemsetAsync(c->rec + s * c->rec_slot, 0, c->rec_slot * sizeof(float), c->stream));
     }
     if (c->first_error != cudaSuccess) return cuda_fail(err, c->first_error, "starting a step");
+    graph_begin(c, pl);
     return ST_OK;
 }
 
@@ -596,13 +669,11 @@ static float *act(cuda_ctx *c, st_act a) {
     }
 }
 
-static void cuda_embed(st_bctx *base) {
-    cuda_ctx *c = (cuda_ctx *)base;
+static void do_embed(cuda_ctx *c) {
     cu_embed(c->stream, &c->b->embed, c->plan.tokens, c->T, c->x);
 }
 
-static void cuda_add_norm(st_bctx *base, int layer, st_norm which, int mode) {
-    cuda_ctx *c = (cuda_ctx *)base;
+static void do_add_norm(cuda_ctx *c, int layer, st_norm which, int mode) {
     const float *w = which == ST_NORM_FINAL ? c->b->final_norm
                      : which == ST_NORM_INPUT ? c->b->layers[layer].input_norm
                                               : c->b->layers[layer].post_norm;
@@ -610,8 +681,7 @@ static void cuda_add_norm(st_bctx *base, int layer, st_norm which, int mode) {
                 (mode & ST_NORM_APPLY) != 0);
 }
 
-static void cuda_matmul(st_bctx *base, int layer, st_act in, const st_mm *mm, int n, int swiglu) {
-    cuda_ctx *c = (cuda_ctx *)base;
+static void do_matmul(cuda_ctx *c, int layer, st_act in, const st_mm *mm, int n, int swiglu) {
     const cl_layer *L = &c->b->layers[layer];
     const float *x = act(c, in);
     for (int i = 0; i < n; i++) {
@@ -624,8 +694,7 @@ static void cuda_matmul(st_bctx *base, int layer, st_act in, const st_mm *mm, in
     }
 }
 
-static void cuda_gdn(st_bctx *base, int layer) {
-    cuda_ctx *c = (cuda_ctx *)base;
+static void do_gdn(cuda_ctx *c, int layer) {
     const cuda_backend *b = c->b;
     const cl_layer *L = &b->layers[layer];
     cu_gdn_args a = {
@@ -653,18 +722,185 @@ static cu_attn_args attn_args(cuda_ctx *c, int layer) {
     return a;
 }
 
-static void cuda_attn_prep(st_bctx *base, int layer) {
-    cuda_ctx *c = (cuda_ctx *)base;
+static void do_attn_prep(cuda_ctx *c, int layer) {
     cu_attn_args a = attn_args(c, layer);
     cu_kv kv = kv_of(c);
     cu_attn_prep(c->stream, &c->plan, &a, &kv);
 }
 
-static void cuda_attention(st_bctx *base, int layer) {
-    cuda_ctx *c = (cuda_ctx *)base;
+static void do_attention(cuda_ctx *c, int layer) {
     cu_attn_args a = attn_args(c, layer);
     cu_kv kv = kv_of(c);
     cu_attention(c->stream, &c->plan, &a, &kv);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* graphs
+ *
+ * A decode step (every item one token) of a dense model runs as one CUDA graph. The first
+ * step of each token count T is captured while the forward pass calls its ops, and the ops'
+ * kinds and arguments are logged; a later step of the same T matches each op against that
+ * log without launching anything, and launches the graph when the logits are asked for. The
+ * plan's device copy, the only thing that differs between such steps, is uploaded before.
+ * Anything a graph cannot hold (reading or writing activations, routing on the host, an op
+ * sequence that differs) ends the capture or the replay: the ops logged so far run eagerly,
+ * and that token count is not captured again. So there are at most n_slots graphs, one per
+ * token count, each made once. */
+
+static int same_op(const g_op *x, const g_op *y) {
+    if (x->kind != y->kind || x->layer != y->layer || x->a != y->a || x->b != y->b || x->n != y->n) return 0;
+    for (int i = 0; i < x->n && x->kind == OP_MATMUL; i++)
+        if (x->mm[i].w != y->mm[i].w || x->mm[i].out != y->mm[i].out) return 0;
+    return 1;
+}
+
+static void run_op(cuda_ctx *c, const g_op *o) {
+    switch (o->kind) {
+    case OP_EMBED: do_embed(c); break;
+    case OP_ADD_NORM: do_add_norm(c, o->layer, (st_norm)o->a, o->b); break;
+    case OP_MATMUL: do_matmul(c, o->layer, (st_act)o->a, o->mm, o->n, o->b); break;
+    case OP_GDN: do_gdn(c, o->layer); break;
+    case OP_ATTN_PREP: do_attn_prep(c, o->layer); break;
+    case OP_ATTENTION: do_attention(c, o->layer); break;
+    default: break;
+    }
+}
+
+/* leave graph mode for this step: what was logged or matched runs eagerly */
+static void graph_abort(cuda_ctx *c) {
+    g_slot *g = &c->graphs[c->graph_T];
+    const g_op *ops = c->log;
+    int n = 0;
+    if (c->graph_mode == G_CAPTURE) {
+        cudaGraph_t graph = NULL;
+        cudaStreamEndCapture(c->stream, &graph);
+        if (graph) cudaGraphDestroy(graph);
+        cudaGetLastError(); /* an invalidated capture's error is not the step's */
+        n = c->n_log;
+    } else if (c->graph_mode == G_REPLAY) {
+        ops = g->ops;
+        n = c->at;
+    }
+    g->refused = 1;
+    c->graph_mode = G_EAGER;
+    for (int i = 0; i < n; i++) run_op(c, &ops[i]);
+}
+
+/* 1: the op is held by the graph (do not run it now) */
+static int graph_op(cuda_ctx *c, const g_op *o) {
+    if (c->graph_mode == G_EAGER) return 0;
+    if (c->graph_mode == G_CAPTURE) {
+        if (c->n_log < c->max_ops) {
+            c->log[c->n_log++] = *o;
+            return 0;
+        }
+    } else {
+        const g_slot *g = &c->graphs[c->graph_T];
+        if (c->at < g->n_ops && same_op(&g->ops[c->at], o)) {
+            c->at++;
+            return 1;
+        }
+    }
+    graph_abort(c);
+    return 0;
+}
+
+/* the step's ops are all in: instantiate a capture, launch the graph */
+static void graph_finish(cuda_ctx *c) {
+    g_slot *g = &c->graphs[c->graph_T];
+    if (c->graph_mode == G_CAPTURE) {
+        cudaGraph_t graph = NULL;
+        cudaError_t e = cudaStreamEndCapture(c->stream, &graph);
+        cudaGraphExec_t exec = NULL;
+        g_op *ops = malloc((size_t)(c->n_log ? c->n_log : 1) * sizeof *ops);
+        if (e == cudaSuccess && graph && ops) e = cudaGraphInstantiate(&exec, graph, 0);
+        if (graph) cudaGraphDestroy(graph);
+        if (e != cudaSuccess || !exec || !ops) { /* run it eagerly; never capture this size again */
+            free(ops);
+            if (exec) cudaGraphExecDestroy(exec);
+            cudaGetLastError();
+            g->refused = 1;
+            c->graph_mode = G_EAGER;
+            for (int i = 0; i < c->n_log; i++) run_op(c, &c->log[i]);
+            return;
+        }
+        memcpy(ops, c->log, (size_t)c->n_log * sizeof *ops);
+        g->exec = exec;
+        g->ops = ops;
+        g->n_ops = c->n_log;
+        c->graph_captures++;
+    } else if (c->graph_mode == G_REPLAY) {
+        if (c->at != g->n_ops) {
+            graph_abort(c);
+            return;
+        }
+    } else {
+        return;
+    }
+    c->graph_mode = G_EAGER;
+    note(c, cudaGraphLaunch(g->exec, c->stream));
+    c->graph_launches++;
+}
+
+/* the step's mode, after its plan is on the device */
+static void graph_begin(cuda_ctx *c, const st_step_plan *pl) {
+    c->graph_mode = G_EAGER;
+    if (c->b->E || pl->n_tokens != pl->n_items || pl->n_tokens > c->p.n_slots) return;
+    c->graph_T = pl->n_tokens;
+    g_slot *g = &c->graphs[c->graph_T];
+    if (g->refused) return;
+    if (g->exec) {
+        c->graph_mode = G_REPLAY;
+        c->at = 0;
+    } else if (cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
+        c->graph_mode = G_CAPTURE;
+        c->n_log = 0;
+    } else {
+        cudaGetLastError();
+        g->refused = 1;
+    }
+}
+
+static void cuda_embed(st_bctx *base) {
+    cuda_ctx *c = (cuda_ctx *)base;
+    const g_op o = {.kind = OP_EMBED};
+    if (!graph_op(c, &o)) do_embed(c);
+}
+
+static void cuda_add_norm(st_bctx *base, int layer, st_norm which, int mode) {
+    cuda_ctx *c = (cuda_ctx *)base;
+    const g_op o = {.kind = OP_ADD_NORM, .layer = layer, .a = (int)which, .b = mode};
+    if (!graph_op(c, &o)) do_add_norm(c, layer, which, mode);
+}
+
+static void cuda_matmul(st_bctx *base, int layer, st_act in, const st_mm *mm, int n, int swiglu) {
+    cuda_ctx *c = (cuda_ctx *)base;
+    g_op o = {.kind = OP_MATMUL, .layer = layer, .a = (int)in, .b = swiglu, .n = n};
+    if (n > 4) { /* not loggable: no graph for this step */
+        if (c->graph_mode != G_EAGER) graph_abort(c);
+        do_matmul(c, layer, in, mm, n, swiglu);
+        return;
+    }
+    for (int i = 0; i < n; i++) o.mm[i] = mm[i];
+    if (!graph_op(c, &o)) do_matmul(c, layer, in, mm, n, swiglu);
+}
+
+static void cuda_gdn(st_bctx *base, int layer) {
+    cuda_ctx *c = (cuda_ctx *)base;
+    const g_op o = {.kind = OP_GDN, .layer = layer};
+    if (!graph_op(c, &o)) do_gdn(c, layer);
+}
+
+static void cuda_attn_prep(st_bctx *base, int layer) {
+    cuda_ctx *c = (cuda_ctx *)base;
+    const g_op o = {.kind = OP_ATTN_PREP, .layer = layer};
+    if (!graph_op(c, &o)) do_attn_prep(c, layer);
+}
+
+static void cuda_attention(st_bctx *base, int layer) {
+    cuda_ctx *c = (cuda_ctx *)base;
+    const g_op o = {.kind = OP_ATTENTION, .layer = layer};
+    if (!graph_op(c, &o)) do_attention(c, layer);
 }
 
 /* SwiGLU MLP of n rows of x into y, on p1/p2 */
@@ -679,6 +915,7 @@ static void swiglu(cuda_ctx *c, const cu_mat *g, const cu_mat *u, const cu_mat *
  * expert), then each expert's tokens gathered, run and scattered back. */
 static void cuda_moe(st_bctx *base, int layer) {
     cuda_ctx *c = (cuda_ctx *)base;
+    if (c->graph_mode != G_EAGER) graph_abort(c);
     const cuda_backend *b = c->b;
     const cl_layer *L = &b->layers[layer];
     const int64_t T = c->T, d = b->d;
@@ -751,6 +988,7 @@ static void cuda_allreduce(st_bctx *base, st_act a) {
 
 static void cuda_logits(st_bctx *base, float *out) {
     cuda_ctx *c = (cuda_ctx *)base;
+    graph_finish(c);
     const cuda_backend *b = c->b;
     const int64_t rows = c->hp->n_logit_rows;
     for (int64_t r0 = 0; r0 < rows; r0 += LOGIT_CHUNK) {
@@ -765,18 +1003,21 @@ static void cuda_logits(st_bctx *base, float *out) {
 
 static void cuda_read(st_bctx *base, st_act a, int64_t width, float *out) {
     cuda_ctx *c = (cuda_ctx *)base;
+    if (c->graph_mode != G_EAGER) graph_abort(c);
     note(c, cudaMemcpyAsync(out, act(c, a), (size_t)(c->T * width) * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
     note(c, cudaStreamSynchronize(c->stream));
 }
 
 static void cuda_write(st_bctx *base, st_act a, int64_t width, const float *in) {
     cuda_ctx *c = (cuda_ctx *)base;
+    if (c->graph_mode != G_EAGER) graph_abort(c);
     note(c, cudaMemcpyAsync(act(c, a), in, (size_t)(c->T * width) * sizeof(float), cudaMemcpyHostToDevice, c->stream));
     note(c, cudaStreamSynchronize(c->stream));
 }
 
 static st_status cuda_step_end(st_bctx *base, st_error *err) {
     cuda_ctx *c = (cuda_ctx *)base;
+    graph_finish(c);
     note(c, cudaStreamSynchronize(c->stream));
     note(c, cudaGetLastError());
     c->hp = NULL;
@@ -806,6 +1047,12 @@ static const st_backend_ops cuda_ops = {
     .step_end = cuda_step_end,
 };
 
+static void cuda_graphs(const st_bctx *base, int64_t *captures, int64_t *launches) {
+    const cuda_ctx *c = (const cuda_ctx *)base;
+    *captures = c->graph_captures;
+    *launches = c->graph_launches;
+}
+
 static const st_cuda_entry entry = {
     .abi = ST_CUDA_ABI,
     .ops = &cuda_ops,
@@ -815,6 +1062,7 @@ static const st_cuda_entry entry = {
     .describe = cuda_describe,
     .memory = cuda_memory,
     .copy_bandwidth = cuda_copy_bandwidth,
+    .graphs = cuda_graphs,
 };
 
 __attribute__((visibility("default"))) const st_cuda_entry *st_cuda_entry_get(void) { return &entry; }

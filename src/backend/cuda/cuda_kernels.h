@@ -106,6 +106,12 @@ void cu_fill_zero(cu_stream s, float *p, int64_t n);
 /* the copy kernel bench measures the device's bandwidth with */
 void cu_copy(cu_stream s, const float *src, float *dst, int64_t n);
 
+/* Synthetic weights (st_model_synthetic) made on the device: n elements at dst of
+ * CU_SYNTH_BF16 (a * uniform[-1, 1), as bf16), CU_SYNTH_WORDS (random 32-bit words: packed
+ * quantized values) or CU_SYNTH_BF16_CONST (a, as bf16), a deterministic function of key. */
+enum { CU_SYNTH_BF16 = 0, CU_SYNTH_WORDS = 1, CU_SYNTH_BF16_CONST = 2 };
+void cu_synth_fill(cu_stream s, void *dst, size_t n, int kind, uint64_t key, float a);
+
 #ifdef __cplusplus
 }
 #endif

@@ -180,10 +180,30 @@ extern "C" void cu_copy(cu_stream s, const float *src, float *dst, int64_t n) {
     k_copy<<<1024, 512, 0, s>>>((const float4 *)src, (float4 *)dst, n / 4);
 }
 
+__device__ __forceinline__ uint64_t mix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+__global__ void k_synth(void *dst, size_t n, int kind, uint64_t key, float a) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const uint64_t r = mix64(key ^ (i * 0xd1b54a32d192ed03ull));
+        if (kind == CU_SYNTH_WORDS) ((uint32_t *)dst)[i] = (uint32_t)r;
+        else if (kind == CU_SYNTH_BF16_CONST) ((uint16_t *)dst)[i] = f2bf16(a);
+        else ((uint16_t *)dst)[i] = f2bf16(a * ((float)(r >> 40) * (2.0f / 16777216.0f) - 1.0f));
+    }
+}
+
+extern "C" void cu_synth_fill(cu_stream s, void *dst, size_t n, int kind, uint64_t key, float a) {
+    if (n) k_synth<<<4096, 256, 0, s>>>(dst, n, kind, key, a);
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* matrix products
  *
- * A block of MM_THREADS threads computes MM_R rows for up to MM_TT tokens. Its threads sweep
+ * A block of MM_THREADS threads computes MM_R rows for up to NT tokens. Its threads sweep
  * the columns in chunks of 8 (thread j of the block takes columns j*8 .. j*8+7, then the
  * same plus MM_THREADS*8, ...), each keeping one partial sum per (row, token) in column
  * order; the partials are then added over each warp by a fixed butterfly and over the
@@ -194,7 +214,6 @@ extern "C" void cu_copy(cu_stream s, const float *src, float *dst, int64_t n) {
 
 #define MM_THREADS 256
 #define MM_R 4
-#define MM_TT 16
 
 enum { FK_F32 = 0, FK_F16 = 1, FK_BF16 = 2, FK_Q8 = 3, FK_Q4 = 4, FK_GEN = 5 };
 
@@ -241,58 +260,78 @@ __device__ __forceinline__ void chunk8(const cu_mat &w, int64_t r, int64_t c, fl
     }
 }
 
+/* the FMAs of one chunk: acc[r][i] += w[r][k] * x_i[k], k in order */
+template <int NT>
+__device__ __forceinline__ void chunk_fma(const float (&wv)[MM_R][8], const float *x, int64_t ldx, int64_t c,
+                                          int64_t cols, int nt, bool vec_x, float (&acc)[MM_R][NT]) {
+#pragma unroll
+    for (int i = 0; i < NT; i++) {
+        if (i >= nt) break;
+        float xv[8];
+        const float *xp = x + i * ldx + c;
+        if (vec_x) {
+            const float4 a = *(const float4 *)xp, b = *(const float4 *)(xp + 4);
+            xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w, xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
+        } else {
+#pragma unroll
+            for (int k = 0; k < 8; k++) xv[k] = c + k < cols ? xp[k] : 0.0f;
+        }
+#pragma unroll
+        for (int r = 0; r < MM_R; r++)
+#pragma unroll
+            for (int k = 0; k < 8; k++) acc[r][i] = fmaf(wv[r][k], xv[k], acc[r][i]);
+    }
+}
+
 template <int FK>
+__device__ __forceinline__ void chunk_load(const cu_mat &w, int64_t r0, int nr, int64_t c, float (&wv)[MM_R][8]) {
+#pragma unroll
+    for (int r = 0; r < MM_R; r++) {
+        if (r < nr) chunk8<FK>(w, r0 + r, c, wv[r]);
+        else
+#pragma unroll
+            for (int k = 0; k < 8; k++) wv[r][k] = 0.0f;
+    }
+}
+
+/* NT: the most tokens a block takes (1, 2, 4, 8 or 16). Each variant sums every output in
+ * the same order (the per-thread chunks in column order, two chunks loaded ahead, then the
+ * same reductions), so the variant a launch picks never changes a bit of the result. */
+template <int FK, int NT>
 __global__ void __launch_bounds__(MM_THREADS) k_matmul(cu_mat w, const float *x, int64_t ldx, int64_t T, float *y,
                                                        int64_t ldy) {
-    __shared__ float red[MM_THREADS / 32][MM_R * MM_TT];
+    __shared__ float red[MM_THREADS / 32][MM_R * NT];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int64_t r0 = (int64_t)blockIdx.x * MM_R;
-    const int64_t t0 = (int64_t)blockIdx.y * MM_TT;
-    const int nt = T - t0 < MM_TT ? (int)(T - t0) : MM_TT;
+    const int64_t t0 = (int64_t)blockIdx.y * NT;
+    const int nt = T - t0 < NT ? (int)(T - t0) : NT;
     const int nr = w.rows - r0 < MM_R ? (int)(w.rows - r0) : MM_R;
-    float acc[MM_R][MM_TT];
+    const float *xb = x + t0 * ldx;
+    float acc[MM_R][NT];
 #pragma unroll
     for (int r = 0; r < MM_R; r++)
 #pragma unroll
-        for (int i = 0; i < MM_TT; i++) acc[r][i] = 0.0f;
+        for (int i = 0; i < NT; i++) acc[r][i] = 0.0f;
     const bool vec_x = FK != FK_GEN;
-    for (int64_t c = (int64_t)tid * 8; c < w.cols; c += MM_THREADS * 8) {
-        float wv[MM_R][8];
-#pragma unroll
-        for (int r = 0; r < MM_R; r++) {
-            if (r < nr) chunk8<FK>(w, r0 + r, c, wv[r]);
-            else
-#pragma unroll
-                for (int k = 0; k < 8; k++) wv[r][k] = 0.0f;
-        }
-#pragma unroll
-        for (int i = 0; i < MM_TT; i++) {
-            if (i >= nt) break;
-            float xv[8];
-            const float *xp = x + (t0 + i) * ldx + c;
-            if (vec_x) {
-                const float4 a = *(const float4 *)xp, b = *(const float4 *)(xp + 4);
-                xv[0] = a.x, xv[1] = a.y, xv[2] = a.z, xv[3] = a.w, xv[4] = b.x, xv[5] = b.y, xv[6] = b.z, xv[7] = b.w;
-            } else {
-#pragma unroll
-                for (int k = 0; k < 8; k++) xv[k] = c + k < w.cols ? xp[k] : 0.0f;
-            }
-#pragma unroll
-            for (int r = 0; r < MM_R; r++)
-#pragma unroll
-                for (int k = 0; k < 8; k++) acc[r][i] = fmaf(wv[r][k], xv[k], acc[r][i]);
-        }
+    const int64_t step = MM_THREADS * 8;
+    for (int64_t c = (int64_t)tid * 8; c < w.cols; c += 2 * step) {
+        float wa[MM_R][8], wb[MM_R][8];
+        const bool two = c + step < w.cols;
+        chunk_load<FK>(w, r0, nr, c, wa);
+        if (two) chunk_load<FK>(w, r0, nr, c + step, wb);
+        chunk_fma<NT>(wa, xb, ldx, c, w.cols, nt, vec_x, acc);
+        if (two) chunk_fma<NT>(wb, xb, ldx, c + step, w.cols, nt, vec_x, acc);
     }
 #pragma unroll
     for (int r = 0; r < MM_R; r++)
 #pragma unroll
-        for (int i = 0; i < MM_TT; i++) {
+        for (int i = 0; i < NT; i++) {
             const float v = warp_sum(acc[r][i]);
-            if (lane == 0) red[warp][r * MM_TT + i] = v;
+            if (lane == 0) red[warp][r * NT + i] = v;
         }
     __syncthreads();
-    if (tid < MM_R * MM_TT) {
-        const int r = tid / MM_TT, i = tid % MM_TT;
+    if (tid < MM_R * NT) {
+        const int r = tid / NT, i = tid % NT;
         if (r < nr && i < nt) {
             float s = 0.0f;
 #pragma unroll
@@ -312,19 +351,31 @@ static int fk_of(const cu_mat *w) {
     return FK_GEN;
 }
 
+template <int FK>
+static void launch_mm(cu_stream s, const cu_mat *w, const float *x, int64_t ldx, int64_t T, float *y, int64_t ldy) {
+    const int nt = T <= 1 ? 1 : T <= 2 ? 2 : T <= 4 ? 4 : T <= 8 ? 8 : 16;
+    dim3 grid((unsigned)((w->rows + MM_R - 1) / MM_R), (unsigned)((T + nt - 1) / nt));
+    switch (nt) {
+    case 1: k_matmul<FK, 1><<<grid, MM_THREADS, 0, s>>>(*w, x, ldx, T, y, ldy); break;
+    case 2: k_matmul<FK, 2><<<grid, MM_THREADS, 0, s>>>(*w, x, ldx, T, y, ldy); break;
+    case 4: k_matmul<FK, 4><<<grid, MM_THREADS, 0, s>>>(*w, x, ldx, T, y, ldy); break;
+    case 8: k_matmul<FK, 8><<<grid, MM_THREADS, 0, s>>>(*w, x, ldx, T, y, ldy); break;
+    default: k_matmul<FK, 16><<<grid, MM_THREADS, 0, s>>>(*w, x, ldx, T, y, ldy); break;
+    }
+}
+
 extern "C" void cu_matmul(cu_stream s, const cu_mat *w, const float *x, int64_t ldx, int64_t T, float *y,
                           int64_t ldy) {
     if (T <= 0 || w->rows <= 0) return;
-    dim3 grid((unsigned)((w->rows + MM_R - 1) / MM_R), (unsigned)((T + MM_TT - 1) / MM_TT));
     /* 16-byte activation loads need 16-byte aligned rows */
     int fk = fk_of(w);
     if (ldx % 4 != 0 || ((uintptr_t)x & 15) != 0) fk = FK_GEN;
     switch (fk) {
-    case FK_BF16: k_matmul<FK_BF16><<<grid, MM_THREADS, 0, s>>>(*w, x, ldx, T, y, ldy); break;
-    case FK_F32: k_matmul<FK_F32><<<grid, MM_THREADS, 0, s>>>(*w, x, ldx, T, y, ldy); break;
-    case FK_Q8: k_matmul<FK_Q8><<<grid, MM_THREADS, 0, s>>>(*w, x, ldx, T, y, ldy); break;
-    case FK_Q4: k_matmul<FK_Q4><<<grid, MM_THREADS, 0, s>>>(*w, x, ldx, T, y, ldy); break;
-    default: k_matmul<FK_GEN><<<grid, MM_THREADS, 0, s>>>(*w, x, ldx, T, y, ldy); break;
+    case FK_BF16: launch_mm<FK_BF16>(s, w, x, ldx, T, y, ldy); break;
+    case FK_F32: launch_mm<FK_F32>(s, w, x, ldx, T, y, ldy); break;
+    case FK_Q8: launch_mm<FK_Q8>(s, w, x, ldx, T, y, ldy); break;
+    case FK_Q4: launch_mm<FK_Q4>(s, w, x, ldx, T, y, ldy); break;
+    default: launch_mm<FK_GEN>(s, w, x, ldx, T, y, ldy); break;
     }
 }
 
