@@ -74,5 +74,12 @@ else
     nok "perplexity: GPU '$p2', CPU '$p1' ($(head -c 300 "$T/perr"))"
 fi
 
+p3=$("$S" perplexity --device cuda --precision bf16 -m models/tiny-fortune --text-file models/tiny-fortune/heldout.txt --json 2>"$T/perr3" | grep -o '"perplexity": *[0-9.]*' | grep -o '[0-9.]*$')
+if [ -n "$p2" ] && [ -n "$p3" ] && awk -v a="$p2" -v b="$p3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d / a < 1e-3) }'; then
+    ok "tiny-fortune held-out perplexity with --precision bf16 $p3, exact $p2 (within 0.1%)"
+else
+    nok "perplexity in bf16: '$p3', exact '$p2' ($(head -c 300 "$T/perr3"))"
+fi
+
 echo "# $n checks"
 exit $fail

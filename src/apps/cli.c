@@ -197,9 +197,14 @@ int cli_set_device(const char *value) {
     return 0;
 }
 
+static st_precision g_precision = ST_PRECISION_EXACT; /* the --precision value main.c found */
+
+int cli_set_precision(const char *value) { return st_precision_parse(value, &g_precision); }
+
 st_device_params cli_device_params(void) {
     st_device_params p = st_device_default_params();
     p.cpu = cli_cpu_params();
+    p.precision = g_precision;
     const char *d = g_device ? g_device : getenv("STRAND_DEVICE");
     if (d && *d && st_device_parse(d, &p.kind) != 0)
         fprintf(stderr, "strand: warning: STRAND_DEVICE=%s is not a device (cpu, cuda, auto); using auto\n", d);

@@ -62,6 +62,8 @@ st_cpu_params cli_cpu_params(void);
 st_device_params cli_device_params(void);
 /* main.c: the --device value (-1 when it is not a device). */
 int cli_set_device(const char *value);
+/* main.c: the --precision value (exact or bf16; -1 otherwise). */
+int cli_set_precision(const char *value);
 /* A backend for m on cli_device_params()'s device. */
 st_status cli_backend(const st_model *m, st_backend **out, st_error *err);
 

@@ -42,26 +42,37 @@ int main(int argc, char **argv) {
     const char *lvl = getenv("STRAND_LOG");
     if (lvl && !strcmp(lvl, "debug")) st_log_set_level(ST_LOG_DEBUG);
     else if (lvl && !strcmp(lvl, "info")) st_log_set_level(ST_LOG_INFO);
-    /* --device DEV (or --device=DEV) is every model command's: taken out before the command
-     * parses the rest */
+    /* --device DEV and --precision P (or --device=DEV, --precision=P) are every model
+     * command's: taken out before the command parses the rest */
+    static const struct { const char *opt, *values; int (*set)(const char *); } global[] = {
+        {"--device", "cpu, cuda or auto", cli_set_device},
+        {"--precision", "exact or bf16", cli_set_precision},
+    };
     int n = 1;
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
-        if (!strcmp(argv[i], "--device")) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "strand: --device needs a value: cpu, cuda or auto\n");
-                return 2;
+        size_t g = 0;
+        for (; g < sizeof global / sizeof global[0]; g++) {
+            const size_t len = strlen(global[g].opt);
+            if (!strcmp(argv[i], global[g].opt)) {
+                if (i + 1 >= argc) {
+                    fprintf(stderr, "strand: %s needs a value: %s\n", global[g].opt, global[g].values);
+                    return 2;
+                }
+                v = argv[++i];
+                break;
             }
-            v = argv[++i];
-        } else if (!strncmp(argv[i], "--device=", 9)) {
-            v = argv[i] + 9;
+            if (!strncmp(argv[i], global[g].opt, len) && argv[i][len] == '=') {
+                v = argv[i] + len + 1;
+                break;
+            }
         }
         if (!v) {
             argv[n++] = argv[i];
             continue;
         }
-        if (cli_set_device(v) != 0) {
-            fprintf(stderr, "strand: --device %s: expected cpu, cuda or auto\n", v);
+        if (global[g].set(v) != 0) {
+            fprintf(stderr, "strand: %s %s: expected %s\n", global[g].opt, v, global[g].values);
             return 2;
         }
     }

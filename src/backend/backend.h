@@ -100,6 +100,14 @@ st_status st_shard_make(const st_model *m, int rank, int world, st_shard *out, s
 
 /* ---- the operations ---- */
 
+/* How a backend computes (`--precision`): every backend computes exact; a GPU backend may
+ * also compute as the peers do. */
+typedef enum st_precision {
+    ST_PRECISION_EXACT = 0, /* fp32-grade: fp32 activations, accumulation and state */
+    ST_PRECISION_BF16 = 1,  /* activations rounded to bf16 for the matrix products (tensor
+                               cores), fp32 accumulation and state */
+} st_precision;
+
 /* Activation buffers of a context, by role; each is [max_tokens][width] of fp32. */
 typedef enum st_act {
     ST_ACT_X = 0,   /* [T][d] residual stream */

@@ -21,6 +21,9 @@
 
 typedef struct st_cuda_params {
     int device;             /* CUDA device index */
+    st_precision precision; /* exact: tensor-core products take the activations in three bf16
+                               parts; bf16: rounded to bf16 */
+    int no_tensor_cores;    /* 1: bf16 matrices on the CUDA cores too (fp32 FMAs; for comparison) */
     const char *library;    /* path of libstrand-cuda.so; NULL = next to the executable, or
                                one folder up from it (tests), or the loader's search path */
 } st_cuda_params;

@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 st_cuda_params st_cuda_default_params(void) {
-    st_cuda_params p = {.device = 0, .library = NULL};
+    st_cuda_params p = {.device = 0, .library = NULL, .precision = ST_PRECISION_EXACT, .no_tensor_cores = 0};
     return p;
 }
 

@@ -9,6 +9,7 @@ st_device_params st_device_default_params(void) {
     p.kind = ST_DEVICE_AUTO;
     p.cpu = st_cpu_default_params();
     p.cuda = st_cuda_default_params();
+    p.precision = ST_PRECISION_EXACT;
     return p;
 }
 
@@ -21,11 +22,26 @@ int st_device_parse(const char *s, st_device_kind *out) {
     return 0;
 }
 
+int st_precision_parse(const char *s, st_precision *out) {
+    if (!s) return -1;
+    if (!strcmp(s, "exact")) *out = ST_PRECISION_EXACT;
+    else if (!strcmp(s, "bf16")) *out = ST_PRECISION_BF16;
+    else return -1;
+    return 0;
+}
+
 st_status st_backend_create(const st_model *m, const st_device_params *p, st_backend **out, st_error *err) {
     st_device_params dp = st_device_default_params();
     if (!p) p = &dp;
-    if (p->kind == ST_DEVICE_CUDA || (p->kind == ST_DEVICE_AUTO && st_cuda_available(&p->cuda, NULL, 0)))
-        return st_backend_cuda_create(m, &p->cuda, out, err);
+    if (p->kind == ST_DEVICE_CUDA || (p->kind == ST_DEVICE_AUTO && st_cuda_available(&p->cuda, NULL, 0))) {
+        st_cuda_params cp = p->cuda;
+        cp.precision = p->precision;
+        return st_backend_cuda_create(m, &cp, out, err);
+    }
+    *out = NULL;
+    if (p->precision != ST_PRECISION_EXACT)
+        return st_error_set(err, ST_ERR_UNSUPPORTED, "--precision bf16 needs a GPU: the CPU backend computes exact only%s",
+                            p->kind == ST_DEVICE_AUTO ? " (and no CUDA device is here)" : "");
     return st_backend_cpu_create(m, &p->cpu, NULL, out, err);
 }
 

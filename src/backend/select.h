@@ -18,12 +18,15 @@ typedef struct st_device_params {
     st_device_kind kind;
     st_cpu_params cpu;
     st_cuda_params cuda;
+    st_precision precision; /* given to the backend made; bf16 needs a GPU */
 } st_device_params;
 
 st_device_params st_device_default_params(void);
 
 /* "cpu", "cuda" or "auto"; -1 for anything else. */
 int st_device_parse(const char *s, st_device_kind *out);
+/* "exact" or "bf16"; -1 for anything else. */
+int st_precision_parse(const char *s, st_precision *out);
 
 /* A backend for m on the device p names (auto: CUDA when available). ST_ERR_UNSUPPORTED for
  * cuda where none can be made, with the reason. */

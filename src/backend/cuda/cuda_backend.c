@@ -75,6 +75,7 @@ typedef struct cuda_backend {
     int nh, nkv, hd, Hk, Hv, Dk, Dv, K, E, topk, norm_topk, rope_dim;
     float eps;
     double upload_s;
+    int mm_mode;            /* CU_MM_* for bf16 matrices */
 } cuda_backend;
 
 static const st_backend_ops cuda_ops;
@@ -269,6 +270,7 @@ static st_status cuda_create(const st_model *m, const st_cuda_params *p, const s
     b->base.m = m;
     b->base.shard = *shard;
     b->device = p->device;
+    b->mm_mode = p->no_tensor_cores ? CU_MM_FMA : p->precision == ST_PRECISION_BF16 ? CU_MM_BF16 : CU_MM_EXACT;
     struct cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, p->device) == cudaSuccess) {
         snprintf(b->name, sizeof b->name, "%s", prop.name);
@@ -376,9 +378,11 @@ static double cuda_copy_bandwidth(const st_backend *base, size_t bytes) {
 
 static void cuda_describe(const st_backend *base, char *buf, size_t cap) {
     const cuda_backend *b = (const cuda_backend *)base;
-    snprintf(buf, cap, "%s, %.1f GiB; weights %.2f GiB uploaded in %.2f s (%.1f GB/s)", b->name,
+    static const char *modes[] = {"exact (tensor cores, 3-part bf16 activations)", "bf16 (tensor cores)",
+                                  "exact (CUDA cores only)"};
+    snprintf(buf, cap, "%s, %.1f GiB; weights %.2f GiB uploaded in %.2f s (%.1f GB/s); precision %s", b->name,
              (double)b->total_mem / (double)(1u << 30), (double)b->weight_bytes / (double)(1u << 30), b->upload_s,
-             b->upload_s > 0 ? (double)b->weight_bytes / b->upload_s / 1e9 : 0.0);
+             b->upload_s > 0 ? (double)b->weight_bytes / b->upload_s / 1e9 : 0.0, modes[b->mm_mode]);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -686,7 +690,7 @@ static void do_matmul(cuda_ctx *c, int layer, st_act in, const st_mm *mm, int n,
     const float *x = act(c, in);
     for (int i = 0; i < n; i++) {
         const cu_mat *w = &L->w[mm[i].w];
-        cu_matmul(c->stream, w, x, w->cols, c->T, act(c, mm[i].out), w->rows);
+        cu_matmul(c->stream, w, x, w->cols, c->T, act(c, mm[i].out), w->rows, c->b->mm_mode);
     }
     if (swiglu) {
         const cu_mat *g = &L->w[mm[0].w];
@@ -905,10 +909,10 @@ static void cuda_attention(st_bctx *base, int layer) {
 
 /* SwiGLU MLP of n rows of x into y, on p1/p2 */
 static void swiglu(cuda_ctx *c, const cu_mat *g, const cu_mat *u, const cu_mat *dn, const float *x, int64_t n, float *y) {
-    cu_matmul(c->stream, g, x, g->cols, n, c->p1, g->rows);
-    cu_matmul(c->stream, u, x, u->cols, n, c->p2, u->rows);
+    cu_matmul(c->stream, g, x, g->cols, n, c->p1, g->rows, c->b->mm_mode);
+    cu_matmul(c->stream, u, x, u->cols, n, c->p2, u->rows, c->b->mm_mode);
     cu_silu_mul(c->stream, c->p1, c->p2, n, g->rows, g->rows);
-    cu_matmul(c->stream, dn, c->p1, dn->cols, n, y, dn->rows);
+    cu_matmul(c->stream, dn, c->p1, dn->cols, n, y, dn->rows, c->b->mm_mode);
 }
 
 /* Routing on the host, as the CPU backend does it (the same selection, ties to the lower
@@ -920,7 +924,7 @@ static void cuda_moe(st_bctx *base, int layer) {
     const cl_layer *L = &b->layers[layer];
     const int64_t T = c->T, d = b->d;
     const int E = b->E, k = b->topk;
-    cu_matmul(c->stream, &L->router, c->xn, d, T, c->gout, E);
+    cu_matmul(c->stream, &L->router, c->xn, d, T, c->gout, E, b->mm_mode);
     note(c, cudaMemcpyAsync(c->h_router, c->gout, (size_t)(T * E) * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
     note(c, cudaStreamSynchronize(c->stream));
     for (int64_t t = 0; t < T; t++) {
@@ -974,7 +978,7 @@ static void cuda_moe(st_bctx *base, int layer) {
     }
     if (L->has_shared) {
         swiglu(c, &L->sh_gate, &L->sh_up, &L->sh_down, c->xn, T, c->gout);
-        cu_matmul(c->stream, &L->sh_egate, c->xn, d, T, c->small, 1);
+        cu_matmul(c->stream, &L->sh_egate, c->xn, d, T, c->small, 1, b->mm_mode);
         cu_gated_add(c->stream, c->out, c->gout, c->small, T, d);
     }
     /* the host lists are reused by the next layer: their copies must be done */
@@ -994,7 +998,7 @@ static void cuda_logits(st_bctx *base, float *out) {
     for (int64_t r0 = 0; r0 < rows; r0 += LOGIT_CHUNK) {
         const int64_t n = rows - r0 < LOGIT_CHUNK ? rows - r0 : LOGIT_CHUNK;
         cu_gather_rows(c->stream, c->xn, b->d, c->plan.rows + r0, n, c->gath);
-        cu_matmul(c->stream, &b->lm_head, c->gath, b->d, n, c->lg, b->V);
+        cu_matmul(c->stream, &b->lm_head, c->gath, b->d, n, c->lg, b->V, b->mm_mode);
         note(c, cudaMemcpyAsync(out + r0 * b->V, c->lg, (size_t)(n * b->V) * sizeof(float), cudaMemcpyDeviceToHost,
                                 c->stream));
         note(c, cudaStreamSynchronize(c->stream));

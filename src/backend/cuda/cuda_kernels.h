@@ -52,9 +52,15 @@ typedef struct cu_kv {
 void cu_embed(cu_stream s, const cu_mat *emb, const int32_t *tokens, int64_t T, float *x);
 void cu_add_norm(cu_stream s, float *x, const float *out, const float *w, float *xn, int64_t T,
                  int64_t d, float eps, int add, int apply);
-/* y[t*ldy + r] = sum_c W[r][c] x[t*ldx + c], r < rows, t < T */
+/* y[t*ldy + r] = sum_c W[r][c] x[t*ldx + c], r < rows, t < T. mode: how bf16 matrices are
+ * computed (the other formats always take the CUDA-core kernels): */
+enum {
+    CU_MM_EXACT = 0, /* tensor cores, activations split in three bf16 parts (fp32-grade) */
+    CU_MM_BF16 = 1,  /* tensor cores, activations rounded to bf16 */
+    CU_MM_FMA = 2,   /* CUDA cores, fp32 FMAs */
+};
 void cu_matmul(cu_stream s, const cu_mat *w, const float *x, int64_t ldx, int64_t T, float *y,
-               int64_t ldy);
+               int64_t ldy, int mode);
 /* g[t*ld + i] = silu(g) * u[t*ld + i], i < n */
 void cu_silu_mul(cu_stream s, float *g, const float *u, int64_t T, int64_t n, int64_t ld);
 void cu_gather_rows(cu_stream s, const float *src, int64_t d, const int32_t *rows, int64_t n,

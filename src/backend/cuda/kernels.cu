@@ -235,17 +235,19 @@ __device__ __forceinline__ void chunk8(const cu_mat &w, int64_t r, int64_t c, fl
     } else if (FK == FK_Q8 || FK == FK_Q4) {
         const int64_t g = r * (w.cols / w.group) + c / w.group;
         const float sc = load_s(w.scales, w.sdtype, g), bi = load_s(w.biases, w.sdtype, g);
+        /* q as a float without an int-to-float conversion: 2^23 + q, less 2^23 (exact) */
         if (FK == FK_Q8) {
             const uint2 v = *(const uint2 *)((const uint8_t *)w.data + r * w.cols + c);
 #pragma unroll
             for (int k = 0; k < 4; k++) {
-                o[k] = fmaf(sc, (float)((v.x >> (8 * k)) & 255u), bi);
-                o[4 + k] = fmaf(sc, (float)((v.y >> (8 * k)) & 255u), bi);
+                o[k] = fmaf(sc, __uint_as_float(0x4b000000u | ((v.x >> (8 * k)) & 255u)) - 8388608.0f, bi);
+                o[4 + k] = fmaf(sc, __uint_as_float(0x4b000000u | ((v.y >> (8 * k)) & 255u)) - 8388608.0f, bi);
             }
         } else {
             const uint32_t v = *((const uint32_t *)w.data + (r * w.cols + c) / 8);
 #pragma unroll
-            for (int k = 0; k < 8; k++) o[k] = fmaf(sc, (float)((v >> (4 * k)) & 15u), bi);
+            for (int k = 0; k < 8; k++)
+                o[k] = fmaf(sc, __uint_as_float(0x4b000000u | ((v >> (4 * k)) & 15u)) - 8388608.0f, bi);
         }
     } else {
 #pragma unroll
@@ -341,6 +343,151 @@ __global__ void __launch_bounds__(MM_THREADS) k_matmul(cu_mat w, const float *x,
     }
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* bf16 matrices on tensor cores
+ *
+ * mma.sync m16n8k16 (bf16 in, fp32 accumulate): A is a 16-row tile of W, B 8 tokens of x.
+ * The activations are split into bf16 parts, x = hi + mid + lo (3 parts: 24 significant
+ * bits, fp32-grade; "exact") or rounded to bf16 (1 part; "bf16"); the weights are bf16 as
+ * stored, so every product is exact and the tensor cores accumulate in fp32.
+ *
+ * Summation order, fixed by the matrix's shape alone: the columns go in steps of 32; warp s
+ * of a block's S warps (S from the row count) takes steps s, s+S, s+2S, ... in order, each
+ * step two MMAs (columns 8t..8t+3 then 8t+4..8t+7 of lane group t) per part, hi first; then
+ * the S partial sums are added in warp order. A token's result depends only on its own
+ * activations (an MMA's output column is its own dot product), so it is the same bits
+ * whatever the batch, the tile it lands in, and the tile shape a launch picks.
+ *
+ * Fragments (PTX ISA, m16n8k16 .bf16): lane = 4g + t; A regs a0 (row g, k 2t..2t+1),
+ * a1 (row g+8, same k), a2 (row g, k 2t+8..9), a3 (row g+8, k 2t+8..9); B regs b0 (k 2t..2t+1,
+ * column g), b1 (k 2t+8..9, column g); C c0, c1 (row g, columns 2t, 2t+1), c2, c3 (row g+8).
+ * Which physical column feeds which k slot is free as long as A and B agree: lane (g, t)
+ * loads 8 consecutive columns 8t..8t+7 of rows g and g+8 (one 16-byte load each) and of
+ * token g; the first MMA takes columns 8t..8t+3 as k slots (2t, 2t+1, 2t+8, 2t+9), the
+ * second 8t+4..8t+7. */
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack2(uint16_t lo, uint16_t hi) { return (uint32_t)lo | ((uint32_t)hi << 16); }
+
+/* the S of a matrix: warps splitting its columns (more for fewer rows, so that small
+ * matrices still fill the device) */
+__host__ __device__ __forceinline__ int mma_splits(int64_t rows) { return rows <= 8192 ? 8 : rows <= 32768 ? 4 : 2; }
+
+template <int MT>
+__device__ __forceinline__ void mma_load_a(const cu_mat &w, int64_t r0, int64_t c, int g, uint4 (&a)[MT][2]) {
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+        const int64_t ra = r0 + 16 * m + g, rb = ra + 8;
+        const uint16_t *base = (const uint16_t *)w.data;
+        const bool in = c < w.cols;
+        a[m][0] = in && ra < w.rows ? *(const uint4 *)(base + ra * w.cols + c) : make_uint4(0, 0, 0, 0);
+        a[m][1] = in && rb < w.rows ? *(const uint4 *)(base + rb * w.cols + c) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+template <int MT, int NT, int P>
+__global__ void __launch_bounds__(256) k_mma(cu_mat w, const float *x, int64_t ldx, int64_t T, float *y,
+                                             int64_t ldy) {
+    __shared__ float red[8][MT * 128];
+    const int S = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int64_t r0 = (int64_t)blockIdx.x * (16 * MT);
+    const int64_t n0 = (int64_t)blockIdx.y * (8 * NT);
+    const int64_t nsteps = (w.cols + 31) / 32;
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int j = 0; j < NT; j++) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.0f;
+    uint4 a[MT][2], an[MT][2];
+    int64_t ks = warp;
+    if (ks < nsteps) mma_load_a<MT>(w, r0, ks * 32 + 8 * t, g, a);
+    for (; ks < nsteps; ks += S) {
+        const int64_t c = ks * 32 + 8 * t;
+        if (ks + S < nsteps) mma_load_a<MT>(w, r0, (ks + S) * 32 + 8 * t, g, an);
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            const int64_t n = n0 + 8 * j + g;
+            float xv[8];
+            if (n < T && c < w.cols) {
+                const float4 u = *(const float4 *)(x + n * ldx + c), v = *(const float4 *)(x + n * ldx + c + 4);
+                xv[0] = u.x, xv[1] = u.y, xv[2] = u.z, xv[3] = u.w, xv[4] = v.x, xv[5] = v.y, xv[6] = v.z, xv[7] = v.w;
+            } else {
+#pragma unroll
+                for (int k = 0; k < 8; k++) xv[k] = 0.0f;
+            }
+            uint32_t b[P][4];
+#pragma unroll
+            for (int k = 0; k < 8; k += 2) {
+                float r0v = xv[k], r1v = xv[k + 1];
+#pragma unroll
+                for (int p = 0; p < P; p++) {
+                    const uint16_t h0 = f2bf16(r0v), h1 = f2bf16(r1v);
+                    b[p][k / 2] = pack2(h0, h1);
+                    r0v -= bf16f(h0);
+                    r1v -= bf16f(h1);
+                }
+            }
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+#pragma unroll
+                for (int p = 0; p < P; p++)
+                    mma_bf16(acc[m][j], a[m][0].x, a[m][1].x, a[m][0].y, a[m][1].y, b[p][0], b[p][1]);
+#pragma unroll
+                for (int p = 0; p < P; p++)
+                    mma_bf16(acc[m][j], a[m][0].z, a[m][1].z, a[m][0].w, a[m][1].w, b[p][2], b[p][3]);
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < MT; m++) a[m][0] = an[m][0], a[m][1] = an[m][1];
+    }
+    /* the S partial sums, one token tile at a time, in warp order */
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        __syncthreads();
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            float *o = red[warp] + m * 128;
+            o[g * 8 + 2 * t] = acc[m][j][0];
+            o[g * 8 + 2 * t + 1] = acc[m][j][1];
+            o[(g + 8) * 8 + 2 * t] = acc[m][j][2];
+            o[(g + 8) * 8 + 2 * t + 1] = acc[m][j][3];
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < MT * 128; i += blockDim.x) {
+            const int m = i / 128, row = (i % 128) / 8, col = i % 8;
+            const int64_t r = r0 + 16 * m + row, n = n0 + 8 * j + col;
+            float sum = 0.0f;
+            for (int q = 0; q < S; q++) sum += red[q][i];
+            if (r < w.rows && n < T) y[n * ldy + r] = sum;
+        }
+    }
+}
+
+template <int MT, int NT>
+static void launch_mma_p(cu_stream s, const cu_mat *w, const float *x, int64_t ldx, int64_t T, float *y, int64_t ldy,
+                         int parts) {
+    dim3 grid((unsigned)((w->rows + 16 * MT - 1) / (16 * MT)), (unsigned)((T + 8 * NT - 1) / (8 * NT)));
+    const int threads = 32 * mma_splits(w->rows);
+    if (parts == 1) k_mma<MT, NT, 1><<<grid, threads, 0, s>>>(*w, x, ldx, T, y, ldy);
+    else k_mma<MT, NT, 3><<<grid, threads, 0, s>>>(*w, x, ldx, T, y, ldy);
+}
+
+static void launch_mma(cu_stream s, const cu_mat *w, const float *x, int64_t ldx, int64_t T, float *y, int64_t ldy,
+                       int parts) {
+    if (T <= 8) launch_mma_p<1, 1>(s, w, x, ldx, T, y, ldy, parts);
+    else if (T <= 16) launch_mma_p<1, 2>(s, w, x, ldx, T, y, ldy, parts);
+    else if (T <= 32) launch_mma_p<1, 4>(s, w, x, ldx, T, y, ldy, parts);
+    else launch_mma_p<2, 8>(s, w, x, ldx, T, y, ldy, parts);
+}
+
+
 /* the kernel a matrix takes (one for every token count) */
 static int fk_of(const cu_mat *w) {
     if (w->cols % 8 != 0) return FK_GEN;
@@ -365,11 +512,15 @@ static void launch_mm(cu_stream s, const cu_mat *w, const float *x, int64_t ldx,
 }
 
 extern "C" void cu_matmul(cu_stream s, const cu_mat *w, const float *x, int64_t ldx, int64_t T, float *y,
-                          int64_t ldy) {
+                          int64_t ldy, int mode) {
     if (T <= 0 || w->rows <= 0) return;
     /* 16-byte activation loads need 16-byte aligned rows */
     int fk = fk_of(w);
     if (ldx % 4 != 0 || ((uintptr_t)x & 15) != 0) fk = FK_GEN;
+    if (fk == FK_BF16 && mode != CU_MM_FMA) {
+        launch_mma(s, w, x, ldx, T, y, ldy, mode == CU_MM_BF16 ? 1 : 3);
+        return;
+    }
     switch (fk) {
     case FK_BF16: launch_mm<FK_BF16>(s, w, x, ldx, T, y, ldy); break;
     case FK_F32: launch_mm<FK_F32>(s, w, x, ldx, T, y, ldy); break;
@@ -415,50 +566,52 @@ __global__ void k_gdn_qknorm(cu_gdn_args a, int64_t T) {
     for (int j = threadIdx.x; j < a.Dk; j += 32) v[j] *= r;
 }
 
-/* the delta rule, per step: a block per (item, value head), a thread per state row; the
- * state sits in shared memory as [Dk][Dv] (thread i's row strided by Dv) */
+/* the delta rule, per step: a block of 32 threads per (item, value head, 32 state columns),
+ * a thread per column (the columns of a head are independent: each has its own error and
+ * output); the block's slice sits in shared memory as [Dk][32]. The device keeps each head's
+ * state as [Dk][Dv], so the slice's loads and stores are coalesced. */
+#define GDN_COLS 32
 __global__ void k_gdn_recur(cu_plan p, cu_gdn_args a) {
     extern __shared__ float sh[];
-    const int it = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
+    const int it = blockIdx.x, h = blockIdx.y, lane = threadIdx.x, i = blockIdx.z * GDN_COLS + lane;
     const int Dk = a.Dk, Dv = a.Dv, g = h / (a.Hv / a.Hk);
-    float *S = sh, *qs = sh + Dk * Dv, *ks = qs + Dk;
-    /* the device keeps each head's state as [Dk][Dv]: thread i's row is a column, so the
-     * block's loads and stores are coalesced */
+    float *S = sh, *qs = sh + Dk * GDN_COLS, *ks = qs + Dk;
     float *Sg = a.rec_state + (size_t)p.slot[it] * a.rec_stride + (size_t)h * Dv * Dk;
-    if (i < Dv)
-        for (int j = 0; j < Dk; j++) S[j * Dv + i] = Sg[(size_t)j * Dv + i];
+    const bool on = i < Dv;
+    if (on)
+        for (int j = 0; j < Dk; j++) S[j * GDN_COLS + lane] = Sg[(size_t)j * Dv + i];
     const int64_t t0 = p.item_t0[it], n = p.item_t0[it + 1] - t0;
     for (int64_t s = 0; s < n; s++) {
         const int64_t t = t0 + s;
         const float *row = a.qkv + t * a.cd;
-        __syncthreads();
-        for (int j = i; j < Dk; j += blockDim.x) {
+        __syncwarp();
+        for (int j = lane; j < Dk; j += GDN_COLS) {
             qs[j] = row[(int64_t)g * Dk + j];
             ks[j] = row[a.kd + (int64_t)g * Dk + j];
         }
-        __syncthreads();
-        if (i < Dv) {
+        __syncwarp();
+        if (on) {
             const float beta = sigmoidf_(a.b[t * a.Hv + h]);
             const float alpha = expf(a.neg_exp_a[h] * softplusf_(a.a[t * a.Hv + h] + a.dt_bias[h]));
             const float v = row[2 * a.kd + (int64_t)h * Dv + i];
             float e = 0.0f;
             for (int j = 0; j < Dk; j++) {
-                const float x = S[j * Dv + i] * alpha;
-                S[j * Dv + i] = x;
+                const float x = S[j * GDN_COLS + lane] * alpha;
+                S[j * GDN_COLS + lane] = x;
                 e += x * ks[j];
             }
             const float delta = beta * (v - e);
             float o = 0.0f;
             for (int j = 0; j < Dk; j++) {
-                const float x = S[j * Dv + i] + delta * ks[j];
-                S[j * Dv + i] = x;
+                const float x = S[j * GDN_COLS + lane] + delta * ks[j];
+                S[j * GDN_COLS + lane] = x;
                 o += x * qs[j];
             }
             a.mix[t * a.vd + (int64_t)h * Dv + i] = o;
         }
     }
-    if (i < Dv)
-        for (int j = 0; j < Dk; j++) Sg[(size_t)j * Dv + i] = S[j * Dv + i];
+    if (on)
+        for (int j = 0; j < Dk; j++) Sg[(size_t)j * Dv + i] = S[j * GDN_COLS + lane];
 }
 
 /* gated RMSNorm: norm(o) * w * silu(z), a warp per (token, value head) */
@@ -481,16 +634,16 @@ extern "C" void cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int 
     k_gdn_conv<<<gc, 128, 0, s>>>(*p, *a);
     dim3 gq((unsigned)p->n_tokens, (unsigned)(2 * a->Hk));
     k_gdn_qknorm<<<gq, 32, 0, s>>>(*a, p->n_tokens);
-    const size_t shm = ((size_t)a->Dk * a->Dv + 2 * (size_t)a->Dk) * sizeof(float);
-    const int threads = (a->Dv + 31) / 32 * 32;
-    dim3 gr((unsigned)p->n_items, (unsigned)a->Hv);
-    k_gdn_recur<<<gr, threads, shm, s>>>(*p, *a);
+    const size_t shm = ((size_t)a->Dk * GDN_COLS + 2 * (size_t)a->Dk) * sizeof(float);
+    dim3 gr((unsigned)p->n_items, (unsigned)a->Hv, (unsigned)((a->Dv + GDN_COLS - 1) / GDN_COLS));
+    k_gdn_recur<<<gr, GDN_COLS, shm, s>>>(*p, *a);
     dim3 gn((unsigned)p->n_tokens, (unsigned)a->Hv);
     k_gdn_gnorm<<<gn, 32, 0, s>>>(*a);
 }
 
 extern "C" int cu_gdn_prepare(int Dk, int Dv) {
-    const size_t shm = ((size_t)Dk * Dv + 2 * (size_t)Dk) * sizeof(float);
+    (void)Dv;
+    const size_t shm = ((size_t)Dk * GDN_COLS + 2 * (size_t)Dk) * sizeof(float);
     if (shm <= 48 * 1024) return 0;
     return cudaFuncSetAttribute(k_gdn_recur, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm) == cudaSuccess ? 0 : -1;
 }
