@@ -296,9 +296,59 @@ __device__ __forceinline__ void chunk_load(const cu_mat &w, int64_t r0, int nr, 
     }
 }
 
+/* a row's chunk as loaded (bf16: 16 bytes; MLX 8-bit: 8; 4-bit: 4; with its group's scale
+ * and bias), converted to fp32 when used: the loads of later chunks are issued before the
+ * FMAs of earlier ones */
+struct raw_chunk {
+    uint4 v;
+    float sc, bi;
+};
+
+template <int FK>
+__device__ __forceinline__ raw_chunk raw_load(const cu_mat &w, int64_t r, int64_t c) {
+    raw_chunk o;
+    if (FK == FK_BF16) {
+        o.v = *(const uint4 *)((const uint16_t *)w.data + r * w.cols + c);
+    } else {
+        const int64_t g = r * (w.cols / w.group) + c / w.group;
+        o.sc = load_s(w.scales, w.sdtype, g);
+        o.bi = load_s(w.biases, w.sdtype, g);
+        if (FK == FK_Q8) {
+            const uint2 v = *(const uint2 *)((const uint8_t *)w.data + r * w.cols + c);
+            o.v.x = v.x, o.v.y = v.y;
+        } else {
+            o.v.x = *((const uint32_t *)w.data + (r * w.cols + c) / 8);
+        }
+    }
+    return o;
+}
+
+template <int FK>
+__device__ __forceinline__ void raw_cvt(const raw_chunk &q, float *o) {
+    if (FK == FK_BF16) {
+        const uint32_t u[4] = {q.v.x, q.v.y, q.v.z, q.v.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            o[2 * k] = __uint_as_float(u[k] << 16);
+            o[2 * k + 1] = __uint_as_float(u[k] & 0xffff0000u);
+        }
+    } else if (FK == FK_Q8) {
+        /* q as a float without an int-to-float conversion: 2^23 + q, less 2^23 (exact) */
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            o[k] = fmaf(q.sc, __uint_as_float(0x4b000000u | ((q.v.x >> (8 * k)) & 255u)) - 8388608.0f, q.bi);
+            o[4 + k] = fmaf(q.sc, __uint_as_float(0x4b000000u | ((q.v.y >> (8 * k)) & 255u)) - 8388608.0f, q.bi);
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            o[k] = fmaf(q.sc, __uint_as_float(0x4b000000u | ((q.v.x >> (4 * k)) & 15u)) - 8388608.0f, q.bi);
+    }
+}
+
 /* NT: the most tokens a block takes (1, 2, 4, 8 or 16). Each variant sums every output in
- * the same order (the per-thread chunks in column order, two chunks loaded ahead, then the
- * same reductions), so the variant a launch picks never changes a bit of the result. */
+ * the same order (the per-thread chunks in column order, then the same reductions), so the
+ * variant a launch picks never changes a bit of the result. */
 template <int FK, int NT>
 __global__ void __launch_bounds__(MM_THREADS) k_matmul(cu_mat w, const float *x, int64_t ldx, int64_t T, float *y,
                                                        int64_t ldy) {
@@ -316,13 +366,49 @@ __global__ void __launch_bounds__(MM_THREADS) k_matmul(cu_mat w, const float *x,
         for (int i = 0; i < NT; i++) acc[r][i] = 0.0f;
     const bool vec_x = FK != FK_GEN;
     const int64_t step = MM_THREADS * 8;
-    for (int64_t c = (int64_t)tid * 8; c < w.cols; c += 2 * step) {
-        float wa[MM_R][8], wb[MM_R][8];
-        const bool two = c + step < w.cols;
-        chunk_load<FK>(w, r0, nr, c, wa);
-        if (two) chunk_load<FK>(w, r0, nr, c + step, wb);
-        chunk_fma<NT>(wa, xb, ldx, c, w.cols, nt, vec_x, acc);
-        if (two) chunk_fma<NT>(wb, xb, ldx, c + step, w.cols, nt, vec_x, acc);
+    if constexpr (FK == FK_BF16 || FK == FK_Q8 || FK == FK_Q4) {
+        /* chunk i of this thread is at column tid*8 + i*step; two groups of two in flight */
+        const int64_t c0 = (int64_t)tid * 8, nc = c0 < w.cols ? (w.cols - c0 + step - 1) / step : 0;
+        raw_chunk ra[2][MM_R];
+#pragma unroll
+        for (int u = 0; u < 2; u++)
+#pragma unroll
+            for (int r = 0; r < MM_R; r++)
+                if (u < nc && r < nr) ra[u][r] = raw_load<FK>(w, r0 + r, c0 + u * step);
+        for (int64_t i = 0; i < nc; i += 2) {
+            raw_chunk nx[2][MM_R];
+#pragma unroll
+            for (int u = 0; u < 2; u++)
+#pragma unroll
+                for (int r = 0; r < MM_R; r++)
+                    if (i + 2 + u < nc && r < nr) nx[u][r] = raw_load<FK>(w, r0 + r, c0 + (i + 2 + u) * step);
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                if (i + u >= nc) break;
+                float wv[MM_R][8];
+#pragma unroll
+                for (int r = 0; r < MM_R; r++) {
+                    if (r < nr) raw_cvt<FK>(ra[u][r], wv[r]);
+                    else
+#pragma unroll
+                        for (int k = 0; k < 8; k++) wv[r][k] = 0.0f;
+                }
+                chunk_fma<NT>(wv, xb, ldx, c0 + (i + u) * step, w.cols, nt, true, acc);
+            }
+#pragma unroll
+            for (int u = 0; u < 2; u++)
+#pragma unroll
+                for (int r = 0; r < MM_R; r++) ra[u][r] = nx[u][r];
+        }
+    } else {
+        for (int64_t c = (int64_t)tid * 8; c < w.cols; c += 2 * step) {
+            float wa[MM_R][8], wb[MM_R][8];
+            const bool two = c + step < w.cols;
+            chunk_load<FK>(w, r0, nr, c, wa);
+            if (two) chunk_load<FK>(w, r0, nr, c + step, wb);
+            chunk_fma<NT>(wa, xb, ldx, c, w.cols, nt, vec_x, acc);
+            if (two) chunk_fma<NT>(wb, xb, ldx, c + step, w.cols, nt, vec_x, acc);
+        }
     }
 #pragma unroll
     for (int r = 0; r < MM_R; r++)
@@ -352,8 +438,8 @@ __global__ void __launch_bounds__(MM_THREADS) k_matmul(cu_mat w, const float *x,
  * stored, so every product is exact and the tensor cores accumulate in fp32.
  *
  * Summation order, fixed by the matrix's shape alone: the columns go in steps of 32; warp s
- * of a block's S warps (S from the row count) takes steps s, s+S, s+2S, ... in order, each
- * step two MMAs (columns 8t..8t+3 then 8t+4..8t+7 of lane group t) per part, hi first; then
+ * of a block's S warps (S from the row count) takes the s-th of S contiguous runs of steps,
+ * in order, each step two MMAs (columns 8t..8t+3 then 8t+4..8t+7 of lane group t) per part, hi first; then
  * the S partial sums are added in warp order. A token's result depends only on its own
  * activations (an MMA's output column is its own dot product), so it is the same bits
  * whatever the batch, the tile it lands in, and the tile shape a launch picks.
@@ -392,60 +478,77 @@ __device__ __forceinline__ void mma_load_a(const cu_mat &w, int64_t r0, int64_t 
     }
 }
 
+/* one 32-column step: the token tiles' activations split into parts, then the MMAs */
 template <int MT, int NT, int P>
+__device__ __forceinline__ void mma_step(const uint4 (&a)[MT][2], const float *x, int64_t ldx, int64_t T, int64_t n0,
+                                         int64_t c, int64_t cols, int g, float (&acc)[MT][NT][4]) {
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        const int64_t n = n0 + 8 * j + g;
+        float xv[8];
+        if (n < T && c < cols) {
+            const float4 u = *(const float4 *)(x + n * ldx + c), v = *(const float4 *)(x + n * ldx + c + 4);
+            xv[0] = u.x, xv[1] = u.y, xv[2] = u.z, xv[3] = u.w, xv[4] = v.x, xv[5] = v.y, xv[6] = v.z, xv[7] = v.w;
+        } else {
+#pragma unroll
+            for (int k = 0; k < 8; k++) xv[k] = 0.0f;
+        }
+        uint32_t b[P][4];
+#pragma unroll
+        for (int k = 0; k < 8; k += 2) {
+            float r0v = xv[k], r1v = xv[k + 1];
+#pragma unroll
+            for (int p = 0; p < P; p++) {
+                const uint16_t h0 = f2bf16(r0v), h1 = f2bf16(r1v);
+                b[p][k / 2] = pack2(h0, h1);
+                r0v -= bf16f(h0);
+                r1v -= bf16f(h1);
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+#pragma unroll
+            for (int p = 0; p < P; p++)
+                mma_bf16(acc[m][j], a[m][0].x, a[m][1].x, a[m][0].y, a[m][1].y, b[p][0], b[p][1]);
+#pragma unroll
+            for (int p = 0; p < P; p++)
+                mma_bf16(acc[m][j], a[m][0].z, a[m][1].z, a[m][0].w, a[m][1].w, b[p][2], b[p][3]);
+        }
+    }
+}
+
+/* U: steps loaded ahead (two groups of U in flight) */
+template <int MT, int NT, int P, int U>
 __global__ void __launch_bounds__(256) k_mma(cu_mat w, const float *x, int64_t ldx, int64_t T, float *y,
                                              int64_t ldy) {
     __shared__ float red[8][MT * 128];
     const int S = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int64_t r0 = (int64_t)blockIdx.x * (16 * MT);
     const int64_t n0 = (int64_t)blockIdx.y * (8 * NT);
-    const int64_t nsteps = (w.cols + 31) / 32;
+    /* warp s takes the contiguous steps [kb, ke): each row streams from memory in order */
+    const int64_t nsteps = (w.cols + 31) / 32, per = (nsteps + S - 1) / S;
+    const int64_t kb = warp * per, ke = kb + per < nsteps ? kb + per : nsteps;
     float acc[MT][NT][4];
 #pragma unroll
     for (int m = 0; m < MT; m++)
 #pragma unroll
         for (int j = 0; j < NT; j++) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.0f;
-    uint4 a[MT][2], an[MT][2];
-    int64_t ks = warp;
-    if (ks < nsteps) mma_load_a<MT>(w, r0, ks * 32 + 8 * t, g, a);
-    for (; ks < nsteps; ks += S) {
-        const int64_t c = ks * 32 + 8 * t;
-        if (ks + S < nsteps) mma_load_a<MT>(w, r0, (ks + S) * 32 + 8 * t, g, an);
+    uint4 a[U][MT][2];
 #pragma unroll
-        for (int j = 0; j < NT; j++) {
-            const int64_t n = n0 + 8 * j + g;
-            float xv[8];
-            if (n < T && c < w.cols) {
-                const float4 u = *(const float4 *)(x + n * ldx + c), v = *(const float4 *)(x + n * ldx + c + 4);
-                xv[0] = u.x, xv[1] = u.y, xv[2] = u.z, xv[3] = u.w, xv[4] = v.x, xv[5] = v.y, xv[6] = v.z, xv[7] = v.w;
-            } else {
+    for (int u = 0; u < U; u++)
+        if (kb + u < ke) mma_load_a<MT>(w, r0, (kb + u) * 32 + 8 * t, g, a[u]);
+    for (int64_t k = kb; k < ke; k += U) {
+        uint4 nx[U][MT][2];
 #pragma unroll
-                for (int k = 0; k < 8; k++) xv[k] = 0.0f;
-            }
-            uint32_t b[P][4];
+        for (int u = 0; u < U; u++)
+            if (k + U + u < ke) mma_load_a<MT>(w, r0, (k + U + u) * 32 + 8 * t, g, nx[u]);
 #pragma unroll
-            for (int k = 0; k < 8; k += 2) {
-                float r0v = xv[k], r1v = xv[k + 1];
+        for (int u = 0; u < U; u++)
+            if (k + u < ke) mma_step<MT, NT, P>(a[u], x, ldx, T, n0, (k + u) * 32 + 8 * t, w.cols, g, acc);
 #pragma unroll
-                for (int p = 0; p < P; p++) {
-                    const uint16_t h0 = f2bf16(r0v), h1 = f2bf16(r1v);
-                    b[p][k / 2] = pack2(h0, h1);
-                    r0v -= bf16f(h0);
-                    r1v -= bf16f(h1);
-                }
-            }
+        for (int u = 0; u < U; u++)
 #pragma unroll
-            for (int m = 0; m < MT; m++) {
-#pragma unroll
-                for (int p = 0; p < P; p++)
-                    mma_bf16(acc[m][j], a[m][0].x, a[m][1].x, a[m][0].y, a[m][1].y, b[p][0], b[p][1]);
-#pragma unroll
-                for (int p = 0; p < P; p++)
-                    mma_bf16(acc[m][j], a[m][0].z, a[m][1].z, a[m][0].w, a[m][1].w, b[p][2], b[p][3]);
-            }
-        }
-#pragma unroll
-        for (int m = 0; m < MT; m++) a[m][0] = an[m][0], a[m][1] = an[m][1];
+            for (int m = 0; m < MT; m++) a[u][m][0] = nx[u][m][0], a[u][m][1] = nx[u][m][1];
     }
     /* the S partial sums, one token tile at a time, in warp order */
 #pragma unroll
@@ -475,8 +578,9 @@ static void launch_mma_p(cu_stream s, const cu_mat *w, const float *x, int64_t l
                          int parts) {
     dim3 grid((unsigned)((w->rows + 16 * MT - 1) / (16 * MT)), (unsigned)((T + 8 * NT - 1) / (8 * NT)));
     const int threads = 32 * mma_splits(w->rows);
-    if (parts == 1) k_mma<MT, NT, 1><<<grid, threads, 0, s>>>(*w, x, ldx, T, y, ldy);
-    else k_mma<MT, NT, 3><<<grid, threads, 0, s>>>(*w, x, ldx, T, y, ldy);
+    constexpr int U = MT == 1 ? 4 : 2;
+    if (parts == 1) k_mma<MT, NT, 1, U><<<grid, threads, 0, s>>>(*w, x, ldx, T, y, ldy);
+    else k_mma<MT, NT, 3, U><<<grid, threads, 0, s>>>(*w, x, ldx, T, y, ldy);
 }
 
 static void launch_mma(cu_stream s, const cu_mat *w, const float *x, int64_t ldx, int64_t T, float *y, int64_t ldy,
@@ -541,6 +645,26 @@ __global__ void k_gdn_conv(cu_plan p, cu_gdn_args a) {
     const int64_t t0 = p.item_t0[it], n = p.item_t0[it + 1] - t0;
     float *st = a.conv_state + (size_t)p.slot[it] * a.conv_stride;
     const int K = a.K;
+    if (K == 4) { /* Qwen3.5's width: the window in registers, one read and one write of the state */
+        float sv[3], tap[4];
+#pragma unroll
+        for (int j = 0; j < 3; j++) sv[j] = st[j * a.cd + ch];
+#pragma unroll
+        for (int j = 0; j < 4; j++) tap[j] = a.conv_t[j * a.cd + ch];
+        for (int64_t i = 0; i < n; i++) {
+            float *m = a.qkv + (t0 + i) * a.cd + ch;
+            const float mv = *m;
+            float acc = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 3; j++) acc += tap[j] * sv[j];
+            acc += tap[3] * mv;
+            sv[0] = sv[1], sv[1] = sv[2], sv[2] = mv;
+            *m = acc / (1.0f + expf(-acc));
+        }
+#pragma unroll
+        for (int j = 0; j < 3; j++) st[j * a.cd + ch] = sv[j];
+        return;
+    }
     for (int64_t i = 0; i < n; i++) {
         float *m = a.qkv + (t0 + i) * a.cd + ch;
         const float mv = *m;
@@ -740,15 +864,23 @@ __global__ void k_attention(cu_plan p, cu_attn_args a, cu_kv kv) {
     }
     __syncthreads();
     float m = -INFINITY, l = 0.0f;
+    float *scs = o + a.hd; /* [ATT_CH] the chunk's scores */
+    const int warp = tid >> 5, lane = tid & 31, nw = blockDim.x >> 5;
     for (int64_t c0 = 0; c0 <= pos; c0 += ATT_CH) {
-        const int64_t pp = c0 + tid;
-        float sc = -INFINITY;
-        if (pp <= pos) {
-            const size_t ki = kv_index(kv, p, it, a.li, 0, h, pp);
+        /* scores: a warp per position, its lanes over the head's dims (coalesced) */
+        for (int q = warp; q < ATT_CH; q += nw) {
+            const int64_t pq = c0 + q;
             float acc = 0.0f;
-            for (int e = 0; e < a.hd; e++) acc += qs[e] * kv_load(kv, ki + e);
-            sc = acc;
+            if (pq <= pos) {
+                const size_t ki = kv_index(kv, p, it, a.li, 0, h, pq);
+                for (int e = lane; e < a.hd; e += 32) acc += qs[e] * kv_load(kv, ki + e);
+            }
+            acc = warp_sum(acc);
+            if (lane == 0) scs[q] = pq <= pos ? acc : -INFINITY;
         }
+        __syncthreads();
+        const int64_t pp = c0 + tid;
+        const float sc = scs[tid];
         const float cm = block_max(sc, red);
         const float mn = fmaxf(m, cm);
         const float pe = pp <= pos ? expf(sc - mn) : 0.0f;
@@ -774,6 +906,6 @@ __global__ void k_attention(cu_plan p, cu_attn_args a, cu_kv kv) {
 extern "C" void cu_attention(cu_stream s, const cu_plan *p, const cu_attn_args *a, const cu_kv *kv) {
     if (p->n_tokens <= 0) return;
     dim3 grid((unsigned)p->n_tokens, (unsigned)a->nh);
-    const size_t shm = (size_t)(2 * a->hd + ATT_CH) * sizeof(float);
+    const size_t shm = (size_t)(2 * a->hd + 2 * ATT_CH) * sizeof(float);
     k_attention<<<grid, ATT_CH, shm, s>>>(*p, *a, *kv);
 }
