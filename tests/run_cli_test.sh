@@ -45,4 +45,15 @@ $S run -m "$T/nan" -p "Hello" --raw >/dev/null 2>"$T/err11"
 if [ $? = 1 ] && grep -q "non-finite logits" "$T/err11"; then ok "run on a model that gives NaN logits: exit 1 naming them"; else nok "run NaN: $(cat "$T/err11")"; fi
 $S generate -m "$T/nan" --ids 9707,11 -n 3 >/dev/null 2>"$T/err12"
 if [ $? = 1 ] && grep -q "non-finite logits" "$T/err12"; then ok "generate likewise"; else nok "generate NaN: $(cat "$T/err12")"; fi
+$S run -m "$T/m" -p "hi" --device cpu --precision bf16 >/dev/null 2>"$T/err6"
+rc=$?
+if [ $rc = 1 ] && grep -q "precision bf16 needs a GPU" "$T/err6"; then ok "--precision bf16 on the CPU: a clear error"; else nok "precision bf16 on cpu: rc $rc $(cat "$T/err6")"; fi
+$S run -m "$T/m" -p "What is 2+2?" --temp 0 --device=cpu --precision=exact >"$T/out7" 2>/dev/null
+if [ "$(cat "$T/out7")" = "$want" ]; then ok "--device=cpu --precision=exact: the same reply"; else nok "precision exact: $(head -c 200 "$T/out7")"; fi
+$S run -m "$T/m" -p "hi" --precision fp8 >/dev/null 2>"$T/err8"
+rc=$?
+if [ $rc = 2 ] && grep -q "precision fp8: expected exact or bf16" "$T/err8"; then ok "--precision fp8: refused by name"; else nok "precision fp8: rc $rc $(cat "$T/err8")"; fi
+$S bench --synth 27b --device cpu >/dev/null 2>"$T/err9"
+rc=$?
+if [ $rc = 1 ] && grep -q "synthesized in device memory" "$T/err9"; then ok "bench --synth on the CPU: a clear error"; else nok "bench --synth cpu: rc $rc $(cat "$T/err9")"; fi
 echo "# $n checks"
