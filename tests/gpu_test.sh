@@ -81,5 +81,16 @@ else
     nok "perplexity in bf16: '$p3', exact '$p2' ($(head -c 300 "$T/perr3"))"
 fi
 
+if command -v node >/dev/null 2>&1 && [ -d tests/e2e/node_modules/openai ]; then
+    STRAND_DEVICE=cuda bash tests/server_e2e_test.sh >"$T/e2e" 2>&1
+    if [ $? -eq 0 ] && ! grep -q '^not ok' "$T/e2e"; then
+        ok "strand serve on the GPU (STRAND_DEVICE=cuda): the end-to-end server tests pass ($(grep -c '^ok' "$T/e2e") checks)"
+    else
+        nok "server end-to-end on the GPU: $(grep '^not ok' "$T/e2e" | head -3 | tr '\n' ' ')"
+    fi
+else
+    ok "server end-to-end on the GPU skipped: node and tests/e2e/node_modules are not here"
+fi
+
 echo "# $n checks"
 exit $fail

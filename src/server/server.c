@@ -21,7 +21,8 @@ st_server_params st_server_default_params(void) {
         .keepalive_s = 10.0,
         .device = {.kind = ST_DEVICE_AUTO,
                    .cpu = {.kernels = NULL, .n_threads = 0, .pack = 1, .gdn_chunked = 1, .min_parallel_work = 0},
-                   .cuda = {.device = 0, .library = NULL}},
+                   .cuda = {.device = 0, .library = NULL, .precision = ST_PRECISION_EXACT, .no_tensor_cores = 0},
+                   .precision = ST_PRECISION_EXACT},
     };
     return p;
 }
