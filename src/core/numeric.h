@@ -1,4 +1,4 @@
-/* ==== Scalar number formats: bf16, fp16 <-> fp32 ==== */
+/* ==== Scalar number formats (bf16, fp16 <-> fp32) and deterministic random numbers ==== */
 #ifndef ST_CORE_NUMERIC_H
 #define ST_CORE_NUMERIC_H
 
@@ -70,6 +70,19 @@ static inline uint16_t st_f32_to_f16(float f) {
     uint32_t rem = mant & 0x1fffu;
     if (rem > 0x1000u || (rem == 0x1000u && (r & 1))) r++;
     return (uint16_t)(sign | r);
+}
+
+/* SplitMix64's output function: a well-mixed 64-bit hash of x */
+static inline uint64_t st_splitmix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* uniform in [-1, 1), a function of (key, i) only: synthetic weights */
+static inline float st_unif_hash(uint64_t key, uint64_t i) {
+    return (float)((double)(st_splitmix64(key ^ (i * 0xd1b54a32d192ed03ull)) >> 11) * (2.0 / 9007199254740992.0) - 1.0);
 }
 
 #endif /* ST_CORE_NUMERIC_H */

@@ -488,23 +488,13 @@ fail:
 /* ---------------------------------------------------------------------------------------- */
 /* synthetic models */
 
-static uint64_t syn_mix(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
 /* n values centre + half * uniform[-1, 1) drawn from (seed, key) */
 static float *syn_vec(st_model *m, uint64_t seed, uint64_t key, size_t n, float centre, float half) {
     float *v = m->vec_storage + m->vec_used;
     assert(m->vec_used + n <= m->vec_cap);
     m->vec_used += (n + 15) & ~(size_t)15;
-    const uint64_t k = syn_mix(seed ^ syn_mix(key));
-    for (size_t i = 0; i < n; i++) {
-        const double u = (double)(syn_mix(k ^ (i * 0xd1b54a32d192ed03ull)) >> 11) * (2.0 / 9007199254740992.0) - 1.0;
-        v[i] = centre + half * (float)u;
-    }
+    const uint64_t k = st_splitmix64(seed ^ st_splitmix64(key));
+    for (size_t i = 0; i < n; i++) v[i] = centre + half * st_unif_hash(k, i);
     return v;
 }
 

@@ -155,22 +155,10 @@ typedef struct planner {
     int failed;
 } planner;
 
-static uint64_t splitmix(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
-/* uniform in [-1, 1) from (key, index) */
-static inline float unif(uint64_t key, uint64_t i) {
-    return (float)((double)(splitmix(key ^ (i * 0xd1b54a32d192ed03ull)) >> 11) * (2.0 / 9007199254740992.0) - 1.0);
-}
-
 static float source_value(const tplan *t, uint64_t i) {
     if (t->poison_row >= 0 && t->kind == SRC_MATRIX && (int64_t)(i / (uint64_t)t->cols) == t->poison_row)
         return NAN;
-    float u = unif(t->key, i);
+    float u = st_unif_hash(t->key, i);
     if (t->sm) { /* scripted model: one-hot embeddings, successor head, zero elsewhere */
         const script_map *sm = t->sm;
         if (t->kind == SRC_MATRIX) {
@@ -235,7 +223,7 @@ static void add_vector(planner *pl, const char *hf, src_kind kind, int n_dims, c
     tplan *t = add(pl);
     if (!t) return;
     stored_name(pl, hf, t->name, sizeof t->name);
-    t->key = st_hash_bytes(hf, strlen(hf)) ^ splitmix(pl->seed);
+    t->key = st_hash_bytes(hf, strlen(hf)) ^ st_splitmix64(pl->seed);
     t->kind = kind;
     t->part = PART_DENSE;
     t->dtype = dt;
@@ -249,7 +237,7 @@ static void add_matrix(planner *pl, const char *hf_base, int64_t stack, int64_t 
                        int bits_override) {
     char hf[256], module[200];
     fmt(hf, sizeof hf, "%s.weight", hf_base);
-    uint64_t key = st_hash_bytes(hf, strlen(hf)) ^ splitmix(pl->seed);
+    uint64_t key = st_hash_bytes(hf, strlen(hf)) ^ st_splitmix64(pl->seed);
     int bits = bits_override ? bits_override : pl->p->bits;
     int group = pl->group;
     if (bits_override && cols % 64 == 0) group = 64;

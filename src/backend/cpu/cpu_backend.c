@@ -31,6 +31,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "backend/moe_route.h"
 #include "core/balance.h"
 #include "core/clock.h"
 #include "core/mem.h"
@@ -1647,32 +1648,8 @@ static void cpu_moe(st_bctx *base, int layer) {
     const int64_t d = z->d, T = c->T;
     const int E = z->E, k = z->topk;
     mm(c, &L->router, c->xn, d, T, c->router, E);
-    for (int64_t t = 0; t < T; t++) {
-        float *p = c->router + t * E;
-        float mx = p[0];
-        for (int e = 1; e < E; e++) mx = p[e] > mx ? p[e] : mx;
-        float sum = 0.0f;
-        for (int e = 0; e < E; e++) {
-            p[e] = expf(p[e] - mx);
-            sum += p[e];
-        }
-        for (int e = 0; e < E; e++) p[e] /= sum;
-        /* top-k by selection; ties go to the lower expert index */
-        float wsum = 0.0f;
-        for (int s = 0; s < k; s++) {
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                int taken = 0;
-                for (int q = 0; q < s; q++) taken |= c->moe_sel[t * k + q] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = e;
-            }
-            c->moe_sel[t * k + s] = best;
-            c->moe_w[t * k + s] = p[best];
-            wsum += p[best];
-        }
-        if (z->norm_topk)
-            for (int s = 0; s < k; s++) c->moe_w[t * k + s] /= wsum;
-    }
+    for (int64_t t = 0; t < T; t++)
+        st_moe_route(c->router + t * E, E, k, z->norm_topk, c->moe_sel + t * k, c->moe_w + t * k);
     memset(c->out, 0, (size_t)(T * d) * sizeof(float));
     for (int e = 0; e < E; e++) {
         int64_t n = 0;

@@ -19,6 +19,7 @@
 
 #include "backend/cuda.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/moe_route.h"
 #include "model/model.h"
 
 /* ---------------------------------------------------------------------------------------- */
@@ -390,6 +391,11 @@ static void cuda_describe(const st_backend *base, char *buf, size_t cap) {
 
 #define LOGIT_CHUNK 64 /* logit rows computed per pass (the device buffer holds this many) */
 
+/* where each part of the plan sits in its staging (bytes from the start) */
+typedef struct plan_layout {
+    size_t tokens, item_t0, pos0, slot, block_t0, blocks, tok_item, rows, total;
+} plan_layout;
+
 /* an op of the forward pass, as called (kind and arguments) */
 typedef struct g_op {
     int kind, layer, a, b, n;
@@ -422,7 +428,7 @@ typedef struct cuda_ctx {
     size_t conv_slot, rec_slot; /* floats per slot */
     /* the plan: pinned staging, its device copy */
     uint8_t *h_plan, *d_plan;
-    size_t plan_cap;
+    plan_layout layout;         /* of the plan's staging, fixed by the context's capacities */
     cu_plan plan;               /* device pointers of the current step */
     const st_step_plan *hp;     /* the host plan of the current step */
     int64_t T, max_item_tokens;
@@ -446,10 +452,6 @@ typedef struct cuda_ctx {
 static void note(cuda_ctx *c, cudaError_t e) {
     if (e != cudaSuccess && c->first_error == cudaSuccess) c->first_error = e;
 }
-
-typedef struct plan_layout {
-    size_t tokens, item_t0, pos0, slot, block_t0, blocks, tok_item, rows, total;
-} plan_layout;
 
 static size_t align8(size_t n) { return (n + 7) / 8 * 8; }
 
@@ -568,7 +570,7 @@ static st_status cuda_ctx_create(st_backend *base, const st_ctx_params *p, st_bc
     c->bytes += c->kv_bytes + (size_t)p->n_slots * (c->conv_slot + c->rec_slot) * sizeof(float);
     /* the plan */
     plan_layout l = layout_of(p, cap_blocks_of(b, p));
-    c->plan_cap = l.total;
+    c->layout = l;
     if (st == ST_OK) st = dev_alloc(b, l.total, (void **)&c->d_plan, err);
     if (st == ST_OK && (e = cudaMallocHost((void **)&c->h_plan, l.total)) != cudaSuccess)
         st = cuda_fail(err, e, "pinned staging");
@@ -613,7 +615,7 @@ static st_status cuda_step_begin(st_bctx *base, const st_step_plan *pl, st_error
     c->first_error = cudaSuccess;
     c->hp = pl;
     c->T = pl->n_tokens;
-    plan_layout l = layout_of(&c->p, cap_blocks_of(c->b, &c->p));
+    const plan_layout l = c->layout;
     const int n = pl->n_items;
     const int64_t nb = pl->block_t0[n];
     uint8_t *h = c->h_plan;
@@ -927,31 +929,8 @@ static void cuda_moe(st_bctx *base, int layer) {
     cu_matmul(c->stream, &L->router, c->xn, d, T, c->gout, E, b->mm_mode);
     note(c, cudaMemcpyAsync(c->h_router, c->gout, (size_t)(T * E) * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
     note(c, cudaStreamSynchronize(c->stream));
-    for (int64_t t = 0; t < T; t++) {
-        float *p = c->h_router + t * E;
-        float mx = p[0];
-        for (int e = 1; e < E; e++) mx = p[e] > mx ? p[e] : mx;
-        float sum = 0.0f;
-        for (int e = 0; e < E; e++) {
-            p[e] = expf(p[e] - mx);
-            sum += p[e];
-        }
-        for (int e = 0; e < E; e++) p[e] /= sum;
-        float wsum = 0.0f;
-        for (int s = 0; s < k; s++) {
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                int taken = 0;
-                for (int q = 0; q < s; q++) taken |= c->h_sel[t * k + q] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = e;
-            }
-            c->h_sel[t * k + s] = best;
-            c->h_selw[t * k + s] = p[best];
-            wsum += p[best];
-        }
-        if (b->norm_topk)
-            for (int s = 0; s < k; s++) c->h_selw[t * k + s] /= wsum;
-    }
+    for (int64_t t = 0; t < T; t++)
+        st_moe_route(c->h_router + t * E, E, k, b->norm_topk, c->h_sel + t * k, c->h_selw + t * k);
     /* the lists of every expert, one after another, uploaded once */
     int64_t at = 0, start[1024 + 1];
     const int ne = E < 1024 ? E : 1024;

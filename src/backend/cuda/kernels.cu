@@ -217,38 +217,14 @@ extern "C" void cu_synth_fill(cu_stream s, void *dst, size_t n, int kind, uint64
 
 enum { FK_F32 = 0, FK_F16 = 1, FK_BF16 = 2, FK_Q8 = 3, FK_Q4 = 4, FK_GEN = 5 };
 
-/* the 8 weights of row r at columns c .. c+7 */
+/* the 8 weights of row r at columns c .. c+7, for the formats without a raw chunk (fp32:
+ * two 16-byte loads; any other, element by element) */
 template <int FK>
 __device__ __forceinline__ void chunk8(const cu_mat &w, int64_t r, int64_t c, float *o) {
-    if (FK == FK_BF16) {
-        const uint4 v = *(const uint4 *)((const uint16_t *)w.data + r * w.cols + c);
-        const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            o[2 * k] = __uint_as_float(u[k] << 16);
-            o[2 * k + 1] = __uint_as_float(u[k] & 0xffff0000u);
-        }
-    } else if (FK == FK_F32) {
+    if (FK == FK_F32) {
         const float4 a = *(const float4 *)((const float *)w.data + r * w.cols + c);
         const float4 b = *(const float4 *)((const float *)w.data + r * w.cols + c + 4);
         o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
-    } else if (FK == FK_Q8 || FK == FK_Q4) {
-        const int64_t g = r * (w.cols / w.group) + c / w.group;
-        const float sc = load_s(w.scales, w.sdtype, g), bi = load_s(w.biases, w.sdtype, g);
-        /* q as a float without an int-to-float conversion: 2^23 + q, less 2^23 (exact) */
-        if (FK == FK_Q8) {
-            const uint2 v = *(const uint2 *)((const uint8_t *)w.data + r * w.cols + c);
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                o[k] = fmaf(sc, __uint_as_float(0x4b000000u | ((v.x >> (8 * k)) & 255u)) - 8388608.0f, bi);
-                o[4 + k] = fmaf(sc, __uint_as_float(0x4b000000u | ((v.y >> (8 * k)) & 255u)) - 8388608.0f, bi);
-            }
-        } else {
-            const uint32_t v = *((const uint32_t *)w.data + (r * w.cols + c) / 8);
-#pragma unroll
-            for (int k = 0; k < 8; k++)
-                o[k] = fmaf(sc, __uint_as_float(0x4b000000u | ((v >> (4 * k)) & 15u)) - 8388608.0f, bi);
-        }
     } else {
 #pragma unroll
         for (int k = 0; k < 8; k++) {
