@@ -62,6 +62,7 @@ async function httpRequest(path, text, { readMode = 'all', abortMs = 0 } = {}) {
   const ctl = new AbortController();
   let timer = null;
   if (abortMs) timer = setTimeout(() => ctl.abort(), abortMs);
+  const started = Date.now();
   try {
     const r = await fetch(URL_ + path, { method: 'POST', body: text, signal: ctl.signal, headers: { 'Content-Type': 'application/json' } });
     if (!STATUSES.has(r.status)) bad.push({ what: 'status', status: r.status, path });
@@ -96,7 +97,10 @@ async function httpRequest(path, text, { readMode = 'all', abortMs = 0 } = {}) {
     }
     count('stream read ' + readMode);
   } catch (e) {
-    if (!ctl.signal.aborted) bad.push({ what: 'fetch failed', err: String(e).slice(0, 200), path });
+    if (!ctl.signal.aborted) {
+      const c = e && e.cause;
+      bad.push({ what: 'fetch failed', err: String(e).slice(0, 200), cause: c ? `${c.code || ''} ${c.message || c}`.slice(0, 200) : null, path, ms: Date.now() - started, body: text.slice(0, 120) });
+    }
     else count('aborted');
   } finally {
     if (timer) clearTimeout(timer);
