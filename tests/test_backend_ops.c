@@ -286,7 +286,7 @@ static void test_model(const char *dir) {
             if ((st = st_batch_plan(cache, items, steps[k].n, &pb, &err)) != ST_OK) break;
             for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) fill(*bufs[i], T * wide);
             for (int i = 0; i < n_cx; i++) run_step(&cx[i], &s, &pb.plan, &in);
-            st_batch_commit(items, steps[k].n);
+            st_batch_commit(cache, items, steps[k].n);
             for (int o = 0; o < N_OPS; o++) {
                 if (!cx[0].n_out[o]) continue;
                 seen[o] = 1;

@@ -147,7 +147,7 @@ static void run_world(const char *dir, const st_model *m, const int32_t *ids, in
                 ran = 0;
                 break;
             }
-            st_batch_commit(items, steps[s].n_items);
+            st_batch_commit(cache, items, steps[s].n_items);
             const int64_t rows = pb.plan.n_logit_rows;
             double e = row_err(got[0], want, rows, V);
             if (!(e <= worst)) worst = e;

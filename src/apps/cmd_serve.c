@@ -23,7 +23,8 @@ static void usage(void) {
             "                    [--kv-dtype f32|bf16] [--kv-blocks N] [--http-threads N]\n"
             "                    [--prep-threads N] [--max-body-mb N] [--keepalive S]\n"
             "                    [--max-connections N] [--idle-timeout S] [--stall-timeout S]\n"
-            "                    [--api-key-file FILE] [--mem-fraction F]\n"
+            "                    [--api-key-file FILE] [--mem-fraction F] [--prefix-cache on|off]\n"
+            "                    [--snapshots N] [--snapshot-every BLOCKS]\n"
             "  Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models,\n"
             "  GET /health, GET /metrics. --port 0 picks a free port (printed on stderr).\n"
             "  The API key comes from --api-key, --api-key-file or $STRAND_API_KEY (in that order);\n"
@@ -32,7 +33,11 @@ static void usage(void) {
             "  before its generation is cancelled (default 60); --max-connections (default 4096):\n"
             "  more are answered 503. --mem-fraction (default 0.9) of the memory this process can have\n"
             "  is planned for the cache: an unset --ctx/--kv-blocks is sized to fit it, an explicit\n"
-            "  plan that does not fit is refused (0: no check).\n");
+            "  plan that does not fit is refused (0: no check).\n"
+            "  --prefix-cache (default on): prompt prefixes already computed are reused (their KV blocks\n"
+            "  and a snapshot of the recurrent state, taken every --snapshot-every blocks of a prompt\n"
+            "  (default 32), before its end and at the end of each reply); --snapshots: the snapshot\n"
+            "  pool (default 2 x max-seqs + 2), sized in the start-up plan.\n");
 }
 
 /* the key in a file: its first line, without the line end */
@@ -125,6 +130,16 @@ int cmd_serve(int argc, char **argv) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_float(a, v, &f)) return 2;
             if (f <= 0) return cli_failf("--keepalive must be positive");
             p.keepalive_s = f;
+        } else if (!strcmp(a, "--prefix-cache")) {
+            if (!(v = cli_value(argc, argv, &i))) return 2;
+            if (strcmp(v, "on") && strcmp(v, "off")) return cli_failf("--prefix-cache must be on or off, not '%s'", v);
+            p.prefix_cache = !strcmp(v, "on");
+        } else if (!strcmp(a, "--snapshots")) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 1, 1 << 20, &x)) return 2;
+            p.snapshots = (int)x;
+        } else if (!strcmp(a, "--snapshot-every")) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 1, 1 << 20, &x)) return 2;
+            p.snapshot_every = (int)x;
         } else if (!strcmp(a, "--kv-dtype")) {
             if (!(v = cli_value(argc, argv, &i))) return 2;
             if (cli_parse_kv_dtype(v, &p.kv_dtype) != 0) return 2;

@@ -150,7 +150,9 @@ enum {
 /* What a context is sized for. */
 typedef struct st_ctx_params {
     int max_tokens;          /* tokens per step */
-    int n_slots;             /* state slots (and items per step) */
+    int n_slots;             /* state slots of sequences (and items per step) */
+    int n_snapshots;         /* further state slots, [n_slots, n_slots + n_snapshots): copies
+                                of sequences' states kept for reuse (the prefix cache) */
     int64_t n_blocks;        /* KV blocks */
     int block_size;          /* positions per block */
     int64_t max_seq_len;     /* positions per sequence */
@@ -160,7 +162,8 @@ typedef struct st_ctx_params {
 /* Memory a context takes, before it exists (memory plans). */
 typedef struct st_ctx_plan {
     size_t kv_block_bytes; /* one KV block (every full-attention layer's K and V) */
-    size_t slot_bytes;     /* one state slot (conv and delta-rule state of every GDN layer) */
+    size_t slot_bytes;     /* one state slot (conv and delta-rule state of every GDN layer);
+                              a snapshot takes as much */
     size_t scratch_bytes;  /* activations, work areas, per-thread scratch */
     size_t total_bytes;    /* all of it for the parameters */
 } st_ctx_plan;
@@ -200,6 +203,11 @@ typedef struct st_backend_ops {
     void (*write)(st_bctx *c, st_act a, int64_t width, const float *in);
     /* results are in host memory when it returns; a device error is reported here */
     st_status (*step_end)(st_bctx *c, st_error *err);
+    /* Between steps (they are ordered with the steps; a device reports its errors at the next
+     * step_end): copy state slot `from` to state slot `to`, both in [0, n_slots +
+     * n_snapshots); copy KV block `from` to block `to` (every full-attention layer). */
+    void (*state_copy)(st_bctx *c, int from, int to);
+    void (*kv_copy)(st_bctx *c, int32_t from, int32_t to);
 } st_backend_ops;
 
 /* The common part of every backend (its first member). */

@@ -60,7 +60,7 @@ void st_backend_cuda_describe(const st_backend *b, char *buf, size_t cap);
 void st_bctx_cuda_graphs(const st_bctx *c, int64_t *captures, int64_t *launches);
 
 /* ---- the entry points the shared object exports (the loader's side of the contract) ---- */
-#define ST_CUDA_ABI 2
+#define ST_CUDA_ABI 3
 typedef struct st_cuda_entry {
     int abi;                                /* ST_CUDA_ABI */
     const st_backend_ops *ops;              /* the ops table (identifies its backends) */

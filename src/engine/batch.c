@@ -37,9 +37,9 @@ st_status st_batch_plan(st_cache *c, const st_batch_item *items, int n_items, st
     }
     if (n_items > pb->cap_items)
         return st_error_set(err, ST_ERR_LIMIT, "a step of %d items exceeds the planned %d", n_items, pb->cap_items);
-    if (blocks > c->n_free_blocks)
+    if (blocks > st_cache_available_blocks(c))
         return st_error_set(err, ST_ERR_BUSY, "KV pool exhausted: need %lld blocks, %lld free",
-                            (long long)blocks, (long long)c->n_free_blocks);
+                            (long long)blocks, (long long)st_cache_available_blocks(c));
     for (int i = 0; i < n_items; i++) {
         st_status st = st_cache_seq_reserve(c, items[i].seq, items[i].n_tokens, err);
         ST_ASSERT(st == ST_OK); /* checked above */
@@ -57,8 +57,8 @@ st_status st_batch_plan(st_cache *c, const st_batch_item *items, int n_items, st
     return ST_OK;
 }
 
-void st_batch_commit(const st_batch_item *items, int n_items) {
-    for (int i = 0; i < n_items; i++) items[i].seq->n_past += items[i].n_tokens;
+void st_batch_commit(st_cache *c, const st_batch_item *items, int n_items) {
+    for (int i = 0; i < n_items; i++) st_cache_seq_commit(c, items[i].seq, items[i].tokens, items[i].n_tokens);
 }
 
 void st_batch_undo(st_cache *c, const st_batch_item *items, int n_items) {
@@ -74,6 +74,6 @@ st_status st_batch_run(st_cache *c, st_fwd *f, const st_batch_item *items, int n
         st_batch_undo(c, items, n_items);
         return st;
     }
-    st_batch_commit(items, n_items);
+    st_batch_commit(c, items, n_items);
     return ST_OK;
 }

@@ -34,8 +34,8 @@ int64_t st_batch_logit_rows(const st_batch_item *items, int n_items);
  * bad token id, context or pool exhausted, plan capacity) nothing is changed. */
 st_status st_batch_plan(st_cache *c, const st_batch_item *items, int n_items, st_plan_buf *pb,
                         st_error *err);
-/* After the step ran: every item's sequence holds its new positions. */
-void st_batch_commit(const st_batch_item *items, int n_items);
+/* After the step ran: every item's sequence holds its new positions (st_cache_seq_commit). */
+void st_batch_commit(st_cache *c, const st_batch_item *items, int n_items);
 /* After a step that did not run: the blocks st_batch_plan reserved go back. */
 void st_batch_undo(st_cache *c, const st_batch_item *items, int n_items);
 

@@ -42,6 +42,7 @@ typedef struct rec {
     int64_t n_hist;         /* tokens in hist */
     int64_t n_prompt;
     int64_t n_fed;          /* tokens the model has seen */
+    int64_t n_cached;       /* of those, taken from the prefix cache */
     int64_t max_new;        /* effective max_tokens */
     int64_t n_new;          /* generated so far */
     int64_t n_reasoning;    /* generated while inside the think block */
@@ -72,6 +73,7 @@ struct st_sched {
     int *item_rec;            /* [max_seqs] */
     float *logits;            /* [max_seqs][vocab] */
     uint64_t admit_counter;
+    int64_t snap_every;       /* positions between the snapshots of a prompt */
     size_t planned_bytes;
     /* shared with other threads */
     pthread_mutex_t mu;
@@ -132,6 +134,8 @@ st_sched_params st_sched_default_params(void) {
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+static int snapshots_of(const st_sched_params *p) { return p->snapshots > 0 ? p->snapshots : 2 * p->max_seqs + 2; }
+
 /* the plan at a context and pool size */
 static void plan_at(const st_model *m, const st_sched_params *p, int64_t ctx, int64_t blocks,
                     st_sched_plan *pl) {
@@ -141,9 +145,12 @@ static void plan_at(const st_model *m, const st_sched_params *p, int64_t ctx, in
     cp.block_size = p->block_size;
     cp.n_blocks = blocks;
     cp.kv_dtype = p->kv_dtype;
+    cp.prefix = p->prefix_cache && m->n_full > 0;
+    cp.n_snapshots = cp.prefix ? snapshots_of(p) : 0;
     st_cache_plan c = st_cache_plan_of(m, &cp);
     st_ctx_params xp = {.max_tokens = p->step_tokens, .n_slots = p->max_seqs, .n_blocks = blocks,
-                        .block_size = p->block_size, .max_seq_len = ctx, .kv_dtype = p->kv_dtype};
+                        .block_size = p->block_size, .max_seq_len = ctx, .kv_dtype = p->kv_dtype,
+                        .n_snapshots = cp.n_snapshots};
     st_ctx_plan bx;
     if (p->backend) p->backend->ops->ctx_plan(p->backend, &xp, &bx);
     else st_cpu_ctx_plan(m, 0, &xp, &bx);
@@ -154,20 +161,26 @@ static void plan_at(const st_model *m, const st_sched_params *p, int64_t ctx, in
     pl->max_seqs = p->max_seqs;
     pl->kv_bytes = m->n_full ? (size_t)blocks * (c.block_bytes + bx.kv_block_bytes) : 0;
     pl->state_bytes = n * (c.slot_bytes + bx.slot_bytes);
+    pl->snapshots = cp.n_snapshots;
+    pl->snapshot_bytes = (size_t)cp.n_snapshots * bx.slot_bytes;
     pl->scratch_bytes = bx.scratch_bytes;
     pl->other_bytes = n * ((size_t)ctx * 4 + sizeof(rec) + vocab * 4 + TEXTOUT_BYTES_EST) + vocab * 17;
-    pl->total_bytes = pl->kv_bytes + pl->state_bytes + pl->scratch_bytes + pl->other_bytes;
+    pl->total_bytes = pl->kv_bytes + pl->state_bytes + pl->snapshot_bytes + pl->scratch_bytes + pl->other_bytes +
+                      (c.total_bytes - (size_t)blocks * c.block_bytes - n * c.slot_bytes); /* the prefix books */
 }
 
 static double gib(size_t b) { return (double)b / (double)(1u << 30); }
 
 void st_sched_plan_text(const st_sched_plan *pl, char *buf, size_t cap) {
+    char snaps[96] = "";
+    if (pl->snapshots)
+        snprintf(snaps, sizeof snaps, ", prefix-cache snapshots %.2f GiB (%d)", gib(pl->snapshot_bytes), pl->snapshots);
     snprintf(buf, cap,
              "%.2f GiB: KV pool %.2f GiB (%lld blocks of %d positions, %.1f contexts of %lld), "
-             "state %.2f GiB (%d sequences), scratch %.2f GiB, histories and buffers %.2f GiB",
+             "state %.2f GiB (%d sequences)%s, scratch %.2f GiB, histories and buffers %.2f GiB",
              gib(pl->total_bytes), gib(pl->kv_bytes), (long long)pl->kv_blocks, pl->block_size,
              pl->ctx ? (double)pl->kv_blocks * pl->block_size / (double)pl->ctx : 0.0, (long long)pl->ctx,
-             gib(pl->state_bytes), pl->max_seqs, gib(pl->scratch_bytes), gib(pl->other_bytes));
+             gib(pl->state_bytes), pl->max_seqs, snaps, gib(pl->scratch_bytes), gib(pl->other_bytes));
 }
 
 /* the largest context (a multiple of the block size, <= ctx_max) at which every sequence
@@ -341,8 +354,17 @@ st_status st_sched_create(const st_model *m, const st_tokenizer *tok, const st_s
     cp.block_size = p->block_size;
     cp.n_blocks = plan.kv_blocks;
     cp.kv_dtype = p->kv_dtype;
+    cp.prefix = plan.snapshots > 0 || (p->prefix_cache && m->n_full > 0);
+    cp.n_snapshots = plan.snapshots;
+    if (p->snapshot_every < 0) {
+        st = st_error_set(err, ST_ERR_ARG, "snapshot_every must be >= 0");
+        goto fail;
+    }
+    s->snap_every = (int64_t)(p->snapshot_every > 0 ? p->snapshot_every : 32) * p->block_size;
     st_backend *be = p->backend;
-    if (!be && (st = st_backend_cpu_create(m, NULL, NULL, &s->own_backend, err)) != ST_OK) goto fail;
+    st_cpu_params cpu = st_cpu_default_params();
+    cpu.gdn_chunked = !cp.prefix; /* a position's result must not depend on how steps split the prompt */
+    if (!be && (st = st_backend_cpu_create(m, &cpu, NULL, &s->own_backend, err)) != ST_OK) goto fail;
     if (!be) be = s->own_backend;
     if ((st = st_cache_create(m, &cp, &s->cache, err)) != ST_OK) goto fail;
     st_ctx_params xp = st_cache_ctx_params(s->cache, p->step_tokens);
@@ -559,6 +581,7 @@ static void finish_rec(st_sched *s, rec *c, st_finish_reason why, const char *er
     ev.usage.prompt_tokens = c->n_prompt;
     ev.usage.completion_tokens = c->n_new;
     ev.usage.reasoning_tokens = c->n_reasoning;
+    ev.usage.cached_tokens = c->n_cached;
     double t = st_now_s();
     ev.queue_s = c->t_admit - r->t_submit;
     ev.ttft_s = c->t_first > 0 ? c->t_first - r->t_submit : 0;
@@ -631,7 +654,7 @@ static req *take_cancelled(st_sched *s) {
 /* (under mu) the first queued request whose budget the pool can hold now. Requests behind
  * one that is short of blocks may pass it until it has waited head_wait_s. */
 static req *take_admissible(st_sched *s, double now) {
-    int64_t avail = s->cache->n_free_blocks - committed_blocks(s);
+    int64_t avail = st_cache_available_blocks(s->cache) - committed_blocks(s);
     req *prev = NULL;
     for (req *r = s->qhead; r; prev = r, r = r->qnext) {
         if (blocks_for(s, r->n_prompt + max_new_tokens(s, r)) <= avail) {
@@ -671,7 +694,12 @@ static int admit(st_sched *s) {
         changed = 1;
         rec *c = &s->recs[slot];
         st_error err = {0};
-        st_status st = st_cache_seq_start(s->cache, &c->seq, &err);
+        int snap_slot = -1;
+        st_status st = st_cache_seq_start_prefix(s->cache, &c->seq, r->prompt, r->n_prompt, &snap_slot, &err);
+        if (st == ST_OK && snap_slot >= 0) {
+            st_bctx *bx = st_fwd_ctx(s->fwd);
+            bx->b->ops->state_copy(bx, snap_slot, c->seq.slot);
+        }
         if (st == ST_OK && c->tx)
             st = st_textout_reset(c->tx, r->p.stop, r->p.n_stop, r->p.split_reasoning,
                                   r->p.start_in_reasoning, r->p.skip_special, &err);
@@ -688,7 +716,8 @@ static int admit(st_sched *s) {
         c->n_hist = c->n_prompt = r->n_prompt;
         free(r->prompt);
         r->prompt = NULL;
-        c->n_fed = c->n_new = c->n_reasoning = 0;
+        c->n_fed = c->n_cached = c->seq.n_past; /* positions resumed from the prefix cache */
+        c->n_new = c->n_reasoning = 0;
         c->max_new = max_new_tokens(s, r);
         c->budget_blocks = blocks_for(s, c->n_prompt + c->max_new);
         c->order = s->admit_counter++;
@@ -795,6 +824,34 @@ static int check_running(st_sched *s, double now) {
     return ended;
 }
 
+/* The next position at or after `from` where a prompt's prefill stops for a snapshot: a
+ * multiple of snap_every, or the last block boundary before the prompt's end; 0: none. */
+static int64_t snapshot_point(const st_sched *s, const rec *c, int64_t from) {
+    if (!s->cache->p.prefix) return 0;
+    const int64_t bs = s->p.block_size, last = (c->n_prompt - 1) / bs * bs;
+    const int64_t every = (from / s->snap_every + 1) * s->snap_every;
+    if (from < last && every > last) return last;
+    return every < c->n_prompt ? every : 0;
+}
+
+/* After a step that ran c: a public snapshot where its prefill stopped at a snapshot point;
+ * while it decodes, its private snapshot moves to each block boundary it reaches. */
+static void take_snapshot(st_sched *s, rec *c, int prefill) {
+    if (!s->cache->p.prefix || !c->r) return;
+    const int64_t pos = c->seq.n_past, bs = s->p.block_size;
+    if (pos <= 0 || pos % bs) return;
+    int to = -1;
+    if (prefill && pos < c->n_prompt) {
+        if (pos % s->snap_every == 0 || pos == (c->n_prompt - 1) / bs * bs) to = st_cache_snap_public(s->cache, &c->seq);
+    } else if (!prefill) {
+        to = st_cache_snap_private(s->cache, &c->seq);
+    }
+    if (to >= 0) {
+        st_bctx *bx = st_fwd_ctx(s->fwd);
+        bx->b->ops->state_copy(bx, c->seq.slot, to);
+    }
+}
+
 int st_sched_step(st_sched *s) {
     pthread_mutex_lock(&s->mu);
     s->kicks_seen = s->kicks;
@@ -825,6 +882,8 @@ int st_sched_step(st_sched *s) {
         rec *c = &s->recs[best];
         int64_t take = c->n_prompt - c->n_fed;
         if (take > budget) take = budget;
+        const int64_t cut = snapshot_point(s, c, c->n_fed);
+        if (cut > c->n_fed && cut < c->n_fed + take) take = cut - c->n_fed;
         s->items[n] = (st_batch_item){&c->seq, &c->hist[c->n_fed], (int)take,
                                       c->n_fed + take == c->n_prompt ? ST_LOGITS_LAST : ST_LOGITS_NONE};
         s->item_rec[n++] = best;
@@ -840,8 +899,10 @@ int st_sched_step(st_sched *s) {
             int64_t row = 0, prefilled = 0;
             for (int k = 0; k < n; k++) {
                 rec *c = &s->recs[s->item_rec[k]];
-                if (c->n_fed < c->n_prompt) prefilled += s->items[k].n_tokens;
+                const int prefill = c->n_fed < c->n_prompt;
+                if (prefill) prefilled += s->items[k].n_tokens;
                 c->n_fed += s->items[k].n_tokens;
+                take_snapshot(s, c, prefill);
                 if (s->items[k].logits == ST_LOGITS_NONE) continue;
                 on_logits(s, c, s->logits + row * s->m->cfg.vocab_size);
                 row++;
@@ -856,7 +917,9 @@ int st_sched_step(st_sched *s) {
     s->idle = !progress;
     s->stats.running = s->n_running;
     s->stats.paused = paused;
-    s->stats.kv_blocks_used = s->cache->p.n_blocks - s->cache->n_free_blocks;
+    s->stats.kv_blocks_used = s->cache->p.n_blocks - st_cache_available_blocks(s->cache);
+    s->stats.prefix = s->cache->stats;
+    s->stats.prefix.cached_blocks = s->cache->n_cached_blocks;
     int left = s->n_waiting + s->n_running;
     pthread_mutex_unlock(&s->mu);
     return left;

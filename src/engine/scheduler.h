@@ -30,6 +30,17 @@
  * ctx, the largest pool that holds at least one), and an explicit plan that cannot fit is
  * refused with a message saying what would.
  *
+ * Prefix cache (prefix_cache): filled KV blocks stay cached after their sequence ends and a
+ * request resumes from the longest prefix of its prompt that has its blocks and a state
+ * snapshot (engine/cache.h), prefilling only the rest; usage.cached_tokens says how many
+ * positions it skipped. Snapshots are taken every snapshot_every blocks of a prompt, at the
+ * last block boundary before a prompt's end, and at the last block boundary a reply reached
+ * (the sequence keeps one moving forward as it decodes; it becomes public when the sequence
+ * ends), so the next turn of a chat resumes after the previous answer. Results are bit for
+ * bit those of a cold run: a position's computation depends only on the tokens up to it
+ * (the CPU backend the scheduler makes then computes the delta rule per step, never in
+ * chunks whose arithmetic differs; a backend passed in must do the same).
+ *
  * Finished and cancelled sequences return their blocks and slot within the step. Every
  * per-sequence structure is fixed-size and allocated when the scheduler is created; a step
  * that only decodes allocates nothing.
@@ -123,6 +134,9 @@ typedef struct st_sched_params {
     double head_wait_s;      /* how long later requests may pass a queue head short of blocks */
     size_t mem_budget;       /* bytes the plan may take (cache, state, scratch, histories);
                                 0 = not checked */
+    int prefix_cache;        /* keep KV blocks and state snapshots for reuse (default 0) */
+    int snapshots;           /* the snapshot pool with prefix_cache; 0 = 2 x max_seqs + 2 */
+    int snapshot_every;      /* blocks between the snapshots of a prompt; 0 = 32 */
     st_backend *backend;     /* borrowed (it must outlive the scheduler); NULL = a CPU backend
                                 with default parameters, made and owned by the scheduler */
 } st_sched_params;
@@ -137,6 +151,8 @@ typedef struct st_sched_plan {
     int max_seqs;
     size_t kv_bytes;      /* the pool */
     size_t state_bytes;   /* recurrent and conv state, block tables */
+    int snapshots;        /* the snapshot pool (0 without the prefix cache) */
+    size_t snapshot_bytes; /* its state */
     size_t scratch_bytes; /* the forward pass's */
     size_t other_bytes;   /* histories, logits, sampler, text pipelines */
     size_t total_bytes;
@@ -200,6 +216,7 @@ typedef struct st_sched_stats {
     int64_t steps, tokens_prefilled, tokens_generated;
     int64_t finished[5];      /* by st_finish_reason */
     size_t planned_bytes;     /* cache + scratch + sequence records */
+    st_prefix_stats prefix;   /* the prefix cache's counters */
 } st_sched_stats;
 
 void st_sched_get_stats(st_sched *s, st_sched_stats *out);

@@ -157,6 +157,30 @@ char *st_metrics_render(st_metrics *m, const st_sched_stats *ss, const st_server
             "strand_kv_blocks_total %lld\n", (long long)ss->kv_blocks_total);
     out(&b, "# HELP strand_steps_total Scheduler steps run.\n# TYPE strand_steps_total counter\n"
             "strand_steps_total %lld\n", (long long)ss->steps);
+    const st_prefix_stats *px = &ss->prefix;
+    out(&b, "# HELP strand_kv_blocks_cached KV blocks no sequence holds, kept for prefix reuse.\n"
+            "# TYPE strand_kv_blocks_cached gauge\nstrand_kv_blocks_cached %lld\n", (long long)px->cached_blocks);
+    out(&b, "# HELP strand_prefix_lookup_tokens_total Prompt tokens looked up in the prefix cache.\n"
+            "# TYPE strand_prefix_lookup_tokens_total counter\nstrand_prefix_lookup_tokens_total %lld\n",
+        (long long)px->lookup_tokens);
+    out(&b, "# HELP strand_prefix_hit_tokens_total Prompt tokens served from the prefix cache.\n"
+            "# TYPE strand_prefix_hit_tokens_total counter\nstrand_prefix_hit_tokens_total %lld\n",
+        (long long)px->hit_tokens);
+    out(&b, "# HELP strand_prefix_requests_total Requests looked up in the prefix cache, by result.\n"
+            "# TYPE strand_prefix_requests_total counter\nstrand_prefix_requests_total{result=\"hit\"} %lld\n"
+            "strand_prefix_requests_total{result=\"miss\"} %lld\n",
+        (long long)px->hits, (long long)(px->lookups - px->hits));
+    out(&b, "# HELP strand_snapshots_total State snapshots of the prefix cache, by event.\n"
+            "# TYPE strand_snapshots_total counter\nstrand_snapshots_total{event=\"taken\"} %lld\n"
+            "strand_snapshots_total{event=\"used\"} %lld\nstrand_snapshots_total{event=\"evicted\"} %lld\n"
+            "strand_snapshots_total{event=\"dropped\"} %lld\n",
+        (long long)px->snapshots_taken, (long long)px->snapshots_used, (long long)px->snapshots_evicted,
+        (long long)px->snapshots_dropped);
+    out(&b, "# HELP strand_snapshots_public State snapshots a request can resume from.\n"
+            "# TYPE strand_snapshots_public gauge\nstrand_snapshots_public %lld\n", (long long)px->snapshots_public);
+    out(&b, "# HELP strand_kv_blocks_evicted_total Cached KV blocks evicted for new positions.\n"
+            "# TYPE strand_kv_blocks_evicted_total counter\nstrand_kv_blocks_evicted_total %lld\n",
+        (long long)px->blocks_evicted);
     out(&b, "# HELP strand_up 1 when the model is loaded and serving.\n# TYPE strand_up gauge\nstrand_up %d\n",
         health == 1);
     return b.p;

@@ -23,6 +23,7 @@ st_server_params st_server_default_params(void) {
                    .cpu = {.kernels = NULL, .n_threads = 0, .pack = 1, .gdn_chunked = 1, .min_parallel_work = 0},
                    .cuda = {.device = 0, .library = NULL, .precision = ST_PRECISION_EXACT, .no_tensor_cores = 0},
                    .precision = ST_PRECISION_EXACT},
+        .prefix_cache = 1,
     };
     return p;
 }
@@ -121,7 +122,9 @@ static void load_defaults(srv *s) {
 static st_status load_all(srv *s, st_error *err) {
     st_status st;
     if ((st = st_model_load(s->p.model_dir, &s->m, err)) != ST_OK) return st;
-    if ((st = st_backend_create(s->m, &s->p.device, &s->backend, err)) != ST_OK) return st;
+    st_device_params dev = s->p.device;
+    if (s->p.prefix_cache) dev.cpu.gdn_chunked = 0; /* results independent of how prompts are split */
+    if ((st = st_backend_create(s->m, &dev, &s->backend, err)) != ST_OK) return st;
     if ((st = st_tok_load_dir(s->p.model_dir, &s->tok, err)) != ST_OK) return st;
     s->max_token_bytes = st_textout_max_token_bytes(s->tok);
     st_error terr = {0};
@@ -140,6 +143,9 @@ static st_status load_all(srv *s, st_error *err) {
     sp.stall_timeout_s = s->p.stall_timeout_s;
     sp.mem_budget = st_sched_memory_budget(s->m, s->backend, s->p.mem_fraction);
     sp.backend = s->backend;
+    sp.prefix_cache = s->p.prefix_cache;
+    sp.snapshots = s->p.snapshots;
+    sp.snapshot_every = s->p.snapshot_every;
     if ((st = st_sched_create(s->m, s->tok, &sp, &s->sched, err)) != ST_OK) return st;
     size_t ev = st_sched_max_event_text(s->sched);
     s->inbox_cap = 4 * ev > INBOX_MIN_TEXT ? 4 * ev : INBOX_MIN_TEXT;

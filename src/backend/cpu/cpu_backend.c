@@ -571,8 +571,8 @@ typedef struct cpu_ctx {
     /* storage the engine keeps the books of (engine/cache.h) */
     uint8_t *kv;             /* [n_blocks][n_full][2][nkv][block_size][hd] of kv_dtype */
     size_t kv_elem, kv_head_stride, kv_block_elems, kv_bytes;
-    float *conv;             /* [n_slots][n_linear][K-1][cd] */
-    float *rec;              /* [n_slots][n_linear][Hv][Dv][Dk] */
+    float *conv;             /* [n_slots + n_snapshots][n_linear][K-1][cd] */
+    float *rec;              /* [n_slots + n_snapshots][n_linear][Hv][Dv][Dk] */
     size_t conv_slot_floats, rec_slot_floats;
     /* an in-process all-reduce group, when joined */
     st_cpu_group *group;     /* borrowed */
@@ -640,8 +640,8 @@ static void cpu_ctx_plan(const st_backend *base, const st_ctx_params *p, st_ctx_
     out->kv_block_bytes = s.kv_block_elems * s.kv_elem;
     out->slot_bytes = (s.conv_slot_floats + s.rec_slot_floats) * sizeof(float);
     out->scratch_bytes = scratch_plan(b, p);
-    out->total_bytes = (size_t)p->n_blocks * out->kv_block_bytes + (size_t)p->n_slots * out->slot_bytes +
-                       out->scratch_bytes;
+    out->total_bytes = (size_t)p->n_blocks * out->kv_block_bytes +
+                       (size_t)(p->n_slots + p->n_snapshots) * out->slot_bytes + out->scratch_bytes;
 }
 
 static void cpu_ctx_destroy(st_bctx *base) {
@@ -668,8 +668,9 @@ static void cpu_ctx_destroy(st_bctx *base) {
     free(c->run_work);
     free(c->run_s);
     st_big_free(c->kv, c->kv_bytes);
-    st_big_free(c->conv, (size_t)c->p.n_slots * c->conv_slot_floats * sizeof(float));
-    st_big_free(c->rec, (size_t)c->p.n_slots * c->rec_slot_floats * sizeof(float));
+    const size_t n_states = (size_t)(c->p.n_slots + c->p.n_snapshots);
+    st_big_free(c->conv, n_states * c->conv_slot_floats * sizeof(float));
+    st_big_free(c->rec, n_states * c->rec_slot_floats * sizeof(float));
     free(c);
 }
 
@@ -689,7 +690,8 @@ static st_status cpu_ctx_create(st_backend *base, const st_ctx_params *p, st_bct
     cpu_backend *b = (cpu_backend *)base;
     if (p->max_tokens < 1 || p->max_tokens > (1 << 20))
         return st_error_set(err, ST_ERR_ARG, "max_tokens must be in [1, 2^20]");
-    if (p->n_slots < 1 || p->block_size < 1 || p->max_seq_len < 1 || p->n_blocks < 0)
+    if (p->n_slots < 1 || p->block_size < 1 || p->max_seq_len < 1 || p->n_blocks < 0 || p->n_snapshots < 0 ||
+        p->n_snapshots > (1 << 20))
         return st_error_set(err, ST_ERR_ARG, "context: slots, block size and length must be positive");
     cpu_ctx *c = calloc(1, sizeof *c);
     if (!c) return st_error_set(err, ST_ERR_NOMEM, "out of memory");
@@ -770,7 +772,7 @@ static st_status cpu_ctx_create(st_backend *base, const st_ctx_params *p, st_bct
     c->conv_slot_floats = s.conv_slot_floats;
     c->rec_slot_floats = s.rec_slot_floats;
     c->kv_bytes = (size_t)p->n_blocks * s.kv_block_elems * s.kv_elem;
-    const size_t n_slots = (size_t)p->n_slots;
+    const size_t n_slots = (size_t)(p->n_slots + p->n_snapshots);
     if (!fail) {
         c->kv = st_big_alloc(c->kv_bytes);
         c->conv = st_big_alloc(n_slots * c->conv_slot_floats * sizeof(float));
@@ -802,7 +804,26 @@ struct st_pool *st_bctx_cpu_pool(st_bctx *c) { return ((cpu_ctx *)c)->pool; }
 
 size_t st_bctx_cpu_storage_bytes(const st_bctx *base) {
     const cpu_ctx *c = (const cpu_ctx *)base;
-    return c->kv_bytes + (size_t)c->p.n_slots * (c->conv_slot_floats + c->rec_slot_floats) * sizeof(float);
+    return c->kv_bytes +
+           (size_t)(c->p.n_slots + c->p.n_snapshots) * (c->conv_slot_floats + c->rec_slot_floats) * sizeof(float);
+}
+
+static void cpu_state_copy(st_bctx *base, int from, int to) {
+    cpu_ctx *c = (cpu_ctx *)base;
+    ST_ASSERT(from >= 0 && to >= 0 && from < c->p.n_slots + c->p.n_snapshots && to < c->p.n_slots + c->p.n_snapshots);
+    if (from == to) return;
+    memcpy(c->conv + (size_t)to * c->conv_slot_floats, c->conv + (size_t)from * c->conv_slot_floats,
+           c->conv_slot_floats * sizeof(float));
+    memcpy(c->rec + (size_t)to * c->rec_slot_floats, c->rec + (size_t)from * c->rec_slot_floats,
+           c->rec_slot_floats * sizeof(float));
+}
+
+static void cpu_kv_copy(st_bctx *base, int32_t from, int32_t to) {
+    cpu_ctx *c = (cpu_ctx *)base;
+    ST_ASSERT(from >= 0 && to >= 0 && from < c->p.n_blocks && to < c->p.n_blocks);
+    if (from == to) return;
+    const size_t bytes = c->kv_block_elems * c->kv_elem;
+    memcpy(c->kv + (size_t)to * bytes, c->kv + (size_t)from * bytes, bytes);
 }
 
 void st_bctx_cpu_join(st_bctx *base, st_cpu_group *g, int rank) {
@@ -1701,6 +1722,8 @@ static const st_backend_ops cpu_ops = {
     .read = cpu_read,
     .write = cpu_write,
     .step_end = cpu_step_end,
+    .state_copy = cpu_state_copy,
+    .kv_copy = cpu_kv_copy,
 };
 
 void st_cpu_ctx_plan(const st_model *m, int n_threads, const st_ctx_params *p, st_ctx_plan *out) {

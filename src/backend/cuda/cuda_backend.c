@@ -492,7 +492,8 @@ static void cuda_ctx_plan(const st_backend *base, const st_ctx_params *p, st_ctx
     size_t floats = T * (size_t)(5 * b->d + w1 + w2 + w3 + b->Hv + wm + 2) + (size_t)LOGIT_CHUNK * (size_t)b->V;
     out->scratch_bytes = floats * sizeof(float) + 2 * layout_of(p, cap_blocks_of(b, p)).total +
                          T * (size_t)(b->E + 4 * b->topk + 2) * 4;
-    out->total_bytes = (size_t)p->n_blocks * out->kv_block_bytes + (size_t)p->n_slots * out->slot_bytes + out->scratch_bytes;
+    out->total_bytes = (size_t)p->n_blocks * out->kv_block_bytes + (size_t)(p->n_slots + p->n_snapshots) * out->slot_bytes +
+                       out->scratch_bytes;
 }
 
 static void cuda_ctx_destroy(st_bctx *base) {
@@ -528,7 +529,8 @@ static st_status cuda_ctx_create(st_backend *base, const st_ctx_params *p, st_bc
     *out = NULL;
     cuda_backend *b = (cuda_backend *)base;
     const st_model *m = b->base.m;
-    if (p->max_tokens < 1 || p->n_slots < 1 || p->block_size < 1 || p->max_seq_len < 1 || p->n_blocks < 0)
+    if (p->max_tokens < 1 || p->n_slots < 1 || p->block_size < 1 || p->max_seq_len < 1 || p->n_blocks < 0 ||
+        p->n_snapshots < 0 || p->n_snapshots > (1 << 20))
         return fail(err, ST_ERR_ARG, "context: bad parameters");
     cudaSetDevice(b->device);
     cuda_ctx *c = calloc(1, sizeof *c);
@@ -565,9 +567,10 @@ static st_status cuda_ctx_create(st_backend *base, const st_ctx_params *p, st_bc
     c->conv_slot = (size_t)m->n_linear * (size_t)(b->K - 1) * (size_t)b->cd;
     c->rec_slot = (size_t)m->n_linear * (size_t)b->Hv * (size_t)b->Dv * (size_t)b->Dk;
     if (st == ST_OK) st = dev_alloc(b, c->kv_bytes, &c->kv, err);
-    if (st == ST_OK) st = dev_alloc(b, (size_t)p->n_slots * c->conv_slot * sizeof(float), (void **)&c->conv, err);
-    if (st == ST_OK) st = dev_alloc(b, (size_t)p->n_slots * c->rec_slot * sizeof(float), (void **)&c->rec, err);
-    c->bytes += c->kv_bytes + (size_t)p->n_slots * (c->conv_slot + c->rec_slot) * sizeof(float);
+    const size_t n_states = (size_t)(p->n_slots + p->n_snapshots); /* sequences, then snapshots */
+    if (st == ST_OK) st = dev_alloc(b, n_states * c->conv_slot * sizeof(float), (void **)&c->conv, err);
+    if (st == ST_OK) st = dev_alloc(b, n_states * c->rec_slot * sizeof(float), (void **)&c->rec, err);
+    c->bytes += c->kv_bytes + n_states * (c->conv_slot + c->rec_slot) * sizeof(float);
     /* the plan */
     plan_layout l = layout_of(p, cap_blocks_of(b, p));
     c->layout = l;
@@ -1008,6 +1011,31 @@ static st_status cuda_step_end(st_bctx *base, st_error *err) {
     return ST_OK;
 }
 
+/* between steps, on the context's stream (ordered with the steps; errors at the next step_end) */
+static void cuda_state_copy(st_bctx *base, int from, int to) {
+    cuda_ctx *c = (cuda_ctx *)base;
+    const int n = c->p.n_slots + c->p.n_snapshots;
+    ST_ASSERT(from >= 0 && to >= 0 && from < n && to < n);
+    if (from == to) return;
+    cudaSetDevice(c->b->device);
+    if (c->conv_slot)
+        note(c, cudaMemcpyAsync(c->conv + (size_t)to * c->conv_slot, c->conv + (size_t)from * c->conv_slot,
+                                c->conv_slot * sizeof(float), cudaMemcpyDeviceToDevice, c->stream));
+    if (c->rec_slot)
+        note(c, cudaMemcpyAsync(c->rec + (size_t)to * c->rec_slot, c->rec + (size_t)from * c->rec_slot,
+                                c->rec_slot * sizeof(float), cudaMemcpyDeviceToDevice, c->stream));
+}
+
+static void cuda_kv_copy(st_bctx *base, int32_t from, int32_t to) {
+    cuda_ctx *c = (cuda_ctx *)base;
+    ST_ASSERT(from >= 0 && to >= 0 && from < c->p.n_blocks && to < c->p.n_blocks);
+    if (from == to || !c->kv_block_elems) return;
+    cudaSetDevice(c->b->device);
+    const size_t bytes = c->kv_block_elems * c->kv_elem;
+    char *kv = c->kv;
+    note(c, cudaMemcpyAsync(kv + (size_t)to * bytes, kv + (size_t)from * bytes, bytes, cudaMemcpyDeviceToDevice, c->stream));
+}
+
 static const st_backend_ops cuda_ops = {
     .name = "cuda",
     .destroy = cuda_destroy,
@@ -1028,6 +1056,8 @@ static const st_backend_ops cuda_ops = {
     .read = cuda_read,
     .write = cuda_write,
     .step_end = cuda_step_end,
+    .state_copy = cuda_state_copy,
+    .kv_copy = cuda_kv_copy,
 };
 
 static void cuda_graphs(const st_bctx *base, int64_t *captures, int64_t *launches) {

@@ -1,0 +1,296 @@
+/* ==== The prefix cache: block books, snapshots, and bit-exact reuse through the scheduler ====
+ * Books (engine/cache.h, no model run): a filled block is found again by its contents and
+ * only by them; a block equal to a registered one is exchanged for it; a snapshot is found
+ * at the longest prefix that has its blocks, partial blocks never match; a snapshot whose
+ * block was evicted is dropped and the lookup falls back to an earlier one; eviction takes
+ * the oldest cached block and nothing that is held.
+ * Scheduler (tiny-a, CPU): a request served from the cache gives the tokens and the logprob
+ * bits (chosen and top 20) of the same request on a cold scheduler; a chat's next turn
+ * resumes after the previous reply; sharers that run together are each right; a small pool
+ * under pressure finishes everything with every block accounted for. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/cache.h"
+#include "engine/scheduler.h"
+#include "tap.h"
+
+/* ---------------------------------------------------------------------------------------- */
+/* the books */
+
+static st_cache *books(const st_model *m, int n_slots, int64_t n_blocks, int n_snapshots) {
+    st_cache_params p = st_cache_default_params();
+    p.n_slots = n_slots;
+    p.max_seq_len = 1024;
+    p.block_size = 16;
+    p.n_blocks = n_blocks;
+    p.prefix = 1;
+    p.n_snapshots = n_snapshots;
+    st_cache *c = NULL;
+    st_error err = {0};
+    if (st_cache_create(m, &p, &c, &err) != ST_OK) printf("# cache: %s\n", err.msg);
+    return c;
+}
+
+/* a sequence that takes n tokens of ids, with public snapshots at the positions listed */
+static void feed(st_cache *c, st_seq *s, const int32_t *ids, int64_t n) {
+    st_error err = {0};
+    if (st_cache_seq_reserve(c, s, n, &err) != ST_OK) printf("# reserve: %s\n", err.msg);
+    st_cache_seq_commit(c, s, ids, n);
+}
+
+static void test_books(const st_model *m) {
+    st_cache *c = books(m, 4, 64, 3);
+    if (!CHECK(c != NULL, "a cache with the prefix cache")) return;
+    int32_t a[200], b[200];
+    for (int i = 0; i < 200; i++) a[i] = b[i] = 1 + (i * 37) % 500;
+    b[40] = 999; /* b shares 40 positions with a: two whole blocks and half of the third */
+    st_seq s1, s2;
+    int slot = 0;
+    st_error err = {0};
+    /* a cold lookup misses */
+    st_cache_seq_start_prefix(c, &s1, a, 100, &slot, &err);
+    CHECK(s1.n_past == 0 && slot < 0 && s1.n_blocks == 0, "a cold prompt misses");
+    feed(c, &s1, a, 64);
+    int snap64 = st_cache_snap_public(c, &s1);
+    CHECK(snap64 == 4, "a snapshot at 64 takes the first snapshot slot after the 4 sequence slots (%d)", snap64);
+    CHECK(st_cache_snap_public(c, &s1) == -1, "an equal snapshot is not taken twice");
+    feed(c, &s1, a + 64, 36);
+    int32_t held[8];
+    memcpy(held, s1.blocks, sizeof held);
+    st_cache_seq_release(c, &s1);
+    CHECK(c->n_cached_blocks == 6 && c->n_free_blocks == 58,
+          "after the release its 6 filled blocks stay cached, the partial one is free (%lld cached, %lld free)",
+          (long long)c->n_cached_blocks, (long long)c->n_free_blocks);
+    /* the same prompt resumes at 64 with the same blocks */
+    st_cache_seq_start_prefix(c, &s1, a, 100, &slot, &err);
+    CHECK(s1.n_past == 64 && slot == snap64 && s1.n_blocks == 4 && memcmp(s1.blocks, held, 4 * sizeof *held) == 0,
+          "the same prompt resumes at 64 from that snapshot with the first 4 blocks (n_past %lld)", (long long)s1.n_past);
+    CHECK(c->n_cached_blocks == 2, "the 4 blocks it holds left the cached list");
+    /* b shares 40 positions: blocks 0 and 1 match, but no snapshot at 32 exists */
+    st_cache_seq_start_prefix(c, &s2, b, 100, &slot, &err);
+    CHECK(s2.n_past == 0 && slot < 0, "a prefix with blocks but no snapshot misses");
+    /* it fills its own blocks 0 and 1: equal to the registered ones, so exchanged for them */
+    feed(c, &s2, b, 32);
+    int snap32 = st_cache_snap_public(c, &s2);
+    feed(c, &s2, b + 32, 8);
+    CHECK(s2.blocks[0] == held[0] && s2.blocks[1] == held[1] && s2.blocks[2] != held[2],
+          "filled blocks equal to registered ones are exchanged for them; the differing one is not");
+    CHECK(c->ref[held[0]] == 2, "a shared block has both holders");
+    CHECK(snap32 == 5, "a snapshot at 32 (%d)", snap32);
+    CHECK(st_cache_snap_public(c, &s2) == -1, "no snapshot inside a block (at 40)");
+    st_cache_seq_release(c, &s2);
+    /* now b resumes at 32 (a partial block, 32..40, never matches) */
+    st_cache_seq_start_prefix(c, &s2, b, 100, &slot, &err);
+    CHECK(s2.n_past == 32 && slot == snap32, "a prompt sharing 40 positions resumes at 32 (%lld)", (long long)s2.n_past);
+    /* a prompt of exactly 64 tokens may resume at 48 at most (one token is always prefilled) */
+    st_cache_seq_release(c, &s2);
+    st_cache_seq_start_prefix(c, &s2, a, 64, &slot, &err);
+    CHECK(s2.n_past == 32 && slot == snap32, "a 64-token prompt cannot use the snapshot at 64 (resumes at %lld)",
+          (long long)s2.n_past);
+    st_cache_seq_release(c, &s2);
+    st_cache_seq_release(c, &s1);
+    /* the pool of 3: another prompt's snapshot fits, a fourth evicts the least recently used
+     * (64: 32 was used after it) */
+    int32_t y[64];
+    for (int i = 0; i < 64; i++) y[i] = 700 + i;
+    st_cache_seq_start(c, &s1, &err);
+    feed(c, &s1, y, 16);
+    CHECK(st_cache_snap_public(c, &s1) == 6, "a third snapshot in the last free entry");
+    feed(c, &s1, y + 16, 16);
+    int snap_y = st_cache_snap_public(c, &s1);
+    CHECK(snap_y == snap64, "a fourth snapshot evicts the least recently used one (at 64): slot %d", snap_y);
+    CHECK(c->stats.snapshots_evicted == 1, "one snapshot evicted");
+    st_cache_seq_release(c, &s1);
+    /* a prompt that shares 100 positions of a: the snapshot at 64 is gone, 32 is the nearest */
+    for (int i = 0; i < 200; i++) b[i] = a[i];
+    b[100] = 998;
+    st_cache_seq_start_prefix(c, &s2, b, 150, &slot, &err);
+    CHECK(s2.n_past == 32 && slot == snap32, "with the snapshot at 64 evicted it falls back to 32 (%lld)",
+          (long long)s2.n_past);
+    st_cache_seq_release(c, &s2);
+    /* block pressure: a sequence that needs the whole pool evicts cached blocks, oldest first;
+     * a snapshot whose block is gone is dropped at the next lookup */
+    int64_t before = c->stats.blocks_evicted, cached_before = c->n_cached_blocks;
+    st_cache_seq_start(c, &s1, &err);
+    int32_t z[1024];
+    for (int i = 0; i < 1024; i++) z[i] = 2000 + i % 7;
+    feed(c, &s1, z, 1024);
+    CHECK(s1.n_blocks == 64 && cached_before > 0 && c->stats.blocks_evicted - before == cached_before,
+          "a sequence given the whole pool evicted the cached blocks (%lld)", (long long)(c->stats.blocks_evicted - before));
+    st_cache_seq_release(c, &s1);
+    st_cache_seq_start_prefix(c, &s2, a, 200, &slot, &err);
+    CHECK(s2.n_past == 0 && slot < 0 && c->stats.snapshots_public == 0,
+          "after the eviction nothing of a matches and its snapshots were dropped");
+    st_cache_seq_release(c, &s2);
+    CHECK(st_cache_available_blocks(c) == c->p.n_blocks && c->n_free_slots == 4, "everything is free or cached at the end");
+    st_cache_destroy(c);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* through the scheduler */
+
+#define MAXG 48
+typedef struct rec_out {
+    int32_t ids[MAXG];
+    float lp[MAXG][1 + ST_MAX_LOGPROBS];
+    int n, done;
+    st_usage usage;
+    st_finish_reason finish;
+} rec_out;
+
+static int on_event(void *user, const st_event *ev) {
+    rec_out *o = user;
+    if (ev->kind == ST_EV_TOKEN) {
+        if (o->n < MAXG) {
+            o->ids[o->n] = ev->token;
+            o->lp[o->n][0] = ev->logprobs ? ev->logprobs->logprob : 0;
+            for (int i = 0; ev->logprobs && i < ev->logprobs->n_top; i++) o->lp[o->n][1 + i] = ev->logprobs->top_logprobs[i];
+        }
+        o->n++;
+    } else {
+        o->done = 1;
+        o->usage = ev->usage;
+        o->finish = ev->finish;
+    }
+    return ST_EV_CONTINUE;
+}
+
+static st_sched *sched(const st_model *m, int prefix, int max_seqs, int64_t kv_blocks, int step_tokens, int snapshots) {
+    st_sched_params sp = st_sched_default_params();
+    sp.snapshots = snapshots;
+    sp.max_seqs = max_seqs;
+    sp.ctx = 1024;
+    sp.step_tokens = step_tokens;
+    sp.kv_blocks = kv_blocks;
+    sp.prefix_cache = prefix;
+    sp.snapshot_every = 4;
+    st_sched *s = NULL;
+    st_error err = {0};
+    if (st_sched_create(m, NULL, &sp, &s, &err) != ST_OK) printf("# sched: %s\n", err.msg);
+    return s;
+}
+
+static uint64_t submit(st_sched *s, const int32_t *p, int64_t n, int max_tokens, rec_out *o) {
+    memset(o, 0, sizeof *o);
+    st_req_params rp = st_req_default_params();
+    rp.max_tokens = max_tokens;
+    rp.sampling.temperature = 0;
+    rp.logprobs = 20;
+    rp.ignore_eos = 1;
+    uint64_t id = 0;
+    st_error err = {0};
+    if (st_sched_submit(s, p, n, &rp, on_event, o, &id, &err) != ST_OK) printf("# submit: %s\n", err.msg);
+    return id;
+}
+
+static void run_all(st_sched *s) {
+    while (st_sched_step(s) > 0) {
+    }
+}
+
+/* one request alone on a fresh scheduler (a cold server) */
+static void cold(const st_model *m, const int32_t *p, int64_t n, int max_tokens, rec_out *o) {
+    st_sched *s = sched(m, 1, 1, 0, 512, 0);
+    if (!s) return;
+    submit(s, p, n, max_tokens, o);
+    run_all(s);
+    st_sched_destroy(s);
+}
+
+static int same(const rec_out *a, const rec_out *b) {
+    return a->done && b->done && a->n == b->n && memcmp(a->ids, b->ids, sizeof a->ids) == 0 &&
+           memcmp(a->lp, b->lp, sizeof a->lp) == 0;
+}
+
+static void test_sched(const st_model *m) {
+    const int V = (int)m->cfg.vocab_size;
+    int32_t sys[300], turn2[400];
+    for (int i = 0; i < 300; i++) sys[i] = (int32_t)((i * 7919 + 13) % V);
+    rec_out want, got, o2;
+    cold(m, sys, 150, 40, &want);
+    st_sched *s = sched(m, 1, 4, 0, 64, 0);
+    if (!CHECK(s != NULL, "a scheduler with the prefix cache")) return;
+    submit(s, sys, 150, 40, &got);
+    run_all(s);
+    CHECK(same(&got, &want) && got.usage.cached_tokens == 0,
+          "cold in 64-token steps: the tokens and logprob bits of a cold run in 512-token steps");
+    submit(s, sys, 150, 40, &got);
+    run_all(s);
+    CHECK(same(&got, &want) && got.usage.cached_tokens == 144,
+          "the same request again: 144 positions from the cache (%lld), the same tokens and logprob bits",
+          (long long)got.usage.cached_tokens);
+    /* the chat's next turn: prompt + reply + more; it resumes after the reply's last block
+     * boundary (150 + 40 fed = 189 positions: the private snapshot at 176) */
+    memcpy(turn2, sys, 150 * sizeof *turn2);
+    memcpy(turn2 + 150, want.ids, 40 * sizeof *turn2);
+    for (int i = 190; i < 260; i++) turn2[i] = (int32_t)((i * 31 + 5) % V);
+    cold(m, turn2, 260, 30, &want);
+    submit(s, turn2, 260, 30, &got);
+    run_all(s);
+    CHECK(same(&got, &want) && got.usage.cached_tokens == 176,
+          "the next turn resumes after the previous reply (176 cached: %lld) and equals a cold run",
+          (long long)got.usage.cached_tokens);
+    /* sharers together: three prompts with the system part, submitted at once */
+    rec_out w[3], g[3];
+    int32_t q[3][240];
+    for (int k = 0; k < 3; k++) {
+        memcpy(q[k], sys + 100, 140 * sizeof(int32_t)); /* a prefix not seen from its start */
+        for (int i = 140; i < 240; i++) q[k][i] = (int32_t)((i * (k + 3) + k) % V);
+        cold(m, q[k], 200 + 20 * k, 20, &w[k]);
+    }
+    for (int k = 0; k < 3; k++) submit(s, q[k], 200 + 20 * k, 20, &g[k]);
+    run_all(s);
+    int ok = 1;
+    for (int k = 0; k < 3; k++) ok &= same(&g[k], &w[k]);
+    CHECK(ok, "three sharers submitted together each equal their cold run");
+    for (int k = 0; k < 3; k++) submit(s, q[k], 200 + 20 * k, 20, &g[k]);
+    run_all(s);
+    ok = 1;
+    int64_t cached = 0;
+    for (int k = 0; k < 3; k++) ok &= same(&g[k], &w[k]), cached += g[k].usage.cached_tokens;
+    CHECK(ok && cached >= 3 * 128, "and again from the cache (%lld positions cached in all)", (long long)cached);
+    st_sched_stats st;
+    st_sched_get_stats(s, &st);
+    CHECK(st.prefix.hits >= 5 && st.prefix.snapshots_used >= 5 && st.prefix.snapshots_taken > 0,
+          "the counters: %lld hits, %lld snapshots taken, %lld used", (long long)st.prefix.hits,
+          (long long)st.prefix.snapshots_taken, (long long)st.prefix.snapshots_used);
+    st_sched_destroy(s);
+    /* block pressure: a pool of 40 blocks (640 positions) and 12 distinct prompts sharing
+     * parts (snapshots enough for all) */
+    s = sched(m, 1, 2, 40, 128, 64);
+    if (!CHECK(s != NULL, "a small pool")) return;
+    rec_out pw[12], pg[12];
+    int32_t pp[12][300];
+    for (int k = 0; k < 12; k++) {
+        for (int i = 0; i < 300; i++) pp[k][i] = (int32_t)(((k % 3) * 1000 + i * 17 + (i >= 90 ? k * 7 : 0)) % V);
+        cold(m, pp[k], 250, 12, &pw[k]);
+    }
+    ok = 1;
+    for (int round = 0; round < 2; round++) {
+        for (int k = 0; k < 12; k++) submit(s, pp[k], 250, 12, &pg[k]);
+        run_all(s);
+        for (int k = 0; k < 12; k++) ok &= same(&pg[k], &pw[k]) && pg[k].finish == ST_FINISH_LENGTH;
+    }
+    st_sched_get_stats(s, &st);
+    const st_cache *c = st_sched_cache(s);
+    CHECK(ok, "24 requests through a 40-block pool each equal their cold run");
+    CHECK(st.prefix.blocks_evicted > 0 && st.prefix.hits > 0 && st_cache_available_blocks(c) == c->p.n_blocks,
+          "blocks were evicted (%lld), prefixes hit (%lld), and every block is free or cached at the end",
+          (long long)st.prefix.blocks_evicted, (long long)st.prefix.hits);
+    st_sched_destroy(s);
+    (void)o2;
+}
+
+int main(void) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/fixtures/tiny-a", tap_data_dir());
+    st_model *m = NULL;
+    st_error err = {0};
+    if (CHECK(st_model_load(path, &m, &err) == ST_OK, "tiny-a loads")) {
+        test_books(m);
+        test_sched(m);
+        st_model_free(m);
+    }
+    return tap_done();
+}
