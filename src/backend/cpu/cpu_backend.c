@@ -1404,6 +1404,19 @@ static void cpu_attn_prep(st_bctx *base, int layer) {
 /* The partial of chunk [c0, c1) for nq queries (th->att_q, positions th->att_pos) of one
  * item and KV head: per query the chunk max mc, sum lc and weighted V oc (empty when the
  * query's position is below c0: mc = -inf). */
+/* the largest of x[0..n), n >= 1 (eight running maxima, then theirs: the same on every path) */
+static float row_max(const float *x, int64_t n) {
+    float m8[8];
+    for (int u = 0; u < 8; u++) m8[u] = x[0];
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int u = 0; u < 8; u++) m8[u] = x[i + u] > m8[u] ? x[i + u] : m8[u];
+    float mx = m8[0];
+    for (int u = 1; u < 8; u++) mx = m8[u] > mx ? m8[u] : mx;
+    for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    return mx;
+}
+
 static void att_partial(cpu_ctx *c, cpu_thread *th, int li, int it, int h, int nq, int64_t c0,
                         int64_t c1, float *mc, float *lc, float *oc, int64_t ldo) {
     const st_kernels *k = c->k;
@@ -1421,21 +1434,35 @@ static void att_partial(cpu_ctx *c, cpu_thread *th, int li, int it, int h, int n
         k->matmul(&kb, th->att_q, hd, nq, s + (p - c0), ATT_CHUNK, 0, seg, th->mm);
         p += seg;
     }
-    /* per query: max, exp, sum; then the weighted sum of V rows */
+    /* per query: max, exp, sum; then the weighted sum of V rows (every output a chain over the
+     * positions in order, so the queries go together when they all see the whole range) */
+    int64_t common = -1;
     for (int q = 0; q < nq; q++) {
         float *oq = oc + q * ldo;
         memset(oq, 0, (size_t)hd * sizeof(float));
         const int64_t len = min64(c1, th->att_pos[q] + 1) - c0;
+        common = q == 0 ? len : common == len ? len : -1;
         if (len <= 0) {
             mc[q] = -INFINITY;
             lc[q] = 0.0f;
             continue;
         }
         float *sq = s + (int64_t)q * ATT_CHUNK;
-        float mx = sq[0];
-        for (int64_t i = 1; i < len; i++) mx = sq[i] > mx ? sq[i] : mx;
-        mc[q] = mx;
-        lc[q] = k->exp_sum(sq, len, mx);
+        mc[q] = row_max(sq, len);
+        lc[q] = k->exp_sum(sq, len, mc[q]);
+    }
+    if (common > 0 && nq > 1) {
+        for (int64_t p = c0; p < c0 + common;) {
+            const int64_t seg = min64(c0 + common, (p / bs + 1) * bs) - p;
+            k->accum_rows(kv_ptr(c, it, li, 1, h, p), bf, hd, seg, s + (p - c0), ATT_CHUNK, nq, oc, ldo, hd);
+            p += seg;
+        }
+        return;
+    }
+    for (int q = 0; q < nq; q++) {
+        float *oq = oc + q * ldo;
+        const int64_t len = min64(c1, th->att_pos[q] + 1) - c0;
+        float *sq = s + (int64_t)q * ATT_CHUNK;
         for (int64_t p = c0; p < c0 + len;) {
             const int64_t seg = min64(c0 + len, (p / bs + 1) * bs) - p;
             k->accum_rows(kv_ptr(c, it, li, 1, h, p), bf, hd, seg, sq + (p - c0), ATT_CHUNK, 1,

@@ -952,23 +952,35 @@ static void KFN(accum_rows_)(const void *v, int v_bf16, int64_t ldv, int64_t n_p
         const float *aq = a + q * lda;
         float *yq = y + q * ldy;
         int64_t j = 0;
-        if (q < nq4) { /* 4 queries x 4 vectors at a time, led by the block's first query */
-            if (q % QT == 0)
+        if (q < nq4) { /* 4 queries x 4 vectors, then x 1 vector, led by the block's first query */
+            if (q % QT == 0) {
                 for (; j + 4 * VW <= n; j += 4 * VW)
                     ar_tile(QT, 4, v, v_bf16, ldv, n_pos, aq, lda, yq, ldy, j);
-            j = n / (4 * VW) * (4 * VW);
+                for (; j + VW <= n; j += VW) ar_tile(QT, 1, v, v_bf16, ldv, n_pos, aq, lda, yq, ldy, j);
+            }
+            j = n / VW * VW;
         } else { /* a lone query: 8 independent chains */
             for (; j + 8 * VW <= n; j += 8 * VW) ar_tile(1, 8, v, v_bf16, ldv, n_pos, aq, lda, yq, ldy, j);
         }
         for (; j + VW <= n; j += VW) ar_tile(1, 1, v, v_bf16, ldv, n_pos, aq, lda, yq, ldy, j);
-        for (; j < n; j++) {
-            float acc = yq[j];
-            for (int64_t p = 0; p < n_pos; p++) {
-                float vv = v_bf16 ? st_bf16_to_f32(((const uint16_t *)v)[p * ldv + j])
-                                  : ((const float *)v)[p * ldv + j];
-                acc = fmaf(aq[p], vv, acc);
+        if (j < n) { /* the last n - j (< VW) outputs: their chains side by side over p */
+            const int nt = (int)(n - j);
+            float acc[VW];
+            for (int u = 0; u < nt; u++) acc[u] = yq[j + u];
+            if (v_bf16) {
+                for (int64_t p = 0; p < n_pos; p++) {
+                    const uint16_t *row = (const uint16_t *)v + p * ldv + j;
+                    const float ap = aq[p];
+                    for (int u = 0; u < nt; u++) acc[u] = fmaf(ap, st_bf16_to_f32(row[u]), acc[u]);
+                }
+            } else {
+                for (int64_t p = 0; p < n_pos; p++) {
+                    const float *row = (const float *)v + p * ldv + j;
+                    const float ap = aq[p];
+                    for (int u = 0; u < nt; u++) acc[u] = fmaf(ap, row[u], acc[u]);
+                }
             }
-            yq[j] = acc;
+            for (int u = 0; u < nt; u++) yq[j + u] = acc[u];
         }
     }
 }
