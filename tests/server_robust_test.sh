@@ -35,6 +35,9 @@ if [ $rc = 1 ] && grep -q "STRAND_API_KEY" "$T/e"; then ok "an empty \$STRAND_AP
 : >"$T/emptykey"
 "$S" serve -m "$T/random" --api-key-file "$T/emptykey" >"$T/o" 2>"$T/e"; rc=$?
 if [ $rc = 1 ] && grep -q "empty" "$T/e"; then ok "an empty --api-key-file is refused"; else nok "empty key file: rc $rc $(cat "$T/e")"; fi
+"$S" serve -m "$T/random" --prefix-cache maybe >"$T/o" 2>"$T/e"; rc=$?
+if [ $rc = 2 ] || [ $rc = 1 ] && grep -q "prefix-cache must be on or off" "$T/e"; then ok "--prefix-cache maybe is refused, naming the choices"
+else nok "--prefix-cache maybe: rc $rc $(cat "$T/e")"; fi
 start=$(date +%s%N)
 timeout 20 "$S" serve -m "$T/random" --port 0 --ctx 1073741824 >"$T/o" 2>"$T/e"; rc=$?
 ms=$(( ($(date +%s%N) - start) / 1000000 ))

@@ -150,6 +150,26 @@ await attempt('logprobs', async () => {
   check(entries === 4, 'stream: per-token logprobs in the chunks', entries);
 });
 
+await attempt('prefix cache', async () => {
+  const messages = [{ role: 'system', content: 'You answer questions about rivers, briefly and with care. ' + 'Rivers. '.repeat(12) },
+    { role: 'user', content: 'Which river is the longest, and by how much?' }];
+  const ask = (m, extra = {}) => random.chat.completions.create({ model: 'random', messages: m, max_tokens: 8,
+    logprobs: true, top_logprobs: 3, reasoning_effort: 'none', temperature: 0, ...extra });
+  const a = await ask(messages), b = await ask(messages);
+  check(a.usage.prompt_tokens_details.cached_tokens === 0 && b.usage.prompt_tokens_details.cached_tokens >= 32 &&
+    b.usage.prompt_tokens_details.cached_tokens < b.usage.prompt_tokens,
+    'the same chat again: most of its prompt comes from the cache (cached_tokens)', [a.usage, b.usage]);
+  check(a.choices[0].message.content === b.choices[0].message.content &&
+    JSON.stringify(a.choices[0].logprobs) === JSON.stringify(b.choices[0].logprobs),
+    'and its reply and logprobs are those of the cold request');
+  const next = [...messages, { role: 'assistant', content: a.choices[0].message.content }, { role: 'user', content: 'And the second?' }];
+  const c = await ask(next, { stream: true, stream_options: { include_usage: true } });
+  let usage = null;
+  for await (const ch of c) if (ch.usage) usage = ch.usage;
+  check(usage && usage.prompt_tokens_details.cached_tokens >= 32, 'the next turn (streamed) reuses the conversation so far', usage);
+  check(await metric(process.env.RANDOM_URL, 'strand_prefix_hit_tokens_total') >= 64, 'metrics: strand_prefix_hit_tokens_total');
+});
+
 await attempt('max_tokens and stop', async () => {
   const r = await random.chat.completions.create({ model: 'random', messages: user('Go'), max_tokens: 7,
     reasoning_effort: 'none', temperature: 0 });
