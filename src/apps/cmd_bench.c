@@ -22,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "apps/bench_prefix.h"
 #include "apps/cli.h"
 #include "core/mem.h"
 #include "core/threadpool.h"
@@ -45,10 +46,16 @@ static void usage(void) {
             "                    [-t THREADS] [-k ref|avx2|avx512|amx] [--device cpu|cuda]\n"
             "                    [--prompts 512,2048] [--batches 1,4,16] [--prompt-len 128]\n"
             "                    [--decode-s SECONDS]\n"
+            "       strand bench (-m DIR | --synth PRESET) --prefix [--prefix-turns 4]\n"
+            "                    [--prefix-chat 1024,128,128] [--prefix-long A,B] [--prefix-every BLOCKS]\n"
             "  Measures memory read bandwidth, prefill tokens/s per prompt length, and decode\n"
             "  tokens/s per batch size with the weight bytes read per second as a fraction of\n"
             "  the bandwidth (the decode floor). --synth makes a preset's weights (e.g. 27b)\n"
-            "  directly in device memory (GPU only): real shapes with no checkpoint.\n");
+            "  directly in device memory (GPU only): real shapes with no checkpoint.\n"
+            "  --prefix: time to first token of a chat's turns (system, user-turn and reply token\n"
+            "  counts from --prefix-chat) with and without the prefix cache; --prefix-long A,B: an\n"
+            "  A-token prompt then its extension to B tokens (cached against cold), and the\n"
+            "  inter-token latency of a stream decoding while the A tokens prefill.\n");
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -209,6 +216,8 @@ int cmd_bench(int argc, char **argv) {
     long long prompts[8] = {512, 2048}, batches[8] = {1, 4, 16};
     int n_prompts = 2, n_batches = 3, lists_given = 0;
     double decode_s = 2.0;
+    int prefix = 0;
+    bench_prefix_opts po = {.turns = 4, .system_tokens = 1024, .turn_tokens = 128, .reply_tokens = 128};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -239,6 +248,25 @@ int cmd_bench(int argc, char **argv) {
         } else if (!strcmp(a, "--prompt-len")) {
             const char *v = cli_value(argc, argv, &i);
             if (!v || cli_parse_int(a, v, 1, 1 << 16, &plen)) return 2;
+        } else if (!strcmp(a, "--prefix")) {
+            prefix = 1;
+        } else if (!strcmp(a, "--prefix-turns") || !strcmp(a, "--prefix-every")) {
+            const char *v = cli_value(argc, argv, &i);
+            long long x;
+            if (!v || cli_parse_int(a, v, !strcmp(a, "--prefix-turns") ? 0 : 1, 1000, &x)) return 2;
+            if (!strcmp(a, "--prefix-turns")) po.turns = (int)x;
+            else po.snapshot_every = (int)x;
+        } else if (!strcmp(a, "--prefix-chat")) { /* SYSTEM,TURN,REPLY token counts */
+            long long t3[3];
+            const char *v = cli_value(argc, argv, &i);
+            if (!v || parse_list(v, t3, 3) != 3) return cli_failf("--prefix-chat: expected SYSTEM,TURN,REPLY token counts");
+            po.system_tokens = t3[0], po.turn_tokens = t3[1], po.reply_tokens = t3[2];
+        } else if (!strcmp(a, "--prefix-long")) { /* A,B */
+            long long t2[2];
+            const char *v = cli_value(argc, argv, &i);
+            if (!v || parse_list(v, t2, 2) != 2 || t2[1] <= t2[0])
+                return cli_failf("--prefix-long: expected A,B token counts with B > A");
+            po.long_first = t2[0], po.long_second = t2[1];
         } else if (!strcmp(a, "--decode-s")) {
             const char *v = cli_value(argc, argv, &i);
             if (!v || cli_parse_float(a, v, &decode_s)) return 2;
@@ -277,6 +305,14 @@ int cmd_bench(int argc, char **argv) {
         dir = label;
     } else if (st_model_load(dir, &m, &err) != ST_OK) {
         return cli_fail(&err);
+    }
+    if (prefix) { /* the prefix-cache scenarios instead of the speed table */
+        st_device_params pdp = cli_device_params();
+        if (threads) pdp.cpu.n_threads = (int)threads;
+        if (k) pdp.cpu.kernels = k;
+        if (!json) fprintf(stderr, "model      %s\n", dir);
+        rc = bench_prefix(m, &pdp, &po, json, &err) == 0 ? 0 : 1;
+        goto done;
     }
     {   /* on a GPU the defaults reach further: 8192-token prompts, batch 64 */
         st_device_params probe_dp = cli_device_params();
