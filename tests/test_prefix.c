@@ -13,7 +13,10 @@
 
 #include "engine/cache.h"
 #include "engine/scheduler.h"
+#include "model/synth.h"
 #include "tap.h"
+
+#include "alloc_count.h"
 
 /* ---------------------------------------------------------------------------------------- */
 /* the books */
@@ -90,8 +93,8 @@ static void test_books(const st_model *m) {
           (long long)s2.n_past);
     st_cache_seq_release(c, &s2);
     st_cache_seq_release(c, &s1);
-    /* the pool of 3: another prompt's snapshot fits, a fourth evicts the least recently used
-     * (64: 32 was used after it) */
+    /* the pool of 3: another prompt's snapshot fits; a fourth evicts the one no request
+     * resumed from (the third), not the older ones that were used */
     int32_t y[64];
     for (int i = 0; i < 64; i++) y[i] = 700 + i;
     st_cache_seq_start(c, &s1, &err);
@@ -99,8 +102,14 @@ static void test_books(const st_model *m) {
     CHECK(st_cache_snap_public(c, &s1) == 6, "a third snapshot in the last free entry");
     feed(c, &s1, y + 16, 16);
     int snap_y = st_cache_snap_public(c, &s1);
-    CHECK(snap_y == snap64, "a fourth snapshot evicts the least recently used one (at 64): slot %d", snap_y);
+    CHECK(snap_y == 6, "a fourth snapshot evicts the unused third, not the used ones: slot %d", snap_y);
     CHECK(c->stats.snapshots_evicted == 1, "one snapshot evicted");
+    st_cache_seq_release(c, &s1);
+    /* once all were used, the least recently used goes (64: 32 was used after it) */
+    st_cache_seq_start_prefix(c, &s1, y, 40, &slot, &err);
+    CHECK(s1.n_past == 32 && slot == snap_y, "y resumes at 32 from its snapshot");
+    feed(c, &s1, y + 32, 16);
+    CHECK(st_cache_snap_public(c, &s1) == snap64, "a fifth snapshot evicts the least recently used (at 64)");
     st_cache_seq_release(c, &s1);
     /* a prompt that shares 100 positions of a: the snapshot at 64 is gone, 32 is the nearest */
     for (int i = 0; i < 200; i++) b[i] = a[i];
@@ -282,6 +291,88 @@ static void test_sched(const st_model *m) {
     (void)o2;
 }
 
+/* A soak that reuses prefixes: 240 requests of 4 prompt families (shared system parts,
+ * varying questions, replies that the next request continues) through 3 sequences; the
+ * steps allocate nothing, and every block and snapshot is accounted for at the end. */
+static void test_soak(const st_model *m) {
+    st_sched *s = sched(m, 1, 3, 96, 64, 0);
+    if (!CHECK(s != NULL, "a scheduler for the soak (the default snapshot pool)")) return;
+    const int V = (int)m->cfg.vocab_size;
+    enum { N = 240 };
+    static rec_out o[N];
+    static int32_t prompts[N][200];
+    long steps_allocs = 0, steps = 0;
+    for (int r = 0; r < N; r++) {
+        const int fam = r % 4, len = 100 + (r * 37) % 90;
+        for (int i = 0; i < len; i++) prompts[r][i] = (int32_t)((fam * 211 + i * 13 + (i >= 64 + fam * 8 ? r * 5 : 0)) % V);
+        if (r >= 4 && o[r - 4].done) /* continue the family's previous conversation */
+            for (int i = 0; i < 8 && 120 + i < len; i++) prompts[r][120 + i] = o[r - 4].ids[i];
+        submit(s, prompts[r], len, 8 + r % 5, &o[r]);
+        for (int k = 0; k < 3; k++) { /* a few steps per submission: requests overlap */
+            alloc_count = 0;
+            alloc_counting = 1;
+            st_sched_step(s);
+            alloc_counting = 0;
+            steps_allocs += alloc_count;
+            steps++;
+        }
+    }
+    for (;;) {
+        alloc_count = 0;
+        alloc_counting = 1;
+        int left = st_sched_step(s);
+        alloc_counting = 0;
+        steps_allocs += alloc_count;
+        steps++;
+        if (!left) break;
+    }
+    int done = 0;
+    for (int r = 0; r < N; r++) done += o[r].done && o[r].finish == ST_FINISH_LENGTH;
+    st_sched_stats st;
+    st_sched_get_stats(s, &st);
+    const st_cache *c = st_sched_cache(s);
+    CHECK(done == N && steps_allocs == 0, "%d prefix-sharing requests in %ld steps: every one finished, %ld heap allocations",
+          N, steps, steps_allocs);
+    CHECK(st.prefix.hits > N / 2 && st.prefix.blocks_evicted > 0 && st_cache_available_blocks(c) == c->p.n_blocks &&
+              c->n_free_slots == 3 && st.prefix.snapshots_public <= c->p.n_snapshots,
+          "%lld hits, %lld blocks evicted; at the end every block is free or cached and %lld of %d snapshots are public",
+          (long long)st.prefix.hits, (long long)st.prefix.blocks_evicted, (long long)st.prefix.snapshots_public,
+          c->p.n_snapshots);
+    st_sched_destroy(s);
+}
+
+/* The 27B shape at a 262,144-token context (only the shapes are needed): the plan says what
+ * one context costs (bf16 KV: 64 KiB a position, 16 GiB) and the snapshot pool; a budget too
+ * small is refused, naming what fits. */
+static void test_plan_27b(void) {
+    st_config cfg;
+    st_model *m = NULL;
+    st_error err = {0};
+    if (!CHECK(st_synth_preset_config("27b", &cfg, &err) == ST_OK && st_model_synthetic(&cfg, 0, 64, 1, &m, &err) == ST_OK,
+               "the 27B shape (%s)", err.msg))
+        return;
+    const size_t G = (size_t)1 << 30;
+    st_sched_params p = st_sched_default_params();
+    p.max_seqs = 4;
+    p.ctx = 262144;
+    p.kv_dtype = ST_KV_BF16;
+    p.kv_blocks = 262144 / 16;
+    p.prefix_cache = 1;
+    st_sched_plan pl;
+    char text[600];
+    int ok = st_sched_plan_for(m, &p, &pl, &err) == ST_OK;
+    st_sched_plan_text(&pl, text, sizeof text);
+    const size_t kv_per_pos = (size_t)m->n_full * 2 * (size_t)m->cfg.n_kv_heads * (size_t)m->cfg.head_dim * 2;
+    CHECK(ok && kv_per_pos == 65536 && pl.ctx == 262144 && pl.kv_bytes >= 16 * G && pl.kv_bytes < 16 * G + G / 64 &&
+              pl.snapshots == 20 && pl.snapshot_bytes * 4 >= pl.state_bytes * 20 - G / 64 && strstr(text, "snapshots"),
+          "27B, --ctx 262144, bf16 KV: %zu bytes a position; the plan: %s", kv_per_pos, text);
+    p.mem_budget = 16 * G;
+    CHECK(st_sched_plan_for(m, &p, &pl, &err) == ST_ERR_LIMIT && strstr(err.msg, "these would fit"),
+          "with 16 GiB it is refused, naming what fits: %.300s", err.msg);
+    st_model_free(m);
+    st_config_free(&cfg);
+}
+
 int main(void) {
     char path[512];
     snprintf(path, sizeof path, "%s/fixtures/tiny-a", tap_data_dir());
@@ -290,7 +381,9 @@ int main(void) {
     if (CHECK(st_model_load(path, &m, &err) == ST_OK, "tiny-a loads")) {
         test_books(m);
         test_sched(m);
+        test_soak(m);
         st_model_free(m);
     }
+    test_plan_27b();
     return tap_done();
 }

@@ -37,7 +37,7 @@ static void usage(void) {
             "  --prefix-cache (default on): prompt prefixes already computed are reused (their KV blocks\n"
             "  and a snapshot of the recurrent state, taken every --snapshot-every blocks of a prompt\n"
             "  (default 32), before its end and at the end of each reply); --snapshots: the snapshot\n"
-            "  pool (default 2 x max-seqs + 2), sized in the start-up plan.\n");
+            "  pool (default 4 x max-seqs + 4), sized in the start-up plan.\n");
 }
 
 /* the key in a file: its first line, without the line end */

@@ -276,11 +276,18 @@ static int snap_valid(const st_cache *c, const st_snap *s) {
     return s->pos > 0 && c->registered[s->base] && c->gen[s->base] == s->base_gen;
 }
 
-/* a free snapshot entry: an unused one, else the oldest public one; -1 when all are private */
+/* a free snapshot entry: an unused one, else the oldest public one that no request has
+ * resumed from, else the oldest public one (a flood of new snapshots cannot push out those
+ * that proved useful); -1 when all are private */
 static int snap_take(st_cache *c) {
     for (int i = 0; i < c->p.n_snapshots; i++)
         if (c->snaps[i].pos == 0 && c->snaps[i].owner < 0) return i;
     int i = c->snap_head;
+    for (int j = c->snap_head; j >= 0; j = c->snaps[j].next)
+        if (!c->snaps[j].used) {
+            i = j;
+            break;
+        }
     if (i < 0) return -1;
     snap_unlink(c, i);
     if (snap_valid(c, &c->snaps[i])) c->stats.snapshots_evicted++;
@@ -402,6 +409,7 @@ st_status st_cache_seq_start_prefix(st_cache *c, st_seq *seq, const int32_t *pro
     if (snap >= 0) {
         snap_unlink(c, snap);
         snap_push(c, snap);
+        c->snaps[snap].used = 1;
         c->stats.snapshots_used++;
         *snap_slot = c->p.n_slots + snap;
     }

@@ -19,8 +19,8 @@
  * multiple of block_size, kept in the backend's snapshot slots (state slots n_slots + i).
  * A snapshot names its prefix by the registered block at pos - block_size; it holds no
  * block, and an eviction of that block makes it unreachable (it is freed when found so).
- * Public snapshots are found by st_cache_seq_start_prefix, least recently used evicted
- * first; a running sequence may hold one private snapshot that it moves forward as it
+ * Public snapshots are found by st_cache_seq_start_prefix; the pool evicts the least
+ * recently used of those no request has resumed from, then the least recently used; a running sequence may hold one private snapshot that it moves forward as it
  * decodes and that becomes public when the sequence is released (the end of a reply).
  * The caller copies state (backend state_copy) as these functions say.
  *
@@ -66,6 +66,7 @@ typedef struct st_snap {
     int32_t base;      /* the registered block at pos - block_size */
     uint32_t base_gen; /* its generation then */
     int owner;         /* the state slot of the sequence holding it privately, -1: public */
+    int used;          /* a request resumed from it (evicted after those that none did) */
     int32_t prev, next; /* the public snapshots, least recently used first */
 } st_snap;
 

@@ -134,7 +134,7 @@ st_sched_params st_sched_default_params(void) {
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-static int snapshots_of(const st_sched_params *p) { return p->snapshots > 0 ? p->snapshots : 2 * p->max_seqs + 2; }
+static int snapshots_of(const st_sched_params *p) { return p->snapshots > 0 ? p->snapshots : 4 * p->max_seqs + 4; }
 
 /* the plan at a context and pool size */
 static void plan_at(const st_model *m, const st_sched_params *p, int64_t ctx, int64_t blocks,

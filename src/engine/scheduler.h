@@ -135,7 +135,7 @@ typedef struct st_sched_params {
     size_t mem_budget;       /* bytes the plan may take (cache, state, scratch, histories);
                                 0 = not checked */
     int prefix_cache;        /* keep KV blocks and state snapshots for reuse (default 0) */
-    int snapshots;           /* the snapshot pool with prefix_cache; 0 = 2 x max_seqs + 2 */
+    int snapshots;           /* the snapshot pool with prefix_cache; 0 = 4 x max_seqs + 4 */
     int snapshot_every;      /* blocks between the snapshots of a prompt; 0 = 32 */
     st_backend *backend;     /* borrowed (it must outlive the scheduler); NULL = a CPU backend
                                 with default parameters, made and owned by the scheduler */

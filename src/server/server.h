@@ -53,7 +53,7 @@ typedef struct st_server_params {
     double keepalive_s;      /* SSE comment after this much silence */
     st_device_params device; /* where the model runs (cpu, cuda or auto) and how */
     int prefix_cache;        /* reuse prompt prefixes (KV blocks and state snapshots); default 1 */
-    int snapshots;           /* the snapshot pool; 0 = 2 x max_seqs + 2 */
+    int snapshots;           /* the snapshot pool; 0 = 4 x max_seqs + 4 */
     int snapshot_every;      /* blocks between a prompt's snapshots; 0 = 32 */
 } st_server_params;
 
