@@ -198,13 +198,17 @@ static void run_all(st_sched *s) {
     }
 }
 
-/* one request alone on a fresh scheduler (a cold server) */
-static void cold(const st_model *m, const int32_t *p, int64_t n, int max_tokens, rec_out *o) {
-    st_sched *s = sched(m, 1, 1, 0, 512, 0);
+/* one request alone on a fresh scheduler (a cold server), with the prefix cache or not */
+static void cold_as(const st_model *m, int prefix, const int32_t *p, int64_t n, int max_tokens, rec_out *o) {
+    st_sched *s = sched(m, prefix, 1, 0, 512, 0);
     if (!s) return;
     submit(s, p, n, max_tokens, o);
     run_all(s);
     st_sched_destroy(s);
+}
+
+static void cold(const st_model *m, const int32_t *p, int64_t n, int max_tokens, rec_out *o) {
+    cold_as(m, 1, p, n, max_tokens, o);
 }
 
 static int same(const rec_out *a, const rec_out *b) {
@@ -289,6 +293,97 @@ static void test_sched(const st_model *m) {
           (long long)st.prefix.blocks_evicted, (long long)st.prefix.hits);
     st_sched_destroy(s);
     (void)o2;
+}
+
+/* n choices: events by index, each choice's DONE, the last one marked */
+typedef struct multi_out {
+    rec_out ch[4];
+    int dones, lasts, last_was_final;
+} multi_out;
+
+static int on_multi(void *user, const st_event *ev) {
+    multi_out *m = user;
+    if (ev->index < 0 || ev->index >= 4) return ST_EV_CONTINUE;
+    on_event(&m->ch[ev->index], ev);
+    if (ev->kind == ST_EV_DONE) {
+        m->dones++;
+        m->lasts += ev->last;
+        m->last_was_final = ev->last;
+    }
+    return ST_EV_CONTINUE;
+}
+
+static void submit_n(st_sched *s, const int32_t *p, int64_t n, int max_tokens, int choices, float temp, int seeded,
+                     multi_out *o) {
+    memset(o, 0, sizeof *o);
+    st_req_params rp = st_req_default_params();
+    rp.max_tokens = max_tokens;
+    rp.sampling.temperature = temp;
+    rp.sampling.seed = 1234;
+    rp.sampling.has_seed = seeded;
+    rp.logprobs = 20;
+    rp.ignore_eos = 1;
+    rp.n = choices;
+    st_error err = {0};
+    if (st_sched_submit(s, p, n, &rp, on_multi, o, NULL, &err) != ST_OK) printf("# submit: %s\n", err.msg);
+}
+
+/* n > 1: the prompt is prefilled once and forked; greedy choices equal the single request,
+ * seeded ones are reproducible and choice 0 is the single request with that seed; the
+ * blocks come back; n beyond the sequences is refused. */
+static void test_fork(const st_model *m, int prefix) {
+    const int V = (int)m->cfg.vocab_size;
+    int32_t p[100];
+    for (int i = 0; i < 100; i++) p[i] = (int32_t)((i * 53 + 7) % V);
+    rec_out one;
+    cold_as(m, prefix, p, 90, 20, &one);
+    st_sched *s = sched(m, prefix, 4, 0, 64, 0);
+    if (!s) return;
+    multi_out g;
+    st_sched_stats a, b;
+    st_sched_get_stats(s, &a);
+    submit_n(s, p, 90, 20, 3, 0, 0, &g);
+    run_all(s);
+    st_sched_get_stats(s, &b);
+    int ok = g.dones == 3 && g.lasts == 1 && g.last_was_final;
+    for (int k = 0; k < 3; k++) ok &= same(&g.ch[k], &one);
+    CHECK(ok && b.tokens_prefilled - a.tokens_prefilled == 90,
+          "n=3 greedy%s: the prompt prefilled once (%lld tokens), three choices equal to the single request, one last DONE",
+          prefix ? " (prefix cache)" : "", (long long)(b.tokens_prefilled - a.tokens_prefilled));
+    /* seeded sampling: reproducible, choice 0 = the n=1 request with the seed */
+    multi_out x, y, single;
+    submit_n(s, p, 90, 20, 3, 1.0f, 1, &x);
+    run_all(s);
+    submit_n(s, p, 90, 20, 3, 1.0f, 1, &y);
+    run_all(s);
+    submit_n(s, p, 90, 20, 1, 1.0f, 1, &single);
+    run_all(s);
+    ok = 1;
+    for (int k = 0; k < 3; k++) ok &= same(&x.ch[k], &y.ch[k]);
+    int differ = memcmp(x.ch[1].ids, x.ch[2].ids, sizeof x.ch[1].ids) != 0 || memcmp(x.ch[0].ids, x.ch[1].ids, sizeof x.ch[0].ids) != 0;
+    CHECK(ok && differ && same(&x.ch[0], &single.ch[0]),
+          "n=3 sampled with a seed: the same choices on a second run, choices that differ, choice 0 = the n=1 request");
+    const st_cache *c = st_sched_cache(s);
+    CHECK(st_cache_available_blocks(c) == c->p.n_blocks && c->n_free_slots == 4, "every block and slot back after the forks");
+    multi_out big;
+    memset(&big, 0, sizeof big);
+    st_req_params rp = st_req_default_params();
+    rp.n = 5;
+    st_error err = {0};
+    CHECK(st_sched_submit(s, p, 90, &rp, on_multi, &big, NULL, &err) == ST_ERR_ARG && strstr(err.msg, "n (5)"),
+          "n=5 on 4 sequences is refused: %s", err.msg);
+    /* cancelled before the fork: the reserved records return */
+    uint64_t id = 0;
+    rp.n = 4;
+    rp.max_tokens = 5;
+    st_sched_submit(s, p, 90, &rp, on_multi, &big, &id, &err);
+    st_sched_cancel(s, id);
+    run_all(s);
+    submit_n(s, p, 90, 3, 4, 0, 0, &g);
+    run_all(s);
+    CHECK(big.dones == 1 && big.lasts == 1 && g.dones == 4 && g.ch[3].n == 3,
+          "a request cancelled before its fork ends once; the next takes all 4 records");
+    st_sched_destroy(s);
 }
 
 /* A soak that reuses prefixes: 240 requests of 4 prompt families (shared system parts,
@@ -382,6 +477,8 @@ int main(void) {
         test_books(m);
         test_sched(m);
         test_soak(m);
+        test_fork(m, 0);
+        test_fork(m, 1);
         st_model_free(m);
     }
     test_plan_27b();

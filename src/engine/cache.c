@@ -30,12 +30,13 @@ static void layout(st_cache *c, const st_model *m, const st_cache_params *p) {
         c->p.prefix = 0;
         c->p.n_snapshots = 0;
     }
-    c->planned_bytes = (size_t)c->p.n_blocks * 4 + n_slots * ((size_t)c->max_blocks_per_seq * 4 + sizeof(int));
+    /* per block: its free-list entry, reference count and generation */
+    c->planned_bytes = (size_t)c->p.n_blocks * 12 + n_slots * ((size_t)c->max_blocks_per_seq * 4 + sizeof(int));
     if (c->p.prefix) {
         uint64_t nb = 1;
         while (nb < (uint64_t)c->p.n_blocks * 2) nb <<= 1;
         c->bucket_mask = nb - 1;
-        c->planned_bytes += (size_t)c->p.n_blocks * (4 * 6 + 1 + (size_t)p->block_size * 4) + (size_t)nb * 4 +
+        c->planned_bytes += (size_t)c->p.n_blocks * (4 * 5 + 1 + (size_t)p->block_size * 4) + (size_t)nb * 4 +
                             (size_t)c->p.n_snapshots * sizeof(st_snap);
     }
 }
@@ -59,7 +60,7 @@ st_cache_plan st_cache_plan_of(const st_model *m, const st_cache_params *p) {
     if (check_params(p, NULL) != ST_OK) return pl;
     layout(&c, m, p);
     pl.total_bytes = c.planned_bytes;
-    pl.block_bytes = 4;
+    pl.block_bytes = 12;
     pl.slot_bytes = (size_t)c.max_blocks_per_seq * 4 + sizeof(int);
     return pl;
 }
@@ -95,10 +96,11 @@ st_status st_cache_create(const st_model *m, const st_cache_params *p, st_cache 
     c->block_tables = calloc(n_slots * (size_t)c->max_blocks_per_seq, sizeof *c->block_tables);
     c->free_slots = malloc(n_slots * sizeof *c->free_slots);
     int fail = !c->free_blocks || !c->block_tables || !c->free_slots;
+    const size_t nb = (size_t)(c->p.n_blocks ? c->p.n_blocks : 1);
+    c->ref = calloc(nb, sizeof *c->ref);
+    c->gen = calloc(nb, sizeof *c->gen);
+    fail |= !c->ref || !c->gen;
     if (!fail && c->p.prefix) {
-        const size_t nb = (size_t)(c->p.n_blocks ? c->p.n_blocks : 1);
-        c->ref = calloc(nb, sizeof *c->ref);
-        c->gen = calloc(nb, sizeof *c->gen);
         c->tokens = malloc(nb * (size_t)p->block_size * sizeof *c->tokens);
         c->parent = malloc(nb * sizeof *c->parent);
         c->parent_gen = calloc(nb, sizeof *c->parent_gen);
@@ -108,7 +110,7 @@ st_status st_cache_create(const st_model *m, const st_cache_params *p, st_cache 
         c->lru_prev = malloc(nb * sizeof *c->lru_prev);
         c->lru_next = malloc(nb * sizeof *c->lru_next);
         c->snaps = calloc((size_t)(c->p.n_snapshots ? c->p.n_snapshots : 1), sizeof *c->snaps);
-        fail = !c->ref || !c->gen || !c->tokens || !c->parent || !c->parent_gen || !c->registered || !c->bucket ||
+        fail = !c->tokens || !c->parent || !c->parent_gen || !c->registered || !c->bucket ||
                !c->chain || !c->lru_prev || !c->lru_next || !c->snaps;
         if (!fail) {
             for (uint64_t i = 0; i <= c->bucket_mask; i++) c->bucket[i] = -1;
@@ -225,27 +227,23 @@ static int32_t take_block(st_cache *c) {
         unregister(c, b);
         c->stats.blocks_evicted++;
     }
-    if (c->p.prefix) {
-        c->gen[b]++;
-        c->ref[b] = 1;
-    }
+    c->gen[b]++;
+    c->ref[b] = 1;
     return b;
 }
 
 /* a holder lets block b go */
 static void drop_block(st_cache *c, int32_t b) {
-    if (c->p.prefix) {
-        ST_ASSERT(c->ref[b] > 0);
-        if (--c->ref[b] > 0) return;
-        if (c->registered[b]) {
-            lru_push(c, b);
-            return;
-        }
+    ST_ASSERT(c->ref[b] > 0);
+    if (--c->ref[b] > 0) return;
+    if (c->p.prefix && c->registered[b]) {
+        lru_push(c, b);
+        return;
     }
     c->free_blocks[c->n_free_blocks++] = b;
 }
 
-/* a sequence takes registered block b */
+/* a sequence takes block b (registered, or another holder's) */
 static void hold_block(st_cache *c, int32_t b) {
     if (c->ref[b]++ == 0) lru_unlink(c, b);
 }
@@ -414,6 +412,26 @@ st_status st_cache_seq_start_prefix(st_cache *c, st_seq *seq, const int32_t *pro
         *snap_slot = c->p.n_slots + snap;
     }
     return ST_OK;
+}
+
+int32_t st_cache_seq_fork(st_cache *c, const st_seq *parent, st_seq *child, int32_t *copy_from) {
+    ST_ASSERT(parent->slot >= 0 && child->slot >= 0 && child->n_blocks == 0);
+    const int64_t bs = c->p.block_size, full = c->n_full ? parent->n_past / bs : 0;
+    for (int64_t j = 0; j < full; j++) {
+        hold_block(c, parent->blocks[j]);
+        child->blocks[child->n_blocks++] = parent->blocks[j];
+    }
+    child->n_past = parent->n_past;
+    *copy_from = -1;
+    if (!c->n_full || parent->n_past % bs == 0) return -1;
+    /* the partial block: the child writes its own positions after the parent's */
+    ST_ASSERT(st_cache_available_blocks(c) > 0);
+    const int32_t src = parent->blocks[full], dst = take_block(c);
+    child->blocks[child->n_blocks++] = dst;
+    if (c->p.prefix)
+        memcpy(c->tokens + (size_t)dst * (size_t)bs, c->tokens + (size_t)src * (size_t)bs, (size_t)bs * sizeof *c->tokens);
+    *copy_from = src;
+    return dst;
 }
 
 void st_cache_seq_commit(st_cache *c, st_seq *seq, const int32_t *tokens, int64_t n) {

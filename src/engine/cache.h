@@ -88,8 +88,8 @@ typedef struct st_cache {
     int32_t *block_tables;          /* [n_slots][max_blocks_per_seq] */
     int *free_slots;                /* [n_slots] stack */
     int n_free_slots;
-    /* the prefix cache (p.prefix; NULL otherwise) */
-    int32_t *ref;                   /* [n_blocks] sequences holding each block */
+    /* shared blocks (forks) and the prefix cache (the rest: p.prefix; NULL otherwise) */
+    int32_t *ref;                   /* [n_blocks] sequences holding each block (always) */
     uint32_t *gen;                  /* [n_blocks] bumped whenever a block is given out fresh */
     int32_t *tokens;                /* [n_blocks][block_size] the ids of its positions */
     int32_t *parent;                /* [n_blocks] registered: the block before it, -1: first */
@@ -114,7 +114,7 @@ void st_cache_destroy(st_cache *c);
 /* What st_cache_create would allocate, without allocating (all 0 for bad parameters). */
 typedef struct st_cache_plan {
     size_t total_bytes; /* everything */
-    size_t block_bytes; /* one block's free-list entry */
+    size_t block_bytes; /* one block's free-list entry, reference count and generation */
     size_t slot_bytes;  /* one slot's block table and free-list entry */
 } st_cache_plan;
 st_cache_plan st_cache_plan_of(const st_model *m, const st_cache_params *p);
@@ -132,6 +132,11 @@ int64_t st_cache_available_blocks(const st_cache *c);
  * slot to copy into the sequence's slot; otherwise *snap_slot = -1 and n_past = 0. */
 st_status st_cache_seq_start_prefix(st_cache *c, st_seq *seq, const int32_t *prompt, int64_t n,
                                     int *snap_slot, st_error *err);
+/* A new sequence (started, empty) continues where parent is: it holds parent's full blocks
+ * and a fresh block for the partial last one, whose id it returns (-1: none) with the block
+ * to copy it from in *copy_from (backend kv_copy); the caller copies the state slot. The
+ * caller has made sure a block is available (the parent's budget). */
+int32_t st_cache_seq_fork(st_cache *c, const st_seq *parent, st_seq *child, int32_t *copy_from);
 /* After a step: the sequence holds n more positions, with these token ids; blocks it filled
  * are registered (or exchanged for equal registered ones). */
 void st_cache_seq_commit(st_cache *c, st_seq *seq, const int32_t *tokens, int64_t n);

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "core/mem.h"
+#include "core/numeric.h"
 #include "backend/cpu/cpu.h"
 #include "engine/batch.h"
 #include "model/forward.h"
@@ -30,6 +31,7 @@ typedef struct req {
     double t_blocked;           /* first time admission found too few KV blocks (0: never) */
     atomic_int cancelled;
     atomic_int hold;            /* pauses minus resumes; > 0: left out of steps */
+    int live;                   /* choices running (the scheduler thread's) */
     struct req *prev, *next;    /* the live list (guarded by the mutex) */
     struct req *qnext;          /* the waiting queue (guarded by the mutex) */
 } req;
@@ -46,7 +48,10 @@ typedef struct rec {
     int64_t max_new;        /* effective max_tokens */
     int64_t n_new;          /* generated so far */
     int64_t n_reasoning;    /* generated while inside the think block */
-    int64_t budget_blocks;  /* KV blocks this sequence may come to hold */
+    int64_t budget_blocks;  /* KV blocks this sequence may come to hold (before a fork, its
+                               choices' too) */
+    int index;              /* its choice of the request */
+    int fork_pending;       /* records reserved for the choices it forks into after the prompt */
     uint64_t order;         /* admission order (prefill is served oldest first) */
     st_sampler_state ss;
     st_textout *tx;         /* owned; NULL without a tokenizer */
@@ -72,6 +77,8 @@ struct st_sched {
     st_batch_item *items;     /* [max_seqs] */
     int *item_rec;            /* [max_seqs] */
     float *logits;            /* [max_seqs][vocab] */
+    float *fork_logits;       /* [vocab] a forked choice's copy of its parent's row */
+    int recs_reserved;        /* free records promised to forks */
     uint64_t admit_counter;
     int64_t snap_every;       /* positions between the snapshots of a prompt */
     size_t planned_bytes;
@@ -164,7 +171,7 @@ static void plan_at(const st_model *m, const st_sched_params *p, int64_t ctx, in
     pl->snapshots = cp.n_snapshots;
     pl->snapshot_bytes = (size_t)cp.n_snapshots * bx.slot_bytes;
     pl->scratch_bytes = bx.scratch_bytes;
-    pl->other_bytes = n * ((size_t)ctx * 4 + sizeof(rec) + vocab * 4 + TEXTOUT_BYTES_EST) + vocab * 17;
+    pl->other_bytes = n * ((size_t)ctx * 4 + sizeof(rec) + vocab * 4 + TEXTOUT_BYTES_EST) + vocab * 21;
     pl->total_bytes = pl->kv_bytes + pl->state_bytes + pl->snapshot_bytes + pl->scratch_bytes + pl->other_bytes +
                       (c.total_bytes - (size_t)blocks * c.block_bytes - n * c.slot_bytes); /* the prefix books */
 }
@@ -311,6 +318,7 @@ void st_sched_destroy(st_sched *s) {
     free(s->items);
     free(s->item_rec);
     free(s->logits);
+    free(s->fork_logits);
     st_sampler_destroy(s->sampler);
     st_fwd_destroy(s->fwd);
     st_cache_destroy(s->cache);
@@ -375,7 +383,8 @@ st_status st_sched_create(const st_model *m, const st_tokenizer *tok, const st_s
     s->items = calloc(n, sizeof *s->items);
     s->item_rec = calloc(n, sizeof *s->item_rec);
     s->logits = malloc(n * (size_t)m->cfg.vocab_size * sizeof(float));
-    if (!s->recs || !s->items || !s->item_rec || !s->logits) {
+    s->fork_logits = malloc((size_t)m->cfg.vocab_size * sizeof(float));
+    if (!s->recs || !s->items || !s->item_rec || !s->logits || !s->fork_logits) {
         st = st_error_set(err, ST_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -394,7 +403,7 @@ st_status st_sched_create(const st_model *m, const st_tokenizer *tok, const st_s
     s->max_event_text = s->recs[0].tx ? st_textout_max_delta(s->recs[0].tx) : 0;
     s->planned_bytes = s->cache->planned_bytes + st_fwd_bytes(s->fwd) +
                        n * ((size_t)s->ctx * 4 + sizeof(rec) + (size_t)m->cfg.vocab_size * 4) +
-                       (size_t)m->cfg.vocab_size * 17;
+                       (size_t)m->cfg.vocab_size * 21;
     s->stats.kv_blocks_total = s->cache->p.n_blocks;
     s->stats.planned_bytes = s->planned_bytes;
     *out = s;
@@ -439,6 +448,9 @@ st_status st_sched_submit(st_sched *s, const int32_t *prompt, int64_t n_prompt,
         return st_error_set(err, ST_ERR_ARG, "at most %d stop token ids", ST_MAX_STOP_IDS);
     if (p->n_stop < 0 || p->n_stop > ST_MAX_STOP)
         return st_error_set(err, ST_ERR_ARG, "at most %d stop strings", ST_MAX_STOP);
+    if (p->n < 0 || p->n > ST_MAX_CHOICES || p->n > s->p.max_seqs)
+        return st_error_set(err, ST_ERR_ARG, "n (%d) must be in [1, %d] (the sequences this server runs at once)", p->n,
+                            s->p.max_seqs < ST_MAX_CHOICES ? s->p.max_seqs : ST_MAX_CHOICES);
     if ((p->n_stop || p->split_reasoning) && !s->tok)
         return st_error_set(err, ST_ERR_ARG, "stop strings and reasoning need a tokenizer");
     req *r = calloc(1, sizeof *r);
@@ -561,6 +573,7 @@ static void done_event(st_event *ev, const req *r, st_finish_reason why, const c
     memset(ev, 0, sizeof *ev);
     ev->kind = ST_EV_DONE;
     ev->id = r->id;
+    ev->last = 1;
     ev->finish = why;
     ev->error = error;
 }
@@ -570,6 +583,12 @@ static void finish_rec(st_sched *s, rec *c, st_finish_reason why, const char *er
     req *r = c->r;
     st_event ev;
     done_event(&ev, r, why, error);
+    ev.index = c->index;
+    ev.last = --r->live == 0;
+    if (c->fork_pending) { /* it ended before it forked: the records it reserved are free */
+        s->recs_reserved -= c->fork_pending;
+        c->fork_pending = 0;
+    }
     if (c->tx && why != ST_FINISH_ERROR) {
         st_text_delta d;
         st_textout_finish(c->tx, &d);
@@ -589,6 +608,7 @@ static void finish_rec(st_sched *s, rec *c, st_finish_reason why, const char *er
     if (r->fn) r->fn(r->user, &ev);
     st_cache_seq_release(s->cache, &c->seq);
     c->r = NULL;
+    if (!ev.last) return;
     pthread_mutex_lock(&s->mu);
     s->n_running--;
     pthread_mutex_unlock(&s->mu);
@@ -651,13 +671,26 @@ static req *take_cancelled(st_sched *s) {
     return out;
 }
 
-/* (under mu) the first queued request whose budget the pool can hold now. Requests behind
- * one that is short of blocks may pass it until it has waited head_wait_s. */
-static req *take_admissible(st_sched *s, double now) {
+static int n_choices(const req *r) { return r->p.n > 1 ? r->p.n : 1; }
+
+/* a choice's own blocks once forked: all it will hold but the prompt's full blocks */
+static int64_t choice_blocks(const st_sched *s, const req *r) {
+    const int64_t all = blocks_for(s, r->n_prompt + max_new_tokens(s, r));
+    return s->cache->n_full ? all - r->n_prompt / s->p.block_size : 0;
+}
+
+/* the blocks a request may come to hold, every choice counted */
+static int64_t request_blocks(const st_sched *s, const req *r) {
+    return blocks_for(s, r->n_prompt + max_new_tokens(s, r)) + (n_choices(r) - 1) * choice_blocks(s, r);
+}
+
+/* (under mu) the first queued request whose budget the pool can hold now, with records for
+ * its choices. Requests behind one that is short may pass it until it has waited head_wait_s. */
+static req *take_admissible(st_sched *s, double now, int free_recs) {
     int64_t avail = st_cache_available_blocks(s->cache) - committed_blocks(s);
     req *prev = NULL;
     for (req *r = s->qhead; r; prev = r, r = r->qnext) {
-        if (blocks_for(s, r->n_prompt + max_new_tokens(s, r)) <= avail) {
+        if (request_blocks(s, r) <= avail && n_choices(r) <= free_recs) {
             unlink_queued(s, prev, r);
             s->n_running++;
             return r;
@@ -674,15 +707,23 @@ static int free_rec(const st_sched *s) {
     return -1;
 }
 
+/* free records not promised to a fork */
+static int free_recs(const st_sched *s) {
+    int n = 0;
+    for (int i = 0; i < s->p.max_seqs; i++) n += !s->recs[i].r;
+    return n - s->recs_reserved;
+}
+
 /* Admit what fits; returns 1 when anything was admitted or dropped. */
 static int admit(st_sched *s) {
     int changed = 0;
     for (;;) {
         double now = st_now_s();
-        int slot = free_rec(s);
+        const int nfree = free_recs(s);
+        int slot = nfree > 0 ? free_rec(s) : -1;
         pthread_mutex_lock(&s->mu);
         req *cancelled = take_cancelled(s);
-        req *r = slot >= 0 ? take_admissible(s, now) : NULL;
+        req *r = slot >= 0 ? take_admissible(s, now, nfree) : NULL;
         pthread_mutex_unlock(&s->mu);
         for (req *c = cancelled; c;) {
             req *next = c->qnext;
@@ -719,7 +760,11 @@ static int admit(st_sched *s) {
         c->n_fed = c->n_cached = c->seq.n_past; /* positions resumed from the prefix cache */
         c->n_new = c->n_reasoning = 0;
         c->max_new = max_new_tokens(s, r);
-        c->budget_blocks = blocks_for(s, c->n_prompt + c->max_new);
+        c->budget_blocks = request_blocks(s, r);
+        c->index = 0;
+        c->fork_pending = n_choices(r) - 1;
+        s->recs_reserved += c->fork_pending;
+        r->live = 1;
         c->order = s->admit_counter++;
         c->t_admit = now;
         c->t_first = 0;
@@ -760,6 +805,7 @@ static void on_logits(st_sched *s, rec *c, float *logits) {
     memset(&ev, 0, sizeof ev);
     ev.kind = ST_EV_TOKEN;
     ev.id = r->id;
+    ev.index = c->index;
     ev.token = t;
     ev.logprobs = lp;
     int stopped = 0;
@@ -822,6 +868,64 @@ static int check_running(st_sched *s, double now) {
     s->next_deadline = deadline;
     pthread_mutex_unlock(&s->mu);
     return ended;
+}
+
+/* A request of n choices after its prompt: the parent's sequence forks into n - 1 more
+ * (records and blocks were reserved at admission); each samples the prompt's logits with its
+ * own stream (seeded requests: the seed plus the choice's index, in a fixed mix). */
+static void fork_choices(st_sched *s, rec *parent, const float *row) {
+    req *r = parent->r;
+    const int64_t own = choice_blocks(s, r), V = s->m->cfg.vocab_size;
+    st_bctx *bx = st_fwd_ctx(s->fwd);
+    int kids[ST_MAX_CHOICES];
+    const int n = parent->fork_pending;
+    for (int i = 0; i < n; i++) {
+        const int k = free_rec(s);
+        ST_ASSERT(k >= 0);
+        rec *c = &s->recs[k];
+        st_error err = {0};
+        st_status st = st_cache_seq_start(s->cache, &c->seq, &err);
+        ST_ASSERT(st == ST_OK); /* a record has a slot */
+        if (c->tx)
+            st = st_textout_reset(c->tx, r->p.stop, r->p.n_stop, r->p.split_reasoning, r->p.start_in_reasoning,
+                                  r->p.skip_special, &err);
+        ST_ASSERT(st == ST_OK); /* the parent's reset took the same parameters */
+        int32_t from = -1;
+        const int32_t to = st_cache_seq_fork(s->cache, &parent->seq, &c->seq, &from);
+        if (to >= 0) bx->b->ops->kv_copy(bx, from, to);
+        bx->b->ops->state_copy(bx, parent->seq.slot, c->seq.slot);
+        c->r = r;
+        memcpy(c->hist, parent->hist, (size_t)parent->n_hist * sizeof *c->hist);
+        c->n_hist = parent->n_hist;
+        c->n_prompt = parent->n_prompt;
+        c->n_fed = parent->n_fed;
+        c->n_cached = 0; /* the parent's count is the request's */
+        c->n_new = c->n_reasoning = 0;
+        c->max_new = parent->max_new;
+        c->budget_blocks = blocks_for(s, c->n_prompt + c->max_new);
+        c->index = i + 1;
+        c->fork_pending = 0;
+        c->order = parent->order;
+        c->t_admit = parent->t_admit;
+        c->t_first = 0;
+        c->paused = parent->paused;
+        c->t_paused = parent->t_paused;
+        c->error[0] = 0;
+        st_sampling sp = r->p.sampling;
+        sp.seed = st_splitmix64(sp.seed + 0x9e3779b97f4a7c15ull * (uint64_t)c->index);
+        st_sampler_state_init(&c->ss, &sp);
+        kids[i] = k;
+        s->recs_reserved--;
+        r->live++;
+    }
+    parent->fork_pending = 0;
+    parent->budget_blocks -= (int64_t)n * own;
+    for (int i = 0; i < n; i++) { /* the parent's row stays unchanged for the parent */
+        rec *c = &s->recs[kids[i]];
+        if (!c->r) continue;
+        memcpy(s->fork_logits, row, (size_t)V * sizeof *row);
+        on_logits(s, c, s->fork_logits);
+    }
 }
 
 /* The next position at or after `from` where a prompt's prefill stops for a snapshot: a
@@ -904,7 +1008,9 @@ int st_sched_step(st_sched *s) {
                 c->n_fed += s->items[k].n_tokens;
                 take_snapshot(s, c, prefill);
                 if (s->items[k].logits == ST_LOGITS_NONE) continue;
-                on_logits(s, c, s->logits + row * s->m->cfg.vocab_size);
+                float *lg = s->logits + row * s->m->cfg.vocab_size;
+                if (c->fork_pending && c->n_fed == c->n_prompt) fork_choices(s, c, lg);
+                on_logits(s, c, lg);
                 row++;
             }
             pthread_mutex_lock(&s->mu);

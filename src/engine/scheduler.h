@@ -59,6 +59,7 @@
 #include "tokenizer/tokenizer.h"
 
 #define ST_MAX_STOP_IDS 16
+#define ST_MAX_CHOICES 16
 
 typedef enum st_finish_reason {
     ST_FINISH_NONE = 0,
@@ -82,6 +83,10 @@ typedef struct st_req_params {
     int skip_special;       /* special tokens are not part of the text (default 1) */
     int split_reasoning;    /* split <think> ... </think> into reasoning */
     int start_in_reasoning; /* the rendered prompt opened a think block */
+    int n;                  /* choices (0 or 1: one): the prompt is prefilled once, then the
+                               sequence forks (shared KV blocks, a copy of the state) and each
+                               choice samples from its own stream; at most ST_MAX_CHOICES and
+                               max_seqs */
 } st_req_params;
 
 st_req_params st_req_default_params(void);
@@ -95,12 +100,15 @@ typedef struct st_usage {
 
 typedef enum st_event_kind {
     ST_EV_TOKEN = 1, /* a token was generated (its text may be held back: empty deltas) */
-    ST_EV_DONE = 2,  /* the request ended; carries the text released at the end */
+    ST_EV_DONE = 2,  /* a choice ended (the request with its last); carries the text released
+                        at the end and that choice's usage */
 } st_event_kind;
 
 typedef struct st_event {
     st_event_kind kind;
     uint64_t id;
+    int index;                    /* the choice (0 .. n-1); a DONE ends that choice */
+    int last;                     /* DONE: the request's last choice ended (the request is over) */
     int32_t token;                /* TOKEN */
     const st_logprobs *logprobs;  /* TOKEN, when asked; valid during the callback */
     const char *content;          /* text deltas, valid during the callback */
