@@ -134,7 +134,22 @@ static void prep_one(srv *s, stream *st) {
     }
     free(text);
     text = NULL;
+    /* the choices' buffers, and an inbox of inbox_cap bytes of text with the reserve for
+     * every choice's DONE record and the pause threshold on top (stream.c) */
+    const int n_ch = req.params.n > 1 ? req.params.n : 1;
+    choice_out *chs = calloc((size_t)n_ch, sizeof *chs);
+    st_inbox ib;
+    const size_t slack = (size_t)n_ch * (st->rec_cap + 8);
+    if (!chs || st_inbox_init(&ib, 2 * s->inbox_cap + 4 * slack, NULL) != ST_OK) {
+        free(chs);
+        st_oai_error_set(&e, 500, "server_error", NULL, NULL, "out of memory for the request's buffers");
+        goto fail;
+    }
     pthread_mutex_lock(&st->mu);
+    st->ch = chs;
+    st->n_ch = n_ch;
+    st->inbox = ib;
+    st->slack = slack;
     st->req = req; /* moved: its stop strings now live in st->req.stop_buf */
     memset(&req, 0, sizeof req);
     for (int i = 0; i < st->req.params.n_stop; i++) st->req.params.stop[i] = st->req.stop_buf[i];
@@ -218,9 +233,7 @@ static enum MHD_Result start_generation(srv *s, struct MHD_Connection *c, httpre
     stream *st = calloc(1, sizeof *st);
     const size_t rec_cap = srv_record_max(st_sched_max_event_text(s->sched));
     uint8_t *rec = malloc(rec_cap);
-    /* the inbox holds inbox_cap bytes of text and more than the pause threshold on top */
-    if (!st || !rec || st_inbox_init(&st->inbox, 2 * s->inbox_cap + 4 * (rec_cap + 8), NULL) != ST_OK) {
-        if (st) st_inbox_free(&st->inbox);
+    if (!st || !rec) { /* the inbox and the choices come once the request is parsed */
         free(st);
         free(rec);
         return error_simple(s, c, 500, "server_error", NULL, "out of memory");

@@ -322,7 +322,8 @@ static int parse_sampling(json_t *root, const st_oai_defaults *d, st_oai_request
         s->seed = (uint64_t)x;
         s->has_seed = 1;
     }
-    if (opt_int(root, "n", 1, 1, &x, NULL, e)) return -1;
+    if (opt_int(root, "n", 1, ST_MAX_CHOICES, &x, &present, e)) return -1;
+    r->params.n = present ? (int)x : 1;
     if (opt_bool(root, "ignore_eos", &r->params.ignore_eos, e)) return -1; /* vLLM's extension */
     json_t *lb = json_object_get(root, "logit_bias");
     if (lb && !json_is_null(lb)) {
@@ -442,8 +443,9 @@ static int parse_completion(json_t *root, const st_oai_defaults *d, st_oai_reque
     json_t *suffix = json_object_get(root, "suffix");
     if (suffix && !json_is_null(suffix)) return BAD(e, "suffix", "'suffix' is not supported");
     json_t *bo = json_object_get(root, "best_of");
-    if (bo && !json_is_null(bo) && !(json_is_integer(bo) && json_integer_value(bo) == 1))
-        return BAD(e, "best_of", "'best_of' must be 1");
+    if (bo && !json_is_null(bo) && !(json_is_integer(bo) && json_integer_value(bo) == (r->params.n > 1 ? r->params.n : 1)))
+        return BAD(e, "best_of", "'best_of' must equal n (choosing the best of more choices than are returned is "
+                                 "not supported, as in vLLM's V1 engine)");
     return 0;
 }
 

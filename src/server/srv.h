@@ -75,6 +75,7 @@ typedef struct sbuf {
 
 /* room for n more bytes and a NUL */
 static inline int sb_reserve(sbuf *b, size_t n) {
+    if (n > SIZE_MAX / 4 - b->n) return -1; /* no size near the address space */
     if (b->n + n + 1 <= b->cap) return 0;
     size_t nc = b->cap ? b->cap : 1024;
     while (nc < b->n + n + 1) nc *= 2;
@@ -107,6 +108,23 @@ typedef struct lp_rec {
     int32_t top[ST_MAX_LOGPROBS];
     float top_lp[ST_MAX_LOGPROBS];
 } lp_rec;
+
+/* one choice's output: taken from the inbox, formatted (HTTP threads, under the stream's mu) */
+typedef struct choice_out {
+    sbuf c_in, r_in;             /* content, reasoning not yet formatted */
+    lp_rec *lp_in;               /* [n_lp_in] of lp_cap */
+    int n_lp_in, lp_cap;
+    int done;                    /* its DONE arrived */
+    st_finish_reason finish;
+    st_usage usage;
+    int role_sent, echo_sent, finish_sent;
+    sbuf content_all, reasoning_all; /* non-streaming accumulation */
+    json_t *lp_all;              /* non-streaming logprob entries */
+    sbuf pend;                   /* streamed content held back while it could open a tool call */
+    sbuf tool_hold;              /* streamed text from <tool_call> on */
+    int in_tool;
+    int64_t text_offset;         /* completions logprobs: characters of text so far */
+} choice_out;
 
 typedef struct srv srv;
 
@@ -148,15 +166,16 @@ typedef struct stream {
     /* the connection's parking (wake_mu, innermost lock; never held while formatting) */
     pthread_mutex_t wake_mu;
     atomic_int suspended;
+    size_t slack;                /* the inbox's reserve for the DONE records of every choice:
+                                    n_ch records of the largest size (set before submission) */
     /* taken from the inbox, not yet formatted (HTTP threads, under mu) */
     uint8_t *rec;                /* [rec_cap] one record */
     size_t rec_cap;
-    sbuf c_in, r_in;             /* content, reasoning */
-    lp_rec *lp_in;               /* [n_lp_in] of lp_cap */
-    int n_lp_in, lp_cap;
-    int done;
-    st_finish_reason finish;
-    st_usage usage;
+    choice_out *ch;              /* [n_ch] the request's choices (set before submission) */
+    int n_ch;
+    int done;                    /* every choice ended */
+    st_finish_reason finish;     /* the stream's: an error or cancel of any choice, else the last's */
+    st_usage usage;              /* summed over the choices (prompt and cached once) */
     char error[ERROR_MAX];
     int keepalive_due;
     int aborted;                 /* server shutting down */
@@ -164,13 +183,7 @@ typedef struct stream {
     /* formatting state (HTTP threads, under mu) */
     sbuf wire;                   /* formatted bytes not yet handed to libmicrohttpd */
     size_t wire_off;
-    int role_sent, echo_sent, finished_sent;
-    sbuf content_all, reasoning_all; /* non-streaming accumulation */
-    json_t *lp_all;              /* non-streaming logprob entries */
-    sbuf pend;                   /* streamed content held back while it could open a tool call */
-    sbuf tool_hold;              /* streamed text from <tool_call> on */
-    int in_tool;
-    int64_t text_offset;         /* completions logprobs: characters of text so far */
+    int finished_sent;
 } stream;
 
 struct srv {
@@ -222,6 +235,8 @@ typedef struct httpreq {
  * reasoning and (DONE) the error message */
 typedef struct ev_head {
     uint32_t kind;           /* st_event_kind */
+    uint32_t index;          /* the choice */
+    uint32_t last;           /* DONE: the request's last */
     uint32_t has_lp;
     uint32_t content_len, reasoning_len, error_len;
     int32_t finish;          /* DONE */

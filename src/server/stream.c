@@ -7,16 +7,20 @@ void srv_stream_free(stream *st) {
     free(st->fail_body);
     st_inbox_free(&st->inbox);
     free(st->rec);
-    sb_free(&st->c_in);
-    sb_free(&st->r_in);
-    free(st->lp_in);
+    for (int i = 0; i < st->n_ch; i++) {
+        choice_out *c = &st->ch[i];
+        sb_free(&c->c_in);
+        sb_free(&c->r_in);
+        free(c->lp_in);
+        sb_free(&c->content_all);
+        sb_free(&c->reasoning_all);
+        sb_free(&c->pend);
+        sb_free(&c->tool_hold);
+        json_decref(c->lp_all);
+    }
+    free(st->ch);
     pthread_mutex_destroy(&st->wake_mu);
     sb_free(&st->wire);
-    sb_free(&st->content_all);
-    sb_free(&st->reasoning_all);
-    sb_free(&st->pend);
-    sb_free(&st->tool_hold);
-    json_decref(st->lp_all);
     free(st->prompt_text);
     pthread_mutex_destroy(&st->mu);
     free(st);
@@ -103,6 +107,8 @@ int srv_on_event(void *user, const st_event *ev) {
     ev_head h;
     memset(&h, 0, sizeof h);
     h.kind = (uint32_t)ev->kind;
+    h.index = (uint32_t)ev->index;
+    h.last = (uint32_t)ev->last;
     h.content_len = (uint32_t)ev->content_len;
     h.reasoning_len = (uint32_t)ev->reasoning_len;
     lp_rec lr;
@@ -125,16 +131,18 @@ int srv_on_event(void *user, const st_event *ev) {
     }
     const void *parts[5] = {&h, &lr, ev->content, ev->reasoning, ev->error};
     size_t lens[5] = {sizeof h, h.has_lp ? sizeof lr : 0, ev->content_len, ev->reasoning_len, h.error_len};
-    /* a token's record leaves room for the DONE record that must follow it */
+    /* A token's record leaves room for the DONE records of every choice (slack: n records of
+     * the largest size R). The sequence pauses once the room left is under 2 x slack: the
+     * other choices of the same step (at most n - 1 records) then still leave the slack. */
+    (void)max_text;
     const size_t len = lens[0] + lens[1] + lens[2] + lens[3] + lens[4];
-    const size_t reserve = ev->kind == ST_EV_TOKEN ? srv_record_max(max_text) + 8 : 0;
+    const size_t reserve = ev->kind == ST_EV_TOKEN ? st->slack : 0;
     int put = st_inbox_room(&st->inbox) >= len + reserve && st_inbox_put(&st->inbox, parts, lens, 5);
     int answer = ST_EV_CONTINUE, cancel = 0;
+    const int final = ev->kind == ST_EV_DONE && ev->last;
     if (!put && !atomic_exchange(&st->overflow, 1)) cancel = ev->kind == ST_EV_TOKEN;
-    if (ev->kind == ST_EV_DONE) atomic_store(&st->ended, 1);
-    /* room for the next token's record (and the DONE reserve), or pause until the client reads */
-    if (ev->kind == ST_EV_TOKEN && put && st_inbox_room(&st->inbox) < 2 * (srv_record_max(max_text) + 8) &&
-        !atomic_exchange(&st->paused, 1))
+    if (final) atomic_store(&st->ended, 1);
+    if (ev->kind == ST_EV_TOKEN && put && st_inbox_room(&st->inbox) < 2 * st->slack && !atomic_exchange(&st->paused, 1))
         answer = ST_EV_PAUSE;
     if (st->streaming || ev->kind == ST_EV_DONE || answer == ST_EV_PAUSE || !put) notify(st);
     if (itl >= 0) st_metrics_observe(&s->metrics, &s->metrics.itl, itl);
@@ -143,9 +151,11 @@ int srv_on_event(void *user, const st_event *ev) {
         st_sched_cancel(s->sched, ev->id);
     }
     if (ev->kind == ST_EV_DONE) {
-        st_metrics_finished(&s->metrics, ev);
-        srv_stream_unref(st); /* the scheduler's reference */
+        st_event one = *ev; /* the prompt counted once per request */
+        if (ev->index > 0) one.usage.prompt_tokens = 0;
+        st_metrics_finished(&s->metrics, &one);
     }
+    if (final) srv_stream_unref(st); /* the scheduler's reference */
     return answer;
 }
 
@@ -157,24 +167,40 @@ static void pull(stream *st) {
         ev_head h;
         memcpy(&h, st->rec, sizeof h);
         const uint8_t *p = st->rec + sizeof h;
+        ST_ASSERT(h.index < (uint32_t)st->n_ch);
+        choice_out *c = &st->ch[h.index];
         if (h.has_lp) {
-            if (st->n_lp_in == st->lp_cap) {
-                int cap = st->lp_cap ? 2 * st->lp_cap : INBOX_LP;
-                lp_rec *n = realloc(st->lp_in, (size_t)cap * sizeof *n);
-                if (n) st->lp_in = n, st->lp_cap = cap;
+            if (c->n_lp_in == c->lp_cap) {
+                int cap = c->lp_cap ? 2 * c->lp_cap : INBOX_LP;
+                lp_rec *n = realloc(c->lp_in, (size_t)cap * sizeof *n);
+                if (n) c->lp_in = n, c->lp_cap = cap;
             }
-            if (st->n_lp_in < st->lp_cap) memcpy(&st->lp_in[st->n_lp_in++], p, sizeof(lp_rec));
+            if (c->n_lp_in < c->lp_cap) memcpy(&c->lp_in[c->n_lp_in++], p, sizeof(lp_rec));
             p += sizeof(lp_rec);
         }
-        sb_put(&st->c_in, (const char *)p, h.content_len);
+        sb_put(&c->c_in, (const char *)p, h.content_len);
         p += h.content_len;
-        sb_put(&st->r_in, (const char *)p, h.reasoning_len);
+        sb_put(&c->r_in, (const char *)p, h.reasoning_len);
         p += h.reasoning_len;
         if (h.kind == ST_EV_DONE) {
-            st->done = 1;
-            st->finish = (st_finish_reason)h.finish;
-            st->usage = h.usage;
-            snprintf(st->error, sizeof st->error, "%.*s", (int)h.error_len, (const char *)p);
+            const st_finish_reason f = (st_finish_reason)h.finish;
+            c->done = 1;
+            c->finish = f;
+            c->usage = h.usage;
+            /* the stream's: the first error or cancel of a choice wins, else the last finish */
+            int bad = st->finish == ST_FINISH_ERROR || st->finish == ST_FINISH_CANCELLED;
+            if (!bad) {
+                st->finish = f;
+                if (h.error_len) snprintf(st->error, sizeof st->error, "%.*s", (int)h.error_len, (const char *)p);
+            }
+            if (h.index == 0 || h.last) { /* a request that never ran ends with one DONE */
+                st->usage.prompt_tokens = h.usage.prompt_tokens;
+                st->usage.cached_tokens = h.usage.cached_tokens > st->usage.cached_tokens ? h.usage.cached_tokens
+                                                                                         : st->usage.cached_tokens;
+            }
+            st->usage.completion_tokens += h.usage.completion_tokens;
+            st->usage.reasoning_tokens += h.usage.reasoning_tokens;
+            if (h.last) st->done = 1;
         }
     }
 }
@@ -346,54 +372,130 @@ static json_t *chunk(stream *st, json_t *choice) {
     return c;
 }
 
-static json_t *chat_choice(json_t *delta, json_t *logprobs, const char *finish) {
-    return json_pack("{s:i,s:o,s:o,s:o}", "index", 0, "delta", delta, "logprobs", logprobs ? logprobs : json_null(),
+static json_t *chat_choice(int index, json_t *delta, json_t *logprobs, const char *finish) {
+    return json_pack("{s:i,s:o,s:o,s:o}", "index", index, "delta", delta, "logprobs", logprobs ? logprobs : json_null(),
                      "finish_reason", finish ? json_string(finish) : json_null());
 }
 
-static json_t *completion_choice(const char *text, size_t n, json_t *logprobs, const char *finish) {
-    return json_pack("{s:i,s:s%,s:o,s:o}", "index", 0, "text", text, n, "logprobs",
+static json_t *completion_choice(int index, const char *text, size_t n, json_t *logprobs, const char *finish) {
+    return json_pack("{s:i,s:s%,s:o,s:o}", "index", index, "text", text, n, "logprobs",
                      logprobs ? logprobs : json_null(), "finish_reason", finish ? json_string(finish) : json_null());
 }
 
-/* content for the chat stream, through tool-call detection when tools were given */
-static void stream_content(stream *st, const char *c, size_t n, json_t **lp) {
+/* content for the chat stream of choice i, through tool-call detection when tools were given */
+static void stream_content(stream *st, int i, const char *text, size_t n, json_t **lp) {
+    choice_out *c = &st->ch[i];
     sbuf out = {0};
     if (!st->req.tools) {
-        sb_put(&out, c, n);
-    } else if (st->in_tool) {
-        sb_put(&st->tool_hold, c, n);
+        sb_put(&out, text, n);
+    } else if (c->in_tool) {
+        sb_put(&c->tool_hold, text, n);
     } else {
-        sb_put(&st->pend, c, n);
+        sb_put(&c->pend, text, n);
         const char *open = ST_TOOLCALL_OPEN;
         size_t ol = strlen(open);
-        char *hit = st->pend.n >= ol ? memmem(st->pend.p, st->pend.n, open, ol) : NULL;
+        char *hit = c->pend.n >= ol ? memmem(c->pend.p, c->pend.n, open, ol) : NULL;
         if (hit) {
-            sb_put(&out, st->pend.p, (size_t)(hit - st->pend.p));
-            sb_put(&st->tool_hold, hit, st->pend.n - (size_t)(hit - st->pend.p));
-            st->pend.n = 0;
-            st->in_tool = 1;
+            sb_put(&out, c->pend.p, (size_t)(hit - c->pend.p));
+            sb_put(&c->tool_hold, hit, c->pend.n - (size_t)(hit - c->pend.p));
+            c->pend.n = 0;
+            c->in_tool = 1;
         } else {
             size_t keep = 0;
-            for (size_t k = 1; k < ol && k <= st->pend.n; k++)
-                if (!memcmp(st->pend.p + st->pend.n - k, open, k)) keep = k;
-            sb_put(&out, st->pend.p, st->pend.n - keep);
-            memmove(st->pend.p, st->pend.p + st->pend.n - keep, keep);
-            st->pend.n = keep;
+            for (size_t k = 1; k < ol && k <= c->pend.n; k++)
+                if (!memcmp(c->pend.p + c->pend.n - k, open, k)) keep = k;
+            sb_put(&out, c->pend.p, c->pend.n - keep);
+            memmove(c->pend.p, c->pend.p + c->pend.n - keep, keep);
+            c->pend.n = keep;
         }
     }
     if (out.n || (lp && *lp)) {
         json_t *delta = json_object();
         if (out.n) json_object_set_new(delta, "content", json_stringn(out.p, out.n));
-        sse_data(st, chunk(st, chat_choice(delta, lp ? *lp : NULL, NULL)));
+        sse_data(st, chunk(st, chat_choice(i, delta, lp ? *lp : NULL, NULL)));
         if (lp) *lp = NULL;
     }
     sb_free(&out);
 }
 
+/* the chunks that end choice i of a stream that ended well */
+static void finish_choice(stream *st, int i) {
+    srv *s = st->s;
+    choice_out *c = &st->ch[i];
+    const char *fin = finish_text(c->finish);
+    if (st->kind == ST_OAI_CHAT) {
+        if (c->pend.n) { /* a held-back partial "<tool_call" that never completed */
+            json_t *delta = json_pack("{s:s%}", "content", c->pend.p, c->pend.n);
+            sse_data(st, chunk(st, chat_choice(i, delta, NULL, NULL)));
+            c->pend.n = 0;
+        }
+        if (c->in_tool) {
+            st_tool_calls tc;
+            if (st_toolcall_parse(c->tool_hold.p, c->tool_hold.n, st->req.tools, &tc)) {
+                json_t *delta = json_pack("{s:o}", "tool_calls", tool_calls_json(s, &tc, 1));
+                sse_data(st, chunk(st, chat_choice(i, delta, NULL, NULL)));
+                fin = "tool_calls";
+                st_tool_calls_free(&tc);
+            } else {
+                json_t *delta = json_pack("{s:s%}", "content", c->tool_hold.p, c->tool_hold.n);
+                sse_data(st, chunk(st, chat_choice(i, delta, NULL, NULL)));
+            }
+        }
+        sse_data(st, chunk(st, chat_choice(i, json_object(), NULL, fin)));
+    } else {
+        sse_data(st, chunk(st, completion_choice(i, "", 0, NULL, fin)));
+    }
+    c->finish_sent = 1;
+}
+
+/* what is new for choice i, as SSE chunks */
+static void format_choice(stream *st, int i) {
+    srv *s = st->s;
+    choice_out *c = &st->ch[i];
+    const int chat = st->kind == ST_OAI_CHAT;
+    if (chat && !c->role_sent) {
+        sse_data(st, chunk(st, chat_choice(i, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL, NULL)));
+        c->role_sent = 1;
+    }
+    if (!chat && st->req.echo && !c->echo_sent) {
+        const char *p = st->prompt_text ? st->prompt_text : "";
+        sse_data(st, chunk(st, completion_choice(i, p, strlen(p), NULL, NULL)));
+        c->echo_sent = 1;
+    }
+    json_t *lp = NULL;
+    if (c->n_lp_in) {
+        if (chat) {
+            json_t *arr = json_array();
+            for (int k = 0; k < c->n_lp_in; k++) json_array_append_new(arr, chat_lp_entry(s->tok, &c->lp_in[k]));
+            lp = json_pack("{s:o}", "content", arr);
+        } else {
+            lp = completion_lp(s->tok, c->lp_in, c->n_lp_in, &c->text_offset);
+        }
+        c->n_lp_in = 0;
+    }
+    if (c->r_in.n) {
+        json_t *delta = json_pack("{s:s%}", "reasoning_content", c->r_in.p, c->r_in.n);
+        json_t *use_lp = c->c_in.n ? NULL : lp;
+        sse_data(st, chunk(st, chat_choice(i, delta, use_lp, NULL)));
+        if (use_lp) lp = NULL;
+        c->r_in.n = 0;
+    }
+    if (chat) {
+        if (c->c_in.n || lp) stream_content(st, i, c->c_in.n ? c->c_in.p : "", c->c_in.n, &lp);
+    } else if (c->c_in.n || lp) {
+        sse_data(st, chunk(st, completion_choice(i, c->c_in.n ? c->c_in.p : "", c->c_in.n, lp, NULL)));
+        lp = NULL;
+    }
+    c->c_in.n = 0;
+    json_decref(lp);
+    /* a choice that ended well ends in the stream at once (one with an error waits for all) */
+    if (c->done && !c->finish_sent && c->finish != ST_FINISH_ERROR && c->finish != ST_FINISH_CANCELLED &&
+        !atomic_load(&st->overflow))
+        finish_choice(st, i);
+}
+
 /* Turn everything new in the inbox into SSE text in st->wire. */
 static void format_stream(stream *st) {
-    srv *s = st->s;
     if (st->keepalive_due) {
         sb_put(&st->wire, ": keep-alive\n\n", 14);
         st->keepalive_due = 0;
@@ -406,74 +508,20 @@ static void format_stream(stream *st) {
         st->finished_sent = 1;
         return;
     }
-    int chat = st->kind == ST_OAI_CHAT;
-    if (chat && !st->role_sent) {
-        sse_data(st, chunk(st, chat_choice(json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL, NULL)));
-        st->role_sent = 1;
-    }
-    if (!chat && st->req.echo && !st->echo_sent) {
-        const char *p = st->prompt_text ? st->prompt_text : "";
-        sse_data(st, chunk(st, completion_choice(p, strlen(p), NULL, NULL)));
-        st->echo_sent = 1;
-    }
-    json_t *lp = NULL;
-    if (st->n_lp_in) {
-        if (chat) {
-            json_t *arr = json_array();
-            for (int i = 0; i < st->n_lp_in; i++) json_array_append_new(arr, chat_lp_entry(s->tok, &st->lp_in[i]));
-            lp = json_pack("{s:o}", "content", arr);
-        } else {
-            lp = completion_lp(s->tok, st->lp_in, st->n_lp_in, &st->text_offset);
-        }
-        st->n_lp_in = 0;
-    }
-    if (st->r_in.n) {
-        json_t *delta = json_pack("{s:s%}", "reasoning_content", st->r_in.p, st->r_in.n);
-        json_t *use_lp = st->c_in.n ? NULL : lp;
-        sse_data(st, chunk(st, chat_choice(delta, use_lp, NULL)));
-        if (use_lp) lp = NULL;
-        st->r_in.n = 0;
-    }
-    if (chat) {
-        if (st->c_in.n || lp) stream_content(st, st->c_in.n ? st->c_in.p : "", st->c_in.n, &lp);
-    } else if (st->c_in.n || lp) {
-        sse_data(st, chunk(st, completion_choice(st->c_in.n ? st->c_in.p : "", st->c_in.n, lp, NULL)));
-        lp = NULL;
-    }
-    st->c_in.n = 0;
-    json_decref(lp);
+    for (int i = 0; i < st->n_ch; i++) format_choice(st, i);
     if ((!st->done && !atomic_load(&st->overflow)) || st->finished_sent) return;
     /* the end */
     st_oai_error e;
     if (stream_error(st, &e)) {
         if (st->finish == ST_FINISH_ERROR) /* the finish reason first, then the error */
-            sse_data(st, chunk(st, chat ? chat_choice(json_object(), NULL, "error")
-                                        : completion_choice("", 0, NULL, "error")));
+            for (int i = 0; i < st->n_ch; i++)
+                if (!st->ch[i].finish_sent)
+                    sse_data(st, chunk(st, st->kind == ST_OAI_CHAT ? chat_choice(i, json_object(), NULL, "error")
+                                                                    : completion_choice(i, "", 0, NULL, "error")));
         sse_error(st, &e);
     } else {
-        const char *fin = finish_text(st->finish);
-        if (chat) {
-            if (st->pend.n) { /* a held-back partial "<tool_call" that never completed */
-                json_t *delta = json_pack("{s:s%}", "content", st->pend.p, st->pend.n);
-                sse_data(st, chunk(st, chat_choice(delta, NULL, NULL)));
-                st->pend.n = 0;
-            }
-            if (st->in_tool) {
-                st_tool_calls tc;
-                if (st_toolcall_parse(st->tool_hold.p, st->tool_hold.n, st->req.tools, &tc)) {
-                    json_t *delta = json_pack("{s:o}", "tool_calls", tool_calls_json(s, &tc, 1));
-                    sse_data(st, chunk(st, chat_choice(delta, NULL, NULL)));
-                    fin = "tool_calls";
-                    st_tool_calls_free(&tc);
-                } else {
-                    json_t *delta = json_pack("{s:s%}", "content", st->tool_hold.p, st->tool_hold.n);
-                    sse_data(st, chunk(st, chat_choice(delta, NULL, NULL)));
-                }
-            }
-            sse_data(st, chunk(st, chat_choice(json_object(), NULL, fin)));
-        } else {
-            sse_data(st, chunk(st, completion_choice("", 0, NULL, fin)));
-        }
+        for (int i = 0; i < st->n_ch; i++)
+            if (!st->ch[i].finish_sent) finish_choice(st, i);
         if (st->req.include_usage) {
             json_t *u = chunk(st, json_null());
             json_object_set_new(u, "choices", json_array());
@@ -532,17 +580,20 @@ void srv_sse_reader_free(void *cls) { srv_stream_unref(cls); }
 /* move the inbox into the accumulators (under st->mu) */
 void srv_drain_inbox(stream *st) {
     pull(st);
-    sb_put(&st->content_all, st->c_in.n ? st->c_in.p : "", st->c_in.n);
-    sb_put(&st->reasoning_all, st->r_in.n ? st->r_in.p : "", st->r_in.n);
-    st->c_in.n = st->r_in.n = 0;
-    if (st->n_lp_in) {
-        if (!st->lp_all) st->lp_all = json_array();
-        if (st->kind == ST_OAI_CHAT) {
-            for (int i = 0; i < st->n_lp_in; i++) json_array_append_new(st->lp_all, chat_lp_entry(st->s->tok, &st->lp_in[i]));
-        } else {
-            json_array_append_new(st->lp_all, completion_lp(st->s->tok, st->lp_in, st->n_lp_in, &st->text_offset));
+    for (int i = 0; i < st->n_ch; i++) {
+        choice_out *c = &st->ch[i];
+        sb_put(&c->content_all, c->c_in.n ? c->c_in.p : "", c->c_in.n);
+        sb_put(&c->reasoning_all, c->r_in.n ? c->r_in.p : "", c->r_in.n);
+        c->c_in.n = c->r_in.n = 0;
+        if (c->n_lp_in) {
+            if (!c->lp_all) c->lp_all = json_array();
+            if (st->kind == ST_OAI_CHAT) {
+                for (int k = 0; k < c->n_lp_in; k++) json_array_append_new(c->lp_all, chat_lp_entry(st->s->tok, &c->lp_in[k]));
+            } else {
+                json_array_append_new(c->lp_all, completion_lp(st->s->tok, c->lp_in, c->n_lp_in, &c->text_offset));
+            }
+            c->n_lp_in = 0;
         }
-        st->n_lp_in = 0;
     }
 }
 
@@ -560,6 +611,40 @@ static json_t *merge_completion_lp(json_t *parts) {
     return out;
 }
 
+/* the response's choice i */
+static json_t *final_choice(stream *st, int i) {
+    srv *s = st->s;
+    choice_out *c = &st->ch[i];
+    const char *fin = finish_text(c->finish);
+    if (st->kind == ST_OAI_CHAT) {
+        json_t *msg = json_object();
+        json_object_set_new(msg, "role", json_string("assistant"));
+        st_tool_calls tc;
+        int calls = st->req.tools && st_toolcall_parse(c->content_all.p ? c->content_all.p : "", c->content_all.n, st->req.tools, &tc);
+        if (calls) {
+            json_object_set_new(msg, "content", tc.content ? json_string(tc.content) : json_null());
+            json_object_set_new(msg, "tool_calls", tool_calls_json(s, &tc, 0));
+            fin = "tool_calls";
+            st_tool_calls_free(&tc);
+        } else {
+            json_object_set_new(msg, "content", json_stringn(c->content_all.p ? c->content_all.p : "", c->content_all.n));
+        }
+        if (c->reasoning_all.n)
+            json_object_set_new(msg, "reasoning_content", json_stringn(c->reasoning_all.p, c->reasoning_all.n));
+        json_t *lp = st->req.logprobs ? json_pack("{s:O}", "content", c->lp_all ? c->lp_all : json_array()) : json_null();
+        if (st->req.logprobs && !c->lp_all) json_decref(json_object_get(lp, "content"));
+        return json_pack("{s:i,s:o,s:o,s:s}", "index", i, "message", msg, "logprobs", lp, "finish_reason", fin);
+    }
+    sbuf text = {0};
+    if (st->req.echo && st->prompt_text) sb_put(&text, st->prompt_text, strlen(st->prompt_text));
+    sb_put(&text, c->content_all.p ? c->content_all.p : "", c->content_all.n);
+    json_t *lp = st->req.logprobs ? merge_completion_lp(c->lp_all ? c->lp_all : json_array()) : json_null();
+    json_t *choice = json_pack("{s:i,s:s%,s:o,s:s}", "index", i, "text", text.p ? text.p : "", text.n, "logprobs", lp,
+                               "finish_reason", fin);
+    sb_free(&text);
+    return choice;
+}
+
 char *srv_final_response(stream *st, int *status) {
     srv *s = st->s;
     st_oai_error e;
@@ -568,41 +653,13 @@ char *srv_final_response(stream *st, int *status) {
         return st_oai_error_json(&e);
     }
     *status = 200;
-    const char *fin = finish_text(st->finish);
-    json_t *choice;
-    if (st->kind == ST_OAI_CHAT) {
-        json_t *msg = json_object();
-        json_object_set_new(msg, "role", json_string("assistant"));
-        st_tool_calls tc;
-        int calls = st->req.tools && st_toolcall_parse(st->content_all.p ? st->content_all.p : "", st->content_all.n, st->req.tools, &tc);
-        if (calls) {
-            json_object_set_new(msg, "content", tc.content ? json_string(tc.content) : json_null());
-            json_object_set_new(msg, "tool_calls", tool_calls_json(s, &tc, 0));
-            fin = "tool_calls";
-            st_tool_calls_free(&tc);
-        } else {
-            json_object_set_new(msg, "content", json_stringn(st->content_all.p ? st->content_all.p : "", st->content_all.n));
-        }
-        if (st->reasoning_all.n)
-            json_object_set_new(msg, "reasoning_content", json_stringn(st->reasoning_all.p, st->reasoning_all.n));
-        json_t *lp = st->req.logprobs ? json_pack("{s:O}", "content", st->lp_all ? st->lp_all : json_array()) : json_null();
-        if (st->req.logprobs && !st->lp_all) json_decref(json_object_get(lp, "content"));
-        choice = json_pack("{s:i,s:o,s:o,s:s}", "index", 0, "message", msg, "logprobs", lp, "finish_reason", fin);
-    } else {
-        sbuf text = {0};
-        if (st->req.echo && st->prompt_text) sb_put(&text, st->prompt_text, strlen(st->prompt_text));
-        sb_put(&text, st->content_all.p ? st->content_all.p : "", st->content_all.n);
-        json_t *lp = st->req.logprobs ? merge_completion_lp(st->lp_all ? st->lp_all : json_array()) : json_null();
-        choice = json_pack("{s:i,s:s%,s:o,s:s}", "index", 0, "text", text.p ? text.p : "", text.n, "logprobs", lp,
-                           "finish_reason", fin);
-        sb_free(&text);
-    }
-    json_t *root = json_pack("{s:s,s:s,s:I,s:s,s:s,s:[o],s:o}", "id", st->id, "object",
+    json_t *choices = json_array();
+    for (int i = 0; i < st->n_ch; i++) json_array_append_new(choices, final_choice(st, i));
+    json_t *root = json_pack("{s:s,s:s,s:I,s:s,s:s,s:o,s:o}", "id", st->id, "object",
                              st->kind == ST_OAI_CHAT ? "chat.completion" : "text_completion", "created",
                              (json_int_t)st->created, "model", s->model_id, "system_fingerprint", "strand",
-                             "choices", choice, "usage", usage_json(&st->usage));
+                             "choices", choices, "usage", usage_json(&st->usage));
     char *out = json_dumps(root, JSON_COMPACT);
     json_decref(root);
     return out;
 }
-

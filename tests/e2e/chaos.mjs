@@ -39,6 +39,7 @@ function randomChat() {
   if (rnd() < 0.2) body.logit_bias = { [pick([198, 220, 56940, 151668, 151667, 271])]: pick([5, 50, 100]) };
   if (rnd() < 0.5) body.reasoning_effort = pick(['none', 'low', 'high']);
   if (rnd() < 0.2) body.ignore_eos = true;
+  if (rnd() < 0.15) body.n = int(1, 5); /* 5 is over the server's 4 sequences: a 400 */
   if (rnd() < 0.5) { body.stream = true; if (rnd() < 0.5) body.stream_options = { include_usage: true }; }
   return ['/v1/chat/completions', body];
 }
@@ -47,6 +48,7 @@ function randomCompletion() {
   body.max_tokens = int(0, 40);
   if (rnd() < 0.3) body.logprobs = int(0, 5);
   if (rnd() < 0.3) body.echo = true;
+  if (rnd() < 0.15) body.n = int(1, 3);
   if (rnd() < 0.5) body.stream = true;
   return ['/v1/completions', body];
 }
@@ -73,7 +75,8 @@ async function httpRequest(path, text, { readMode = 'all', abortMs = 0 } = {}) {
       let j = null;
       try { j = JSON.parse(t); } catch { bad.push({ what: 'not JSON', status: r.status, t: t.slice(0, 200) }); return; }
       if (r.status !== 200 && !isError(j)) bad.push({ what: 'error shape', status: r.status, j });
-      if (r.status === 200 && !(j.choices && j.choices.length === 1 && j.usage)) bad.push({ what: 'success shape', j });
+      if (r.status === 200 && !(j.choices && j.choices.length >= 1 && j.choices.every((c, i) => c.index === i) && j.usage))
+        bad.push({ what: 'success shape', j });
       return;
     }
     const reader = r.body.getReader();

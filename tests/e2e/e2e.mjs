@@ -170,6 +170,42 @@ await attempt('prefix cache', async () => {
   check(await metric(process.env.RANDOM_URL, 'strand_prefix_hit_tokens_total') >= 64, 'metrics: strand_prefix_hit_tokens_total');
 });
 
+await attempt('n choices', async () => {
+  const r = await random.chat.completions.create({ model: 'random', messages: user('Name three colours'), n: 3,
+    max_tokens: 6, temperature: 0, reasoning_effort: 'none', logprobs: true, top_logprobs: 2 });
+  const one = await random.chat.completions.create({ model: 'random', messages: user('Name three colours'),
+    max_tokens: 6, temperature: 0, reasoning_effort: 'none', logprobs: true, top_logprobs: 2 });
+  check(r.choices.length === 3 && r.choices.every((c, i) => c.index === i && c.message.content === one.choices[0].message.content &&
+    c.logprobs.content.length === 6 && c.finish_reason === 'length') && r.usage.completion_tokens === 18 &&
+    r.usage.prompt_tokens === one.usage.prompt_tokens,
+    'n=3 greedy: three choices (index 0..2) equal to the single reply, completion tokens summed', r.usage);
+  const seeded = (n) => random.chat.completions.create({ model: 'random', messages: user('Pick one'), n, max_tokens: 8,
+    temperature: 1, seed: 42, reasoning_effort: 'none' });
+  const a = await seeded(3), b = await seeded(3);
+  check(JSON.stringify(a.choices.map((c) => c.message.content)) === JSON.stringify(b.choices.map((c) => c.message.content)) &&
+    new Set(a.choices.map((c) => c.message.content)).size > 1,
+    'n=3 with a seed: each choice its own stream, the same on a second request', a.choices.map((c) => c.message.content));
+  const s = await random.chat.completions.create({ model: 'random', messages: user('Stream two'), n: 2, max_tokens: 5,
+    temperature: 0, reasoning_effort: 'none', stream: true, stream_options: { include_usage: true } });
+  const text = ['', ''], fin = [null, null];
+  let usage = null, bad = 0;
+  for await (const c of s) {
+    if (c.usage) usage = c.usage;
+    for (const ch of c.choices) {
+      if (ch.index !== 0 && ch.index !== 1) bad++;
+      else {
+        text[ch.index] += ch.delta.content || '';
+        if (ch.finish_reason) fin[ch.index] = ch.finish_reason;
+      }
+    }
+  }
+  check(!bad && text[0] === text[1] && text[0].length > 0 && fin[0] === 'length' && fin[1] === 'length' && usage.completion_tokens === 10,
+    'streamed n=2: chunks of index 0 and 1, each with its finish reason, usage summed', { text, fin, usage });
+  const cp = await random.completions.create({ model: 'random', prompt: 'Once upon', n: 2, best_of: 2, max_tokens: 4, temperature: 0 });
+  check(cp.choices.length === 2 && cp.choices[0].text === cp.choices[1].text && cp.choices[1].index === 1,
+    'completions: n=2 with best_of=2', cp.choices);
+});
+
 await attempt('max_tokens and stop', async () => {
   const r = await random.chat.completions.create({ model: 'random', messages: user('Go'), max_tokens: 7,
     reasoning_effort: 'none', temperature: 0 });
@@ -253,7 +289,8 @@ await attempt('malformed requests', async () => {
     ['max_tokens not an integer', '/v1/chat/completions', '{"messages":[{"role":"user","content":"x"}],"max_tokens":"many"}', 400],
     ['top_logprobs without logprobs', '/v1/chat/completions', '{"messages":[{"role":"user","content":"x"}],"top_logprobs":3}', 400],
     ['top_logprobs over 20', '/v1/chat/completions', '{"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21}', 400],
-    ['n > 1', '/v1/chat/completions', '{"messages":[{"role":"user","content":"x"}],"n":2}', 400],
+    ['n over 16', '/v1/chat/completions', '{"messages":[{"role":"user","content":"x"}],"n":17}', 400],
+    ['best_of over n', '/v1/completions', '{"prompt":"x","n":2,"best_of":3}', 400],
     ['logit_bias key not a token id', '/v1/chat/completions', '{"messages":[{"role":"user","content":"x"}],"logit_bias":{"abc":1}}', 400],
     ['JSON nested too deep', '/v1/chat/completions', '{"messages":' + '['.repeat(100) + ']'.repeat(100) + '}', 400],
     ['prompt over the context', '/v1/chat/completions', JSON.stringify({ messages: user('word '.repeat(400)) }), 400],
