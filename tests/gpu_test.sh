@@ -61,6 +61,12 @@ else
     nok "bench --synth: $(tail -3 "$T/bench" | tr '\n' ' ')"
 fi
 
+# the prefix cache on the GPU: snapshots and forks copied in device memory, cached runs equal
+# to cold ones bit for bit (the same test program as on the CPU)
+STRAND_DEVICE=cuda build/tests/test_prefix >"$T/prefix" 2>&1
+if [ $? = 0 ] && ! grep -q '^not ok' "$T/prefix"; then ok "prefix cache on the GPU: $(summary "$T/prefix")"
+else nok "prefix cache on the GPU: $(grep '^not ok' "$T/prefix" | head -3 | tr '\n' ' ')"; fi
+
 a=$("$S" generate --device cpu -m $D/fixtures/tiny-b --ids 1,2,3,4,5 -n 16 2>/dev/null)
 b=$("$S" generate --device cuda -m $D/fixtures/tiny-b --ids 1,2,3,4,5 -n 16 2>"$T/gerr")
 if [ -n "$a" ] && [ "$a" = "$b" ]; then ok "strand generate --device cuda: the CPU's 16 greedy tokens ($b)"

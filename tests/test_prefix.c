@@ -13,6 +13,7 @@
 
 #include "engine/cache.h"
 #include "engine/scheduler.h"
+#include "kit.h"
 #include "model/synth.h"
 #include "tap.h"
 
@@ -165,8 +166,11 @@ static int on_event(void *user, const st_event *ev) {
     return ST_EV_CONTINUE;
 }
 
+static st_backend *g_cuda; /* STRAND_DEVICE=cuda: every scheduler runs on it (borrowed) */
+
 static st_sched *sched(const st_model *m, int prefix, int max_seqs, int64_t kv_blocks, int step_tokens, int snapshots) {
     st_sched_params sp = st_sched_default_params();
+    sp.backend = g_cuda;
     sp.snapshots = snapshots;
     sp.max_seqs = max_seqs;
     sp.ctx = 1024;
@@ -474,11 +478,16 @@ int main(void) {
     st_model *m = NULL;
     st_error err = {0};
     if (CHECK(st_model_load(path, &m, &err) == ST_OK, "tiny-a loads")) {
+        if (kit_on_cuda() && !CHECK((g_cuda = kit_backend(m, NULL, &err)) != NULL, "the CUDA backend (%s)", err.msg)) {
+            st_model_free(m);
+            return tap_done();
+        }
         test_books(m);
         test_sched(m);
         test_soak(m);
         test_fork(m, 0);
         test_fork(m, 1);
+        st_backend_destroy(g_cuda);
         st_model_free(m);
     }
     test_plan_27b();
