@@ -155,7 +155,7 @@ static void plan_at(const st_model *m, const st_sched_params *p, int64_t ctx, in
     cp.prefix = p->prefix_cache && m->n_full > 0;
     cp.n_snapshots = cp.prefix ? snapshots_of(p) : 0;
     st_cache_plan c = st_cache_plan_of(m, &cp);
-    st_ctx_params xp = {.max_tokens = p->step_tokens, .n_slots = p->max_seqs, .n_blocks = blocks,
+    st_ctx_params xp = {.max_tokens = p->step_tokens + p->max_seqs, .n_slots = p->max_seqs, .n_blocks = blocks,
                         .block_size = p->block_size, .max_seq_len = ctx, .kv_dtype = p->kv_dtype,
                         .n_snapshots = cp.n_snapshots};
     st_ctx_plan bx;
@@ -375,7 +375,7 @@ st_status st_sched_create(const st_model *m, const st_tokenizer *tok, const st_s
     if (!be && (st = st_backend_cpu_create(m, &cpu, NULL, &s->own_backend, err)) != ST_OK) goto fail;
     if (!be) be = s->own_backend;
     if ((st = st_cache_create(m, &cp, &s->cache, err)) != ST_OK) goto fail;
-    st_ctx_params xp = st_cache_ctx_params(s->cache, p->step_tokens);
+    st_ctx_params xp = st_cache_ctx_params(s->cache, p->step_tokens + p->max_seqs); /* decodes + chunks */
     if ((st = st_fwd_create(be, &xp, &s->fwd, err)) != ST_OK) goto fail;
     if ((st = st_sampler_create(m->cfg.vocab_size, &s->sampler, err)) != ST_OK) goto fail;
     size_t n = (size_t)p->max_seqs;
@@ -928,14 +928,16 @@ static void fork_choices(st_sched *s, rec *parent, const float *row) {
     }
 }
 
-/* The next position at or after `from` where a prompt's prefill stops for a snapshot: a
- * multiple of snap_every, or the last block boundary before the prompt's end; 0: none. */
-static int64_t snapshot_point(const st_sched *s, const rec *c, int64_t from) {
-    if (!s->cache->p.prefix) return 0;
-    const int64_t bs = s->p.block_size, last = (c->n_prompt - 1) / bs * bs;
-    const int64_t every = (from / s->snap_every + 1) * s->snap_every;
-    if (from < last && every > last) return last;
-    return every < c->n_prompt ? every : 0;
+/* A prompt chunk of c from n_fed, at most `take` tokens, with the prefix cache: it stops at
+ * the next snapshot point, a multiple of snap_every or the last block boundary before the
+ * prompt's end. (Decode tokens do not count against the chunk budget, so chunks of a prompt
+ * that runs beside others still end on those points.) */
+static int64_t chunk_for_snapshots(const st_sched *s, const rec *c, int64_t take) {
+    if (!s->cache->p.prefix) return take;
+    const int64_t bs = s->p.block_size, from = c->n_fed, last = (c->n_prompt - 1) / bs * bs;
+    int64_t point = (from / s->snap_every + 1) * s->snap_every;
+    if (from < last && point > last) point = last;
+    return point > from && point < from + take ? point - from : take;
 }
 
 /* After a step that ran c: a public snapshot where its prefill stopped at a snapshot point;
@@ -963,14 +965,13 @@ int st_sched_step(st_sched *s) {
     int progress = check_running(s, st_now_s());
     progress |= admit(s);
     /* the batch: decode tokens first, then prompt chunks, oldest sequence first */
-    int n = 0, budget = s->p.step_tokens, paused = 0;
+    int n = 0, budget = s->p.step_tokens, paused = 0; /* the prompt chunks' budget */
     for (int i = 0; i < s->p.max_seqs; i++) {
         rec *c = &s->recs[i];
         paused += c->r && c->paused;
         if (!c->r || c->n_fed < c->n_prompt || c->paused) continue;
         s->items[n] = (st_batch_item){&c->seq, &c->hist[c->n_hist - 1], 1, ST_LOGITS_LAST};
         s->item_rec[n++] = i;
-        budget--;
     }
     for (;;) {
         int best = -1;
@@ -986,8 +987,7 @@ int st_sched_step(st_sched *s) {
         rec *c = &s->recs[best];
         int64_t take = c->n_prompt - c->n_fed;
         if (take > budget) take = budget;
-        const int64_t cut = snapshot_point(s, c, c->n_fed);
-        if (cut > c->n_fed && cut < c->n_fed + take) take = cut - c->n_fed;
+        take = chunk_for_snapshots(s, c, take);
         s->items[n] = (st_batch_item){&c->seq, &c->hist[c->n_fed], (int)take,
                                       c->n_fed + take == c->n_prompt ? ST_LOGITS_LAST : ST_LOGITS_NONE};
         s->item_rec[n++] = best;

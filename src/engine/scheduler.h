@@ -5,7 +5,8 @@
  * come back through each request's callback, called on the scheduler thread.
  *
  * Each step is one ragged batch: one decode token for every generating sequence, then prompt
- * chunks of admitted sequences (oldest first) up to `step_tokens` tokens in all.
+ * chunks of admitted sequences (oldest first) of up to `step_tokens` tokens in all (a step
+ * holds at most step_tokens + max_seqs tokens).
  *
  * Admission. The context length a request can use is min(ctx, the KV pool's positions), so
  * the pool always holds at least one whole context and every accepted request can run: a
@@ -133,7 +134,8 @@ typedef int (*st_event_fn)(void *user, const st_event *ev);
 typedef struct st_sched_params {
     int max_seqs;            /* sequences generating at once */
     int64_t ctx;             /* context length; 0 = the model's max_position_embeddings */
-    int step_tokens;         /* tokens per step (prefill chunk budget); >= max_seqs */
+    int step_tokens;         /* prompt tokens per step (the chunk budget, beside the decode
+                                tokens); >= max_seqs */
     int block_size;          /* KV positions per block */
     int64_t kv_blocks;       /* KV pool; 0 = max_seqs full contexts */
     st_kv_dtype kv_dtype;
