@@ -30,6 +30,12 @@ if [ -z "$url" ] || ! grep -q '^strand: ready' "$T/log"; then
     exit 1
 fi
 URL=$url SEED=${CHAOS_SEED:-20261201} SECONDS=${CHAOS_SECONDS:-20} timeout 120 node tests/e2e/chaos.mjs
+rc=$?
+if [ $rc = 124 ]; then
+    echo "not ok - the storm did not end within 120 s: a request hung; the server's state: $(curl -s -m 5 "$url/metrics" | grep -E '^strand_(running|queue|paused|preparing|kv_blocks_used)' | tr '\n' ' ')"
+elif [ $rc != 0 ] && [ $rc != 1 ]; then
+    echo "not ok - the storm's client exited with status $rc"
+fi
 kill -TERM "$pid"
 if wait "$pid"; then echo "ok - the server exits 0 on SIGTERM after the storm"; else echo "not ok - the server's exit after the storm: $(tail -5 "$T/log")"; fi
 pid=

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/mem.h"
 #include "engine/cache.h"
 #include "engine/scheduler.h"
 #include "kit.h"
@@ -376,6 +377,14 @@ static void test_fork(const st_model *m, int prefix) {
     st_error err = {0};
     CHECK(st_sched_submit(s, p, 90, &rp, on_multi, &big, NULL, &err) == ST_ERR_ARG && strstr(err.msg, "n (5)"),
           "n=5 on 4 sequences is refused: %s", err.msg);
+    /* choices that could never fit the pool together are refused at submission */
+    st_req_params rq = st_req_default_params();
+    rq.n = 4; /* up to the context each: 4 contexts of blocks, more than the pool */
+    st_sched *tight = sched(m, prefix, 4, 80, 64, 0);
+    CHECK(tight && st_sched_submit(tight, p, 90, &rq, on_multi, &big, NULL, &err) == ST_ERR_LIMIT &&
+              strstr(err.msg, "lower max_tokens or n"),
+          "n=4 unbounded choices on a 80-block pool are refused at once: %s", err.msg);
+    st_sched_destroy(tight);
     /* cancelled before the fork: the reserved records return */
     uint64_t id = 0;
     rp.n = 4;
@@ -401,6 +410,7 @@ static void test_soak(const st_model *m) {
     static rec_out o[N];
     static int32_t prompts[N][200];
     long steps_allocs = 0, steps = 0;
+    const size_t rss0 = st_rss_bytes(), planned = st_sched_get_plan(s)->total_bytes;
     for (int r = 0; r < N; r++) {
         const int fam = r % 4, len = 100 + (r * 37) % 90;
         for (int i = 0; i < len; i++) prompts[r][i] = (int32_t)((fam * 211 + i * 13 + (i >= 64 + fam * 8 ? r * 5 : 0)) % V);
@@ -430,8 +440,11 @@ static void test_soak(const st_model *m) {
     st_sched_stats st;
     st_sched_get_stats(s, &st);
     const st_cache *c = st_sched_cache(s);
+    const size_t rss1 = st_rss_bytes();
     CHECK(done == N && steps_allocs == 0, "%d prefix-sharing requests in %ld steps: every one finished, %ld heap allocations",
           N, steps, steps_allocs);
+    CHECK(rss1 <= rss0 + planned, "resident memory grew %.2f MiB over the soak, within the %.2f MiB plan",
+          ((double)rss1 - (double)rss0) / 1048576.0, (double)planned / 1048576.0);
     CHECK(st.prefix.hits > N / 2 && st.prefix.blocks_evicted > 0 && st_cache_available_blocks(c) == c->p.n_blocks &&
               c->n_free_slots == 3 && st.prefix.snapshots_public <= c->p.n_snapshots,
           "%lld hits, %lld blocks evicted; at the end every block is free or cached and %lld of %d snapshots are public",

@@ -427,6 +427,30 @@ static void kick(st_sched *s) {
 /* ---------------------------------------------------------------------------------------- */
 /* submission (any thread) */
 
+static int64_t blocks_for(const st_sched *s, int64_t positions) {
+    if (s->cache->n_full == 0) return 0;
+    return (positions + s->p.block_size - 1) / s->p.block_size;
+}
+
+/* the tokens a request may generate: max_tokens, bounded by the context */
+static int64_t max_new_tokens(const st_sched *s, const req *r) {
+    int64_t room = s->ctx - r->n_prompt, want = r->p.max_tokens > 0 ? r->p.max_tokens : room;
+    return want < room ? want : room;
+}
+
+static int n_choices(const req *r) { return r->p.n > 1 ? r->p.n : 1; }
+
+/* a choice's own blocks once forked: all it will hold but the prompt's full blocks */
+static int64_t choice_blocks(const st_sched *s, const req *r) {
+    const int64_t all = blocks_for(s, r->n_prompt + max_new_tokens(s, r));
+    return s->cache->n_full ? all - r->n_prompt / s->p.block_size : 0;
+}
+
+/* the blocks a request may come to hold, every choice counted */
+static int64_t request_blocks(const st_sched *s, const req *r) {
+    return blocks_for(s, r->n_prompt + max_new_tokens(s, r)) + (n_choices(r) - 1) * choice_blocks(s, r);
+}
+
 st_status st_sched_submit(st_sched *s, const int32_t *prompt, int64_t n_prompt,
                           const st_req_params *p, st_event_fn fn, void *user, uint64_t *id,
                           st_error *err) {
@@ -476,6 +500,19 @@ st_status st_sched_submit(st_sched *s, const int32_t *prompt, int64_t n_prompt,
     r->fn = fn;
     r->user = user;
     r->t_submit = st_now_s();
+    /* every accepted request must fit the pool alone (else it would wait forever) */
+    const int64_t need = request_blocks(s, r);
+    if (need > s->cache->p.n_blocks) {
+        const int nc = n_choices(r);
+        const int64_t new_tokens = max_new_tokens(s, r);
+        free(r->prompt);
+        free(r);
+        return st_error_set(err, ST_ERR_LIMIT,
+                            "%d choices of up to %lld tokens after a %lld-token prompt need %lld KV blocks; the "
+                            "pool has %lld: lower max_tokens or n",
+                            nc, (long long)new_tokens, (long long)n_prompt, (long long)need,
+                            (long long)s->cache->p.n_blocks);
+    }
     pthread_mutex_lock(&s->mu);
     if (s->n_waiting + s->n_running >= s->p.max_seqs + s->p.max_queue) {
         int running = s->n_running, waiting = s->n_waiting;
@@ -626,17 +663,6 @@ static void finish_queued(st_sched *s, req *r, st_finish_reason why, const char 
     retire(s, r, why);
 }
 
-static int64_t blocks_for(const st_sched *s, int64_t positions) {
-    if (s->cache->n_full == 0) return 0;
-    return (positions + s->p.block_size - 1) / s->p.block_size;
-}
-
-/* the tokens a request may generate: max_tokens, bounded by the context */
-static int64_t max_new_tokens(const st_sched *s, const req *r) {
-    int64_t room = s->ctx - r->n_prompt, want = r->p.max_tokens > 0 ? r->p.max_tokens : room;
-    return want < room ? want : room;
-}
-
 /* KV blocks promised to running sequences but not yet taken */
 static int64_t committed_blocks(const st_sched *s) {
     int64_t c = 0;
@@ -669,19 +695,6 @@ static req *take_cancelled(st_sched *s) {
         r = next;
     }
     return out;
-}
-
-static int n_choices(const req *r) { return r->p.n > 1 ? r->p.n : 1; }
-
-/* a choice's own blocks once forked: all it will hold but the prompt's full blocks */
-static int64_t choice_blocks(const st_sched *s, const req *r) {
-    const int64_t all = blocks_for(s, r->n_prompt + max_new_tokens(s, r));
-    return s->cache->n_full ? all - r->n_prompt / s->p.block_size : 0;
-}
-
-/* the blocks a request may come to hold, every choice counted */
-static int64_t request_blocks(const st_sched *s, const req *r) {
-    return blocks_for(s, r->n_prompt + max_new_tokens(s, r)) + (n_choices(r) - 1) * choice_blocks(s, r);
 }
 
 /* (under mu) the first queued request whose budget the pool can hold now, with records for

@@ -60,10 +60,12 @@ function mutate([path, body]) {
   return [path, body];
 }
 
+const HANG_MS = 45000; /* no request of this storm takes this long unless the server hung it */
 async function httpRequest(path, text, { readMode = 'all', abortMs = 0 } = {}) {
   const ctl = new AbortController();
-  let timer = null;
+  let timer = null, hung = false;
   if (abortMs) timer = setTimeout(() => ctl.abort(), abortMs);
+  const hang = setTimeout(() => { hung = true; ctl.abort(); }, HANG_MS);
   const started = Date.now();
   try {
     const r = await fetch(URL_ + path, { method: 'POST', body: text, signal: ctl.signal, headers: { 'Content-Type': 'application/json' } });
@@ -100,13 +102,16 @@ async function httpRequest(path, text, { readMode = 'all', abortMs = 0 } = {}) {
     }
     count('stream read ' + readMode);
   } catch (e) {
-    if (!ctl.signal.aborted) {
+    if (hung) {
+      bad.push({ what: 'hung', ms: Date.now() - started, path, body: text.slice(0, 300) });
+    } else if (!ctl.signal.aborted) {
       const c = e && e.cause;
       bad.push({ what: 'fetch failed', err: String(e).slice(0, 200), cause: c ? `${c.code || ''} ${c.message || c}`.slice(0, 200) : null, path, ms: Date.now() - started, body: text.slice(0, 120) });
     }
     else count('aborted');
   } finally {
     if (timer) clearTimeout(timer);
+    clearTimeout(hang);
   }
 }
 
