@@ -52,6 +52,7 @@ typedef struct rec {
                                choices' too) */
     int index;              /* its choice of the request */
     int fork_pending;       /* records reserved for the choices it forks into after the prompt */
+    double lp_sum;          /* its tokens' log-probabilities (sum_logprobs) */
     uint64_t order;         /* admission order (prefill is served oldest first) */
     st_sampler_state ss;
     st_textout *tx;         /* owned; NULL without a tokenizer */
@@ -638,6 +639,7 @@ static void finish_rec(st_sched *s, rec *c, st_finish_reason why, const char *er
     ev.usage.completion_tokens = c->n_new;
     ev.usage.reasoning_tokens = c->n_reasoning;
     ev.usage.cached_tokens = c->n_cached;
+    ev.logprob_sum = c->lp_sum;
     double t = st_now_s();
     ev.queue_s = c->t_admit - r->t_submit;
     ev.ttft_s = c->t_first > 0 ? c->t_first - r->t_submit : 0;
@@ -775,6 +777,7 @@ static int admit(st_sched *s) {
         c->max_new = max_new_tokens(s, r);
         c->budget_blocks = request_blocks(s, r);
         c->index = 0;
+        c->lp_sum = 0;
         c->fork_pending = n_choices(r) - 1;
         s->recs_reserved += c->fork_pending;
         r->live = 1;
@@ -807,9 +810,12 @@ static void on_logits(st_sched *s, rec *c, float *logits) {
         finish_rec(s, c, ST_FINISH_ERROR, c->error);
         return;
     }
-    st_logprobs *lp = r->p.logprobs >= 0 ? &c->lp : NULL;
+    const int want_lp = r->p.logprobs >= 0;
+    st_logprobs *lp = want_lp || r->p.sum_logprobs ? &c->lp : NULL;
     int32_t t = st_sampler_sample(s->sampler, &r->p.sampling, &c->ss, logits, c->hist,
-                                  c->n_prompt, c->n_hist, r->p.logprobs, lp);
+                                  c->n_prompt, c->n_hist, want_lp ? r->p.logprobs : 0, lp);
+    if (lp) c->lp_sum += lp->logprob;
+    if (!want_lp) lp = NULL;
     c->hist[c->n_hist++] = t;
     c->n_new++;
     if (c->t_first == 0) c->t_first = st_now_s();
@@ -918,6 +924,7 @@ static void fork_choices(st_sched *s, rec *parent, const float *row) {
         c->budget_blocks = blocks_for(s, c->n_prompt + c->max_new);
         c->index = i + 1;
         c->fork_pending = 0;
+        c->lp_sum = 0;
         c->order = parent->order;
         c->t_admit = parent->t_admit;
         c->t_first = 0;

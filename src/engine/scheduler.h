@@ -88,6 +88,8 @@ typedef struct st_req_params {
                                sequence forks (shared KV blocks, a copy of the state) and each
                                choice samples from its own stream; at most ST_MAX_CHOICES and
                                max_seqs */
+    int sum_logprobs;       /* each choice's DONE carries the sum of its tokens' log-probabilities
+                               (best_of), whether or not logprobs are asked */
 } st_req_params;
 
 st_req_params st_req_default_params(void);
@@ -119,6 +121,7 @@ typedef struct st_event {
     st_finish_reason finish;      /* DONE */
     const char *error;            /* DONE with ST_FINISH_ERROR */
     st_usage usage;               /* DONE */
+    double logprob_sum;           /* DONE with sum_logprobs: the choice's tokens' log-probabilities */
     double queue_s;               /* DONE: seconds waiting for admission */
     double ttft_s;                /* DONE: submit to first token */
     double total_s;               /* DONE: submit to done */

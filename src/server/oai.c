@@ -324,6 +324,7 @@ static int parse_sampling(json_t *root, const st_oai_defaults *d, st_oai_request
     }
     if (opt_int(root, "n", 1, ST_MAX_CHOICES, &x, &present, e)) return -1;
     r->params.n = present ? (int)x : 1;
+    r->n_return = r->params.n;
     if (opt_bool(root, "ignore_eos", &r->params.ignore_eos, e)) return -1; /* vLLM's extension */
     json_t *lb = json_object_get(root, "logit_bias");
     if (lb && !json_is_null(lb)) {
@@ -442,10 +443,16 @@ static int parse_completion(json_t *root, const st_oai_defaults *d, st_oai_reque
     if (r->echo && r->logprobs) return BAD(e, "echo", "'echo' together with 'logprobs' is not supported");
     json_t *suffix = json_object_get(root, "suffix");
     if (suffix && !json_is_null(suffix)) return BAD(e, "suffix", "'suffix' is not supported");
-    json_t *bo = json_object_get(root, "best_of");
-    if (bo && !json_is_null(bo) && !(json_is_integer(bo) && json_integer_value(bo) == (r->params.n > 1 ? r->params.n : 1)))
-        return BAD(e, "best_of", "'best_of' must equal n (choosing the best of more choices than are returned is "
-                                 "not supported, as in vLLM's V1 engine)");
+    long long best_of;
+    int has_best_of;
+    if (opt_int(root, "best_of", 1, ST_MAX_CHOICES, &best_of, &has_best_of, e)) return -1;
+    if (has_best_of) {
+        if (best_of < r->n_return) return BAD(e, "best_of", "'best_of' (%lld) must be at least n (%d)", best_of, r->n_return);
+        if (best_of > r->n_return && r->stream)
+            return BAD(e, "best_of", "'best_of' greater than n cannot be used with 'stream'");
+        r->params.n = (int)best_of;
+        r->params.sum_logprobs = best_of > r->n_return;
+    }
     return 0;
 }
 

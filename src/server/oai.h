@@ -64,6 +64,7 @@ typedef struct st_oai_request {
     int logprobs;              /* 1 when log-probabilities are asked */
     int top_logprobs;          /* alternatives per token (0..20) */
     int echo;                  /* completion: the prompt is part of the returned text */
+    int n_return;              /* choices returned (n); params.n of them run (best_of) */
     st_req_params params;      /* stop strings point into stop_buf */
     char stop_buf[ST_MAX_STOP][ST_MAX_STOP_LEN + 1];
 } st_oai_request;

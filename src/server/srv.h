@@ -115,6 +115,7 @@ typedef struct choice_out {
     lp_rec *lp_in;               /* [n_lp_in] of lp_cap */
     int n_lp_in, lp_cap;
     int done;                    /* its DONE arrived */
+    double lp_sum;               /* its tokens' log-probabilities (best_of ranks by it) */
     st_finish_reason finish;
     st_usage usage;
     int role_sent, echo_sent, finish_sent;
@@ -241,6 +242,7 @@ typedef struct ev_head {
     uint32_t content_len, reasoning_len, error_len;
     int32_t finish;          /* DONE */
     st_usage usage;          /* DONE */
+    double lp_sum;           /* DONE: the choice's tokens' log-probabilities (best_of) */
 } ev_head;
 
 /* the largest record of an event with up to max_text bytes of content and of reasoning */

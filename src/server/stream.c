@@ -127,6 +127,7 @@ int srv_on_event(void *user, const st_event *ev) {
     } else {
         h.finish = (int32_t)ev->finish;
         h.usage = ev->usage;
+        h.lp_sum = ev->logprob_sum;
         h.error_len = ev->error ? (uint32_t)strnlen(ev->error, ERROR_MAX - 1) : 0;
     }
     const void *parts[5] = {&h, &lr, ev->content, ev->reasoning, ev->error};
@@ -187,6 +188,7 @@ static void pull(stream *st) {
             c->done = 1;
             c->finish = f;
             c->usage = h.usage;
+            c->lp_sum = h.lp_sum;
             /* the stream's: the first error or cancel of a choice wins, else the last finish */
             int bad = st->finish == ST_FINISH_ERROR || st->finish == ST_FINISH_CANCELLED;
             if (!bad) {
@@ -611,8 +613,8 @@ static json_t *merge_completion_lp(json_t *parts) {
     return out;
 }
 
-/* the response's choice i */
-static json_t *final_choice(stream *st, int i) {
+/* the response's choice `index`: the request's choice i */
+static json_t *final_choice(stream *st, int i, int index) {
     srv *s = st->s;
     choice_out *c = &st->ch[i];
     const char *fin = finish_text(c->finish);
@@ -633,13 +635,13 @@ static json_t *final_choice(stream *st, int i) {
             json_object_set_new(msg, "reasoning_content", json_stringn(c->reasoning_all.p, c->reasoning_all.n));
         json_t *lp = st->req.logprobs ? json_pack("{s:O}", "content", c->lp_all ? c->lp_all : json_array()) : json_null();
         if (st->req.logprobs && !c->lp_all) json_decref(json_object_get(lp, "content"));
-        return json_pack("{s:i,s:o,s:o,s:s}", "index", i, "message", msg, "logprobs", lp, "finish_reason", fin);
+        return json_pack("{s:i,s:o,s:o,s:s}", "index", index, "message", msg, "logprobs", lp, "finish_reason", fin);
     }
     sbuf text = {0};
     if (st->req.echo && st->prompt_text) sb_put(&text, st->prompt_text, strlen(st->prompt_text));
     sb_put(&text, c->content_all.p ? c->content_all.p : "", c->content_all.n);
     json_t *lp = st->req.logprobs ? merge_completion_lp(c->lp_all ? c->lp_all : json_array()) : json_null();
-    json_t *choice = json_pack("{s:i,s:s%,s:o,s:s}", "index", i, "text", text.p ? text.p : "", text.n, "logprobs", lp,
+    json_t *choice = json_pack("{s:i,s:s%,s:o,s:s}", "index", index, "text", text.p ? text.p : "", text.n, "logprobs", lp,
                                "finish_reason", fin);
     sb_free(&text);
     return choice;
@@ -653,8 +655,19 @@ char *srv_final_response(stream *st, int *status) {
         return st_oai_error_json(&e);
     }
     *status = 200;
+    /* best_of: the n choices whose tokens are likeliest (sum of log-probabilities), in that order */
+    int order[ST_MAX_CHOICES];
+    for (int i = 0; i < st->n_ch; i++) order[i] = i;
+    const int n_out = st->req.n_return > 0 && st->req.n_return < st->n_ch ? st->req.n_return : st->n_ch;
+    if (n_out < st->n_ch)
+        for (int i = 1; i < st->n_ch; i++) /* insertion sort, stable: ties keep the earlier choice */
+            for (int j = i; j > 0 && st->ch[order[j]].lp_sum > st->ch[order[j - 1]].lp_sum; j--) {
+                int t = order[j];
+                order[j] = order[j - 1];
+                order[j - 1] = t;
+            }
     json_t *choices = json_array();
-    for (int i = 0; i < st->n_ch; i++) json_array_append_new(choices, final_choice(st, i));
+    for (int i = 0; i < n_out; i++) json_array_append_new(choices, final_choice(st, order[i], i));
     json_t *root = json_pack("{s:s,s:s,s:I,s:s,s:s,s:o,s:o}", "id", st->id, "object",
                              st->kind == ST_OAI_CHAT ? "chat.completion" : "text_completion", "created",
                              (json_int_t)st->created, "model", s->model_id, "system_fingerprint", "strand",

@@ -204,6 +204,15 @@ await attempt('n choices', async () => {
   const cp = await random.completions.create({ model: 'random', prompt: 'Once upon', n: 2, best_of: 2, max_tokens: 4, temperature: 0 });
   check(cp.choices.length === 2 && cp.choices[0].text === cp.choices[1].text && cp.choices[1].index === 1,
     'completions: n=2 with best_of=2', cp.choices);
+  const args = { model: 'random', prompt: 'Once upon a time', max_tokens: 6, temperature: 1, seed: 7 };
+  const all = await random.completions.create({ ...args, n: 4, logprobs: 0 });
+  const sums = all.choices.map((c) => c.logprobs.token_logprobs.reduce((a, b) => a + b, 0));
+  const bestIdx = sums.indexOf(Math.max(...sums));
+  const best = await random.completions.create({ ...args, n: 1, best_of: 4 });
+  check(best.choices.length === 1 && best.choices[0].index === 0 && best.choices[0].text === all.choices[bestIdx].text &&
+    best.usage.completion_tokens === 24,
+    'completions: best_of=4 returns the likeliest of the 4 choices (the same 4 as n=4 with the seed), usage counts all 4',
+    { sums, best: best.choices[0].text, want: all.choices[bestIdx].text });
 });
 
 await attempt('max_tokens and stop', async () => {
@@ -290,7 +299,8 @@ await attempt('malformed requests', async () => {
     ['top_logprobs without logprobs', '/v1/chat/completions', '{"messages":[{"role":"user","content":"x"}],"top_logprobs":3}', 400],
     ['top_logprobs over 20', '/v1/chat/completions', '{"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21}', 400],
     ['n over 16', '/v1/chat/completions', '{"messages":[{"role":"user","content":"x"}],"n":17}', 400],
-    ['best_of over n', '/v1/completions', '{"prompt":"x","n":2,"best_of":3}', 400],
+    ['best_of under n', '/v1/completions', '{"prompt":"x","n":3,"best_of":2}', 400],
+    ['best_of over n with stream', '/v1/completions', '{"prompt":"x","n":1,"best_of":2,"stream":true}', 400],
     ['logit_bias key not a token id', '/v1/chat/completions', '{"messages":[{"role":"user","content":"x"}],"logit_bias":{"abc":1}}', 400],
     ['JSON nested too deep', '/v1/chat/completions', '{"messages":' + '['.repeat(100) + ']'.repeat(100) + '}', 400],
     ['prompt over the context', '/v1/chat/completions', JSON.stringify({ messages: user('word '.repeat(400)) }), 400],
