@@ -138,6 +138,90 @@ static void test_books(const st_model *m) {
     st_cache_destroy(c);
 }
 
+/* Every block is free, cached (registered, no holder) or held, and the holds add up to
+ * the sequences' tables; cached ones are registered with no holder; a sequence's filled
+ * blocks are registered. */
+static int books_consistent(const st_cache *c, const st_seq *seqs, int n_seqs, char *why, size_t cap) {
+    int64_t held = 0, refs = 0, table_refs = 0, cached = 0;
+    for (int64_t b = 0; b < c->p.n_blocks; b++) {
+        held += c->ref[b] > 0;
+        refs += c->ref[b];
+        if (c->ref[b] < 0) return snprintf(why, cap, "block %lld has %d holders", (long long)b, c->ref[b]), 0;
+    }
+    for (int32_t b = c->lru_head; b >= 0; b = c->lru_next[b]) {
+        cached++;
+        if (c->ref[b] != 0 || !c->registered[b]) return snprintf(why, cap, "cached block %d is held or unregistered", b), 0;
+    }
+    for (int i = 0; i < n_seqs; i++) {
+        const st_seq *q = &seqs[i];
+        if (q->slot < 0) continue;
+        table_refs += q->n_blocks;
+        for (int64_t j = 0; j < q->n_past / c->p.block_size; j++)
+            if (!c->registered[q->blocks[j]]) return snprintf(why, cap, "a filled block of sequence %d is not registered", i), 0;
+    }
+    if (cached != c->n_cached_blocks || c->n_free_blocks + cached + held != c->p.n_blocks || refs != table_refs)
+        return snprintf(why, cap, "free %lld + cached %lld + held %lld of %lld blocks; %lld holds, %lld in tables",
+                        (long long)c->n_free_blocks, (long long)cached, (long long)held, (long long)c->p.n_blocks,
+                        (long long)refs, (long long)table_refs),
+               0;
+    return 1;
+}
+
+/* Random operations on the books (prompts from a few families so that prefixes recur):
+ * start with a lookup, grow, snapshot, fork, trim, release; the books stay consistent after
+ * every one, and a resumed sequence's blocks hold the tokens of its prompt. */
+static void test_books_random(const st_model *m) {
+    enum { NS = 6 };
+    st_cache *c = books(m, NS, 48, 5);
+    if (!c) return;
+    st_seq seqs[NS];
+    int32_t toks[NS][1024];
+    for (int i = 0; i < NS; i++) seqs[i].slot = -1;
+    uint64_t x = 12345;
+    int ok = 1, resumed_right = 1, ops = 0, hits = 0;
+    char why[200] = "";
+    st_error err = {0};
+    for (; ops < 20000 && ok; ops++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        const int i = (int)(x % NS), op = (int)((x >> 8) % 8);
+        st_seq *q = &seqs[i];
+        if (q->slot < 0) {
+            const int fam = (int)((x >> 16) % 3), len = 1 + (int)((x >> 20) % 300);
+            for (int t = 0; t < 1024; t++) toks[i][t] = fam * 100 + (t < 100 + fam * 30 ? t % 50 : (int)((x >> 24) + t) % 97);
+            int slot = -1;
+            if (st_cache_seq_start_prefix(c, q, toks[i], len, &slot, &err) != ST_OK) continue;
+            hits += q->n_past > 0;
+            for (int64_t pos = 0; pos < q->n_past; pos++) /* the blocks it resumed with hold its prompt */
+                resumed_right &= c->tokens[(size_t)q->blocks[pos / 16] * 16 + (size_t)(pos % 16)] == toks[i][pos];
+        } else if (op < 4) { /* grow by a few tokens */
+            const int64_t n = 1 + (int64_t)((x >> 12) % 40);
+            if (q->n_past + n <= 1024 && st_cache_seq_reserve(c, q, n, &err) == ST_OK)
+                st_cache_seq_commit(c, q, toks[i] + q->n_past, n);
+        } else if (op == 4) {
+            st_cache_snap_public(c, q);
+        } else if (op == 5) {
+            st_cache_snap_private(c, q);
+        } else if (op == 6) { /* fork into a free record */
+            int k = 0;
+            while (k < NS && seqs[k].slot >= 0) k++;
+            if (k < NS && st_cache_available_blocks(c) > 0 && st_cache_seq_start(c, &seqs[k], &err) == ST_OK) {
+                int32_t from = -1;
+                st_cache_seq_fork(c, q, &seqs[k], &from);
+                memcpy(toks[k], toks[i], sizeof toks[k]);
+            }
+        } else {
+            st_cache_seq_release(c, q);
+        }
+        ok = books_consistent(c, seqs, NS, why, sizeof why);
+    }
+    for (int i = 0; i < NS; i++) st_cache_seq_release(c, &seqs[i]);
+    ok = ok && books_consistent(c, seqs, NS, why, sizeof why) && st_cache_available_blocks(c) == c->p.n_blocks;
+    CHECK(ok && resumed_right && hits > 100,
+          "%d random operations on the books: consistent after each (%s), %d resumed sequences hold their prompts' tokens",
+          ops, why[0] ? why : "ok", hits);
+    st_cache_destroy(c);
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* through the scheduler */
 
@@ -496,6 +580,7 @@ int main(void) {
             return tap_done();
         }
         test_books(m);
+        test_books_random(m);
         test_sched(m);
         test_soak(m);
         test_fork(m, 0);
