@@ -82,7 +82,7 @@ static int cmp_d(const void *a, const void *b) {
 /* one backend per scheduler: the CPU backend must not chunk the delta rule with the cache on */
 static st_backend *backend_for(const st_model *m, const st_device_params *dp, int prefix, st_error *err) {
     st_device_params d = *dp;
-    if (prefix) d.cpu.gdn_chunked = 0;
+    d.cpu = st_sched_cpu_params(d.cpu, prefix);
     st_backend *b = NULL;
     return st_backend_create(m, &d, &b, err) == ST_OK ? b : NULL;
 }

@@ -144,9 +144,8 @@ static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 static int snapshots_of(const st_sched_params *p) { return p->snapshots > 0 ? p->snapshots : 4 * p->max_seqs + 4; }
 
-/* the plan at a context and pool size */
-static void plan_at(const st_model *m, const st_sched_params *p, int64_t ctx, int64_t blocks,
-                    st_sched_plan *pl) {
+/* the cache a scheduler makes at a context and pool size */
+static st_cache_params cache_params_of(const st_model *m, const st_sched_params *p, int64_t ctx, int64_t blocks) {
     st_cache_params cp = st_cache_default_params();
     cp.n_slots = p->max_seqs;
     cp.max_seq_len = ctx;
@@ -155,6 +154,18 @@ static void plan_at(const st_model *m, const st_sched_params *p, int64_t ctx, in
     cp.kv_dtype = p->kv_dtype;
     cp.prefix = p->prefix_cache && m->n_full > 0;
     cp.n_snapshots = cp.prefix ? snapshots_of(p) : 0;
+    return cp;
+}
+
+st_cpu_params st_sched_cpu_params(st_cpu_params cpu, int prefix_cache) {
+    if (prefix_cache) cpu.gdn_chunked = 0; /* a position's result must not depend on how steps split a prompt */
+    return cpu;
+}
+
+/* the plan at a context and pool size */
+static void plan_at(const st_model *m, const st_sched_params *p, int64_t ctx, int64_t blocks,
+                    st_sched_plan *pl) {
+    const st_cache_params cp = cache_params_of(m, p, ctx, blocks);
     st_cache_plan c = st_cache_plan_of(m, &cp);
     st_ctx_params xp = {.max_tokens = p->step_tokens + p->max_seqs, .n_slots = p->max_seqs, .n_blocks = blocks,
                         .block_size = p->block_size, .max_seq_len = ctx, .kv_dtype = p->kv_dtype,
@@ -357,22 +368,14 @@ st_status st_sched_create(const st_model *m, const st_tokenizer *tok, const st_s
     s->plan = plan;
     s->ctx = s->p.ctx = plan.ctx;
     s->next_id = 1;
-    st_cache_params cp = st_cache_default_params();
-    cp.n_slots = p->max_seqs;
-    cp.max_seq_len = s->ctx;
-    cp.block_size = p->block_size;
-    cp.n_blocks = plan.kv_blocks;
-    cp.kv_dtype = p->kv_dtype;
-    cp.prefix = plan.snapshots > 0 || (p->prefix_cache && m->n_full > 0);
-    cp.n_snapshots = plan.snapshots;
+    const st_cache_params cp = cache_params_of(m, p, s->ctx, plan.kv_blocks);
     if (p->snapshot_every < 0) {
         st = st_error_set(err, ST_ERR_ARG, "snapshot_every must be >= 0");
         goto fail;
     }
     s->snap_every = (int64_t)(p->snapshot_every > 0 ? p->snapshot_every : 32) * p->block_size;
     st_backend *be = p->backend;
-    st_cpu_params cpu = st_cpu_default_params();
-    cpu.gdn_chunked = !cp.prefix; /* a position's result must not depend on how steps split the prompt */
+    const st_cpu_params cpu = st_sched_cpu_params(st_cpu_default_params(), p->prefix_cache);
     if (!be && (st = st_backend_cpu_create(m, &cpu, NULL, &s->own_backend, err)) != ST_OK) goto fail;
     if (!be) be = s->own_backend;
     if ((st = st_cache_create(m, &cp, &s->cache, err)) != ST_OK) goto fail;
@@ -918,7 +921,7 @@ static void fork_choices(st_sched *s, rec *parent, const float *row) {
         c->n_hist = parent->n_hist;
         c->n_prompt = parent->n_prompt;
         c->n_fed = parent->n_fed;
-        c->n_cached = 0; /* the parent's count is the request's */
+        c->n_cached = parent->n_cached; /* every choice reports the request's prompt */
         c->n_new = c->n_reasoning = 0;
         c->max_new = parent->max_new;
         c->budget_blocks = blocks_for(s, c->n_prompt + c->max_new);

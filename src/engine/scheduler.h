@@ -52,6 +52,7 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu.h"
 #include "engine/cache.h"
 #include "engine/textout.h"
 #include "model/forward.h"
@@ -155,6 +156,12 @@ typedef struct st_sched_params {
 } st_sched_params;
 
 st_sched_params st_sched_default_params(void);
+
+/* The CPU backend parameters a scheduler with (or without) the prefix cache needs, from
+ * cpu: with the cache, the delta rule is computed per step (the chunked form's arithmetic
+ * depends on how steps split a prompt). A backend passed in st_sched_params should be made
+ * with these. */
+st_cpu_params st_sched_cpu_params(st_cpu_params cpu, int prefix_cache);
 
 /* What a scheduler allocates: decided before anything is. */
 typedef struct st_sched_plan {

@@ -123,7 +123,7 @@ static st_status load_all(srv *s, st_error *err) {
     st_status st;
     if ((st = st_model_load(s->p.model_dir, &s->m, err)) != ST_OK) return st;
     st_device_params dev = s->p.device;
-    if (s->p.prefix_cache) dev.cpu.gdn_chunked = 0; /* results independent of how prompts are split */
+    dev.cpu = st_sched_cpu_params(dev.cpu, s->p.prefix_cache);
     if ((st = st_backend_create(s->m, &dev, &s->backend, err)) != ST_OK) return st;
     if ((st = st_tok_load_dir(s->p.model_dir, &s->tok, err)) != ST_OK) return st;
     s->max_token_bytes = st_textout_max_token_bytes(s->tok);

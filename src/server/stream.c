@@ -195,11 +195,8 @@ static void pull(stream *st) {
                 st->finish = f;
                 if (h.error_len) snprintf(st->error, sizeof st->error, "%.*s", (int)h.error_len, (const char *)p);
             }
-            if (h.index == 0 || h.last) { /* a request that never ran ends with one DONE */
-                st->usage.prompt_tokens = h.usage.prompt_tokens;
-                st->usage.cached_tokens = h.usage.cached_tokens > st->usage.cached_tokens ? h.usage.cached_tokens
-                                                                                         : st->usage.cached_tokens;
-            }
+            st->usage.prompt_tokens = h.usage.prompt_tokens; /* every choice reports the request's prompt */
+            st->usage.cached_tokens = h.usage.cached_tokens;
             st->usage.completion_tokens += h.usage.completion_tokens;
             st->usage.reasoning_tokens += h.usage.reasoning_tokens;
             if (h.last) st->done = 1;
