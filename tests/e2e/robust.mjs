@@ -4,7 +4,8 @@
 //   POOL_URL    random tiny model, --kv-blocks 64 (1024 positions), --max-seqs 2, --max-queue 0
 //   CONN_URL    random tiny model, --max-connections 20, --idle-timeout 2
 //   MAIN_URL    random tiny model, --stall-timeout 3, API key from $STRAND_API_KEY (main-key)
-//   HOST_URL    the same started with --host localhost
+//   HOST_URL    the same started with --host localhost, the key from a file, the default
+//               --stall-timeout (60 s)
 // Prints TAP lines.
 import OpenAI from 'openai';
 import net from 'node:net';
@@ -12,7 +13,7 @@ import net from 'node:net';
 import { attempt, check, done, sleep } from './tap.mjs';
 const user = (content) => [{ role: 'user', content }];
 const MAIN = process.env.MAIN_URL, POOL = process.env.POOL_URL, CONN = process.env.CONN_URL;
-const POISON = process.env.POISON_URL;
+const POISON = process.env.POISON_URL, HOST = process.env.HOST_URL;
 const KEY = 'main-key';
 const auth = { Authorization: 'Bearer ' + KEY };
 
@@ -170,14 +171,16 @@ await attempt('non-streaming disconnect', async () => {
 await attempt('slow readers', async () => {
   const body = JSON.stringify({ messages: user('read me slowly'), max_tokens: 4000, ignore_eos: true, stream: true,
     logprobs: true, top_logprobs: 20, reasoning_effort: 'none', stream_options: { include_usage: true } });
-  const r = await fetch(MAIN + '/v1/chat/completions', { method: 'POST', headers: { 'Content-Type': 'application/json', ...auth }, body });
+  // on HOST, whose stall timeout (60 s) is far beyond the time from the writes blocking to the
+  // pause being seen: on a slow sanitizer build that took MAIN's 3 s and cut the stream
+  const r = await fetch(HOST + '/v1/chat/completions', { method: 'POST', headers: { 'Content-Type': 'application/json', ...auth }, body });
   const reader = r.body.getReader();
   await reader.read();
   // the socket buffers fill first (megabytes: seconds on a sanitizer build)
   let paused = 0;
-  for (let i = 0; i < 1200 && paused !== 1; i++) { await sleep(50); paused = await metric(MAIN, 'strand_paused_sequences'); }
+  for (let i = 0; i < 1200 && paused !== 1; i++) { await sleep(50); paused = await metric(HOST, 'strand_paused_sequences'); }
   await sleep(500);
-  const stillRunning = await metric(MAIN, 'strand_running_sequences');
+  const stillRunning = await metric(HOST, 'strand_running_sequences');
   let text = '';
   const dec = new TextDecoder();
   for (;;) { const { value, done } = await reader.read(); if (done) break; text += dec.decode(value, { stream: true }); }
@@ -186,8 +189,7 @@ await attempt('slow readers', async () => {
   const fin = ev.filter((e) => e !== '[DONE]' && e.choices && e.choices[0] && e.choices[0].finish_reason).map((e) => e.choices[0].finish_reason)[0];
   check(paused === 1 && stillRunning === 1 && usage && usage.completion_tokens === 4000 && fin === 'length' && !ev.some((e) => e !== '[DONE]' && e.error),
     'a client that stops reading pauses its sequence; read later, the stream is whole', { paused, stillRunning, usage, fin });
-  // one that never reads again is cancelled after --stall-timeout 3 (longer than any socket
-  // buffers: the connection may be the one above, its buffers grown by reading)
+  // one that never reads again is cancelled after MAIN's --stall-timeout 3
   const err0 = await metric(MAIN, 'strand_generations_total{finish="error"}');
   const body2 = body.replace('"max_tokens":4000', '"max_tokens":20000');
   const r2 = await fetch(MAIN + '/v1/chat/completions', { method: 'POST', headers: { 'Content-Type': 'application/json', ...auth }, body: body2 });
@@ -276,7 +278,7 @@ await attempt('request shapes', async () => {
   const lower = await raw(MAIN, '/v1/models', { method: 'GET', headers: { Authorization: 'bearer ' + KEY } });
   const none = await raw(MAIN, '/v1/models', { method: 'GET' });
   check(lower.status === 200 && none.status === 401, 'the key from $STRAND_API_KEY; the scheme "bearer" in any case', { lower: lower.status, none: none.status });
-  const host = await raw(process.env.HOST_URL, '/health', { method: 'GET' });
+  const host = await raw(HOST, '/health', { method: 'GET' });
   check(host.status === 200, '--host localhost listens', host.status);
 });
 
