@@ -39,8 +39,13 @@ CUDA_OBJ := $(CUDA_CU:%.cu=$(BUILD)/obj/%.cu.o) $(CUDA_C:%.c=$(BUILD)/obj/%.pic.
 # sanitizer runtime, so a sanitizer build of strand must not instrument it
 CUDA_CFLAGS ?= -O2 -g
 ifneq ($(NVCC),)
-all: $(CUDA_LIB)
+all: $(CUDA_LIB) $(BUILD)/mmv_bench
 endif
+# the decode-product bench (bench/cuda/mmv_bench.cu): the backend's kernels side by side
+$(BUILD)/mmv_bench: bench/cuda/mmv_bench.cu src/backend/cuda/kernels.cu src/backend/cuda/cuda_kernels.h
+	@mkdir -p $(dir $@)
+	@echo "  NVCC    $<"
+	@$(NVCC) -std=c++17 -O3 -Isrc $(CUDA_ARCH) $< -o $@
 $(BUILD)/obj/%.cu.o: %.cu src/backend/cuda/cuda_kernels.h
 	@mkdir -p $(dir $@)
 	@echo "  NVCC    $<"

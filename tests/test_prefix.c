@@ -487,6 +487,11 @@ static void test_fork(const st_model *m, int prefix) {
 /* One pass of the soak: 240 requests of 4 prompt families (shared system parts, varying
  * questions, replies that the next request continues); the heap allocations of its steps. */
 enum { SOAK_N = 240 };
+static char soak_where[160]; /* the first steps that allocated: "step:count" */
+static void soak_note(long step, long n) {
+    const size_t at = strlen(soak_where);
+    if (n && at + 24 < sizeof soak_where) snprintf(soak_where + at, sizeof soak_where - at, " %ld:%ld", step, n);
+}
 static long soak_pass(st_sched *s, const st_model *m, rec_out *o, long *steps) {
     const int V = (int)m->cfg.vocab_size;
     static int32_t prompts[SOAK_N][200];
@@ -504,6 +509,7 @@ static long soak_pass(st_sched *s, const st_model *m, rec_out *o, long *steps) {
             st_sched_step(s);
             alloc_counting = 0;
             steps_allocs += alloc_count;
+            soak_note(*steps, alloc_count);
             (*steps)++;
         }
     }
@@ -513,6 +519,7 @@ static long soak_pass(st_sched *s, const st_model *m, rec_out *o, long *steps) {
         int left = st_sched_step(s);
         alloc_counting = 0;
         steps_allocs += alloc_count;
+        soak_note(*steps, alloc_count);
         (*steps)++;
         if (!left) break;
     }
@@ -531,6 +538,7 @@ static void test_soak(const st_model *m) {
     long steps = 0, warm_steps = 0;
     const int64_t dev0 = g_cuda ? st_backend_cuda_device_allocs(g_cuda) : 0;
     if (g_cuda) soak_pass(s, m, o, &warm_steps);
+    soak_where[0] = 0;
     const size_t rss0 = st_rss_bytes(), planned = st_sched_get_plan(s)->total_bytes;
     const long steps_allocs = soak_pass(s, m, o, &steps);
     if (g_cuda)
@@ -542,8 +550,9 @@ static void test_soak(const st_model *m) {
     st_sched_get_stats(s, &st);
     const st_cache *c = st_sched_cache(s);
     const size_t rss1 = st_rss_bytes();
-    CHECK(done == N && steps_allocs == 0, "%d prefix-sharing requests in %ld steps: every one finished, %ld heap allocations",
-          N, steps, steps_allocs);
+    CHECK(done == N && steps_allocs == 0,
+          "%d prefix-sharing requests in %ld steps: every one finished, %ld heap allocations (step:count%s)", N, steps,
+          steps_allocs, soak_where);
     CHECK(rss1 <= rss0 + planned, "resident memory grew %.2f MiB over the soak, within the %.2f MiB plan",
           ((double)rss1 - (double)rss0) / 1048576.0, (double)planned / 1048576.0);
     CHECK(st.prefix.hits > N / 2 && st.prefix.blocks_evicted > 0 && st_cache_available_blocks(c) == c->p.n_blocks &&

@@ -77,6 +77,10 @@ typedef struct cuda_backend {
     float eps;
     double upload_s;
     int mm_mode;            /* CU_MM_* for bf16 matrices */
+    int tiled;              /* bf16 matrices are stored tiled for the tensor cores (not in FMA mode) */
+    int64_t tiled_cols;     /* the widest tiled matrix (the split activations' scratch) */
+    size_t stage_bytes;     /* the largest tiled matrix, row-major (its device staging at upload) */
+    uint16_t *stage;        /* that staging, during the upload only */
 } cuda_backend;
 
 static const st_backend_ops cuda_ops;
@@ -124,12 +128,31 @@ static const void *put(uploader *u, const void *host, size_t bytes) {
 
 static const float *put_vec(uploader *u, const float *v, size_t n) { return v ? put(u, v, n * sizeof(float)) : NULL; }
 
+/* a bf16 matrix, tiled: through the device staging (row-major) into its place */
+static const void *put_tiled(uploader *u, const void *host, int64_t rows, int64_t cols) {
+    cuda_backend *b = u->b;
+    const size_t at = u->at, raw = (size_t)rows * (size_t)cols * 2;
+    u->at += align256(cu_tiled_elems(rows, cols) * 2);
+    if (cols > b->tiled_cols) b->tiled_cols = cols;
+    if (raw > b->stage_bytes) b->stage_bytes = raw;
+    if (!u->copy) return NULL;
+    uint16_t *dst = (uint16_t *)(b->weights + at);
+    cudaError_t e = cudaMemcpy(b->stage, host, raw, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) {
+        cu_tile_bf16(NULL, b->stage, rows, cols, dst);
+        e = cudaGetLastError();
+    }
+    if (e != cudaSuccess && u->err == cudaSuccess) u->err = e;
+    return dst;
+}
+
 static void put_mat(uploader *u, const st_matrix *w, cu_mat *out) {
     memset(out, 0, sizeof *out);
     if (!w->rows) return;
     out->fmt = (int)w->fmt;
     out->rows = w->rows;
     out->cols = w->cols;
+    const int tiled = u->b->tiled;
     if (u->synthetic) { /* bf16 uniform with std 1/sqrt(cols), or uniform q over the same range */
         const float half = sqrtf(3.0f / (float)w->cols);
         const size_t n = (size_t)w->rows * (size_t)w->cols;
@@ -141,6 +164,10 @@ static void put_mat(uploader *u, const st_matrix *w, cu_mat *out) {
             out->data = put_synth(u, n * (size_t)w->bits / 32, 4, CU_SYNTH_WORDS, 0);
             out->scales = put_synth(u, ng, 2, CU_SYNTH_BF16_CONST, 2 * half / (float)((1 << w->bits) - 1));
             out->biases = put_synth(u, ng, 2, CU_SYNTH_BF16_CONST, -half);
+        } else if (tiled) {
+            out->fmt = CU_FMT_BF16_TILED;
+            if (w->cols > u->b->tiled_cols) u->b->tiled_cols = w->cols;
+            out->data = put_synth(u, cu_tiled_elems(w->rows, w->cols), 2, CU_SYNTH_BF16, half);
         } else {
             out->fmt = ST_WFMT_BF16;
             out->data = put_synth(u, n, 2, CU_SYNTH_BF16, half);
@@ -156,6 +183,9 @@ static void put_mat(uploader *u, const st_matrix *w, cu_mat *out) {
         out->data = put(u, w->data, (size_t)w->rows * (size_t)(w->cols * w->bits / 8));
         out->scales = put(u, w->scales, (size_t)w->rows * ng * es);
         out->biases = put(u, w->biases, (size_t)w->rows * ng * es);
+    } else if (w->fmt == ST_WFMT_BF16 && tiled) {
+        out->fmt = CU_FMT_BF16_TILED;
+        out->data = put_tiled(u, w->data, w->rows, w->cols);
     } else {
         const size_t es = w->fmt == ST_WFMT_F32 ? 4 : 2;
         out->data = put(u, w->data, (size_t)w->rows * (size_t)w->cols * es);
@@ -272,6 +302,7 @@ static st_status cuda_create(const st_model *m, const st_cuda_params *p, const s
     b->base.shard = *shard;
     b->device = p->device;
     b->mm_mode = p->no_tensor_cores ? CU_MM_FMA : p->precision == ST_PRECISION_BF16 ? CU_MM_BF16 : CU_MM_EXACT;
+    b->tiled = b->mm_mode != CU_MM_FMA;
     struct cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, p->device) == cudaSuccess) {
         snprintf(b->name, sizeof b->name, "%s", prop.name);
@@ -313,6 +344,7 @@ static st_status cuda_create(const st_model *m, const st_cuda_params *p, const s
     put_model(&u, m, tmp);
     b->weight_bytes = u.at;
     st_status st = dev_alloc(b, b->weight_bytes, (void **)&b->weights, err);
+    if (st == ST_OK && b->stage_bytes && !m->synthetic) st = dev_alloc(b, b->stage_bytes, (void **)&b->stage, err);
     if (st == ST_OK) {
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -326,6 +358,10 @@ static st_status cuda_create(const st_model *m, const st_cuda_params *p, const s
         clock_gettime(CLOCK_MONOTONIC, &t1);
         b->upload_s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
         if (u.err != cudaSuccess) st = cuda_fail(err, u.err, "uploading the weights");
+    }
+    if (b->stage) { /* cudaFree waits for the tiling kernels */
+        cudaFree(b->stage);
+        b->stage = NULL;
     }
     if (st == ST_OK && m->n_linear && cu_gdn_prepare(b->Dk, b->Dv) != 0)
         st = fail(err, ST_ERR_UNSUPPORTED, "CUDA: the device cannot hold a %dx%d delta-rule state in shared memory",
@@ -420,6 +456,9 @@ typedef struct cuda_ctx {
     cudaStream_t stream;
     /* activations (device, fp32) */
     float *x, *xn, *out, *p1, *p2, *p3, *p4, *mix, *gath, *gout, *lg, *small;
+    float *xs; /* the activations split into bf16 parts for the tiled products: uint16
+                  [cu_split_elems(16, tiled_cols)] */
+    int xs_holds; /* the st_act buffer whose split xs holds now, or -1 */
     int64_t w1, w2, w3, wm;
     /* storage */
     void *kv;
@@ -490,6 +529,7 @@ static void cuda_ctx_plan(const st_backend *base, const st_ctx_params *p, st_ctx
     const int64_t w3 = b->Hv > b->nkv * b->hd ? b->Hv : b->nkv * b->hd;
     const int64_t wm = b->vd > b->nh * b->hd ? b->vd : b->nh * b->hd;
     size_t floats = T * (size_t)(5 * b->d + w1 + w2 + w3 + b->Hv + wm + 2) + (size_t)LOGIT_CHUNK * (size_t)b->V;
+    floats += (cu_split_elems(16, b->tiled_cols) + 1) / 2;
     out->scratch_bytes = floats * sizeof(float) + 2 * layout_of(p, cap_blocks_of(b, p)).total +
                          T * (size_t)(b->E + 4 * b->topk + 2) * 4;
     out->total_bytes = (size_t)p->n_blocks * out->kv_block_bytes + (size_t)(p->n_slots + p->n_snapshots) * out->slot_bytes +
@@ -501,8 +541,8 @@ static void cuda_ctx_destroy(st_bctx *base) {
     if (!c) return;
     cudaSetDevice(c->b->device);
     if (c->stream) cudaStreamSynchronize(c->stream);
-    float *bufs[] = {c->x, c->xn, c->out, c->p1, c->p2, c->p3, c->p4, c->mix, c->gath, c->gout, c->lg, c->small,
-                     c->conv, c->rec, c->d_w};
+    float *bufs[] = {c->x,   c->xn,   c->out, c->p1,   c->p2,   c->p3, c->p4, c->mix, c->gath,
+                     c->gout, c->lg, c->small, c->xs, c->conv, c->rec, c->d_w};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) cudaFree(bufs[i]);
     if (c->kv) cudaFree(c->kv);
@@ -555,6 +595,7 @@ static st_status cuda_ctx_create(st_backend *base, const st_ctx_params *p, st_bc
         {&c->x, T * b->d},   {&c->xn, T * b->d},  {&c->out, T * b->d}, {&c->p1, T * c->w1},
         {&c->p2, T * c->w2}, {&c->p3, T * c->w3}, {&c->p4, T * (b->Hv ? b->Hv : 1)}, {&c->mix, T * c->wm},
         {&c->gath, T * b->d}, {&c->gout, T * b->d}, {&c->lg, (int64_t)LOGIT_CHUNK * b->V}, {&c->small, 2 * T},
+        {&c->xs, (int64_t)(cu_split_elems(16, b->tiled_cols) + 1) / 2},
     };
     for (size_t i = 0; i < sizeof acts / sizeof acts[0] && st == ST_OK; i++) {
         st = dev_alloc(b, (size_t)acts[i].n * sizeof(float), (void **)acts[i].p, err);
@@ -618,6 +659,7 @@ static st_status cuda_step_begin(st_bctx *base, const st_step_plan *pl, st_error
     c->first_error = cudaSuccess;
     c->hp = pl;
     c->T = pl->n_tokens;
+    c->xs_holds = -1;
     const plan_layout l = c->layout;
     const int n = pl->n_items;
     const int64_t nb = pl->block_t0[n];
@@ -679,31 +721,55 @@ static float *act(cuda_ctx *c, st_act a) {
 }
 
 static void do_embed(cuda_ctx *c) {
+    c->xs_holds = -1;
     cu_embed(c->stream, &c->b->embed, c->plan.tokens, c->T, c->x);
+}
+
+/* the parts of the split activations (tiled products), 0 when there are none */
+static int split_parts(const cuda_ctx *c) {
+    return c->b->tiled && c->T <= 16 ? (c->b->mm_mode == CU_MM_BF16 ? 1 : 3) : 0;
 }
 
 static void do_add_norm(cuda_ctx *c, int layer, st_norm which, int mode) {
     const float *w = which == ST_NORM_FINAL ? c->b->final_norm
                      : which == ST_NORM_INPUT ? c->b->layers[layer].input_norm
                                               : c->b->layers[layer].post_norm;
+    const int parts = (mode & ST_NORM_APPLY) && c->b->d <= c->b->tiled_cols ? split_parts(c) : 0;
     cu_add_norm(c->stream, c->x, c->out, w, c->xn, c->T, c->b->d, c->b->eps, mode & ST_NORM_ADD,
-                (mode & ST_NORM_APPLY) != 0);
+                (mode & ST_NORM_APPLY) != 0, parts ? (uint16_t *)c->xs : NULL, parts);
+    c->xs_holds = parts ? ST_ACT_XN : (c->xs_holds == ST_ACT_XN ? -1 : c->xs_holds);
 }
 
 static void do_matmul(cuda_ctx *c, int layer, st_act in, const st_mm *mm, int n, int swiglu) {
     const cl_layer *L = &c->b->layers[layer];
     const float *x = act(c, in);
-    for (int i = 0; i < n; i++) {
-        const cu_mat *w = &L->w[mm[i].w];
-        cu_matmul(c->stream, w, x, w->cols, c->T, act(c, mm[i].out), w->rows, c->b->mm_mode);
+    for (int i0 = 0; i0 < n; i0 += 4) { /* up to 4 a launch */
+        const int k = n - i0 < 4 ? n - i0 : 4;
+        const cu_mat *w[4];
+        float *y[4];
+        int64_t ldy[4];
+        for (int i = 0; i < k; i++) {
+            w[i] = &L->w[mm[i0 + i].w];
+            y[i] = act(c, mm[i0 + i].out);
+            ldy[i] = w[i]->rows;
+        }
+        cu_matmul_group(c->stream, k, w, y, ldy, x, w[0]->cols, c->T, c->b->mm_mode, (uint16_t *)c->xs,
+                        c->xs_holds == (int)in);
+        if (split_parts(c)) c->xs_holds = (int)in;
+        for (int i = 0; i < k; i++)
+            if ((int)mm[i0 + i].out == c->xs_holds) c->xs_holds = -1;
     }
     if (swiglu) {
         const cu_mat *g = &L->w[mm[0].w];
-        cu_silu_mul(c->stream, act(c, mm[0].out), act(c, mm[1].out), c->T, g->rows, g->rows);
+        const int parts = g->rows <= c->b->tiled_cols ? split_parts(c) : 0;
+        cu_silu_mul(c->stream, act(c, mm[0].out), act(c, mm[1].out), c->T, g->rows, g->rows,
+                    parts ? (uint16_t *)c->xs : NULL, parts);
+        c->xs_holds = parts ? (int)mm[0].out : -1;
     }
 }
 
 static void do_gdn(cuda_ctx *c, int layer) {
+    c->xs_holds = -1;
     const cuda_backend *b = c->b;
     const cl_layer *L = &b->layers[layer];
     cu_gdn_args a = {
@@ -732,12 +798,14 @@ static cu_attn_args attn_args(cuda_ctx *c, int layer) {
 }
 
 static void do_attn_prep(cuda_ctx *c, int layer) {
+    c->xs_holds = -1;
     cu_attn_args a = attn_args(c, layer);
     cu_kv kv = kv_of(c);
     cu_attn_prep(c->stream, &c->plan, &a, &kv);
 }
 
 static void do_attention(cuda_ctx *c, int layer) {
+    c->xs_holds = -1;
     cu_attn_args a = attn_args(c, layer);
     cu_kv kv = kv_of(c);
     cu_attention(c->stream, &c->plan, &a, &kv);
@@ -792,6 +860,7 @@ static void graph_abort(cuda_ctx *c) {
     }
     g->refused = 1;
     c->graph_mode = G_EAGER;
+    c->xs_holds = -1; /* the step from its start */
     for (int i = 0; i < n; i++) run_op(c, &ops[i]);
 }
 
@@ -914,22 +983,23 @@ static void cuda_attention(st_bctx *base, int layer) {
 
 /* SwiGLU MLP of n rows of x into y, on p1/p2 */
 static void swiglu(cuda_ctx *c, const cu_mat *g, const cu_mat *u, const cu_mat *dn, const float *x, int64_t n, float *y) {
-    cu_matmul(c->stream, g, x, g->cols, n, c->p1, g->rows, c->b->mm_mode);
-    cu_matmul(c->stream, u, x, u->cols, n, c->p2, u->rows, c->b->mm_mode);
-    cu_silu_mul(c->stream, c->p1, c->p2, n, g->rows, g->rows);
-    cu_matmul(c->stream, dn, c->p1, dn->cols, n, y, dn->rows, c->b->mm_mode);
+    cu_matmul(c->stream, g, x, g->cols, n, c->p1, g->rows, c->b->mm_mode, (uint16_t *)c->xs);
+    cu_matmul(c->stream, u, x, u->cols, n, c->p2, u->rows, c->b->mm_mode, (uint16_t *)c->xs);
+    cu_silu_mul(c->stream, c->p1, c->p2, n, g->rows, g->rows, NULL, 0);
+    cu_matmul(c->stream, dn, c->p1, dn->cols, n, y, dn->rows, c->b->mm_mode, (uint16_t *)c->xs);
 }
 
 /* Routing on the host, as the CPU backend does it (the same selection, ties to the lower
  * expert), then each expert's tokens gathered, run and scattered back. */
 static void cuda_moe(st_bctx *base, int layer) {
     cuda_ctx *c = (cuda_ctx *)base;
+    c->xs_holds = -1; /* its products split into xs */
     if (c->graph_mode != G_EAGER) graph_abort(c);
     const cuda_backend *b = c->b;
     const cl_layer *L = &b->layers[layer];
     const int64_t T = c->T, d = b->d;
     const int E = b->E, k = b->topk;
-    cu_matmul(c->stream, &L->router, c->xn, d, T, c->gout, E, b->mm_mode);
+    cu_matmul(c->stream, &L->router, c->xn, d, T, c->gout, E, b->mm_mode, (uint16_t *)c->xs);
     note(c, cudaMemcpyAsync(c->h_router, c->gout, (size_t)(T * E) * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
     note(c, cudaStreamSynchronize(c->stream));
     for (int64_t t = 0; t < T; t++)
@@ -960,7 +1030,7 @@ static void cuda_moe(st_bctx *base, int layer) {
     }
     if (L->has_shared) {
         swiglu(c, &L->sh_gate, &L->sh_up, &L->sh_down, c->xn, T, c->gout);
-        cu_matmul(c->stream, &L->sh_egate, c->xn, d, T, c->small, 1, b->mm_mode);
+        cu_matmul(c->stream, &L->sh_egate, c->xn, d, T, c->small, 1, b->mm_mode, (uint16_t *)c->xs);
         cu_gated_add(c->stream, c->out, c->gout, c->small, T, d);
     }
     /* the host lists are reused by the next layer: their copies must be done */
@@ -968,7 +1038,7 @@ static void cuda_moe(st_bctx *base, int layer) {
 }
 
 static void cuda_allreduce(st_bctx *base, st_act a) {
-    (void)base;
+    ((cuda_ctx *)base)->xs_holds = -1;
     (void)a; /* world 1 */
 }
 
@@ -980,7 +1050,7 @@ static void cuda_logits(st_bctx *base, float *out) {
     for (int64_t r0 = 0; r0 < rows; r0 += LOGIT_CHUNK) {
         const int64_t n = rows - r0 < LOGIT_CHUNK ? rows - r0 : LOGIT_CHUNK;
         cu_gather_rows(c->stream, c->xn, b->d, c->plan.rows + r0, n, c->gath);
-        cu_matmul(c->stream, &b->lm_head, c->gath, b->d, n, c->lg, b->V, b->mm_mode);
+        cu_matmul(c->stream, &b->lm_head, c->gath, b->d, n, c->lg, b->V, b->mm_mode, (uint16_t *)c->xs);
         note(c, cudaMemcpyAsync(out + r0 * b->V, c->lg, (size_t)(n * b->V) * sizeof(float), cudaMemcpyDeviceToHost,
                                 c->stream));
         note(c, cudaStreamSynchronize(c->stream));
@@ -997,6 +1067,7 @@ static void cuda_read(st_bctx *base, st_act a, int64_t width, float *out) {
 static void cuda_write(st_bctx *base, st_act a, int64_t width, const float *in) {
     cuda_ctx *c = (cuda_ctx *)base;
     if (c->graph_mode != G_EAGER) graph_abort(c);
+    c->xs_holds = -1;
     note(c, cudaMemcpyAsync(act(c, a), in, (size_t)(c->T * width) * sizeof(float), cudaMemcpyHostToDevice, c->stream));
     note(c, cudaStreamSynchronize(c->stream));
 }

@@ -17,13 +17,15 @@ extern "C" {
 
 typedef struct CUstream_st *cu_stream; /* = cudaStream_t */
 
-/* A weight matrix in device memory, contiguous rows. */
+/* A weight matrix in device memory: contiguous rows, or bf16 tiled for the tensor cores. */
+enum { CU_FMT_BF16_TILED = 4 }; /* a cu_mat.fmt beside st_wformat's: see kernels.cu */
 typedef struct cu_mat {
-    int fmt;               /* st_wformat: 0 f32, 1 f16, 2 bf16, 3 MLX affine */
+    int fmt;               /* st_wformat: 0 f32, 1 f16, 2 bf16, 3 MLX affine; or CU_FMT_BF16_TILED */
     int sdtype;            /* affine scales/biases: st_dtype 0 f32, 1 f16, 2 bf16 */
     int bits, group;       /* affine */
     int64_t rows, cols;
-    const void *data;      /* dense [rows][cols]; affine uint32 [rows][cols*bits/32] */
+    const void *data;      /* dense [rows][cols]; affine uint32 [rows][cols*bits/32]; tiled
+                              cu_tiled_elems(rows, cols) bf16 */
     const void *scales;    /* affine [rows][cols/group] */
     const void *biases;
 } cu_mat;
@@ -50,19 +52,34 @@ typedef struct cu_kv {
 } cu_kv;
 
 void cu_embed(cu_stream s, const cu_mat *emb, const int32_t *tokens, int64_t T, float *x);
+/* xs (when apply): xn also split into `parts` bf16 parts for the tiled products, as
+ * cu_matmul's own split makes them (T <= 16; cu_split_elems(T, d)) */
 void cu_add_norm(cu_stream s, float *x, const float *out, const float *w, float *xn, int64_t T,
-                 int64_t d, float eps, int add, int apply);
-/* y[t*ldy + r] = sum_c W[r][c] x[t*ldx + c], r < rows, t < T. mode: how bf16 matrices are
- * computed (the other formats always take the CUDA-core kernels): */
+                 int64_t d, float eps, int add, int apply, uint16_t *xs, int parts);
+/* y[t*ldy + r] = sum_c W[r][c] x[t*ldx + c], r < rows, t < T. mode: how tiled bf16
+ * matrices are computed (tiled ones always take the tensor cores; row-major bf16 and the
+ * other formats the CUDA-core kernels): */
 enum {
     CU_MM_EXACT = 0, /* tensor cores, activations split in three bf16 parts (fp32-grade) */
     CU_MM_BF16 = 1,  /* tensor cores, activations rounded to bf16 */
-    CU_MM_FMA = 2,   /* CUDA cores, fp32 FMAs */
+    CU_MM_FMA = 2,   /* CUDA cores, fp32 FMAs (matrices kept row-major) */
 };
+/* xs: scratch for the activations split into bf16 parts (up to 16 tokens take the kernel
+ * that reads them), cu_split_elems(16, widest) elements; NULL: the other kernel, same bits */
 void cu_matmul(cu_stream s, const cu_mat *w, const float *x, int64_t ldx, int64_t T, float *y,
-               int64_t ldy, int mode);
-/* g[t*ld + i] = silu(g) * u[t*ld + i], i < n */
-void cu_silu_mul(cu_stream s, float *g, const float *u, int64_t T, int64_t n, int64_t ld);
+               int64_t ldy, int mode, uint16_t *xs);
+/* n matrices reading the same x: those of one width share a launch */
+/* xs_ready: xs already holds x's split (cu_add_norm or cu_silu_mul made it; T <= 16) */
+void cu_matmul_group(cu_stream s, int n, const cu_mat *const *w, float *const *y, const int64_t *ldy,
+                     const float *x, int64_t ldx, int64_t T, int mode, uint16_t *xs, int xs_ready);
+static inline size_t cu_split_elems(int64_t T, int64_t cols) { return (size_t)(3 * T * ((cols + 31) / 32 * 32)); }
+/* bf16 tiled: the elements a rows x cols matrix takes, and the tiling of a row-major one
+ * (src and dst in device memory) */
+size_t cu_tiled_elems(int64_t rows, int64_t cols);
+void cu_tile_bf16(cu_stream s, const uint16_t *src, int64_t rows, int64_t cols, uint16_t *dst);
+/* g[t*ld + i] = silu(g) * u[t*ld + i], i < n; xs: the result also split (as cu_add_norm's) */
+void cu_silu_mul(cu_stream s, float *g, const float *u, int64_t T, int64_t n, int64_t ld, uint16_t *xs,
+                 int parts);
 void cu_gather_rows(cu_stream s, const float *src, int64_t d, const int32_t *rows, int64_t n,
                     float *dst);
 

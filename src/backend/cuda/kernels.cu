@@ -78,6 +78,33 @@ __device__ float block_max(float v, float *red) {
     return m;
 }
 
+/* Programmatic dependent launch: the decode path's kernels are launched with
+ * programmaticStreamSerialization (launch_pdl), so that a kernel's blocks start while its
+ * predecessor's last ones finish; each such kernel calls pdl_wait() before it touches
+ * anything another kernel writes or reads, and before any early return (the product kernels
+ * first put their first weight loads in flight: the weights never change). 0: plain launches. */
+#define CU_PDL 1
+__device__ __forceinline__ void pdl_wait() {
+#if CU_PDL
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+template <typename... KP, typename... A>
+static void launch_pdl(void (*k)(KP...), dim3 grid, dim3 block, size_t shm, cu_stream s, A... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = shm;
+    cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = CU_PDL ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, k, args...);
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* embedding, norms, elementwise */
 
@@ -87,9 +114,18 @@ __global__ void k_embed(cu_mat w, const int32_t *tokens, float *x) {
     for (int64_t c = threadIdx.x; c < w.cols; c += blockDim.x) x[t * w.cols + c] = w_at<FMT>(w, row, c);
 }
 
+__device__ __forceinline__ int64_t tiled_at(int64_t cols, int64_t r, int64_t c);
+__global__ void k_embed_tiled(cu_mat w, const int32_t *tokens, float *x) {
+    pdl_wait();
+    const int64_t t = blockIdx.x, row = tokens[t];
+    const uint16_t *d = (const uint16_t *)w.data;
+    for (int64_t c = threadIdx.x; c < w.cols; c += blockDim.x) x[t * w.cols + c] = bf16f(d[tiled_at(w.cols, row, c)]);
+}
+
 extern "C" void cu_embed(cu_stream s, const cu_mat *emb, const int32_t *tokens, int64_t T, float *x) {
     if (T <= 0) return;
     switch (emb->fmt) {
+    case CU_FMT_BF16_TILED: launch_pdl(k_embed_tiled, dim3((unsigned)T), dim3(256), 0, s, *emb, tokens, x); break;
     case 0: k_embed<0><<<(unsigned)T, 256, 0, s>>>(*emb, tokens, x); break;
     case 1: k_embed<1><<<(unsigned)T, 256, 0, s>>>(*emb, tokens, x); break;
     case 2: k_embed<2><<<(unsigned)T, 256, 0, s>>>(*emb, tokens, x); break;
@@ -97,51 +133,103 @@ extern "C" void cu_embed(cu_stream s, const cu_mat *emb, const int32_t *tokens, 
     }
 }
 
-__global__ void k_add_norm(float *x, const float *out, const float *w, float *xn, int64_t d, float eps, int add,
-                           int apply) {
+/* v as its P bf16 parts into xs[p][t][c] (the split activations of the tiled products; pstride
+ * elements a part) */
+__device__ __forceinline__ void put_parts(uint16_t *xs, int parts, int64_t pstride, int64_t at, float v) {
+    for (int p = 0; p < parts; p++) {
+        const uint16_t h = f2bf16(v);
+        xs[p * pstride + at] = h;
+        v -= bf16f(h);
+    }
+}
+
+/* a block of NORM_THREADS per token; a row of up to 8 * NORM_THREADS stays in registers
+ * between the sum of squares and the scaling. xs (parts > 0): the result also split, as
+ * k_split would, ldxs = d rounded up to 32. */
+#define NORM_THREADS 1024
+__global__ void __launch_bounds__(NORM_THREADS) k_add_norm(float *x, const float *out, const float *w, float *xn,
+                                                           int64_t d, float eps, int add, int apply, uint16_t *xs,
+                                                           int parts) {
+    pdl_wait();
     __shared__ float red[32];
     const int64_t t = blockIdx.x;
     float *xr = x + t * d;
+    float v[8];
     float ss = 0.0f;
-    for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
-        float v = xr[c];
-        if (add) xr[c] = v = v + out[t * d + c];
-        ss += v * v;
+    const bool held = d <= 8 * NORM_THREADS;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int64_t c = threadIdx.x + (int64_t)i * NORM_THREADS;
+        v[i] = 0.0f;
+        if (held && c < d) {
+            float e = xr[c];
+            if (add) xr[c] = e = e + out[t * d + c];
+            v[i] = e;
+            ss += e * e;
+        }
     }
+    if (!held)
+        for (int64_t c = threadIdx.x; c < d; c += NORM_THREADS) {
+            float e = xr[c];
+            if (add) xr[c] = e = e + out[t * d + c];
+            ss += e * e;
+        }
     if (!apply) return;
     ss = block_sum(ss, red);
     const float r = 1.0f / sqrtf(ss / (float)d + eps);
-    for (int64_t c = threadIdx.x; c < d; c += blockDim.x) xn[t * d + c] = xr[c] * r * w[c];
+    if (held) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int64_t c = threadIdx.x + (int64_t)i * NORM_THREADS;
+            if (c < d) xn[t * d + c] = v[i] * r * w[c];
+        }
+    } else {
+        for (int64_t c = threadIdx.x; c < d; c += NORM_THREADS) xn[t * d + c] = xr[c] * r * w[c];
+    }
+    if (xs) {
+        const int64_t ldxs = (d + 31) / 32 * 32, pstride = (int64_t)gridDim.x * ldxs;
+        for (int64_t c = threadIdx.x; c < ldxs; c += NORM_THREADS)
+            put_parts(xs, parts, pstride, t * ldxs + c, c < d ? xn[t * d + c] : 0.0f); /* this thread's own */
+    }
 }
 
 extern "C" void cu_add_norm(cu_stream s, float *x, const float *out, const float *w, float *xn, int64_t T,
-                            int64_t d, float eps, int add, int apply) {
+                            int64_t d, float eps, int add, int apply, uint16_t *xs, int parts) {
     if (T <= 0) return;
-    k_add_norm<<<(unsigned)T, 256, 0, s>>>(x, out, w, xn, d, eps, add, apply);
+    launch_pdl(k_add_norm, dim3((unsigned)T), dim3(NORM_THREADS), 0, s, x, out, w, xn, d, eps, add, apply,
+               apply ? xs : (uint16_t *)NULL, parts);
 }
 
-__global__ void k_silu_mul(float *g, const float *u, int64_t T, int64_t n, int64_t ld) {
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= T * n) return;
-    const int64_t t = i / n, c = i % n;
-    const float v = g[t * ld + c];
-    g[t * ld + c] = siluf_(v) * u[t * ld + c];
+/* xs (parts > 0): the result also split, ldxs = n rounded up to 32 (zeros past n) */
+__global__ void k_silu_mul(float *g, const float *u, int64_t T, int64_t n, int64_t ld, uint16_t *xs, int parts) {
+    pdl_wait();
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, ldxs = (n + 31) / 32 * 32;
+    if (i >= T * (xs ? ldxs : n)) return;
+    const int64_t w = xs ? ldxs : n, t = i / w, c = i % w;
+    float r = 0.0f;
+    if (c < n) {
+        const float v = g[t * ld + c];
+        g[t * ld + c] = r = siluf_(v) * u[t * ld + c];
+    }
+    if (xs) put_parts(xs, parts, T * ldxs, t * ldxs + c, r);
 }
 
-extern "C" void cu_silu_mul(cu_stream s, float *g, const float *u, int64_t T, int64_t n, int64_t ld) {
-    const int64_t total = T * n;
+extern "C" void cu_silu_mul(cu_stream s, float *g, const float *u, int64_t T, int64_t n, int64_t ld, uint16_t *xs,
+                            int parts) {
+    const int64_t total = T * (xs ? (n + 31) / 32 * 32 : n);
     if (total <= 0) return;
-    k_silu_mul<<<(unsigned)((total + 255) / 256), 256, 0, s>>>(g, u, T, n, ld);
+    launch_pdl(k_silu_mul, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, s, g, u, T, n, ld, xs, parts);
 }
 
 __global__ void k_gather_rows(const float *src, int64_t d, const int32_t *rows, float *dst) {
+    pdl_wait();
     const int64_t i = blockIdx.x, r = rows[i];
     for (int64_t c = threadIdx.x; c < d; c += blockDim.x) dst[i * d + c] = src[r * d + c];
 }
 
 extern "C" void cu_gather_rows(cu_stream s, const float *src, int64_t d, const int32_t *rows, int64_t n, float *dst) {
     if (n <= 0) return;
-    k_gather_rows<<<(unsigned)n, 256, 0, s>>>(src, d, rows, dst);
+    launch_pdl(k_gather_rows, dim3((unsigned)n), dim3(256), 0, s, src, d, rows, dst);
 }
 
 __global__ void k_scatter_add(float *out, const float *src, const int32_t *list, const float *w, int64_t d) {
@@ -413,160 +501,352 @@ __global__ void __launch_bounds__(MM_THREADS) k_matmul(cu_mat w, const float *x,
  * bits, fp32-grade; "exact") or rounded to bf16 (1 part; "bf16"); the weights are bf16 as
  * stored, so every product is exact and the tensor cores accumulate in fp32.
  *
- * Summation order, fixed by the matrix's shape alone: the columns go in steps of 32; warp s
- * of a block's S warps (S from the row count) takes the s-th of S contiguous runs of steps,
- * in order, each step two MMAs (columns 8t..8t+3 then 8t+4..8t+7 of lane group t) per part, hi first; then
- * the S partial sums are added in warp order. A token's result depends only on its own
- * activations (an MMA's output column is its own dot product), so it is the same bits
- * whatever the batch, the tile it lands in, and the tile shape a launch picks.
+ * The weights are stored tiled (CU_FMT_BF16_TILED, cu_tile_bf16): rows padded to 16 and
+ * columns to 32 with zeros; tile m (rows 16m..16m+15) and step k (columns 32k..32k+31) are
+ * 1 KB at element (m * nsteps + k) * 512, in the order the lanes load them: first lane L's
+ * 8 columns 32k+8t..+7 of row 16m+g for every lane L = 4g + t, then the same of row 16m+g+8.
+ * A warp's load of a step is 2 x 512 contiguous bytes and a tile is one contiguous run: the
+ * memory sees long sequential reads, as a copy does (row-major tiles read 64 bytes from each
+ * of 16 rows at a time and reached half the bandwidth; bench/cuda/mmv_bench.cu).
+ *
+ * Summation order, fixed by the matrix's shape alone: a block's S warps (MM_SPLITS) take the
+ * 32-column steps in turn (warp s: steps s, s + S, ...), each step two MMAs (columns 8t..8t+3,
+ * then 8t+4..8t+7 of lane group t) per part, hi first; then the S partial sums are added in
+ * warp order. A token's result depends only on its own activations (an MMA's output column is its
+ * own dot product), so it is the same bits whatever the batch, the tile it lands in, the
+ * kernel (k_mmv for up to 16 tokens, k_mma beyond) and the tile shape a launch picks.
  *
  * Fragments (PTX ISA, m16n8k16 .bf16): lane = 4g + t; A regs a0 (row g, k 2t..2t+1),
  * a1 (row g+8, same k), a2 (row g, k 2t+8..9), a3 (row g+8, k 2t+8..9); B regs b0 (k 2t..2t+1,
  * column g), b1 (k 2t+8..9, column g); C c0, c1 (row g, columns 2t, 2t+1), c2, c3 (row g+8).
  * Which physical column feeds which k slot is free as long as A and B agree: lane (g, t)
- * loads 8 consecutive columns 8t..8t+7 of rows g and g+8 (one 16-byte load each) and of
- * token g; the first MMA takes columns 8t..8t+3 as k slots (2t, 2t+1, 2t+8, 2t+9), the
- * second 8t+4..8t+7. */
+ * holds 8 consecutive columns 8t..8t+7 of rows g and g+8 and of token g; the first MMA takes
+ * columns 8t..8t+3 as k slots (2t, 2t+1, 2t+8, 2t+9), the second 8t+4..8t+7. */
+
+/* S, the warps of a block splitting the steps (16 for long rows was measured slower: the
+ * down projection at 1 token, 2,995 against 3,347 GB/s) */
+#define MM_SPLITS 8
 
 __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* a streamed weight load: read once, kept out of L1 */
+__device__ __forceinline__ uint4 ldg_stream(const uint16_t *p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
 }
 
 __device__ __forceinline__ uint32_t pack2(uint16_t lo, uint16_t hi) { return (uint32_t)lo | ((uint32_t)hi << 16); }
 
-/* the S of a matrix: warps splitting its columns (more for fewer rows, so that small
- * matrices still fill the device) */
-__host__ __device__ __forceinline__ int mma_splits(int64_t rows) { return rows <= 8192 ? 8 : rows <= 32768 ? 4 : 2; }
+/* the tiled layout */
+__host__ __device__ __forceinline__ int64_t tiled_steps(int64_t cols) { return (cols + 31) / 32; }
+__host__ __device__ __forceinline__ int64_t tiled_tiles(int64_t rows) { return (rows + 15) / 16; }
+__device__ __forceinline__ int64_t tiled_at(int64_t cols, int64_t r, int64_t c) {
+    const int64_t m = r / 16, k = c / 32, rr = r % 16, cc = c % 32;
+    return ((m * tiled_steps(cols) + k) * 64 + (rr / 8) * 32 + (rr % 8) * 4 + cc / 8) * 8 + cc % 8;
+}
 
-template <int MT>
-__device__ __forceinline__ void mma_load_a(const cu_mat &w, int64_t r0, int64_t c, int g, uint4 (&a)[MT][2]) {
+extern "C" size_t cu_tiled_elems(int64_t rows, int64_t cols) {
+    return (size_t)tiled_tiles(rows) * (size_t)tiled_steps(cols) * 512;
+}
+
+/* a thread per 8-element piece of the destination */
+__global__ void k_tile(const uint16_t *src, int64_t rows, int64_t cols, uint16_t *dst) {
+    const int64_t nsteps = tiled_steps(cols), nq = tiled_tiles(rows) * nsteps * 64;
+    for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < nq; q += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t mk = q / 64, m = mk / nsteps, k = mk % nsteps;
+        const int half = (int)(q % 64) / 32, L = (int)(q % 32);
+        const int64_t r = 16 * m + 8 * half + (L >> 2), c = 32 * k + 8 * (L & 3);
+        uint16_t v[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++) v[e] = r < rows && c + e < cols ? src[r * cols + c + e] : 0;
+        *(uint4 *)(dst + q * 8) = make_uint4(pack2(v[0], v[1]), pack2(v[2], v[3]), pack2(v[4], v[5]), pack2(v[6], v[7]));
+    }
+}
+
+extern "C" void cu_tile_bf16(cu_stream s, const uint16_t *src, int64_t rows, int64_t cols, uint16_t *dst) {
+    if (rows > 0 && cols > 0) k_tile<<<4096, 256, 0, s>>>(src, rows, cols, dst);
+}
+
+/* The activations split once into bf16 parts for k_mmv: xs[p][n][c], c < ldxs (the width
+ * rounded up to 32, zeros past it); the same parts k_mma makes inside. */
+template <int P>
+__global__ void k_split(const float *x, int64_t ldx, int64_t T, int64_t cols, uint16_t *xs, int64_t ldxs) {
+    pdl_wait();
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, n = i / ldxs, c = i % ldxs;
+    if (n >= T) return;
+    float v = c < cols ? x[n * ldx + c] : 0.0f;
+#pragma unroll
+    for (int p = 0; p < P; p++) {
+        const uint16_t h = f2bf16(v);
+        xs[(int64_t)p * T * ldxs + n * ldxs + c] = h;
+        v -= bf16f(h);
+    }
+}
+
+/* A launch's matrices (up to 4 of one width, reading the same activations): block b belongs
+ * to the last matrix i with blk0[i] <= b. */
+struct mm_group {
+    int n;
+    cu_mat w[4];
+    float *y[4];
+    int64_t ldy[4];
+    int64_t blk0[4];
+};
+
+struct mm_pick {
+    cu_mat w;
+    float *y;
+    int64_t ldy, blk; /* the block's index within its matrix */
+};
+
+__device__ __forceinline__ mm_pick mm_select(const mm_group &g) {
+    mm_pick o = {g.w[0], g.y[0], g.ldy[0], (int64_t)blockIdx.x};
+#pragma unroll
+    for (int q = 1; q < 4; q++)
+        if (q < g.n && (int64_t)blockIdx.x >= g.blk0[q]) o = {g.w[q], g.y[q], g.ldy[q], (int64_t)blockIdx.x - g.blk0[q]};
+    return o;
+}
+
+/* the S warps' partial sums of MT tiles and one token tile, in warp order, into y */
+template <int MT, int MM_S>
+__device__ __forceinline__ void mm_reduce(const float (&acc)[MT][4], float (*red)[MT * 128], int64_t r0, int64_t rows,
+                                          int64_t n0, int64_t T, float *y, int64_t ldy) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    __syncthreads();
 #pragma unroll
     for (int m = 0; m < MT; m++) {
-        const int64_t ra = r0 + 16 * m + g, rb = ra + 8;
-        const uint16_t *base = (const uint16_t *)w.data;
-        const bool in = c < w.cols;
-        a[m][0] = in && ra < w.rows ? *(const uint4 *)(base + ra * w.cols + c) : make_uint4(0, 0, 0, 0);
-        a[m][1] = in && rb < w.rows ? *(const uint4 *)(base + rb * w.cols + c) : make_uint4(0, 0, 0, 0);
+        float *o = red[warp] + m * 128;
+        o[g * 8 + 2 * t] = acc[m][0];
+        o[g * 8 + 2 * t + 1] = acc[m][1];
+        o[(g + 8) * 8 + 2 * t] = acc[m][2];
+        o[(g + 8) * 8 + 2 * t + 1] = acc[m][3];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < MT * 128; i += blockDim.x) {
+        const int m = i / 128, row = (i % 128) / 8, col = i % 8;
+        const int64_t r = r0 + 16 * m + row, n = n0 + col;
+        float sum = 0.0f;
+        for (int q = 0; q < MM_S; q++) sum += red[q][i];
+        if (r < rows && n < T) y[n * ldy + r] = sum;
     }
 }
 
-/* one 32-column step: the token tiles' activations split into parts, then the MMAs */
-template <int MT, int NT, int P>
-__device__ __forceinline__ void mma_step(const uint4 (&a)[MT][2], const float *x, int64_t ldx, int64_t T, int64_t n0,
-                                         int64_t c, int64_t cols, int g, float (&acc)[MT][NT][4]) {
+/* the two MMAs of one step per part: A from registers, B as 8 bf16 of each part */
+template <int P>
+__device__ __forceinline__ void mma_step(float (&acc)[4], const uint4 &a0, const uint4 &a1, const uint4 (&b)[P]) {
 #pragma unroll
-    for (int j = 0; j < NT; j++) {
-        const int64_t n = n0 + 8 * j + g;
-        float xv[8];
-        if (n < T && c < cols) {
-            const float4 u = *(const float4 *)(x + n * ldx + c), v = *(const float4 *)(x + n * ldx + c + 4);
-            xv[0] = u.x, xv[1] = u.y, xv[2] = u.z, xv[3] = u.w, xv[4] = v.x, xv[5] = v.y, xv[6] = v.z, xv[7] = v.w;
-        } else {
+    for (int p = 0; p < P; p++) mma_bf16(acc, a0.x, a1.x, a0.y, a1.y, b[p].x, b[p].y);
 #pragma unroll
-            for (int k = 0; k < 8; k++) xv[k] = 0.0f;
+    for (int p = 0; p < P; p++) mma_bf16(acc, a0.z, a1.z, a0.w, a1.w, b[p].z, b[p].w);
+}
+
+/* Up to 16 tokens (NT token tiles of 8), activations split beforehand (k_split): a block a
+ * tile; each warp keeps U steps of weights in flight. */
+template <int P, int NT, int U, int MINB, int MM_S>
+__global__ void __launch_bounds__(32 * MM_S, MINB) k_mmv(mm_group grp, const uint16_t *xs, int64_t ldxs, int64_t T) {
+    __shared__ float red[MM_S][128];
+    const mm_pick pk = mm_select(grp);
+    const cu_mat &w = pk.w;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int64_t nsteps = tiled_steps(w.cols), pstride = T * ldxs;
+    const int64_t ni = warp < nsteps ? (nsteps - warp + MM_S - 1) / MM_S : 0; /* this warp's steps */
+    const uint16_t *pa = (const uint16_t *)w.data + (pk.blk * nsteps + warp) * 512 + 8 * lane;
+    const uint16_t *px = xs + 8 * t + warp * 32;
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    uint4 a[U][2];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+        if (u < ni) {
+            a[u][0] = ldg_stream(pa + u * (MM_S * 512));
+            a[u][1] = ldg_stream(pa + u * (MM_S * 512) + 256);
         }
-        uint32_t b[P][4];
+    pdl_wait(); /* the activations are the predecessor's */
+    for (int64_t i = 0; i < ni; i += U) {
 #pragma unroll
-        for (int k = 0; k < 8; k += 2) {
-            float r0v = xv[k], r1v = xv[k + 1];
+        for (int u = 0; u < U; u++) {
+            const int64_t ii = i + u;
+            if (ii < ni) {
+                const uint4 a0 = a[u][0], a1 = a[u][1];
+                uint4 b[NT][P];
 #pragma unroll
-            for (int p = 0; p < P; p++) {
-                const uint16_t h0 = f2bf16(r0v), h1 = f2bf16(r1v);
-                b[p][k / 2] = pack2(h0, h1);
-                r0v -= bf16f(h0);
-                r1v -= bf16f(h1);
+                for (int j = 0; j < NT; j++) {
+                    const int64_t n = 8 * j + g;
+#pragma unroll
+                    for (int p = 0; p < P; p++)
+                        b[j][p] = n < T ? *(const uint4 *)(px + ii * (MM_S * 32) + p * pstride + n * ldxs)
+                                        : make_uint4(0, 0, 0, 0);
+                }
+                if (ii + U < ni) {
+                    a[u][0] = ldg_stream(pa + (ii + U) * (MM_S * 512));
+                    a[u][1] = ldg_stream(pa + (ii + U) * (MM_S * 512) + 256);
+                }
+#pragma unroll
+                for (int j = 0; j < NT; j++) mma_step<P>(acc[j], a0, a1, b[j]);
             }
         }
+    }
 #pragma unroll
-        for (int m = 0; m < MT; m++) {
-#pragma unroll
-            for (int p = 0; p < P; p++)
-                mma_bf16(acc[m][j], a[m][0].x, a[m][1].x, a[m][0].y, a[m][1].y, b[p][0], b[p][1]);
-#pragma unroll
-            for (int p = 0; p < P; p++)
-                mma_bf16(acc[m][j], a[m][0].z, a[m][1].z, a[m][0].w, a[m][1].w, b[p][2], b[p][3]);
-        }
+    for (int j = 0; j < NT; j++) {
+        float one[1][4] = {{acc[j][0], acc[j][1], acc[j][2], acc[j][3]}};
+        mm_reduce<1, MM_S>(one, red, pk.blk * 16, w.rows, 8 * j, T, pk.y, pk.ldy);
     }
 }
 
-/* U: steps loaded ahead (two groups of U in flight) */
-template <int MT, int NT, int P, int U>
-__global__ void __launch_bounds__(256) k_mma(cu_mat w, const float *x, int64_t ldx, int64_t T, float *y,
-                                             int64_t ldy) {
-    __shared__ float red[8][MT * 128];
-    const int S = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int64_t r0 = (int64_t)blockIdx.x * (16 * MT);
+/* token n's 8 activations at column c (zeros past T or the width) */
+__device__ __forceinline__ void mma_load_x(const float *x, int64_t ldx, int64_t T, int64_t n, int64_t c, int64_t cols,
+                                           bool vec, float (&xv)[8]) {
+    if (n < T && vec && c + 8 <= cols) {
+        const float4 u = *(const float4 *)(x + n * ldx + c), v = *(const float4 *)(x + n * ldx + c + 4);
+        xv[0] = u.x, xv[1] = u.y, xv[2] = u.z, xv[3] = u.w, xv[4] = v.x, xv[5] = v.y, xv[6] = v.z, xv[7] = v.w;
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; k++) xv[k] = n < T && c + k < cols ? x[n * ldx + c + k] : 0.0f;
+    }
+}
+
+/* Any number of tokens: MT tiles by NT token tiles a block, the activations split inside
+ * (the same parts as k_split's). U: steps of weights in flight a warp. */
+template <int MT, int NT, int P, int U, int MM_S>
+__global__ void __launch_bounds__(32 * MM_S) k_mma(mm_group grp, const float *x, int64_t ldx, int64_t T) {
+    __shared__ float red[MM_S][MT * 128];
+    const mm_pick pk = mm_select(grp);
+    const cu_mat &w = pk.w;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int64_t nsteps = tiled_steps(w.cols), ntiles = tiled_tiles(w.rows), m0 = pk.blk * MT;
     const int64_t n0 = (int64_t)blockIdx.y * (8 * NT);
-    /* warp s takes the contiguous steps [kb, ke): each row streams from memory in order */
-    const int64_t nsteps = (w.cols + 31) / 32, per = (nsteps + S - 1) / S;
-    const int64_t kb = warp * per, ke = kb + per < nsteps ? kb + per : nsteps;
+    const int64_t ni = warp < nsteps ? (nsteps - warp + MM_S - 1) / MM_S : 0;
+    const bool vec = ldx % 4 == 0 && ((uintptr_t)x & 15) == 0;
+    const uint16_t *pa = (const uint16_t *)w.data + (m0 * nsteps + warp) * 512 + 8 * lane;
     float acc[MT][NT][4];
 #pragma unroll
     for (int m = 0; m < MT; m++)
 #pragma unroll
         for (int j = 0; j < NT; j++) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.0f;
     uint4 a[U][MT][2];
-#pragma unroll
-    for (int u = 0; u < U; u++)
-        if (kb + u < ke) mma_load_a<MT>(w, r0, (kb + u) * 32 + 8 * t, g, a[u]);
-    for (int64_t k = kb; k < ke; k += U) {
-        uint4 nx[U][MT][2];
-#pragma unroll
-        for (int u = 0; u < U; u++)
-            if (k + U + u < ke) mma_load_a<MT>(w, r0, (k + U + u) * 32 + 8 * t, g, nx[u]);
-#pragma unroll
-        for (int u = 0; u < U; u++)
-            if (k + u < ke) mma_step<MT, NT, P>(a[u], x, ldx, T, n0, (k + u) * 32 + 8 * t, w.cols, g, acc);
-#pragma unroll
-        for (int u = 0; u < U; u++)
-#pragma unroll
-            for (int m = 0; m < MT; m++) a[u][m][0] = nx[u][m][0], a[u][m][1] = nx[u][m][1];
-    }
-    /* the S partial sums, one token tile at a time, in warp order */
-#pragma unroll
-    for (int j = 0; j < NT; j++) {
-        __syncthreads();
+    auto load = [&](int64_t ii, uint4 (&dst)[MT][2]) {
 #pragma unroll
         for (int m = 0; m < MT; m++) {
-            float *o = red[warp] + m * 128;
-            o[g * 8 + 2 * t] = acc[m][j][0];
-            o[g * 8 + 2 * t + 1] = acc[m][j][1];
-            o[(g + 8) * 8 + 2 * t] = acc[m][j][2];
-            o[(g + 8) * 8 + 2 * t + 1] = acc[m][j][3];
+            const bool in = m0 + m < ntiles;
+            const uint16_t *q = pa + (m * nsteps + ii * MM_S) * 512;
+            dst[m][0] = in ? ldg_stream(q) : make_uint4(0, 0, 0, 0);
+            dst[m][1] = in ? ldg_stream(q + 256) : make_uint4(0, 0, 0, 0);
         }
-        __syncthreads();
-        for (int i = threadIdx.x; i < MT * 128; i += blockDim.x) {
-            const int m = i / 128, row = (i % 128) / 8, col = i % 8;
-            const int64_t r = r0 + 16 * m + row, n = n0 + 8 * j + col;
-            float sum = 0.0f;
-            for (int q = 0; q < S; q++) sum += red[q][i];
-            if (r < w.rows && n < T) y[n * ldy + r] = sum;
+    };
+#pragma unroll
+    for (int u = 0; u < U; u++)
+        if (u < ni) load(u, a[u]);
+    for (int64_t i = 0; i < ni; i += U) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t ii = i + u;
+            if (ii < ni) {
+                uint4 cur[MT][2];
+#pragma unroll
+                for (int m = 0; m < MT; m++) cur[m][0] = a[u][m][0], cur[m][1] = a[u][m][1];
+                if (ii + U < ni) load(ii + U, a[u]);
+                const int64_t c = (warp + ii * MM_S) * 32 + 8 * t;
+#pragma unroll
+                for (int j = 0; j < NT; j++) {
+                    float xv[8];
+                    mma_load_x(x, ldx, T, n0 + 8 * j + g, c, w.cols, vec, xv);
+                    uint4 b[P];
+                    uint32_t bw[P][4];
+#pragma unroll
+                    for (int k = 0; k < 8; k += 2) {
+                        float r0v = xv[k], r1v = xv[k + 1];
+#pragma unroll
+                        for (int p = 0; p < P; p++) {
+                            const uint16_t h0 = f2bf16(r0v), h1 = f2bf16(r1v);
+                            bw[p][k / 2] = pack2(h0, h1);
+                            r0v -= bf16f(h0);
+                            r1v -= bf16f(h1);
+                        }
+                    }
+#pragma unroll
+                    for (int p = 0; p < P; p++) b[p] = make_uint4(bw[p][0], bw[p][1], bw[p][2], bw[p][3]);
+#pragma unroll
+                    for (int m = 0; m < MT; m++) mma_step<P>(acc[m][j], cur[m][0], cur[m][1], b);
+                }
+            }
         }
+    }
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        float accj[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) accj[m][e] = acc[m][j][e];
+        mm_reduce<MT, MM_S>(accj, red, m0 * 16, w.rows, n0 + 8 * j, T, pk.y, pk.ldy);
     }
 }
 
-template <int MT, int NT>
-static void launch_mma_p(cu_stream s, const cu_mat *w, const float *x, int64_t ldx, int64_t T, float *y, int64_t ldy,
-                         int parts) {
-    dim3 grid((unsigned)((w->rows + 16 * MT - 1) / (16 * MT)), (unsigned)((T + 8 * NT - 1) / (8 * NT)));
-    const int threads = 32 * mma_splits(w->rows);
+/* the group's block offsets for MT tiles a block; its blocks in all */
+static int64_t group_blocks(mm_group *g, int MT) {
+    int64_t at = 0;
+    for (int i = 0; i < g->n; i++) {
+        g->blk0[i] = at;
+        at += (tiled_tiles(g->w[i].rows) + MT - 1) / MT;
+    }
+    return at;
+}
+
+template <int MT, int NT, int S>
+static void launch_mma_p(cu_stream s, mm_group g, const float *x, int64_t ldx, int64_t T, int parts) {
+    dim3 grid((unsigned)group_blocks(&g, MT), (unsigned)((T + 8 * NT - 1) / (8 * NT)));
     constexpr int U = MT == 1 ? 4 : 2;
-    if (parts == 1) k_mma<MT, NT, 1, U><<<grid, threads, 0, s>>>(*w, x, ldx, T, y, ldy);
-    else k_mma<MT, NT, 3, U><<<grid, threads, 0, s>>>(*w, x, ldx, T, y, ldy);
+    if (parts == 1) k_mma<MT, NT, 1, U, S><<<grid, 32 * S, 0, s>>>(g, x, ldx, T);
+    else k_mma<MT, NT, 3, U, S><<<grid, 32 * S, 0, s>>>(g, x, ldx, T);
 }
 
-static void launch_mma(cu_stream s, const cu_mat *w, const float *x, int64_t ldx, int64_t T, float *y, int64_t ldy,
-                       int parts) {
-    if (T <= 8) launch_mma_p<1, 1>(s, w, x, ldx, T, y, ldy, parts);
-    else if (T <= 16) launch_mma_p<1, 2>(s, w, x, ldx, T, y, ldy, parts);
-    else if (T <= 32) launch_mma_p<1, 4>(s, w, x, ldx, T, y, ldy, parts);
-    else launch_mma_p<2, 8>(s, w, x, ldx, T, y, ldy, parts);
+template <int S>
+static void launch_mmv_s(cu_stream s, mm_group g, const uint16_t *xs, int64_t ldxs, int64_t T, int parts) {
+    dim3 grid((unsigned)group_blocks(&g, 1), 1);
+    constexpr int M1 = 256 * 4 / (32 * S), M2 = 256 * 3 / (32 * S) > 0 ? 256 * 3 / (32 * S) : 1;
+    if (T <= 8) {
+        if (parts == 1) launch_pdl(k_mmv<1, 1, 2, M1, S>, grid, dim3(32 * S), 0, s, g, xs, ldxs, T);
+        else launch_pdl(k_mmv<3, 1, 2, M1, S>, grid, dim3(32 * S), 0, s, g, xs, ldxs, T);
+    } else {
+        if (parts == 1) launch_pdl(k_mmv<1, 2, 2, M2, S>, grid, dim3(32 * S), 0, s, g, xs, ldxs, T);
+        else launch_pdl(k_mmv<3, 2, 2, M2, S>, grid, dim3(32 * S), 0, s, g, xs, ldxs, T);
+    }
 }
 
+static void launch_tiled(cu_stream s, mm_group g, const float *x, int64_t ldx, int64_t T, int parts, uint16_t *xs,
+                         int xs_ready) {
+    if (xs && T > 16) { /* in slices of 16 tokens (until prefill has its own kernel) */
+        for (int64_t t0 = 0; t0 < T; t0 += 16) {
+            mm_group gs = g;
+            for (int i = 0; i < g.n; i++) gs.y[i] = g.y[i] + t0 * g.ldy[i];
+            launch_tiled(s, gs, x + t0 * ldx, ldx, T - t0 < 16 ? T - t0 : 16, parts, xs, 0);
+        }
+        return;
+    }
+    if (xs) {
+        const int64_t ldxs = tiled_steps(g.w[0].cols) * 32, n = T * ldxs;
+        const unsigned sb = (unsigned)((n + 255) / 256);
+        if (xs_ready) {
+        } else if (parts == 1) launch_pdl(k_split<1>, dim3(sb), dim3(256), 0, s, x, ldx, T, g.w[0].cols, xs, ldxs);
+        else launch_pdl(k_split<3>, dim3(sb), dim3(256), 0, s, x, ldx, T, g.w[0].cols, xs, ldxs);
+        launch_mmv_s<MM_SPLITS>(s, g, xs, ldxs, T, parts);
+        return;
+    }
+    if (T <= 8) launch_mma_p<1, 1, MM_SPLITS>(s, g, x, ldx, T, parts);
+    else if (T <= 16) launch_mma_p<1, 2, MM_SPLITS>(s, g, x, ldx, T, parts);
+    else if (T <= 32) launch_mma_p<1, 4, MM_SPLITS>(s, g, x, ldx, T, parts);
+    else launch_mma_p<2, 8, MM_SPLITS>(s, g, x, ldx, T, parts);
+}
 
 /* the kernel a matrix takes (one for every token count) */
 static int fk_of(const cu_mat *w) {
@@ -591,16 +871,10 @@ static void launch_mm(cu_stream s, const cu_mat *w, const float *x, int64_t ldx,
     }
 }
 
-extern "C" void cu_matmul(cu_stream s, const cu_mat *w, const float *x, int64_t ldx, int64_t T, float *y,
-                          int64_t ldy, int mode) {
-    if (T <= 0 || w->rows <= 0) return;
+static void matmul_one(cu_stream s, const cu_mat *w, const float *x, int64_t ldx, int64_t T, float *y, int64_t ldy) {
     /* 16-byte activation loads need 16-byte aligned rows */
     int fk = fk_of(w);
     if (ldx % 4 != 0 || ((uintptr_t)x & 15) != 0) fk = FK_GEN;
-    if (fk == FK_BF16 && mode != CU_MM_FMA) {
-        launch_mma(s, w, x, ldx, T, y, ldy, mode == CU_MM_BF16 ? 1 : 3);
-        return;
-    }
     switch (fk) {
     case FK_BF16: launch_mm<FK_BF16>(s, w, x, ldx, T, y, ldy); break;
     case FK_F32: launch_mm<FK_F32>(s, w, x, ldx, T, y, ldy); break;
@@ -610,11 +884,41 @@ extern "C" void cu_matmul(cu_stream s, const cu_mat *w, const float *x, int64_t 
     }
 }
 
+extern "C" void cu_matmul_group(cu_stream s, int n, const cu_mat *const *w, float *const *y, const int64_t *ldy,
+                                const float *x, int64_t ldx, int64_t T, int mode, uint16_t *xs, int xs_ready) {
+    if (T <= 0) return;
+    const int parts = mode == CU_MM_BF16 ? 1 : 3;
+    mm_group g;
+    g.n = 0;
+    for (int i = 0; i < n; i++) {
+        if (w[i]->rows <= 0) continue;
+        if (w[i]->fmt != CU_FMT_BF16_TILED) {
+            matmul_one(s, w[i], x, ldx, T, y[i], ldy[i]);
+            continue;
+        }
+        if (g.n > 0 && g.w[0].cols != w[i]->cols) { /* one launch per width */
+            launch_tiled(s, g, x, ldx, T, parts, xs, xs_ready);
+            g.n = 0;
+        }
+        g.w[g.n] = *w[i];
+        g.y[g.n] = y[i];
+        g.ldy[g.n] = ldy[i];
+        g.n++;
+    }
+    if (g.n > 0) launch_tiled(s, g, x, ldx, T, parts, xs, xs_ready);
+}
+
+extern "C" void cu_matmul(cu_stream s, const cu_mat *w, const float *x, int64_t ldx, int64_t T, float *y,
+                          int64_t ldy, int mode, uint16_t *xs) {
+    cu_matmul_group(s, 1, &w, &y, &ldy, x, ldx, T, mode, xs, 0);
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* Gated DeltaNet */
 
 /* causal depthwise conv + SiLU: a thread per (item, channel), the item's tokens in order */
 __global__ void k_gdn_conv(cu_plan p, cu_gdn_args a) {
+    pdl_wait();
     const int it = blockIdx.x;
     const int64_t ch = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
     if (ch >= a.cd) return;
@@ -653,69 +957,87 @@ __global__ void k_gdn_conv(cu_plan p, cu_gdn_args a) {
     }
 }
 
-/* L2 norms of the q and k heads: a warp per (token, q or k, key head) */
-__global__ void k_gdn_qknorm(cu_gdn_args a, int64_t T) {
-    const int64_t t = blockIdx.x;
-    const int which = blockIdx.y / a.Hk, g = blockIdx.y % a.Hk;
-    float *v = a.qkv + t * a.cd + (which ? a.kd : 0) + (int64_t)g * a.Dk;
-    float ss = 0.0f;
-    for (int j = threadIdx.x; j < a.Dk; j += 32) ss += v[j] * v[j];
-    ss = warp_sum(ss);
-    const float scale = which ? 1.0f : 1.0f / sqrtf((float)a.Dk);
-    const float r = scale / sqrtf(ss + 1e-6f);
-    for (int j = threadIdx.x; j < a.Dk; j += 32) v[j] *= r;
-}
-
-/* the delta rule, per step: a block of 32 threads per (item, value head, 32 state columns),
- * a thread per column (the columns of a head are independent: each has its own error and
- * output); the block's slice sits in shared memory as [Dk][32]. The device keeps each head's
- * state as [Dk][Dv], so the slice's loads and stores are coalesced. */
+/* the delta rule, per step, with the L2 norms of its q and k heads: a block per (item, value
+ * head, 32 state columns), a lane per column (the columns of a head are independent: each has
+ * its own error and output) and a warp per GDN_ROWS rows of the key dimension, which stay in
+ * its registers over the item's steps. Per step the warps' partial dot products are added in
+ * warp order. The device keeps each head's state as [Dk][Dv], so loads and stores are
+ * coalesced. The norms: warp 0, columns lane, lane + 32, ... then a butterfly. */
 #define GDN_COLS 32
-__global__ void k_gdn_recur(cu_plan p, cu_gdn_args a) {
-    extern __shared__ float sh[];
-    const int it = blockIdx.x, h = blockIdx.y, lane = threadIdx.x, i = blockIdx.z * GDN_COLS + lane;
-    const int Dk = a.Dk, Dv = a.Dv, g = h / (a.Hv / a.Hk);
-    float *S = sh, *qs = sh + Dk * GDN_COLS, *ks = qs + Dk;
+#define GDN_ROWS 16
+__global__ void __launch_bounds__(1024) k_gdn_recur(cu_plan p, cu_gdn_args a) {
+    pdl_wait();
+    extern __shared__ float sh[]; /* qs [Dk], ks [Dk], red [2][warps][32], nrm [2] */
+    const int it = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int i = blockIdx.z * GDN_COLS + lane, Dk = a.Dk, Dv = a.Dv, g = h / (a.Hv / a.Hk), j0 = w * GDN_ROWS;
+    float *qs = sh, *ks = sh + Dk, *red = ks + Dk, *nrm = red + 2 * nw * 32;
     float *Sg = a.rec_state + (size_t)p.slot[it] * a.rec_stride + (size_t)h * Dv * Dk;
     const bool on = i < Dv;
-    if (on)
-        for (int j = 0; j < Dk; j++) S[j * GDN_COLS + lane] = Sg[(size_t)j * Dv + i];
+    float S[GDN_ROWS];
+#pragma unroll
+    for (int r = 0; r < GDN_ROWS; r++) S[r] = on && j0 + r < Dk ? Sg[(size_t)(j0 + r) * Dv + i] : 0.0f;
     const int64_t t0 = p.item_t0[it], n = p.item_t0[it + 1] - t0;
     for (int64_t s = 0; s < n; s++) {
         const int64_t t = t0 + s;
         const float *row = a.qkv + t * a.cd;
-        __syncwarp();
-        for (int j = lane; j < Dk; j += GDN_COLS) {
+        __syncthreads();
+        for (int j = threadIdx.x; j < Dk; j += blockDim.x) {
             qs[j] = row[(int64_t)g * Dk + j];
             ks[j] = row[a.kd + (int64_t)g * Dk + j];
         }
-        __syncwarp();
-        if (on) {
-            const float beta = sigmoidf_(a.b[t * a.Hv + h]);
-            const float alpha = expf(a.neg_exp_a[h] * softplusf_(a.a[t * a.Hv + h] + a.dt_bias[h]));
-            const float v = row[2 * a.kd + (int64_t)h * Dv + i];
-            float e = 0.0f;
-            for (int j = 0; j < Dk; j++) {
-                const float x = S[j * GDN_COLS + lane] * alpha;
-                S[j * GDN_COLS + lane] = x;
-                e += x * ks[j];
+        __syncthreads();
+        if (w == 0) /* q's norm, then k's */
+            for (int which = 0; which < 2; which++) {
+                const float *v = which ? ks : qs;
+                float ss = 0.0f;
+                for (int j = lane; j < Dk; j += 32) ss += v[j] * v[j];
+                ss = warp_sum(ss);
+                const float scale = which ? 1.0f : 1.0f / sqrtf((float)Dk);
+                if (lane == 0) nrm[which] = scale / sqrtf(ss + 1e-6f);
             }
-            const float delta = beta * (v - e);
-            float o = 0.0f;
-            for (int j = 0; j < Dk; j++) {
-                const float x = S[j * GDN_COLS + lane] + delta * ks[j];
-                S[j * GDN_COLS + lane] = x;
-                o += x * qs[j];
+        __syncthreads();
+        const float rq = nrm[0], rk = nrm[1];
+        const float beta = sigmoidf_(a.b[t * a.Hv + h]);
+        const float alpha = expf(a.neg_exp_a[h] * softplusf_(a.a[t * a.Hv + h] + a.dt_bias[h]));
+        float e = 0.0f;
+#pragma unroll
+        for (int r = 0; r < GDN_ROWS; r++)
+            if (j0 + r < Dk) {
+                const float x = S[r] * alpha;
+                S[r] = x;
+                e += x * (ks[j0 + r] * rk);
             }
+        red[w * 32 + lane] = e;
+        __syncthreads();
+        e = 0.0f;
+        for (int q = 0; q < nw; q++) e += red[q * 32 + lane];
+        const float v = on ? row[2 * a.kd + (int64_t)h * Dv + i] : 0.0f;
+        const float delta = beta * (v - e);
+        float o = 0.0f;
+#pragma unroll
+        for (int r = 0; r < GDN_ROWS; r++)
+            if (j0 + r < Dk) {
+                const float x = S[r] + delta * (ks[j0 + r] * rk);
+                S[r] = x;
+                o += x * (qs[j0 + r] * rq);
+            }
+        red[(nw + w) * 32 + lane] = o;
+        __syncthreads();
+        if (w == 0 && on) {
+            o = 0.0f;
+            for (int q = 0; q < nw; q++) o += red[(nw + q) * 32 + lane];
             a.mix[t * a.vd + (int64_t)h * Dv + i] = o;
         }
     }
     if (on)
-        for (int j = 0; j < Dk; j++) Sg[(size_t)j * Dv + i] = S[j * GDN_COLS + lane];
+#pragma unroll
+        for (int r = 0; r < GDN_ROWS; r++)
+            if (j0 + r < Dk) Sg[(size_t)(j0 + r) * Dv + i] = S[r];
 }
 
 /* gated RMSNorm: norm(o) * w * silu(z), a warp per (token, value head) */
 __global__ void k_gdn_gnorm(cu_gdn_args a) {
+    pdl_wait();
     const int64_t t = blockIdx.x;
     const int h = blockIdx.y;
     float *o = a.mix + t * a.vd + (int64_t)h * a.Dv;
@@ -727,23 +1049,24 @@ __global__ void k_gdn_gnorm(cu_gdn_args a) {
     for (int r = threadIdx.x; r < a.Dv; r += 32) o[r] = o[r] * rs * a.norm_w[r] * siluf_(z[r]);
 }
 
+static int gdn_warps(int Dk) { return (Dk + GDN_ROWS - 1) / GDN_ROWS; }
+static size_t gdn_shm(int Dk) { return ((size_t)2 * Dk + 2 * (size_t)gdn_warps(Dk) * 32 + 2) * sizeof(float); }
+
 extern "C" void cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int max_item_tokens) {
     (void)max_item_tokens;
     if (p->n_tokens <= 0) return;
     dim3 gc((unsigned)p->n_items, (unsigned)((a->cd + 127) / 128));
-    k_gdn_conv<<<gc, 128, 0, s>>>(*p, *a);
-    dim3 gq((unsigned)p->n_tokens, (unsigned)(2 * a->Hk));
-    k_gdn_qknorm<<<gq, 32, 0, s>>>(*a, p->n_tokens);
-    const size_t shm = ((size_t)a->Dk * GDN_COLS + 2 * (size_t)a->Dk) * sizeof(float);
+    launch_pdl(k_gdn_conv, gc, dim3(128), 0, s, *p, *a);
     dim3 gr((unsigned)p->n_items, (unsigned)a->Hv, (unsigned)((a->Dv + GDN_COLS - 1) / GDN_COLS));
-    k_gdn_recur<<<gr, GDN_COLS, shm, s>>>(*p, *a);
+    launch_pdl(k_gdn_recur, gr, dim3(32 * gdn_warps(a->Dk)), gdn_shm(a->Dk), s, *p, *a);
     dim3 gn((unsigned)p->n_tokens, (unsigned)a->Hv);
-    k_gdn_gnorm<<<gn, 32, 0, s>>>(*a);
+    launch_pdl(k_gdn_gnorm, gn, dim3(32), 0, s, *a);
 }
 
 extern "C" int cu_gdn_prepare(int Dk, int Dv) {
     (void)Dv;
-    const size_t shm = ((size_t)Dk * GDN_COLS + 2 * (size_t)Dk) * sizeof(float);
+    if (gdn_warps(Dk) > 32) return -1; /* at most 1024 threads */
+    const size_t shm = gdn_shm(Dk);
     if (shm <= 48 * 1024) return 0;
     return cudaFuncSetAttribute(k_gdn_recur, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm) == cudaSuccess ? 0 : -1;
 }
@@ -780,6 +1103,7 @@ __device__ void norm_rope(float *x, const float *w, int hd, int rope_dim, float 
 
 /* a block per token: angles, q and k heads (a warp each), K and V into the pool */
 __global__ void k_attn_prep(cu_plan p, cu_attn_args a, cu_kv kv) {
+    pdl_wait();
     extern __shared__ float sh[];
     float *cs = sh, *sn = sh + a.rope_dim / 2;
     const int64_t t = blockIdx.x;
@@ -813,7 +1137,10 @@ __global__ void k_attn_prep(cu_plan p, cu_attn_args a, cu_kv kv) {
 
 extern "C" void cu_attn_prep(cu_stream s, const cu_plan *p, const cu_attn_args *a, const cu_kv *kv) {
     if (p->n_tokens <= 0) return;
-    k_attn_prep<<<(unsigned)p->n_tokens, 128, (size_t)a->rope_dim * sizeof(float), s>>>(*p, *a, *kv);
+    /* a warp per head (q and k), at most 1024 threads */
+    int threads = 32 * (a->nh + a->nkv);
+    threads = threads > 1024 ? 1024 : threads;
+    launch_pdl(k_attn_prep, dim3((unsigned)p->n_tokens), dim3(threads), (size_t)a->rope_dim * sizeof(float), s, *p, *a, *kv);
 }
 
 #define ATT_CH 128 /* positions per pass = threads per block */
@@ -825,6 +1152,7 @@ __device__ __forceinline__ float kv_load(const cu_kv &kv, size_t i) {
 /* a block per (token, query head): the causal softmax over the item's positions in passes of
  * ATT_CH positions merged online, then the sigmoid gate */
 __global__ void k_attention(cu_plan p, cu_attn_args a, cu_kv kv) {
+    pdl_wait();
     extern __shared__ float sh[];
     __shared__ float red[32];
     float *qs = sh, *pr = sh + a.hd, *o = pr + ATT_CH;
@@ -883,5 +1211,5 @@ extern "C" void cu_attention(cu_stream s, const cu_plan *p, const cu_attn_args *
     if (p->n_tokens <= 0) return;
     dim3 grid((unsigned)p->n_tokens, (unsigned)a->nh);
     const size_t shm = (size_t)(2 * a->hd + 2 * ATT_CH) * sizeof(float);
-    k_attention<<<grid, ATT_CH, shm, s>>>(*p, *a, *kv);
+    launch_pdl(k_attention, grid, dim3(ATT_CH), shm, s, *p, *a, *kv);
 }
