@@ -84,6 +84,12 @@ $(BUILD)/strand: $(APP_OBJ) $(LIB)
 	@echo "  LINK    $@"
 	@$(CC) $(CFLAGS) -o $@ $(APP_OBJ) $(LIB) $(LDLIBS)
 
+# the preprocessing test decodes the fixture's PNGs with libpng when it is there
+PNG_LIBS := $(shell pkg-config --libs libpng 2>/dev/null)
+ifneq ($(PNG_LIBS),)
+$(BUILD)/tests/test_vision_pp: LDLIBS += $(PNG_LIBS)
+$(BUILD)/tests/test_vision_pp: CPPFLAGS_ALL += -DST_TEST_PNG=1
+endif
 $(BUILD)/tests/%: tests/%.c $(LIB) tests/tap.h
 	@mkdir -p $(dir $@)
 	@echo "  TEST    $@"

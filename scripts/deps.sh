@@ -15,6 +15,13 @@ if [ -n "$missing" ]; then
     $SUDO apt-get update -qq || true
     $SUDO apt-get install -y -qq $missing
 fi
+# optional: libpng for the image preprocessing test's PNG decoding (skipped without it)
+if ! dpkg -s libpng-dev >/dev/null 2>&1; then
+    SUDO=""
+    [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libpng-dev >/dev/null 2>&1 ||
+        echo "libpng-dev could not be installed: the image preprocessing test skips its PNG checks"
+fi
 # the end-to-end tests' OpenAI client (versions pinned by tests/e2e/package-lock.json)
 cd "$(dirname "$0")/.."
 if [ ! -d tests/e2e/node_modules/openai ]; then
