@@ -1,13 +1,18 @@
-/* The vision tower against the reference (tests/data/fixtures/tiny-vl): the reference's
- * pixel values of img0 and img2 in, its vision embeddings out; with the scalar kernels and
- * with the best set of this CPU; and the refusals (no tower, bad grids). */
+/* The vision path against the reference (tests/data/fixtures/tiny-vl): the reference's
+ * pixel values of img0 and img2 in, its vision embeddings out (the scalar kernels and the
+ * best set of this CPU); the M-RoPE positions of the prompt holding both images; that prompt's
+ * logits and greedy tokens with the tower's embeddings in its image rows; the refusals (no
+ * tower, bad grids, runs that do not match the images). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kit.h"
+#include "model/model.h"
 #include "model/safetensors.h"
 #include "tap.h"
+#include "vision/mrope.h"
 #include "vision/tower.h"
 
 static const st_tensor *need(const st_checkpoint *g, const char *name) {
@@ -70,6 +75,114 @@ static void test_embeds(const char *dir, const st_checkpoint *g, const st_kernel
     st_vision_free(v);
 }
 
+/* the prompt with img0 and img2: positions, logits (every row) and 12 greedy tokens */
+static void test_prompt(const char *dir, const st_checkpoint *g) {
+    st_error err = {0};
+    const st_tensor *ids_t = need(g, "mm.ids"), *pos_t = need(g, "mm.position_ids"), *lg_t = need(g, "mm.logits");
+    const st_tensor *gr_t = need(g, "mm.greedy"), *p0 = need(g, "img0.pixel_values"), *p2 = need(g, "img2.pixel_values");
+    const st_tensor *g0 = need(g, "img0.grid_thw"), *g2 = need(g, "img2.grid_thw");
+    if (!ids_t || !pos_t || !lg_t || !gr_t || !p0 || !p2 || !g0 || !g2) return;
+    const int32_t *ids = ids_t->data;
+    const int64_t n = ids_t->numel;
+    int32_t grid[2][3];
+    memcpy(grid[0], g0->data, sizeof grid[0]);
+    memcpy(grid[1], g2->data, sizeof grid[1]);
+    int32_t(*pos)[3] = malloc((size_t)n * sizeof *pos);
+    int64_t next = 0;
+    st_status st = st_mrope_positions(ids, n, 1000, (const int32_t(*)[3])grid, 2, 2, pos, &next, &err);
+    int same = st == ST_OK;
+    const int32_t *want = pos_t->data; /* [3][n] */
+    for (int64_t i = 0; same && i < n; i++)
+        for (int a = 0; a < 3; a++) same &= pos[i][a] == want[a * n + i];
+    CHECK(same, "M-RoPE positions of the %lld-token prompt with 2 images equal the reference's (%s)", (long long)n, err.msg);
+    /* refusals: a run one token short, and one image too many */
+    int32_t *cut = malloc((size_t)n * sizeof *cut);
+    int64_t m = 0;
+    int dropped = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] != 1000 || dropped++) cut[m++] = ids[i];
+    CHECK(st_mrope_positions(cut, m, 1000, (const int32_t(*)[3])grid, 2, 2, pos, &next, &err) == ST_ERR_ARG &&
+              strstr(err.msg, "image 0"),
+          "an image-token run one short of its grid is refused: %s", err.msg);
+    CHECK(st_mrope_positions(ids, n, 1000, (const int32_t(*)[3])grid, 1, 2, pos, &next, &err) == ST_ERR_ARG,
+          "more image runs than images is refused: %s", err.msg);
+    free(cut);
+    err.msg[0] = 0;
+    st = st_mrope_positions(ids, n, 1000, (const int32_t(*)[3])grid, 2, 2, pos, &next, &err);
+    /* the tower's embeddings for both images */
+    st_vision_tower *v = NULL;
+    st_model *model = NULL;
+    st_backend *be = NULL;
+    st_fwd *f = NULL;
+    float *px = NULL, *emb = NULL, *logits = NULL;
+    int64_t *rows = NULL;
+    if (!CHECK(st == ST_OK && st_vision_load(dir, NULL, &v, &err) == ST_OK && st_model_load(dir, &model, &err) == ST_OK,
+               "tiny-vl's tower and language model load (%s)", err.msg))
+        goto out;
+    const int64_t D = st_vision_patch_dim(v), n0 = p0->shape[0], n2 = p2->shape[0], H = model->cfg.hidden_size;
+    const int64_t ne = (n0 + n2) / 4, V = model->cfg.vocab_size;
+    px = malloc((size_t)((n0 + n2) * D) * sizeof(float));
+    emb = malloc((size_t)(ne * H) * sizeof(float));
+    memcpy(px, p0->data, (size_t)(n0 * D) * sizeof(float));
+    memcpy(px + n0 * D, p2->data, (size_t)(n2 * D) * sizeof(float));
+    if (!CHECK(st_vision_encode(v, px, (const int32_t(*)[3])grid, 2, emb, &err) == ST_OK && v->cfg.out_hidden == H,
+               "the images' %lld embeddings of %lld (%s)", (long long)ne, (long long)H, err.msg))
+        goto out;
+    rows = malloc((size_t)ne * sizeof *rows);
+    int64_t k = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] == 1000 && k < ne) rows[k++] = i;
+    st_ctx_params xp = {.max_tokens = 64, .n_slots = 1, .n_snapshots = 0, .n_blocks = 8, .block_size = 16,
+                        .max_seq_len = 128, .kv_dtype = ST_KV_F32};
+    be = kit_backend(model, NULL, &err);
+    if (!CHECK(be && st_fwd_create(be, &xp, &f, &err) == ST_OK, "a CPU forward context (%s)", err.msg)) goto out;
+    st_plan_buf *pb = st_fwd_plan_buf(f);
+    const int32_t blocks[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    logits = malloc((size_t)(n * V) * sizeof(float));
+    st_plan_reset(pb);
+    st_plan_add(pb, ids, (int)n, 0, 0, blocks, 8, ST_LOGITS_ALL, &err);
+    pb->plan.mrope = &pos[0][0];
+    pb->plan.n_embeds = ne;
+    pb->plan.embed_rows = rows;
+    pb->plan.embeds = emb;
+    CHECK(st_fwd_run(f, &pb->plan, logits, &err) == ST_ERR_ARG && strstr(err.msg, "takes none"),
+          "a plan with embeddings on a context that takes none is refused: %s", err.msg);
+    err.msg[0] = 0;
+    st = st_fwd_enable_embeds(f, &err);
+    if (st == ST_OK) st = st_fwd_run(f, &pb->plan, logits, &err);
+    const double e = st == ST_OK ? rel_err(logits, lg_t->data, n * V) : INFINITY;
+    CHECK(st == ST_OK && e < 1e-3, "the prompt's logits at all %lld positions within 1e-3 (max rel err %.2e) %s",
+          (long long)n, e, err.msg);
+    /* greedy: 12 tokens, each decoded at next + i on all three axes */
+    const int32_t *gw = gr_t->data;
+    int32_t tok = 0, got[64];
+    int ng = 0;
+    const float *last = logits + (n - 1) * V;
+    for (int64_t j = 1; j < V; j++) tok = last[j] > last[tok] ? (int32_t)j : tok;
+    for (; ng < gr_t->numel && st == ST_OK; ng++) {
+        got[ng] = tok;
+        const int32_t p3[3] = {(int32_t)(next + ng), (int32_t)(next + ng), (int32_t)(next + ng)};
+        st_plan_reset(pb);
+        st_plan_add(pb, &tok, 1, n + ng, 0, blocks, 8, ST_LOGITS_LAST, &err);
+        pb->plan.mrope = p3;
+        if ((st = st_fwd_run(f, &pb->plan, logits, &err)) != ST_OK) break;
+        tok = 0;
+        for (int64_t j = 1; j < V; j++) tok = logits[j] > logits[tok] ? (int32_t)j : tok;
+    }
+    CHECK(st == ST_OK && ng == gr_t->numel && !memcmp(got, gw, (size_t)ng * sizeof *got),
+          "%d greedy tokens after the prompt equal the reference's (%s)", ng, err.msg);
+out:
+    free(pos);
+    free(px);
+    free(emb);
+    free(rows);
+    free(logits);
+    st_fwd_destroy(f);
+    st_backend_destroy(be);
+    st_model_free(model);
+    st_vision_free(v);
+}
+
 int main(void) {
     char dir[512], gpath[600], other[512];
     snprintf(dir, sizeof dir, "%s/fixtures/tiny-vl", tap_data_dir());
@@ -81,6 +194,7 @@ int main(void) {
         test_embeds(dir, g, st_kernels_ref(), "ref");
         const st_kernels *best = st_kernels_best();
         test_embeds(dir, g, best, best->name);
+        test_prompt(dir, g);
         st_checkpoint_close(g);
     }
     st_vision_tower *v = NULL;

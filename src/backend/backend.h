@@ -57,6 +57,13 @@ typedef struct st_step_plan {
     const int64_t *block_t0; /* [n_items + 1] each item's first entry in blocks */
     const int32_t *blocks;   /* the KV blocks holding each item's positions 0, bs, 2 bs, ... up
                                 to its last token's position */
+    /* prompts holding images (NULL / 0 otherwise; st_plan_reset clears them): */
+    const int32_t *mrope;    /* [n_tokens][3] each token's (t, h, w) rotary positions (M-RoPE,
+                                the config's mrope_section); NULL: every axis at the token's
+                                KV position */
+    int64_t n_embeds;        /* rows whose embedding comes from embeds, not the table */
+    const int64_t *embed_rows; /* [n_embeds] those token rows, increasing */
+    const float *embeds;     /* [n_embeds][hidden] (host memory) */
 } st_step_plan;
 
 /* A plan's storage: one allocation, capacities fixed when it is made. */

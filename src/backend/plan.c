@@ -47,6 +47,10 @@ void st_plan_reset(st_plan_buf *b) {
     pl->n_items = 0;
     pl->n_tokens = 0;
     pl->n_logit_rows = 0;
+    pl->mrope = NULL;
+    pl->n_embeds = 0;
+    pl->embed_rows = NULL;
+    pl->embeds = NULL;
     ((int64_t *)pl->item_t0)[0] = 0;
     ((int64_t *)pl->block_t0)[0] = 0;
 }

@@ -85,6 +85,10 @@ typedef struct st_config {
 
 /* Parse DIR/config.json (and DIR/generation_config.json when present). */
 st_status st_config_load(const char *dir, st_config *cfg, st_error *err);
+
+/* The M-RoPE axis (0 t, 1 h, 2 w) of rotary frequency k < rope_dim / 2 (spec/vision.md 7.5):
+ * interleaved t h w t h w ... (h and w while their sections last), else in sections. */
+int st_config_mrope_axis(const st_config *c, int k);
 /* Parse config JSON text (for tests and fuzzing); `label` names it in messages. */
 st_status st_config_parse(const char *json, size_t len, const char *label, st_config *cfg,
                           st_error *err);

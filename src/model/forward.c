@@ -12,6 +12,7 @@ struct st_fwd {
     st_hidden_hook hook;
     void *hook_user;
     float *hook_buf;     /* [max_tokens][d] when a hook is set; owned */
+    float *emb_buf;      /* [max_tokens][d] X on the host for plans with embeddings; owned */
 };
 
 st_status st_fwd_create(st_backend *b, const st_ctx_params *p, st_fwd **out, st_error *err) {
@@ -43,6 +44,7 @@ void st_fwd_destroy(st_fwd *f) {
     if (f->c) f->b->ops->ctx_destroy(f->c);
     st_plan_buf_free(&f->plan);
     free(f->hook_buf);
+    free(f->emb_buf);
     free(f);
 }
 
@@ -63,6 +65,14 @@ st_status st_fwd_set_hidden_hook(st_fwd *f, st_hidden_hook hook, void *user, st_
     }
     f->hook = hook;
     f->hook_user = user;
+    return ST_OK;
+}
+
+st_status st_fwd_enable_embeds(st_fwd *f, st_error *err) {
+    if (!f->emb_buf) {
+        f->emb_buf = malloc((size_t)f->p.max_tokens * (size_t)f->b->m->cfg.hidden_size * sizeof(float));
+        if (!f->emb_buf) return st_error_set(err, ST_ERR_NOMEM, "out of memory for image embeddings");
+    }
     return ST_OK;
 }
 
@@ -109,6 +119,20 @@ static st_status check_plan(const st_fwd *f, const st_step_plan *pl, st_error *e
         rows += pl->logits[i] == ST_LOGITS_ALL ? n : pl->logits[i] == ST_LOGITS_LAST;
     }
     if (rows != pl->n_logit_rows) return st_error_set(err, ST_ERR_ARG, "plan: logit rows do not add up");
+    if (pl->n_embeds) {
+        if (!f->emb_buf) return st_error_set(err, ST_ERR_ARG, "plan: embeddings given, but the context takes none");
+        if (pl->n_embeds < 0 || pl->n_embeds > pl->n_tokens || !pl->embed_rows || !pl->embeds)
+            return st_error_set(err, ST_ERR_ARG, "plan: %lld embedding rows for %lld tokens", (long long)pl->n_embeds,
+                                (long long)pl->n_tokens);
+        for (int64_t i = 0; i < pl->n_embeds; i++)
+            if (pl->embed_rows[i] < (i ? pl->embed_rows[i - 1] + 1 : 0) || pl->embed_rows[i] >= pl->n_tokens)
+                return st_error_set(err, ST_ERR_ARG, "plan: embedding row %lld is not increasing within [0, %lld)",
+                                    (long long)pl->embed_rows[i], (long long)pl->n_tokens);
+    }
+    if (pl->mrope)
+        for (int64_t t = 0; t < 3 * pl->n_tokens; t++)
+            if (pl->mrope[t] < 0 || pl->mrope[t] > (1 << 30))
+                return st_error_set(err, ST_ERR_ARG, "plan: rotary position %d out of range", pl->mrope[t]);
     return ST_OK;
 }
 
@@ -121,6 +145,12 @@ st_status st_fwd_run(st_fwd *f, const st_step_plan *plan, float *logits, st_erro
     st_bctx *c = f->c;
     if ((st = op->step_begin(c, plan, err)) != ST_OK) return st;
     op->embed(c);
+    if (plan->n_embeds) { /* image rows: X through the host */
+        op->read(c, ST_ACT_X, d, f->emb_buf);
+        for (int64_t i = 0; i < plan->n_embeds; i++)
+            memcpy(f->emb_buf + plan->embed_rows[i] * d, plan->embeds + i * d, (size_t)d * sizeof(float));
+        op->write(c, ST_ACT_X, d, f->emb_buf);
+    }
     for (int li = 0; li <= cfg->n_layers; li++) {
         /* the residual add of a block's output is fused with the next norm */
         const int add = li > 0 ? ST_NORM_ADD : 0;

@@ -43,6 +43,10 @@ st_plan_buf *st_fwd_plan_buf(st_fwd *f);
  * with ST_ERR_ARG or ST_ERR_LIMIT before anything is computed. */
 st_status st_fwd_run(st_fwd *f, const st_step_plan *plan, float *logits, st_error *err);
 
+/* Let plans carry embeddings (st_step_plan.n_embeds: images): the host buffer of X it takes.
+ * Without it such a plan is refused. */
+st_status st_fwd_enable_embeds(st_fwd *f, st_error *err);
+
 /* Call hook with the residual stream of every step (NULL: none). ST_ERR_NOMEM when the copy
  * buffer cannot be had. */
 st_status st_fwd_set_hidden_hook(st_fwd *f, st_hidden_hook hook, void *user, st_error *err);

@@ -123,6 +123,7 @@ typedef struct cpu_backend {
     st_matrix *experts;    /* [n_layers][3][E] local expert views, owned */
     float *vecs;           /* owned: conv taps of every GDN layer, then inv_freq */
     const float *inv_freq; /* [rope_dim/2] */
+    unsigned char *rope_axis; /* [rope_dim/2] each frequency's M-RoPE axis; owned */
     void *pack_storage;    /* owned (st_big_alloc_huge): every packed copy */
     size_t pack_bytes;
 } cpu_backend;
@@ -403,6 +404,7 @@ static void cpu_destroy(st_backend *base) {
     free(b->layers);
     free(b->experts);
     free(b->vecs);
+    free(b->rope_axis);
     free(b);
 }
 
@@ -463,6 +465,12 @@ st_status st_backend_cpu_create(const st_model *m, const st_cpu_params *p, const
     for (int i = 0; i < c->rope_dim / 2; i++)
         inv[i] = (float)(1.0 / pow(c->rope_theta, (double)(2 * i) / (double)c->rope_dim));
     b->inv_freq = inv;
+    b->rope_axis = malloc((size_t)(c->rope_dim / 2 + 1));
+    if (!b->rope_axis) {
+        cpu_destroy(&b->base);
+        return st_error_set(err, ST_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < c->rope_dim / 2; i++) b->rope_axis[i] = (unsigned char)st_config_mrope_axis(c, i);
     if (p->pack) {
         st_status st = pack_weights(b, st_kernels_packs(b->k), err);
         if (st != ST_OK) {
@@ -1327,11 +1335,13 @@ static void cpu_gdn(st_bctx *base, int layer) {
 /* ---------------------------------------------------------------------------------------- */
 /* gated full attention */
 
-/* cos/sin of the rotary angles at position pos */
-static void rope_angles(const cpu_ctx *c, cpu_thread *th, int64_t pos) {
+/* cos/sin of the rotary angles of token row t at position pos (M-RoPE: the plan's t, h, w
+ * positions, each frequency on its axis) */
+static void rope_angles(const cpu_ctx *c, cpu_thread *th, int64_t pos, int64_t t) {
     const int half = c->z->rope_dim / 2;
+    const int32_t *m3 = c->plan->mrope ? c->plan->mrope + t * 3 : NULL;
     for (int i = 0; i < half; i++) {
-        float a = (float)pos * c->b->inv_freq[i];
+        float a = (float)(m3 ? (int64_t)m3[c->b->rope_axis[i]] : pos) * c->b->inv_freq[i];
         th->rope_cos[i] = cosf(a);
         th->rope_sin[i] = sinf(a);
     }
@@ -1371,7 +1381,7 @@ static void att_prep_range(cpu_ctx *c, cpu_thread *th, const cpu_layer *L, int64
     for (int64_t t = t0; t < t1; t++) {
         while (item_t0(c, it + 1) <= t) it++;
         const int64_t pos = item_pos0(c, it) + (t - item_t0(c, it));
-        rope_angles(c, th, pos);
+        rope_angles(c, th, pos, t);
         for (int j = 0; j < nh; j++) {
             float *q = c->p1 + t * 2 * nh * hd + (int64_t)j * 2 * hd;
             rmsnorm(q, L->q_norm, hd, z->eps, q);

@@ -655,6 +655,8 @@ static void graph_begin(cuda_ctx *c, const st_step_plan *pl);
 
 static st_status cuda_step_begin(st_bctx *base, const st_step_plan *pl, st_error *err) {
     cuda_ctx *c = (cuda_ctx *)base;
+    if (pl->mrope)
+        return fail(err, ST_ERR_UNSUPPORTED, "the CUDA backend has no M-RoPE yet (prompts with images): use --device cpu");
     cudaSetDevice(c->b->device);
     c->first_error = cudaSuccess;
     c->hp = pl;
