@@ -10,7 +10,7 @@ CFLAGS  ?= $(OPT) -g
 WARN    := -Wall -Wextra -Wno-unused-parameter -Wshadow -Wstrict-prototypes \
            -Werror=implicit-function-declaration -Werror=incompatible-pointer-types
 CPPFLAGS_ALL := -std=c11 -D_GNU_SOURCE -Isrc -MMD -MP
-LDLIBS  := -lmicrohttpd -ljansson -lpcre2-8 -lutf8proc -lpthread -lm -ldl
+LDLIBS  := -lmicrohttpd -ljansson -lpcre2-8 -lutf8proc -lpng16 -ljpeg -lpthread -lm -ldl
 
 # library sources: everything under src/ except the CLI and the CUDA backend (its own
 # shared object, below)
@@ -84,12 +84,6 @@ $(BUILD)/strand: $(APP_OBJ) $(LIB)
 	@echo "  LINK    $@"
 	@$(CC) $(CFLAGS) -o $@ $(APP_OBJ) $(LIB) $(LDLIBS)
 
-# the preprocessing test decodes the fixture's PNGs with libpng when it is there
-PNG_LIBS := $(shell pkg-config --libs libpng 2>/dev/null)
-ifneq ($(PNG_LIBS),)
-$(BUILD)/tests/test_vision_pp: LDLIBS += $(PNG_LIBS)
-$(BUILD)/tests/test_vision_pp: CPPFLAGS_ALL += -DST_TEST_PNG=1
-endif
 $(BUILD)/tests/%: tests/%.c $(LIB) tests/tap.h
 	@mkdir -p $(dir $@)
 	@echo "  TEST    $@"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages strand needs to build and test, if any are missing.
 set -eu
-pkgs="build-essential pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev clang libclang-rt-14-dev"
+pkgs="build-essential pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libpng-dev libjpeg62-turbo-dev clang libclang-rt-14-dev"
 missing=""
 for p in $pkgs; do
     dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
@@ -14,13 +14,6 @@ if [ -n "$missing" ]; then
     export DEBIAN_FRONTEND=noninteractive
     $SUDO apt-get update -qq || true
     $SUDO apt-get install -y -qq $missing
-fi
-# optional: libpng for the image preprocessing test's PNG decoding (skipped without it)
-if ! dpkg -s libpng-dev >/dev/null 2>&1; then
-    SUDO=""
-    [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libpng-dev >/dev/null 2>&1 ||
-        echo "libpng-dev could not be installed: the image preprocessing test skips its PNG checks"
 fi
 # the end-to-end tests' OpenAI client (versions pinned by tests/e2e/package-lock.json)
 cd "$(dirname "$0")/.."

@@ -1,44 +1,31 @@
 /* ==== Vision preprocessing against the reference (tiny-vl pixel goldens) ====
  * smart_resize on the spec's worked examples; the fixture's preprocessor config read by its
- * numbers; each image decoded (libpng, test side: built with ST_TEST_PNG when the Makefile
- * finds libpng), resized with Pillow's bicubic and cut into patches: pixel_values and
- * grid_thw equal to the reference's (Pillow backend). */
+ * numbers; each image decoded (st_image_decode), resized with Pillow's bicubic and cut into
+ * patches: pixel_values and grid_thw equal to the reference's (Pillow backend). The decoder's
+ * refusals (corrupt, truncated, oversized, unknown and unsupported kinds) and a JPEG written
+ * here with an EXIF orientation, read back upright. */
 #include <math.h>
 #include <stdio.h>
+#include <jpeglib.h> /* after stdio.h: it uses FILE and size_t */
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/fileio.h"
 #include "golden.h"
 #include "tap.h"
+#include "vision/image.h"
 #include "vision/preprocess.h"
 
-#if ST_TEST_PNG
-#include <png.h>
-
-/* an 8-bit PNG as RGB, alpha dropped (as the reference's convert("RGB") does: img4_rgba
- * matches only so; composited on white it differs by up to 1.0); NULL on error */
-static uint8_t *load_png(const char *path, int64_t *h, int64_t *w) {
-    png_image im;
-    memset(&im, 0, sizeof im);
-    im.version = PNG_IMAGE_VERSION;
-    if (!png_image_begin_read_from_file(&im, path)) return NULL;
-    im.format = PNG_FORMAT_RGBA;
-    uint8_t *rgba = malloc((size_t)PNG_IMAGE_SIZE(im));
-    if (!rgba || !png_image_finish_read(&im, NULL, rgba, 0, NULL)) {
-        free(rgba);
-        png_image_free(&im);
-        return NULL;
-    }
-    *h = im.height;
-    *w = im.width;
-    uint8_t *rgb = malloc((size_t)(*h * *w * 3));
-    for (int64_t i = 0; rgb && i < *h * *w; i++)
-        for (int c = 0; c < 3; c++) rgb[i * 3 + c] = rgba[i * 4 + c];
-    free(rgba);
+/* an image file through st_image_decode; NULL on error */
+static uint8_t *load_image(const char *path, int64_t *h, int64_t *w) {
+    char *bytes = NULL;
+    size_t len = 0;
+    uint8_t *rgb = NULL;
+    if (st_file_read(path, 64u << 20, &bytes, &len, NULL) != ST_OK) return NULL;
+    if (st_image_decode(bytes, len, NULL, &rgb, w, h, NULL) != ST_OK) rgb = NULL;
+    free(bytes);
     return rgb;
 }
-#endif
 
 static void test_smart_resize(void) {
     st_vision_pp p = st_vision_pp_default();
@@ -61,6 +48,91 @@ static void test_smart_resize(void) {
           "an aspect ratio over 200 is refused: %s", err.msg);
 }
 
+/* a w x h JPEG of rgb (quality 95) with an EXIF orientation tag o (0: none) */
+static unsigned char *write_jpeg(const uint8_t *rgb, int w, int h, int o, unsigned long *len) {
+    struct jpeg_compress_struct c;
+    struct jpeg_error_mgr e;
+    unsigned char *buf = NULL;
+    c.err = jpeg_std_error(&e);
+    jpeg_create_compress(&c);
+    jpeg_mem_dest(&c, &buf, len);
+    c.image_width = (JDIMENSION)w;
+    c.image_height = (JDIMENSION)h;
+    c.input_components = 3;
+    c.in_color_space = JCS_RGB;
+    jpeg_set_defaults(&c);
+    jpeg_set_quality(&c, 95, TRUE);
+    jpeg_start_compress(&c, TRUE);
+    if (o) { /* Exif, little-endian TIFF, IFD0 with one entry: orientation (SHORT) */
+        unsigned char ex[] = {'E', 'x', 'i', 'f', 0, 0, 'I', 'I', 42, 0, 8, 0, 0, 0, 1, 0,
+                              0x12, 0x01, 3, 0, 1, 0, 0, 0, (unsigned char)o, 0, 0, 0, 0, 0, 0, 0};
+        jpeg_write_marker(&c, JPEG_APP0 + 1, ex, sizeof ex);
+    }
+    for (int y = 0; y < h; y++) {
+        JSAMPROW row = (JSAMPROW)(rgb + (size_t)y * (size_t)w * 3);
+        jpeg_write_scanlines(&c, &row, 1);
+    }
+    jpeg_finish_compress(&c);
+    jpeg_destroy_compress(&c);
+    return buf;
+}
+
+static void test_decoder(const char *dir) {
+    char path[600];
+    st_error err = {0};
+    snprintf(path, sizeof path, "%s/images/img1.png", dir);
+    char *png = NULL;
+    size_t len = 0;
+    uint8_t *rgb = NULL;
+    int64_t w = 0, h = 0;
+    if (!CHECK(st_file_read(path, 1 << 20, &png, &len, &err) == ST_OK, "img1.png read (%s)", err.msg)) return;
+    CHECK(st_image_decode(png, len / 2, NULL, &rgb, &w, &h, &err) == ST_ERR_FORMAT && !rgb && strstr(err.msg, "PNG"),
+          "a truncated PNG: %s", err.msg);
+    png[len / 2] ^= 0x55;
+    CHECK(st_image_decode(png, len, NULL, &rgb, &w, &h, &err) == ST_ERR_FORMAT && !rgb, "a corrupted PNG: %s", err.msg);
+    png[len / 2] ^= 0x55;
+    st_image_limits lim = st_image_default_limits();
+    lim.max_pixels = 100 * 75 - 1;
+    CHECK(st_image_decode(png, len, &lim, &rgb, &w, &h, &err) == ST_ERR_LIMIT && !rgb && strstr(err.msg, "100x75"),
+          "a PNG over the pixel limit is refused before decoding: %s", err.msg);
+    lim = st_image_default_limits();
+    lim.max_bytes = len - 1;
+    CHECK(st_image_decode(png, len, &lim, &rgb, &w, &h, &err) == ST_ERR_LIMIT, "a file over the byte limit: %s", err.msg);
+    CHECK(st_image_decode("RIFF\0\0\0\0WEBPVP8 ", 16, NULL, &rgb, &w, &h, &err) == ST_ERR_UNSUPPORTED &&
+              strstr(err.msg, "WebP"),
+          "WebP: %s", err.msg);
+    CHECK(st_image_decode("GIF89a\1\0\1\0", 10, NULL, &rgb, &w, &h, &err) == ST_ERR_UNSUPPORTED && strstr(err.msg, "GIF"),
+          "GIF: %s", err.msg);
+    CHECK(st_image_decode("hello", 5, NULL, &rgb, &w, &h, &err) == ST_ERR_FORMAT && strstr(err.msg, "PNG or JPEG"),
+          "not an image: %s", err.msg);
+    CHECK(st_image_decode("", 0, NULL, &rgb, &w, &h, &err) == ST_ERR_FORMAT, "no bytes: %s", err.msg);
+    free(png);
+    /* a 32x16 JPEG, left half red and right half blue, tagged "rotate 90 clockwise" (6): read
+     * back 16x32 with red on top; untagged it stays as written; truncated it is refused */
+    enum { W = 32, H = 16 };
+    uint8_t img[H][W][3];
+    for (int y = 0; y < H; y++)
+        for (int x = 0; x < W; x++) img[y][x][0] = x < W / 2 ? 230 : 20, img[y][x][1] = 20, img[y][x][2] = x < W / 2 ? 20 : 230;
+    for (int o = 0; o <= 6; o += 6) {
+        unsigned long jl = 0;
+        unsigned char *jpg = write_jpeg(&img[0][0][0], W, H, o, &jl);
+        st_status st = st_image_decode(jpg, jl, NULL, &rgb, &w, &h, &err);
+        int ok = st == ST_OK && w == (o ? H : W) && h == (o ? W : H);
+        if (ok) { /* the red half: the left (o 0) or the top (o 6) */
+            const uint8_t *a = rgb + ((o ? 4 : 8) * w + (o ? 8 : 4)) * 3, *b = rgb + ((o ? 28 : 8) * w + (o ? 8 : 28)) * 3;
+            ok = a[0] > 180 && a[2] < 70 && b[2] > 180 && b[0] < 70;
+        }
+        CHECK(ok, "a JPEG with EXIF orientation %d: %lldx%lld, the red half %s (%s)", o ? 6 : 1, (long long)w, (long long)h,
+              o ? "on top" : "on the left", err.msg);
+        free(rgb);
+        rgb = NULL;
+        CHECK(st_image_decode(jpg, jl / 3, NULL, &rgb, &w, &h, &err) != ST_OK || (free(rgb), 1),
+              "a JPEG cut to a third decodes or is refused, without a crash (%s)", err.msg);
+        rgb = NULL;
+        free(jpg);
+    }
+}
+
 int main(void) {
     test_smart_resize();
     char dir[512], path[600];
@@ -75,10 +147,6 @@ int main(void) {
                "the fixture's preprocessor config by its numbers (%s)", err.msg))
         return tap_done();
     free(text);
-#if !ST_TEST_PNG
-    CHECK(1, "the images' pixel checks skipped: built without libpng (scripts/deps.sh installs libpng-dev)");
-    return tap_done();
-#else
     snprintf(path, sizeof path, "%s/golden.safetensors", dir);
     st_checkpoint *g = NULL;
     if (!CHECK(st_checkpoint_open(path, &g, &err) == ST_OK, "goldens (%s)", err.msg)) return tap_done();
@@ -94,7 +162,7 @@ int main(void) {
         {
             int64_t h = 0, w = 0, oh = 0, ow = 0;
             snprintf(path, sizeof path, "%s/images/%s", dir, files[i]);
-            uint8_t *rgb = load_png(path, &h, &w);
+            uint8_t *rgb = load_image(path, &h, &w);
             if (!rgb || st_vision_smart_resize(h, w, &p, &oh, &ow, &err) != ST_OK) {
                 CHECK(0, "%s loads and sizes", files[i]);
                 continue;
@@ -119,6 +187,6 @@ int main(void) {
         }
     }
     st_checkpoint_close(g);
+    test_decoder(dir);
     return tap_done();
-#endif
 }
