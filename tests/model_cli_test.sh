@@ -54,6 +54,19 @@ fails_with "unknown synth preset" "unknown preset" $S synth --preset 99b -o "$T/
 fails_with "synth --group 48 (MLX groups are 32, 64 or 128)" "32, 64 or 128" $S synth --preset tiny --dtype q4 --group 48 -o "$T/g48"
 fails_with "synth -o - (a checkpoint is a directory)" "cannot hold a checkpoint" $S synth --preset tiny -o -
 check "logits -o - writes the float32 row to standard output" cmp -s "$T/last.bin" <($S logits -m $D/fixtures/tiny-a --ids 5,6,7,8 -o -)
+# images (tiny-vl): IDS holds each image's run of image tokens (1000); tests/test_vision.c
+# checks these logits against the reference
+VL=$D/fixtures/tiny-vl
+VIDS=5,6,7,1002,1000,1000,1000,1000,1003,8,9,1002,1000,1000,1000,1000,1000,1003,10,11,12
+$S logits -m $VL --ids $VIDS --image $VL/images/img0.png --image $VL/images/img2.png --all -o "$T/vl.bin"
+$S logits -m $VL --ids $VIDS --image $VL/images/img0.png --image $VL/images/img2.png --all --chunk 5 -o "$T/vl5.bin"
+check "logits --image (two PNGs): [21][1024] float32, the same bytes in chunks of 5" cmp -s "$T/vl.bin" "$T/vl5.bin"
+check "  and of the right size" [ "$(stat -c %s "$T/vl.bin")" = 86016 ]
+fails_with "an image-token run shorter than its image" "image 1: a run of 2 image tokens" $S logits -m $VL --ids 5,1000,1000,6 --image $VL/images/img0.png -o "$T/x"
+fails_with "--image on a text-only model" "takes no images" $S logits -m $D/fixtures/tiny-a --ids 5,6 --image $VL/images/img0.png -o "$T/x"
+printf 'not a picture' >"$T/bad.png"
+fails_with "a file that is no image" "image 1: not an image" $S logits -m $VL --ids 5,1000,1000,1000,1000 --image "$T/bad.png" -o "$T/x"
+fails_with "a missing image file" "nope.png" $S logits -m $VL --ids 5,1000 --image "$T/nope.png" -o "$T/x"
 check "no file named '-' was made" [ ! -e ./- ]
 fails_with "a directory where a file is expected: named as such" "is a directory" $S tokenize -m $D/fixtures/tiny-a --text-file $D
 STRAND_KERNELS=bogus $S generate -m $D/fixtures/tiny-a --ids 1,2 -n 1 >/dev/null 2>"$T/kerr"

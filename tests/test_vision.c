@@ -12,7 +12,9 @@
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "tap.h"
+#include "core/fileio.h"
 #include "vision/mrope.h"
+#include "vision/prompt.h"
 #include "vision/tower.h"
 
 static const st_tensor *need(const st_checkpoint *g, const char *name) {
@@ -102,7 +104,7 @@ static void test_prompt(const char *dir, const st_checkpoint *g) {
     for (int64_t i = 0; i < n; i++)
         if (ids[i] != 1000 || dropped++) cut[m++] = ids[i];
     CHECK(st_mrope_positions(cut, m, 1000, (const int32_t(*)[3])grid, 2, 2, pos, &next, &err) == ST_ERR_ARG &&
-              strstr(err.msg, "image 0"),
+              strstr(err.msg, "image 1:"),
           "an image-token run one short of its grid is refused: %s", err.msg);
     CHECK(st_mrope_positions(ids, n, 1000, (const int32_t(*)[3])grid, 1, 2, pos, &next, &err) == ST_ERR_ARG,
           "more image runs than images is refused: %s", err.msg);
@@ -183,6 +185,65 @@ out:
     st_vision_free(v);
 }
 
+/* the same prompt from the PNG files, through st_vision_prompt_build (decode, preprocess,
+ * tower, positions) and st_batch_run_images */
+static void test_prompt_files(const char *dir, const st_checkpoint *g) {
+    st_error err = {0};
+    const st_tensor *ids_t = need(g, "mm.ids"), *lg_t = need(g, "mm.logits");
+    if (!ids_t || !lg_t) return;
+    const int32_t *ids = ids_t->data;
+    const int n = (int)ids_t->numel;
+    char path[2][600], *img[2] = {NULL, NULL};
+    size_t len[2] = {0, 0};
+    snprintf(path[0], sizeof path[0], "%s/images/img0.png", dir);
+    snprintf(path[1], sizeof path[1], "%s/images/img2.png", dir);
+    st_vision_tower *v = NULL;
+    st_vision_pp pp;
+    st_vision_prompt vp = {0};
+    st_model *model = NULL;
+    st_backend *be = NULL;
+    st_cache *cache = NULL;
+    st_fwd *f = NULL;
+    float *logits = NULL;
+    int64_t tok0 = 0;
+    int ok = st_file_read(path[0], 1 << 20, &img[0], &len[0], &err) == ST_OK &&
+             st_file_read(path[1], 1 << 20, &img[1], &len[1], &err) == ST_OK && st_vision_load(dir, NULL, &v, &err) == ST_OK &&
+             st_vision_pp_load(dir, &pp, &err) == ST_OK && st_model_load(dir, &model, &err) == ST_OK &&
+             st_vision_image_tokens(img[0], len[0], &pp, NULL, &tok0, &err) == ST_OK;
+    if (!CHECK(ok && tok0 == 4, "img0.png takes %lld image tokens (4) (%s)", (long long)tok0, err.msg)) goto out;
+    ok = st_vision_prompt_build(v, &pp, model->cfg.image_token_id, ids, n, (const void *const *)img, len, 2, NULL, &vp,
+                                &err) == ST_OK;
+    if (!CHECK(ok && vp.n_rows == 9, "the prompt's image parts from the PNG files: %lld rows (%s)", (long long)vp.n_rows,
+               err.msg))
+        goto out;
+    st_cache_params cp = st_cache_default_params();
+    cp.max_seq_len = 64;
+    st_seq seq = {.slot = -1};
+    be = kit_backend(model, NULL, &err);
+    ok = be && st_cache_create(model, &cp, &cache, &err) == ST_OK;
+    st_ctx_params xp = ok ? st_cache_ctx_params(cache, 64) : (st_ctx_params){0};
+    ok = ok && st_fwd_create(be, &xp, &f, &err) == ST_OK && st_fwd_enable_embeds(f, &err) == ST_OK &&
+         st_cache_seq_start(cache, &seq, &err) == ST_OK;
+    const int64_t V = model->cfg.vocab_size;
+    logits = malloc((size_t)(n * V) * sizeof(float));
+    st_batch_item it = {&seq, ids, n, ST_LOGITS_ALL};
+    const st_batch_images im = {&vp.mrope[0][0], vp.n_rows, vp.rows, vp.embeds};
+    ok = ok && st_batch_run_images(cache, f, &it, &im, logits, &err) == ST_OK;
+    const double e = ok ? rel_err(logits, lg_t->data, n * V) : INFINITY;
+    CHECK(ok && e < 1e-3, "from the files: the prompt's logits within 1e-3 of the reference (max rel err %.2e) %s", e,
+          err.msg);
+out:
+    free(img[0]);
+    free(img[1]);
+    free(logits);
+    st_vision_prompt_free(&vp);
+    st_fwd_destroy(f);
+    st_cache_destroy(cache);
+    st_backend_destroy(be);
+    st_model_free(model);
+    st_vision_free(v);
+}
+
 int main(void) {
     char dir[512], gpath[600], other[512];
     snprintf(dir, sizeof dir, "%s/fixtures/tiny-vl", tap_data_dir());
@@ -195,6 +256,7 @@ int main(void) {
         const st_kernels *best = st_kernels_best();
         test_embeds(dir, g, best, best->name);
         test_prompt(dir, g);
+        test_prompt_files(dir, g);
         st_checkpoint_close(g);
     }
     st_vision_tower *v = NULL;

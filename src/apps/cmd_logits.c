@@ -1,26 +1,34 @@
 /* ==== strand logits: write the logits of a prompt to a file ====
- * strand logits -m DIR --ids 1,2,3 [--all] [--chunk N] [--kv-dtype f32|bf16] -o FILE
- * Output: float32 little-endian, [T][V] with --all, else [V] for the last position. */
+ * strand logits -m DIR --ids 1,2,3 [--image FILE ...] [--all] [--chunk N] [--kv-dtype f32|bf16] -o FILE
+ * Output: float32 little-endian, [T][V] with --all, else [V] for the last position. With
+ * --image, IDS holds each image's run of image tokens (config.json's image_token_id, as many
+ * as the image's patches / merge^2), images in order: their rows take the vision tower's
+ * embeddings and the prompt M-RoPE positions. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "apps/cli.h"
+#include "core/fileio.h"
 #include "engine/batch.h"
 #include "model/forward.h"
+#include "vision/prompt.h"
+
+#define MAX_IMAGES 64
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: strand logits -m DIR --ids 1,2,3 [--all] [--chunk N] [--kv-dtype f32|bf16] "
-            "-o FILE\n"
+            "usage: strand logits -m DIR --ids 1,2,3 [--image FILE ...] [--all] [--chunk N] "
+            "[--kv-dtype f32|bf16] -o FILE\n"
             "  Writes float32 little-endian logits: [T][vocab] with --all, else [vocab] for the\n"
-            "  last position. The prompt runs in chunks of N tokens (default 512).\n");
+            "  last position. The prompt runs in chunks of N tokens (default 512). With --image\n"
+            "  (PNG or JPEG, in order), IDS holds each image's run of image tokens.\n");
 }
 
 int cmd_logits(int argc, char **argv) {
-    const char *dir = NULL, *ids_s = NULL, *out_path = NULL;
-    int all = 0;
+    const char *dir = NULL, *ids_s = NULL, *out_path = NULL, *image_path[MAX_IMAGES];
+    int all = 0, n_images = 0;
     long long chunk = 512;
     st_kv_dtype kvd = ST_KV_F32;
     for (int i = 1; i < argc; i++) {
@@ -34,6 +42,9 @@ int cmd_logits(int argc, char **argv) {
             if (!(ids_s = cli_value(argc, argv, &i))) return 2;
         } else if (!strcmp(a, "-o")) {
             if (!(out_path = cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--image")) {
+            if (!(image_path[n_images < MAX_IMAGES ? n_images : 0] = cli_value(argc, argv, &i))) return 2;
+            if (++n_images > MAX_IMAGES) return cli_failf("logits: at most %d images", MAX_IMAGES);
         } else if (!strcmp(a, "--all")) {
             all = 1;
         } else if (!strcmp(a, "--chunk")) {
@@ -67,7 +78,30 @@ int cmd_logits(int argc, char **argv) {
     float *lg = NULL;
     FILE *fp = NULL;
     int rc = 1;
+    st_vision_tower *vt = NULL;
+    st_vision_prompt vp = {0};
+    int64_t *rel = NULL;
+    char *img[MAX_IMAGES] = {0};
+    size_t img_len[MAX_IMAGES];
     if (st_model_load(dir, &m, &err) != ST_OK) goto done;
+    if (n_images) { /* the image parts: tower, processor, embeddings, positions */
+        st_vision_pp pp;
+        const st_image_limits lim = st_image_default_limits();
+        for (int i = 0; i < n_images; i++)
+            if (st_file_read(image_path[i], lim.max_bytes, &img[i], &img_len[i], &err) != ST_OK) goto done;
+        if (m->cfg.image_token_id < 0) {
+            st_error_set(&err, ST_ERR_ARG, "%s: config.json has no image_token_id: the model takes no images", dir);
+            goto done;
+        }
+        if (st_vision_load(dir, st_kernels_best(), &vt, &err) != ST_OK || st_vision_pp_load(dir, &pp, &err) != ST_OK ||
+            st_vision_prompt_build(vt, &pp, m->cfg.image_token_id, ids, n, (const void *const *)img, img_len, n_images,
+                                   &lim, &vp, &err) != ST_OK)
+            goto done;
+        if (!(rel = malloc((size_t)(vp.n_rows + 1) * sizeof *rel))) {
+            st_error_set(&err, ST_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+    }
     if (cli_backend(m, &be, &err) != ST_OK) goto done;
     st_cache_params cp = st_cache_default_params();
     cp.max_seq_len = n;
@@ -76,6 +110,7 @@ int cmd_logits(int argc, char **argv) {
     if (chunk > n) chunk = n;
     st_ctx_params xp = st_cache_ctx_params(cache, (int)chunk);
     if (st_fwd_create(be, &xp, &f, &err) != ST_OK) goto done;
+    if (n_images && st_fwd_enable_embeds(f, &err) != ST_OK) goto done;
     int64_t V = m->cfg.vocab_size;
     lg = malloc((size_t)chunk * (size_t)V * sizeof(float));
     if (!lg) {
@@ -94,7 +129,15 @@ int cmd_logits(int argc, char **argv) {
         int last = i + take == n;
         st_batch_item it = {&seq, ids + i, take,
                             all ? ST_LOGITS_ALL : (last ? ST_LOGITS_LAST : ST_LOGITS_NONE)};
-        if (st_batch_run(cache, f, &it, 1, lg, &err) != ST_OK) goto done;
+        if (n_images) { /* this chunk's image rows, relative to it */
+            int64_t r0 = 0, k = 0;
+            while (r0 < vp.n_rows && vp.rows[r0] < i) r0++;
+            while (r0 + k < vp.n_rows && vp.rows[r0 + k] < i + take) rel[k] = vp.rows[r0 + k] - i, k++;
+            const st_batch_images im = {&vp.mrope[i][0], k, rel, vp.embeds + r0 * m->cfg.hidden_size};
+            if (st_batch_run_images(cache, f, &it, &im, lg, &err) != ST_OK) goto done;
+        } else if (st_batch_run(cache, f, &it, 1, lg, &err) != ST_OK) {
+            goto done;
+        }
         size_t rows = (size_t)st_batch_logit_rows(&it, 1);
         if (rows && fwrite(lg, sizeof(float) * (size_t)V, rows, fp) != rows) {
             st_error_set(&err, ST_ERR_IO, "%s: write failed", out_path);
@@ -113,6 +156,10 @@ done:
     if (rc) cli_fail(&err);
     free(lg);
     free(ids);
+    free(rel);
+    for (int i = 0; i < n_images && i < MAX_IMAGES; i++) free(img[i]);
+    st_vision_prompt_free(&vp);
+    st_vision_free(vt);
     st_fwd_destroy(f);
     st_cache_destroy(cache);
     st_backend_destroy(be);

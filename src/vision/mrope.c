@@ -17,7 +17,7 @@ st_status st_mrope_positions(const int32_t *ids, int64_t n, int32_t image_token,
         const int64_t gt = grid[img][0], gh = grid[img][1] / merge, gw = grid[img][2] / merge, L = gt * gh * gw;
         if (gt < 1 || gh < 1 || gw < 1 || grid[img][1] % merge || grid[img][2] % merge || run != L)
             return st_error_set(err, ST_ERR_ARG, "image %d: a run of %lld image tokens where its %dx%dx%d grid needs %lld",
-                                img, (long long)run, grid[img][0], grid[img][1], grid[img][2], (long long)L);
+                                img + 1, (long long)run, grid[img][0], grid[img][1], grid[img][2], (long long)L);
         for (int64_t i = st; i < ed; i++) pos[i][0] = pos[i][1] = pos[i][2] = (int32_t)(p + (i - st));
         const int64_t base = p + (ed - st);
         int64_t k = ed;

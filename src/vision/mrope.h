@@ -14,7 +14,7 @@
 #include "core/status.h"
 
 /* ids[n]; the k-th run of image_token ids is image k of grid[k] = (t, h, w) in patches;
- * pos[n][3] out. ST_ERR_ARG naming the image when a run's length is not its grid's token
+ * pos[n][3] out. ST_ERR_ARG naming the image (counted from 1) when a run's length is not its grid's token
  * count, or the runs and the images do not pair up. */
 st_status st_mrope_positions(const int32_t *ids, int64_t n, int32_t image_token, const int32_t (*grid)[3],
                              int n_images, int merge, int32_t (*pos)[3], int64_t *next, st_error *err);

@@ -1,0 +1,132 @@
+/* The image parts of a prompt (vision/prompt.h). */
+#include "vision/prompt.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/fileio.h"
+#include "vision/mrope.h"
+
+st_status st_vision_pp_load(const char *dir, st_vision_pp *pp, st_error *err) {
+    *pp = st_vision_pp_default();
+    char path[4096];
+    st_status st = st_path_join(path, sizeof path, dir, "preprocessor_config.json", err);
+    if (st != ST_OK || !st_file_exists(path)) return st;
+    char *text = NULL;
+    size_t len = 0;
+    if ((st = st_file_read(path, 1u << 20, &text, &len, err)) != ST_OK) return st;
+    st = st_vision_pp_parse(text, len, pp, err);
+    free(text);
+    return st;
+}
+
+/* one image: decoded, sized, resampled and cut into patches (*px owned by the caller) */
+static st_status image_patches(const void *image, size_t len, const st_vision_pp *pp, const st_image_limits *lim,
+                               float **px, int32_t grid[3], st_error *err) {
+    uint8_t *rgb = NULL, *rs = NULL;
+    void *tmp = NULL;
+    int64_t w = 0, h = 0, oh = 0, ow = 0;
+    *px = NULL;
+    st_status st = st_image_decode(image, len, lim, &rgb, &w, &h, err);
+    if (st == ST_OK) st = st_vision_smart_resize(h, w, pp, &oh, &ow, err);
+    if (st != ST_OK) {
+        free(rgb);
+        return st;
+    }
+    const int64_t gh = oh / pp->patch, gw = ow / pp->patch, D = 3 * (int64_t)pp->temporal * pp->patch * pp->patch;
+    rs = malloc((size_t)(oh * ow * 3));
+    tmp = malloc(st_vision_resize_scratch(h, w, oh, ow, 3) + 1);
+    *px = malloc((size_t)(gh * gw * D) * sizeof(float));
+    if (!rs || !tmp || !*px) {
+        st = st_error_set(err, ST_ERR_NOMEM, "out of memory for a %lldx%lld image", (long long)ow, (long long)oh);
+    } else {
+        st_vision_resize_bicubic(rgb, h, w, 3, rs, oh, ow, tmp);
+        st_vision_patchify(rs, oh, ow, pp, *px);
+        grid[0] = 1, grid[1] = (int32_t)gh, grid[2] = (int32_t)gw;
+    }
+    free(rgb);
+    free(rs);
+    free(tmp);
+    if (st != ST_OK) {
+        free(*px);
+        *px = NULL;
+    }
+    return st;
+}
+
+st_status st_vision_image_tokens(const void *image, size_t len, const st_vision_pp *pp, const st_image_limits *lim,
+                                 int64_t *tokens, st_error *err) {
+    float *px = NULL;
+    int32_t grid[3];
+    st_status st = image_patches(image, len, pp, lim, &px, grid, err);
+    free(px);
+    if (st == ST_OK) *tokens = (int64_t)grid[0] * grid[1] * grid[2] / ((int64_t)pp->merge * pp->merge);
+    return st;
+}
+
+void st_vision_prompt_free(st_vision_prompt *p) {
+    if (!p) return;
+    free(p->mrope);
+    free(p->embeds);
+    free(p->rows);
+    memset(p, 0, sizeof *p);
+}
+
+st_status st_vision_prompt_build(const st_vision_tower *v, const st_vision_pp *pp, int32_t image_token,
+                                 const int32_t *ids, int64_t n, const void *const *images, const size_t *lens,
+                                 int n_images, const st_image_limits *lim, st_vision_prompt *out, st_error *err) {
+    memset(out, 0, sizeof *out);
+    if (pp->patch != v->cfg.patch || pp->temporal != v->cfg.temporal || pp->merge != v->cfg.merge)
+        return st_error_set(err, ST_ERR_FORMAT, "the processor's patch %d, temporal %d, merge %d differ from the "
+                                                "tower's %d, %d, %d", pp->patch, pp->temporal, pp->merge, v->cfg.patch,
+                            v->cfg.temporal, v->cfg.merge);
+    const int64_t D = st_vision_patch_dim(v);
+    float **px = calloc((size_t)(n_images > 0 ? n_images : 1), sizeof *px), *all = NULL;
+    int32_t(*grid)[3] = calloc((size_t)(n_images > 0 ? n_images : 1), sizeof *grid);
+    st_status st = px && grid ? ST_OK : st_error_set(err, ST_ERR_NOMEM, "out of memory");
+    int64_t patches = 0;
+    for (int i = 0; i < n_images && st == ST_OK; i++) {
+        st = image_patches(images[i], lens[i], pp, lim, &px[i], grid[i], err);
+        if (st != ST_OK) {
+            char msg[sizeof err->msg];
+            snprintf(msg, sizeof msg, "%s", err->msg);
+            st_error_set(err, st, "image %d: %s", i + 1, msg);
+        } else {
+            patches += (int64_t)grid[i][0] * grid[i][1] * grid[i][2];
+        }
+    }
+    out->mrope = st == ST_OK ? malloc((size_t)(n > 0 ? n : 1) * sizeof *out->mrope) : NULL;
+    if (st == ST_OK && !out->mrope) st = st_error_set(err, ST_ERR_NOMEM, "out of memory");
+    if (st == ST_OK)
+        st = st_mrope_positions(ids, n, image_token, (const int32_t(*)[3])grid, n_images, v->cfg.merge, out->mrope,
+                                &out->next, err);
+    const int64_t rows = patches / ((int64_t)v->cfg.merge * v->cfg.merge);
+    if (st == ST_OK) {
+        all = malloc((size_t)(patches * D + 1) * sizeof(float));
+        out->embeds = malloc((size_t)(rows * v->cfg.out_hidden + 1) * sizeof(float));
+        out->rows = malloc((size_t)(rows + 1) * sizeof *out->rows);
+        if (!all || !out->embeds || !out->rows) st = st_error_set(err, ST_ERR_NOMEM, "out of memory for %lld patches",
+                                                                  (long long)patches);
+    }
+    if (st == ST_OK) {
+        int64_t at = 0;
+        for (int i = 0; i < n_images; i++) {
+            const int64_t np = (int64_t)grid[i][0] * grid[i][1] * grid[i][2];
+            memcpy(all + at * D, px[i], (size_t)(np * D) * sizeof(float));
+            at += np;
+        }
+        st = st_vision_encode(v, all, (const int32_t(*)[3])grid, n_images, out->embeds, err);
+    }
+    if (st == ST_OK) {
+        int64_t k = 0;
+        for (int64_t i = 0; i < n; i++)
+            if (ids[i] == image_token) out->rows[k++] = i;
+        out->n_rows = k; /* == rows: st_mrope_positions matched every run to its image */
+    }
+    for (int i = 0; px && i < n_images; i++) free(px[i]);
+    free(px);
+    free(grid);
+    free(all);
+    if (st != ST_OK) st_vision_prompt_free(out);
+    return st;
+}
