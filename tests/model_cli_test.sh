@@ -58,6 +58,7 @@ check "logits -o - writes the float32 row to standard output" cmp -s "$T/last.bi
 # checks these logits against the reference
 VL=$D/fixtures/tiny-vl
 VIDS=5,6,7,1002,1000,1000,1000,1000,1003,8,9,1002,1000,1000,1000,1000,1000,1003,10,11,12
+VL_GREEDY="441 276 108 559 521 463 387 697 64 1008 695 207" # golden.safetensors mm.greedy
 $S logits -m $VL --ids $VIDS --image $VL/images/img0.png --image $VL/images/img2.png --all -o "$T/vl.bin"
 $S logits -m $VL --ids $VIDS --image $VL/images/img0.png --image $VL/images/img2.png --all --chunk 5 -o "$T/vl5.bin"
 check "logits --image (two PNGs): [21][1024] float32, the same bytes in chunks of 5" cmp -s "$T/vl.bin" "$T/vl5.bin"
@@ -66,6 +67,8 @@ fails_with "an image-token run shorter than its image" "image 1: a run of 2 imag
 fails_with "--image on a text-only model" "takes no images" $S logits -m $D/fixtures/tiny-a --ids 5,6 --image $VL/images/img0.png -o "$T/x"
 printf 'not a picture' >"$T/bad.png"
 fails_with "a file that is no image" "image 1: not an image" $S logits -m $VL --ids 5,1000,1000,1000,1000 --image "$T/bad.png" -o "$T/x"
+out=$($S generate -m $VL --ids $VIDS --image $VL/images/img0.png --image $VL/images/img2.png -n 12 2>"$T/err")
+check "generate --image: the reference's 12 greedy tokens after the two-image prompt" [ "$out" = "$(printf '%s' "$VL_GREEDY")" ]
 fails_with "a missing image file" "nope.png" $S logits -m $VL --ids 5,1000 --image "$T/nope.png" -o "$T/x"
 check "no file named '-' was made" [ ! -e ./- ]
 fails_with "a directory where a file is expected: named as such" "is a directory" $S tokenize -m $D/fixtures/tiny-a --text-file $D

@@ -13,6 +13,7 @@
 #include "model/safetensors.h"
 #include "tap.h"
 #include "core/fileio.h"
+#include "engine/scheduler.h"
 #include "vision/mrope.h"
 #include "vision/prompt.h"
 #include "vision/tower.h"
@@ -146,7 +147,9 @@ static void test_prompt(const char *dir, const st_checkpoint *g) {
     pb->plan.mrope = &pos[0][0];
     pb->plan.n_embeds = ne;
     pb->plan.embed_rows = rows;
-    pb->plan.embeds = emb;
+    const float **rowp = malloc((size_t)ne * sizeof *rowp);
+    for (int64_t i = 0; i < ne; i++) rowp[i] = emb + i * H;
+    pb->plan.embeds = rowp;
     CHECK(st_fwd_run(f, &pb->plan, logits, &err) == ST_ERR_ARG && strstr(err.msg, "takes none"),
           "a plan with embeddings on a context that takes none is refused: %s", err.msg);
     err.msg[0] = 0;
@@ -173,6 +176,7 @@ static void test_prompt(const char *dir, const st_checkpoint *g) {
     }
     CHECK(st == ST_OK && ng == gr_t->numel && !memcmp(got, gw, (size_t)ng * sizeof *got),
           "%d greedy tokens after the prompt equal the reference's (%s)", ng, err.msg);
+    free(rowp);
 out:
     free(pos);
     free(px);
@@ -227,8 +231,11 @@ static void test_prompt_files(const char *dir, const st_checkpoint *g) {
     const int64_t V = model->cfg.vocab_size;
     logits = malloc((size_t)(n * V) * sizeof(float));
     st_batch_item it = {&seq, ids, n, ST_LOGITS_ALL};
-    const st_batch_images im = {&vp.mrope[0][0], vp.n_rows, vp.rows, vp.embeds};
-    ok = ok && st_batch_run_images(cache, f, &it, &im, logits, &err) == ST_OK;
+    const float **rowp = malloc((size_t)(vp.n_rows + 1) * sizeof *rowp);
+    for (int64_t i = 0; i < vp.n_rows; i++) rowp[i] = vp.embeds + i * model->cfg.hidden_size;
+    const st_batch_images im = {&vp.mrope[0][0], vp.n_rows, vp.rows, rowp};
+    ok = ok && st_batch_run_images(cache, f, &it, 1, &im, logits, &err) == ST_OK;
+    free(rowp);
     const double e = ok ? rel_err(logits, lg_t->data, n * V) : INFINITY;
     CHECK(ok && e < 1e-3, "from the files: the prompt's logits within 1e-3 of the reference (max rel err %.2e) %s", e,
           err.msg);
@@ -240,6 +247,91 @@ out:
     st_fwd_destroy(f);
     st_cache_destroy(cache);
     st_backend_destroy(be);
+    st_model_free(model);
+    st_vision_free(v);
+}
+
+/* through the scheduler: the image prompt (prefix cache on) beside a text request, greedy */
+typedef struct sched_out {
+    int32_t ids[64];
+    int n, done;
+    st_finish_reason finish;
+} sched_out;
+
+static int on_sched_event(void *user, const st_event *ev) {
+    sched_out *o = user;
+    if (ev->kind == ST_EV_TOKEN && o->n < 64) o->ids[o->n++] = ev->token;
+    if (ev->kind == ST_EV_DONE) o->done = 1, o->finish = ev->finish;
+    return ST_EV_CONTINUE;
+}
+
+static void test_sched(const char *dir, const st_checkpoint *g) {
+    st_error err = {0};
+    const st_tensor *ids_t = need(g, "mm.ids"), *gr_t = need(g, "mm.greedy"), *tid_t = need(g, "text.ids");
+    const st_tensor *tlg_t = need(g, "text.logits");
+    if (!ids_t || !gr_t || !tid_t || !tlg_t) return;
+    char path[2][600], *img[2] = {NULL, NULL};
+    size_t len[2] = {0, 0};
+    snprintf(path[0], sizeof path[0], "%s/images/img0.png", dir);
+    snprintf(path[1], sizeof path[1], "%s/images/img2.png", dir);
+    st_vision_tower *v = NULL;
+    st_vision_pp pp;
+    st_vision_prompt vp = {0};
+    st_model *model = NULL;
+    st_sched *s = NULL, *plain = NULL;
+    int ok = st_file_read(path[0], 1 << 20, &img[0], &len[0], &err) == ST_OK &&
+             st_file_read(path[1], 1 << 20, &img[1], &len[1], &err) == ST_OK && st_vision_load(dir, NULL, &v, &err) == ST_OK &&
+             st_vision_pp_load(dir, &pp, &err) == ST_OK && st_model_load(dir, &model, &err) == ST_OK &&
+             st_vision_prompt_build(v, &pp, model->cfg.image_token_id, ids_t->data, ids_t->numel, (const void *const *)img,
+                                    len, 2, NULL, &vp, &err) == ST_OK;
+    if (!CHECK(ok, "the image prompt for the scheduler (%s)", err.msg)) goto out;
+    st_sched_params sp = st_sched_default_params();
+    sp.max_seqs = 2;
+    sp.ctx = 256;
+    sp.prefix_cache = 1;
+    sp.images = 1;
+    ok = st_sched_create(model, NULL, &sp, &s, &err) == ST_OK;
+    if (!CHECK(ok, "a scheduler that takes images, prefix cache on (%s)", err.msg)) goto out;
+    const st_req_images im = {(const int32_t(*)[3])vp.mrope, vp.next, vp.n_rows, vp.rows, vp.embeds};
+    st_req_params rp = st_req_default_params();
+    rp.max_tokens = gr_t->numel;
+    rp.sampling.temperature = 0;
+    rp.ignore_eos = 1;
+    sched_out a = {0}, b = {0}, c = {0};
+    st_req_params ri = rp;
+    ri.images = &im;
+    ok = st_sched_submit(s, ids_t->data, ids_t->numel, &ri, on_sched_event, &a, NULL, &err) == ST_OK &&
+         st_sched_submit(s, tid_t->data, tid_t->numel, &rp, on_sched_event, &b, NULL, &err) == ST_OK;
+    while (ok && st_sched_step(s) > 0) {
+    }
+    /* the text request's first token: the reference's argmax */
+    const float *tl = (const float *)tlg_t->data + (tid_t->numel - 1) * tlg_t->shape[1];
+    int32_t arg = 0;
+    for (int64_t j = 1; j < tlg_t->shape[1]; j++) arg = tl[j] > tl[arg] ? (int32_t)j : arg;
+    CHECK(ok && a.done && a.n == gr_t->numel && !memcmp(a.ids, gr_t->data, (size_t)a.n * sizeof *a.ids),
+          "the image prompt through the scheduler, beside a text request: the reference's %d greedy tokens (%s)", a.n,
+          err.msg);
+    CHECK(b.done && b.n == gr_t->numel && b.ids[0] == arg, "the text request beside it: its first token is the "
+                                                           "reference's argmax (%d)", arg);
+    const st_cache *cache = st_sched_cache(s);
+    st_sched_stats stt;
+    st_sched_get_stats(s, &stt);
+    CHECK(cache->n_cached_blocks <= (int64_t)((tid_t->numel + gr_t->numel) / cache->p.block_size) &&
+              stt.prefix.lookups == 1,
+          "the image prompt neither looked up nor left blocks in the prefix cache (%lld lookups, %d blocks cached)",
+          (long long)stt.prefix.lookups, (int)cache->n_cached_blocks);
+    /* a scheduler made without images refuses them */
+    sp.images = 0;
+    ok = st_sched_create(model, NULL, &sp, &plain, &err) == ST_OK;
+    CHECK(ok && st_sched_submit(plain, ids_t->data, ids_t->numel, &ri, on_sched_event, &c, NULL, &err) == ST_ERR_ARG &&
+              strstr(err.msg, "without images"),
+          "a scheduler made without images refuses an image prompt: %s", err.msg);
+out:
+    free(img[0]);
+    free(img[1]);
+    st_sched_destroy(s);
+    st_sched_destroy(plain);
+    st_vision_prompt_free(&vp);
     st_model_free(model);
     st_vision_free(v);
 }
@@ -257,6 +349,7 @@ int main(void) {
         test_embeds(dir, g, best, best->name);
         test_prompt(dir, g);
         test_prompt_files(dir, g);
+        test_sched(dir, g);
         st_checkpoint_close(g);
     }
     st_vision_tower *v = NULL;

@@ -1,6 +1,9 @@
 /* ==== CLI helpers (see cli.h) ==== */
 #include "apps/cli.h"
 
+#include "core/fileio.h"
+#include "vision/prompt.h"
+
 #include "core/threadpool.h"
 #include "engine/scheduler.h"
 #include "kernels/kernels.h"
@@ -218,6 +221,33 @@ st_status cli_backend(const st_model *m, st_backend **out, st_error *err) {
         char what[512];
         st_backend_describe(*out, what, sizeof what);
         if (st_backend_is_cuda(*out)) fprintf(stderr, "strand: running on %s\n", what);
+    }
+    return st;
+}
+
+st_status cli_vision_prompt(const char *dir, const st_model *m, const int32_t *ids, int64_t n, const char *const *paths,
+                            int n_paths, st_vision_tower **vt, st_vision_prompt *vp, st_error *err) {
+    *vt = NULL;
+    memset(vp, 0, sizeof *vp);
+    if (m->cfg.image_token_id < 0)
+        return st_error_set(err, ST_ERR_ARG, "%s: config.json has no image_token_id: the model takes no images", dir);
+    const st_image_limits lim = st_image_default_limits();
+    char **img = calloc((size_t)n_paths, sizeof *img);
+    size_t *len = calloc((size_t)n_paths, sizeof *len);
+    st_status st = img && len ? ST_OK : st_error_set(err, ST_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n_paths && st == ST_OK; i++) st = st_file_read(paths[i], lim.max_bytes, &img[i], &len[i], err);
+    st_vision_pp pp;
+    if (st == ST_OK) st = st_vision_load(dir, st_kernels_best(), vt, err);
+    if (st == ST_OK) st = st_vision_pp_load(dir, &pp, err);
+    if (st == ST_OK)
+        st = st_vision_prompt_build(*vt, &pp, m->cfg.image_token_id, ids, n, (const void *const *)img, len, n_paths, &lim,
+                                    vp, err);
+    for (int i = 0; img && i < n_paths; i++) free(img[i]);
+    free(img);
+    free(len);
+    if (st != ST_OK) {
+        st_vision_free(*vt);
+        *vt = NULL;
     }
     return st;
 }

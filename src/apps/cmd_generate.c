@@ -1,6 +1,7 @@
 /* ==== strand generate: token ids in, generated token ids out ====
- * strand generate -m DIR (--ids 1,2,3 | --batch-file F) -n N [--print-ids] [sampling options]
- *                 [--ctx N] [--chunk N] [--kv-dtype f32|bf16]
+ * strand generate -m DIR (--ids 1,2,3 [--image FILE ...] | --batch-file F) -n N [--print-ids]
+ *                 [sampling options] [--ctx N] [--chunk N] [--kv-dtype f32|bf16]
+ * With --image, IDS holds each image's run of image tokens (as strand logits takes them).
  * With --batch-file every line (comma-separated ids) is a prompt; all run as one ragged batch
  * and one line of generated ids is printed per prompt, in order. */
 #include <stdio.h>
@@ -10,10 +11,13 @@
 #include "apps/cli.h"
 #include "core/fileio.h"
 #include "engine/scheduler.h"
+#include "vision/prompt.h"
+
+#define MAX_IMAGES 64
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: strand generate -m DIR (--ids 1,2,3 | --batch-file F) -n N [--print-ids]\n"
+            "usage: strand generate -m DIR (--ids 1,2,3 [--image FILE ...] | --batch-file F) -n N [--print-ids]\n"
             "                       [sampling options] [--ctx N] [--chunk N] [--kv-dtype f32|bf16]\n"
             "  Prints the generated ids space-separated, one line per prompt (after each line,\n"
             "  with --logprobs N, one line per token: id logprob | alternative:logprob ...).\n"
@@ -113,7 +117,8 @@ static int on_event(void *user, const st_event *ev) {
 }
 
 int cmd_generate(int argc, char **argv) {
-    const char *dir = NULL, *ids_s = NULL, *batch = NULL;
+    const char *dir = NULL, *ids_s = NULL, *batch = NULL, *image_path[MAX_IMAGES];
+    int n_images = 0;
     long long n_new = -1, chunk = 512, ctx = 0;
     st_kv_dtype kvd = ST_KV_F32;
     st_req_params rp = st_req_default_params();
@@ -130,6 +135,9 @@ int cmd_generate(int argc, char **argv) {
             if (!(dir = cli_value(argc, argv, &i))) return 2;
         } else if (!strcmp(a, "--ids")) {
             if (!(ids_s = cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--image")) {
+            if (!(image_path[n_images < MAX_IMAGES ? n_images : 0] = cli_value(argc, argv, &i))) return 2;
+            if (++n_images > MAX_IMAGES) return cli_failf("generate: at most %d images", MAX_IMAGES);
         } else if (!strcmp(a, "--batch-file")) {
             if (!(batch = cli_value(argc, argv, &i))) return 2;
         } else if (!strcmp(a, "-n")) {
@@ -152,6 +160,7 @@ int cmd_generate(int argc, char **argv) {
         usage();
         return cli_failf("generate: -m, -n and one of --ids / --batch-file are required");
     }
+    if (n_images && batch) return cli_failf("generate: --image goes with --ids, not --batch-file");
     st_error err = {0};
     int32_t **prompts = NULL;
     int *lens = NULL, n = 0;
@@ -176,6 +185,9 @@ int cmd_generate(int argc, char **argv) {
     st_backend *be = NULL;
     st_tokenizer *tok = NULL;
     st_sched *s = NULL;
+    st_vision_tower *vt = NULL;
+    st_vision_prompt vp = {0};
+    st_req_images im = {0};
     gen_out *outs = calloc((size_t)n, sizeof *outs);
     int rc = 1;
     if (!outs) {
@@ -183,6 +195,11 @@ int cmd_generate(int argc, char **argv) {
         goto done;
     }
     if (st_model_load(dir, &m, &err) != ST_OK) goto done;
+    if (n_images) {
+        if (cli_vision_prompt(dir, m, prompts[0], lens[0], image_path, n_images, &vt, &vp, &err) != ST_OK) goto done;
+        im = (st_req_images){(const int32_t(*)[3])vp.mrope, vp.next, vp.n_rows, vp.rows, vp.embeds};
+        rp.images = &im;
+    }
     if (cli_backend(m, &be, &err) != ST_OK) goto done;
     if (rp.n_stop && st_tok_load_dir(dir, &tok, &err) != ST_OK) {
         st_error_prefix(&err, "--stop needs the model's tokenizer: ");
@@ -199,6 +216,7 @@ int cmd_generate(int argc, char **argv) {
     sp.kv_blocks = 0;
     sp.mem_budget = st_sched_memory_budget(m, be, 0.9);
     sp.backend = be;
+    sp.images = n_images > 0;
     for (int i = 0; i < n; i++) {
         if (lens[i] >= ctx) {
             st_error_set(&err, ST_ERR_LIMIT, "prompt %d has %d tokens; the context length is %lld",
@@ -272,6 +290,8 @@ done:
     free(prompts);
     free(lens);
     st_sched_destroy(s);
+    st_vision_prompt_free(&vp);
+    st_vision_free(vt);
     st_tok_free(tok);
     st_backend_destroy(be);
     st_model_free(m);

@@ -81,23 +81,13 @@ int cmd_logits(int argc, char **argv) {
     st_vision_tower *vt = NULL;
     st_vision_prompt vp = {0};
     int64_t *rel = NULL;
-    char *img[MAX_IMAGES] = {0};
-    size_t img_len[MAX_IMAGES];
+    const float **rowp = NULL;
     if (st_model_load(dir, &m, &err) != ST_OK) goto done;
     if (n_images) { /* the image parts: tower, processor, embeddings, positions */
-        st_vision_pp pp;
-        const st_image_limits lim = st_image_default_limits();
-        for (int i = 0; i < n_images; i++)
-            if (st_file_read(image_path[i], lim.max_bytes, &img[i], &img_len[i], &err) != ST_OK) goto done;
-        if (m->cfg.image_token_id < 0) {
-            st_error_set(&err, ST_ERR_ARG, "%s: config.json has no image_token_id: the model takes no images", dir);
-            goto done;
-        }
-        if (st_vision_load(dir, st_kernels_best(), &vt, &err) != ST_OK || st_vision_pp_load(dir, &pp, &err) != ST_OK ||
-            st_vision_prompt_build(vt, &pp, m->cfg.image_token_id, ids, n, (const void *const *)img, img_len, n_images,
-                                   &lim, &vp, &err) != ST_OK)
-            goto done;
-        if (!(rel = malloc((size_t)(vp.n_rows + 1) * sizeof *rel))) {
+        if (cli_vision_prompt(dir, m, ids, n, image_path, n_images, &vt, &vp, &err) != ST_OK) goto done;
+        rel = malloc((size_t)(vp.n_rows + 1) * sizeof *rel);
+        rowp = malloc((size_t)(vp.n_rows + 1) * sizeof *rowp);
+        if (!rel || !rowp) {
             st_error_set(&err, ST_ERR_NOMEM, "out of memory");
             goto done;
         }
@@ -132,9 +122,13 @@ int cmd_logits(int argc, char **argv) {
         if (n_images) { /* this chunk's image rows, relative to it */
             int64_t r0 = 0, k = 0;
             while (r0 < vp.n_rows && vp.rows[r0] < i) r0++;
-            while (r0 + k < vp.n_rows && vp.rows[r0 + k] < i + take) rel[k] = vp.rows[r0 + k] - i, k++;
-            const st_batch_images im = {&vp.mrope[i][0], k, rel, vp.embeds + r0 * m->cfg.hidden_size};
-            if (st_batch_run_images(cache, f, &it, &im, lg, &err) != ST_OK) goto done;
+            while (r0 + k < vp.n_rows && vp.rows[r0 + k] < i + take) {
+                rel[k] = vp.rows[r0 + k] - i;
+                rowp[k] = vp.embeds + (r0 + k) * m->cfg.hidden_size;
+                k++;
+            }
+            const st_batch_images im = {&vp.mrope[i][0], k, rel, rowp};
+            if (st_batch_run_images(cache, f, &it, 1, &im, lg, &err) != ST_OK) goto done;
         } else if (st_batch_run(cache, f, &it, 1, lg, &err) != ST_OK) {
             goto done;
         }
@@ -157,7 +151,7 @@ done:
     free(lg);
     free(ids);
     free(rel);
-    for (int i = 0; i < n_images && i < MAX_IMAGES; i++) free(img[i]);
+    free(rowp);
     st_vision_prompt_free(&vp);
     st_vision_free(vt);
     st_fwd_destroy(f);

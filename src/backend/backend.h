@@ -63,7 +63,7 @@ typedef struct st_step_plan {
                                 KV position */
     int64_t n_embeds;        /* rows whose embedding comes from embeds, not the table */
     const int64_t *embed_rows; /* [n_embeds] those token rows, increasing */
-    const float *embeds;     /* [n_embeds][hidden] (host memory) */
+    const float *const *embeds; /* [n_embeds] pointers to rows of hidden floats (host memory) */
 } st_step_plan;
 
 /* A plan's storage: one allocation, capacities fixed when it is made. */

@@ -65,20 +65,20 @@ void st_batch_undo(st_cache *c, const st_batch_item *items, int n_items) {
     for (int i = n_items - 1; i >= 0; i--) st_cache_seq_trim(c, items[i].seq);
 }
 
-st_status st_batch_run_images(st_cache *c, st_fwd *f, const st_batch_item *item, const st_batch_images *im,
+st_status st_batch_run_images(st_cache *c, st_fwd *f, const st_batch_item *items, int n_items, const st_batch_images *im,
                               float *logits, st_error *err) {
     st_plan_buf *pb = st_fwd_plan_buf(f);
-    st_status st = st_batch_plan(c, item, 1, pb, err);
+    st_status st = st_batch_plan(c, items, n_items, pb, err);
     if (st != ST_OK) return st;
     pb->plan.mrope = im->mrope;
     pb->plan.n_embeds = im->n_embeds;
     pb->plan.embed_rows = im->rows;
     pb->plan.embeds = im->embeds;
     if ((st = st_fwd_run(f, &pb->plan, logits, err)) != ST_OK) {
-        st_batch_undo(c, item, 1);
+        st_batch_undo(c, items, n_items);
         return st;
     }
-    st_batch_commit(c, item, 1);
+    st_batch_commit(c, items, n_items);
     return ST_OK;
 }
 

@@ -44,18 +44,19 @@ void st_batch_undo(st_cache *c, const st_batch_item *items, int n_items);
 st_status st_batch_run(st_cache *c, st_fwd *f, const st_batch_item *items, int n_items,
                        float *logits, st_error *err);
 
-/* The image parts of one item's tokens (a prompt holding images): mrope [n_tokens][3] their
- * rotary positions; rows [n_embeds] (within the item, increasing) take embeds [n_embeds][d]
- * instead of the token table's rows. f must have st_fwd_enable_embeds when n_embeds > 0. */
+/* The image parts of a step's tokens (prompts holding images): mrope [n_tokens][3] every
+ * token's rotary positions (NULL: none); rows [n_embeds] (token rows of the step, increasing)
+ * take embeds[i] (hidden floats) instead of the token table's rows. f must have
+ * st_fwd_enable_embeds when n_embeds > 0. */
 typedef struct st_batch_images {
     const int32_t *mrope;
     int64_t n_embeds;
     const int64_t *rows;
-    const float *embeds;
+    const float *const *embeds;
 } st_batch_images;
 
-/* st_batch_run of one item with its image parts. */
-st_status st_batch_run_images(st_cache *c, st_fwd *f, const st_batch_item *item, const st_batch_images *im,
+/* st_batch_run with the step's image parts. */
+st_status st_batch_run_images(st_cache *c, st_fwd *f, const st_batch_item *items, int n_items, const st_batch_images *im,
                               float *logits, st_error *err);
 
 #endif /* ST_ENGINE_BATCH_H */

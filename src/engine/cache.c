@@ -162,6 +162,7 @@ st_status st_cache_seq_start(st_cache *c, st_seq *seq, st_error *err) {
     seq->n_blocks = 0;
     seq->blocks = c->block_tables + (size_t)slot * (size_t)c->max_blocks_per_seq;
     seq->snap = -1;
+    seq->private_kv = 0;
     return ST_OK;
 }
 
@@ -422,6 +423,7 @@ int32_t st_cache_seq_fork(st_cache *c, const st_seq *parent, st_seq *child, int3
         child->blocks[child->n_blocks++] = parent->blocks[j];
     }
     child->n_past = parent->n_past;
+    child->private_kv = parent->private_kv;
     *copy_from = -1;
     if (!c->n_full || parent->n_past % bs == 0) return -1;
     /* the partial block: the child writes its own positions after the parent's */
@@ -436,7 +438,7 @@ int32_t st_cache_seq_fork(st_cache *c, const st_seq *parent, st_seq *child, int3
 
 void st_cache_seq_commit(st_cache *c, st_seq *seq, const int32_t *tokens, int64_t n) {
     ST_ASSERT(seq->slot >= 0);
-    if (!c->p.prefix) {
+    if (!c->p.prefix || seq->private_kv) {
         seq->n_past += n;
         return;
     }

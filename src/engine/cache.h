@@ -58,6 +58,8 @@ typedef struct st_seq {
     int32_t n_blocks; /* KV blocks held */
     int32_t *blocks;  /* [max_blocks_per_seq] block ids; row `slot` of the cache's tables */
     int snap;         /* the private snapshot this sequence holds (prefix cache), -1: none */
+    int private_kv;   /* 1: its blocks are never registered or shared (a prompt holding images:
+                         its token ids do not say what its positions hold); forks inherit it */
 } st_seq;
 
 /* A snapshot's books (the state itself is the backend's slot n_slots + index). */

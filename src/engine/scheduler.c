@@ -34,7 +34,16 @@ typedef struct req {
     int live;                   /* choices running (the scheduler thread's) */
     struct req *prev, *next;    /* the live list (guarded by the mutex) */
     struct req *qnext;          /* the waiting queue (guarded by the mutex) */
+    st_req_images im;           /* a prompt holding images: points into im_mem */
+    void *im_mem;               /* owned: the copies of its positions, rows and embeddings; NULL: text */
 } req;
+
+static void req_free(req *r) {
+    if (!r) return;
+    free(r->prompt);
+    free(r->im_mem);
+    free(r);
+}
 
 /* A running sequence. A fixed pool of these is allocated at creation. */
 typedef struct rec {
@@ -79,6 +88,9 @@ struct st_sched {
     int *item_rec;            /* [max_seqs] */
     float *logits;            /* [max_seqs][vocab] */
     float *fork_logits;       /* [vocab] a forked choice's copy of its parent's row */
+    int32_t (*im_mrope)[3];   /* [step tokens] a step's rotary positions (images); owned */
+    int64_t *im_rows;         /* [step tokens] its image rows; owned */
+    const float **im_ptrs;    /* [step tokens] their embeddings; owned */
     int recs_reserved;        /* free records promised to forks */
     uint64_t admit_counter;
     int64_t snap_every;       /* positions between the snapshots of a prompt */
@@ -316,18 +328,19 @@ void st_sched_destroy(st_sched *s) {
             st_textout_destroy(s->recs[i].tx);
             free(s->recs[i].hist);
             if (s->recs[i].r) {
-                free(s->recs[i].r->prompt);
-                free(s->recs[i].r);
+                req_free(s->recs[i].r);
             }
         }
     for (req *r = s->qhead; r;) {
         req *n = r->qnext;
-        free(r->prompt);
-        free(r);
+        req_free(r);
         r = n;
     }
     free(s->recs);
     free(s->items);
+    free(s->im_mrope);
+    free(s->im_rows);
+    free(s->im_ptrs);
     free(s->item_rec);
     free(s->logits);
     free(s->fork_logits);
@@ -392,6 +405,17 @@ st_status st_sched_create(const st_model *m, const st_tokenizer *tok, const st_s
         st = st_error_set(err, ST_ERR_NOMEM, "out of memory");
         goto fail;
     }
+    if (p->images) {
+        const size_t T = (size_t)(p->step_tokens + p->max_seqs);
+        s->im_mrope = malloc(T * sizeof *s->im_mrope);
+        s->im_rows = malloc(T * sizeof *s->im_rows);
+        s->im_ptrs = malloc(T * sizeof *s->im_ptrs);
+        if (!s->im_mrope || !s->im_rows || !s->im_ptrs) {
+            st = st_error_set(err, ST_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+        if ((st = st_fwd_enable_embeds(s->fwd, err)) != ST_OK) goto fail;
+    }
     size_t max_tok = tok ? st_textout_max_token_bytes(tok) : 0;
     for (size_t i = 0; i < n; i++) {
         rec *r = &s->recs[i];
@@ -407,7 +431,8 @@ st_status st_sched_create(const st_model *m, const st_tokenizer *tok, const st_s
     s->max_event_text = s->recs[0].tx ? st_textout_max_delta(s->recs[0].tx) : 0;
     s->planned_bytes = s->cache->planned_bytes + st_fwd_bytes(s->fwd) +
                        n * ((size_t)s->ctx * 4 + sizeof(rec) + (size_t)m->cfg.vocab_size * 4) +
-                       (size_t)m->cfg.vocab_size * 21;
+                       (size_t)m->cfg.vocab_size * 21 +
+                       (p->images ? (size_t)(p->step_tokens + p->max_seqs) * ((size_t)m->cfg.hidden_size * 4 + 32) : 0);
     s->stats.kv_blocks_total = s->cache->p.n_blocks;
     s->stats.planned_bytes = s->planned_bytes;
     *out = s;
@@ -494,13 +519,40 @@ st_status st_sched_submit(st_sched *s, const int32_t *prompt, int64_t n_prompt,
     for (int i = 0; i < p->n_stop; i++) {
         size_t len = p->stop[i] ? strlen(p->stop[i]) : 0;
         if (len == 0 || len > ST_MAX_STOP_LEN) {
-            free(r->prompt);
-            free(r);
+            req_free(r);
             return st_error_set(err, ST_ERR_ARG, "stop strings must be 1 to %d bytes", ST_MAX_STOP_LEN);
         }
         memcpy(r->stop_buf[i], p->stop[i], len + 1);
         r->p.stop[i] = r->stop_buf[i];
     }
+    if (p->images) { /* the image parts, checked and copied */
+        const st_req_images *im = p->images;
+        const int64_t d = c->hidden_size;
+        const char *bad = !s->p.images ? "this scheduler was made without images (st_sched_params.images)"
+                          : !im->mrope || im->n_rows < 0 || im->n_rows > n_prompt || (im->n_rows && (!im->rows || !im->embeds))
+                              ? "the image parts are incomplete"
+                          : im->next < 0 || im->next > (1 << 30) ? "the image parts' next position is out of range"
+                                                                 : NULL;
+        for (int64_t i = 0; !bad && i < im->n_rows; i++)
+            if (im->rows[i] < (i ? im->rows[i - 1] + 1 : 0) || im->rows[i] >= n_prompt) bad = "image rows must increase within the prompt";
+        for (int64_t i = 0; !bad && i < n_prompt; i++)
+            for (int a = 0; a < 3; a++)
+                if (im->mrope[i][a] < 0 || im->mrope[i][a] > (1 << 30)) bad = "an image prompt's rotary position is out of range";
+        const size_t bytes = (size_t)n_prompt * sizeof *im->mrope + (size_t)im->n_rows * (sizeof(int64_t) + (size_t)d * sizeof(float));
+        if (!bad && !(r->im_mem = malloc(bytes + 1))) bad = "out of memory for the image parts";
+        if (bad) {
+            req_free(r);
+            return st_error_set(err, ST_ERR_ARG, "%s", bad);
+        }
+        int32_t(*m3)[3] = r->im_mem;
+        int64_t *rows = (int64_t *)(m3 + n_prompt);
+        float *emb = (float *)(rows + im->n_rows);
+        memcpy(m3, im->mrope, (size_t)n_prompt * sizeof *m3);
+        memcpy(rows, im->rows, (size_t)im->n_rows * sizeof *rows);
+        memcpy(emb, im->embeds, (size_t)(im->n_rows * d) * sizeof *emb);
+        r->im = (st_req_images){(const int32_t(*)[3])m3, im->next, im->n_rows, rows, emb};
+    }
+    r->p.images = NULL;
     r->fn = fn;
     r->user = user;
     r->t_submit = st_now_s();
@@ -509,8 +561,7 @@ st_status st_sched_submit(st_sched *s, const int32_t *prompt, int64_t n_prompt,
     if (need > s->cache->p.n_blocks) {
         const int nc = n_choices(r);
         const int64_t new_tokens = max_new_tokens(s, r);
-        free(r->prompt);
-        free(r);
+        req_free(r);
         return st_error_set(err, ST_ERR_LIMIT,
                             "%d choices of up to %lld tokens after a %lld-token prompt need %lld KV blocks; the "
                             "pool has %lld: lower max_tokens or n",
@@ -521,8 +572,7 @@ st_status st_sched_submit(st_sched *s, const int32_t *prompt, int64_t n_prompt,
     if (s->n_waiting + s->n_running >= s->p.max_seqs + s->p.max_queue) {
         int running = s->n_running, waiting = s->n_waiting;
         pthread_mutex_unlock(&s->mu);
-        free(r->prompt);
-        free(r);
+        req_free(r);
         return st_error_set(err, ST_ERR_BUSY,
                             "the server is busy: %d requests are running and %d waiting",
                             running, waiting);
@@ -605,8 +655,7 @@ static void retire(st_sched *s, req *r, st_finish_reason why) {
     if (r->next) r->next->prev = r->prev;
     s->stats.finished[why]++;
     pthread_mutex_unlock(&s->mu);
-    free(r->prompt);
-    free(r);
+    req_free(r);
 }
 
 /* the common part of a DONE event */
@@ -754,7 +803,9 @@ static int admit(st_sched *s) {
         rec *c = &s->recs[slot];
         st_error err = {0};
         int snap_slot = -1;
-        st_status st = st_cache_seq_start_prefix(s->cache, &c->seq, r->prompt, r->n_prompt, &snap_slot, &err);
+        st_status st = r->im_mem ? st_cache_seq_start(s->cache, &c->seq, &err)
+                                 : st_cache_seq_start_prefix(s->cache, &c->seq, r->prompt, r->n_prompt, &snap_slot, &err);
+        if (st == ST_OK && r->im_mem) c->seq.private_kv = 1;
         if (st == ST_OK && snap_slot >= 0) {
             st_bctx *bx = st_fwd_ctx(s->fwd);
             bx->b->ops->state_copy(bx, snap_slot, c->seq.slot);
@@ -966,7 +1017,7 @@ static int64_t chunk_for_snapshots(const st_sched *s, const rec *c, int64_t take
 /* After a step that ran c: a public snapshot where its prefill stopped at a snapshot point;
  * while it decodes, its private snapshot moves to each block boundary it reaches. */
 static void take_snapshot(st_sched *s, rec *c, int prefill) {
-    if (!s->cache->p.prefix || !c->r) return;
+    if (!s->cache->p.prefix || !c->r || c->seq.private_kv) return;
     const int64_t pos = c->seq.n_past, bs = s->p.block_size;
     if (pos <= 0 || pos % bs) return;
     int to = -1;
@@ -979,6 +1030,33 @@ static void take_snapshot(st_sched *s, rec *c, int prefill) {
         st_bctx *bx = st_fwd_ctx(s->fwd);
         bx->b->ops->state_copy(bx, c->seq.slot, to);
     }
+}
+
+/* A step holding a prompt with images: every token's rotary positions (a text sequence's
+ * at its position on every axis, an image prompt's as built, its generated tokens on from
+ * the prompt's next position) and the image rows of the prompt chunks. */
+static st_status run_images(st_sched *s, int n, st_error *err) {
+    int64_t t = 0, ne = 0;
+    for (int k = 0; k < n; k++) {
+        const rec *c = &s->recs[s->item_rec[k]];
+        const req *r = c->r;
+        for (int j = 0; j < s->items[k].n_tokens; j++, t++) {
+            const int64_t pos = c->seq.n_past + j;
+            int32_t p3[3] = {(int32_t)pos, (int32_t)pos, (int32_t)pos};
+            if (r->im_mem && pos < c->n_prompt) memcpy(p3, r->im.mrope[pos], sizeof p3);
+            else if (r->im_mem) p3[0] = p3[1] = p3[2] = (int32_t)(pos - c->n_prompt + r->im.next);
+            memcpy(s->im_mrope[t], p3, sizeof p3);
+        }
+        if (r->im_mem && c->n_fed < c->n_prompt) /* the chunk's image rows */
+            for (int64_t i = 0; i < r->im.n_rows; i++) {
+                const int64_t q = r->im.rows[i];
+                if (q < c->seq.n_past || q >= c->seq.n_past + s->items[k].n_tokens) continue;
+                s->im_rows[ne] = t - s->items[k].n_tokens + (q - c->seq.n_past);
+                s->im_ptrs[ne++] = r->im.embeds + i * s->m->cfg.hidden_size;
+            }
+    }
+    const st_batch_images im = {&s->im_mrope[0][0], ne, s->im_rows, s->im_ptrs};
+    return st_batch_run_images(s->cache, s->fwd, s->items, n, &im, s->logits, err);
 }
 
 int st_sched_step(st_sched *s) {
@@ -1019,7 +1097,11 @@ int st_sched_step(st_sched *s) {
     if (n > 0) {
         progress = 1;
         st_error err = {0};
-        st_status st = st_batch_run(s->cache, s->fwd, s->items, n, s->logits, &err);
+        int images = 0;
+        for (int k = 0; k < n; k++) images |= s->recs[s->item_rec[k]].r->im_mem != NULL;
+        st_status st;
+        if (images) st = run_images(s, n, &err);
+        else st = st_batch_run(s->cache, s->fwd, s->items, n, s->logits, &err);
         if (st != ST_OK) {
             for (int k = 0; k < n; k++) finish_rec(s, &s->recs[s->item_rec[k]], ST_FINISH_ERROR, err.msg);
         } else {

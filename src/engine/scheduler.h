@@ -91,7 +91,20 @@ typedef struct st_req_params {
                                max_seqs */
     int sum_logprobs;       /* each choice's DONE carries the sum of its tokens' log-probabilities
                                (best_of), whether or not logprobs are asked */
+    const struct st_req_images *images; /* a prompt holding images (copied at submit; the
+                               scheduler must take images); NULL: text */
 } st_req_params;
+
+/* The image parts of a prompt (vision/prompt.h builds them): its rotary positions and the rows
+ * whose embeddings come from the vision tower. Such a request skips the prefix cache (its
+ * token ids do not say what its image rows hold). */
+typedef struct st_req_images {
+    const int32_t (*mrope)[3]; /* [n_prompt] the prompt's (t, h, w) rotary positions */
+    int64_t next;              /* the rotary position (every axis) of the first generated token */
+    int64_t n_rows;
+    const int64_t *rows;       /* [n_rows] image rows of the prompt, increasing */
+    const float *embeds;       /* [n_rows][hidden] their embeddings */
+} st_req_images;
 
 st_req_params st_req_default_params(void);
 
@@ -137,6 +150,8 @@ typedef int (*st_event_fn)(void *user, const st_event *ev);
 
 typedef struct st_sched_params {
     int max_seqs;            /* sequences generating at once */
+    int images;              /* 1: requests may hold images (a host copy of one step's
+                                residual stream: step tokens x hidden floats) */
     int64_t ctx;             /* context length; 0 = the model's max_position_embeddings */
     int step_tokens;         /* prompt tokens per step (the chunk budget, beside the decode
                                 tokens); >= max_seqs */

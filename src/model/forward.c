@@ -148,7 +148,7 @@ st_status st_fwd_run(st_fwd *f, const st_step_plan *plan, float *logits, st_erro
     if (plan->n_embeds) { /* image rows: X through the host */
         op->read(c, ST_ACT_X, d, f->emb_buf);
         for (int64_t i = 0; i < plan->n_embeds; i++)
-            memcpy(f->emb_buf + plan->embed_rows[i] * d, plan->embeds + i * d, (size_t)d * sizeof(float));
+            memcpy(f->emb_buf + plan->embed_rows[i] * d, plan->embeds[i], (size_t)d * sizeof(float));
         op->write(c, ST_ACT_X, d, f->emb_buf);
     }
     for (int li = 0; li <= cfg->n_layers; li++) {
