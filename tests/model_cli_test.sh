@@ -69,6 +69,9 @@ printf 'not a picture' >"$T/bad.png"
 fails_with "a file that is no image" "image 1: not an image" $S logits -m $VL --ids 5,1000,1000,1000,1000 --image "$T/bad.png" -o "$T/x"
 out=$($S generate -m $VL --ids $VIDS --image $VL/images/img0.png --image $VL/images/img2.png -n 12 2>"$T/err")
 check "generate --image: the reference's 12 greedy tokens after the two-image prompt" [ "$out" = "$(printf '%s' "$VL_GREEDY")" ]
+$S synth --preset tiny --dtype q4 --vision --tokenizer $D/tokenizers/qwen3 -o "$T/sv" >/dev/null
+out=$($S generate -m "$T/sv" --ids 9707,11,151652,151655,151655,151655,151655,151653,13 --image $VL/images/img0.png -n 6 2>"$T/err")
+check "synth --vision (a q4 model with a bf16 tower): generate --image gives 6 tokens ($out)" [ "$(echo "$out" | wc -w)" = 6 ]
 fails_with "a missing image file" "nope.png" $S logits -m $VL --ids 5,1000 --image "$T/nope.png" -o "$T/x"
 check "no file named '-' was made" [ ! -e ./- ]
 fails_with "a directory where a file is expected: named as such" "is a directory" $S tokenize -m $D/fixtures/tiny-a --text-file $D

@@ -72,7 +72,7 @@ int cmd_inspect(int argc, char **argv) {
     char b1[32], b2[32], b3[32];
     printf("checkpoint:      %s (%d file%s, %s layout%s)\n", dir, m->ck->n_files,
            m->ck->n_files > 1 ? "s" : "", m->is_mlx_layout ? "MLX" : "Hugging Face",
-           c->has_vision ? ", with a vision tower (not loaded by the text model)" : "");
+           c->has_vision ? ", with a vision tower (used for --image)" : "");
     printf("architecture:    %s (model_type %s)%s\n",
            c->architecture[0] ? c->architecture : "?", c->model_type, c->is_moe ? ", MoE" : "");
     printf("layers:          %d = %d Gated DeltaNet + %d gated full attention\n", c->n_layers,

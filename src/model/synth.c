@@ -111,7 +111,7 @@ st_status st_synth_preset_config(const char *name, st_config *out, st_error *err
 /* ---------------------------------------------------------------------------------------- */
 /* the plan: every stored tensor and where its values come from */
 
-typedef enum src_kind { SRC_MATRIX, SRC_NORM_ZC, SRC_NORM_PLAIN, SRC_CONV, SRC_ALOG, SRC_DTBIAS } src_kind;
+typedef enum src_kind { SRC_MATRIX, SRC_NORM_ZC, SRC_NORM_PLAIN, SRC_CONV, SRC_ALOG, SRC_DTBIAS, SRC_BIAS } src_kind;
 typedef enum part { PART_DENSE, PART_QWEIGHT, PART_QSCALES, PART_QBIASES } part;
 
 /* script mode: each scripted token's one-hot slot in the embedding (-1 = not scripted), the
@@ -131,7 +131,7 @@ typedef struct tplan {
     part part;
     st_dtype dtype;
     int n_dims;
-    int64_t shape[3];    /* stored shape */
+    int64_t shape[5];    /* stored shape */
     int64_t cols;        /* source row width (last dim of the source) */
     int bits, group;
     float scale;         /* matrices: half-width of the uniform distribution */
@@ -180,6 +180,7 @@ static float source_value(const tplan *t, uint64_t i) {
     case SRC_CONV: return 0.5f * u;
     case SRC_ALOG: return logf(8.5f + 7.5f * u); /* log(uniform(1, 16)) */
     case SRC_DTBIAS: return 1.0f + 0.1f * u;
+    case SRC_BIAS: return 0.02f * u;
     }
     return 0;
 }
@@ -270,6 +271,78 @@ static void add_matrix(planner *pl, const char *hf_base, int64_t stack, int64_t 
     }
     if (quant && bits_override && pl->overrides)
         json_object_set_new(pl->overrides, module, json_pack("{s:i,s:i}", "group_size", group, "bits", bits));
+}
+
+/* A dense bf16 tensor under its own name (the vision tower's: never quantized, never renamed);
+ * matrices (SRC_MATRIX) take a uniform of std 1/sqrt(fan_in). */
+static void add_dense(planner *pl, const char *name, src_kind kind, int n_dims, const int64_t *shape, int64_t fan_in) {
+    tplan *t = add(pl);
+    if (!t) return;
+    fmt(t->name, sizeof t->name, "%s", name);
+    t->key = st_hash_bytes(name, strlen(name)) ^ st_splitmix64(pl->seed);
+    t->kind = kind;
+    t->part = PART_DENSE;
+    t->dtype = ST_DTYPE_BF16;
+    t->n_dims = n_dims;
+    for (int i = 0; i < n_dims; i++) t->shape[i] = shape[i];
+    t->cols = shape[n_dims - 1];
+    t->scale = sqrtf(3.0f / (float)fan_in);
+    t->mlx = 0;
+    t->sm = NULL;
+}
+
+/* the synthetic vision tower's shape (st_synth_params.vision) */
+enum { SV_DEPTH = 2, SV_HIDDEN = 64, SV_HEADS = 2, SV_INTER = 128, SV_NPOS = 64 };
+
+static void plan_vision(planner *pl) {
+    const int64_t H = SV_HIDDEN, I = SV_INTER, M = 4 * SV_HIDDEN, D = pl->c->hidden_size;
+    char b[160];
+    const int64_t patch[5] = {H, 3, 2, 16, 16}, pos[2] = {SV_NPOS, H}, h1 = H, m1 = M, i1 = I, d1 = D;
+    add_dense(pl, "model.visual.patch_embed.proj.weight", SRC_MATRIX, 5, patch, 3 * 2 * 16 * 16);
+    add_dense(pl, "model.visual.patch_embed.proj.bias", SRC_BIAS, 1, &h1, 1);
+    add_dense(pl, "model.visual.pos_embed.weight", SRC_MATRIX, 2, pos, H);
+    for (int i = 0; i < SV_DEPTH; i++) {
+        struct { const char *s; src_kind k; int nd; int64_t r, c; } t[] = {
+            {"norm1.weight", SRC_NORM_PLAIN, 1, H, 0}, {"norm1.bias", SRC_BIAS, 1, H, 0},
+            {"norm2.weight", SRC_NORM_PLAIN, 1, H, 0}, {"norm2.bias", SRC_BIAS, 1, H, 0},
+            {"attn.qkv.weight", SRC_MATRIX, 2, 3 * H, H}, {"attn.qkv.bias", SRC_BIAS, 1, 3 * H, 0},
+            {"attn.proj.weight", SRC_MATRIX, 2, H, H},    {"attn.proj.bias", SRC_BIAS, 1, H, 0},
+            {"mlp.linear_fc1.weight", SRC_MATRIX, 2, I, H}, {"mlp.linear_fc1.bias", SRC_BIAS, 1, I, 0},
+            {"mlp.linear_fc2.weight", SRC_MATRIX, 2, H, I}, {"mlp.linear_fc2.bias", SRC_BIAS, 1, H, 0},
+        };
+        for (size_t j = 0; j < sizeof t / sizeof t[0]; j++) {
+            fmt(b, sizeof b, "model.visual.blocks.%d.%s", i, t[j].s);
+            const int64_t sh[2] = {t[j].r, t[j].c};
+            add_dense(pl, b, t[j].k, t[j].nd, sh, t[j].nd == 2 ? t[j].c : 1);
+        }
+    }
+    add_dense(pl, "model.visual.merger.norm.weight", SRC_NORM_PLAIN, 1, &h1, 1);
+    add_dense(pl, "model.visual.merger.norm.bias", SRC_BIAS, 1, &h1, 1);
+    const int64_t f1[2] = {M, M}, f2[2] = {D, M};
+    add_dense(pl, "model.visual.merger.linear_fc1.weight", SRC_MATRIX, 2, f1, M);
+    add_dense(pl, "model.visual.merger.linear_fc1.bias", SRC_BIAS, 1, &m1, 1);
+    add_dense(pl, "model.visual.merger.linear_fc2.weight", SRC_MATRIX, 2, f2, M);
+    add_dense(pl, "model.visual.merger.linear_fc2.bias", SRC_BIAS, 1, &d1, 1);
+    (void)i1;
+}
+
+/* the image token ids: the tokenizer's added tokens when it is copied, else the last 4 ids */
+static void vision_ids(const st_synth_params *p, const st_config *c, int64_t ids[4]) {
+    static const char *names[4] = {"<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"};
+    for (int k = 0; k < 4; k++) ids[k] = c->vocab_size - 4 + k;
+    if (!p->tokenizer_dir) return;
+    char path[4096];
+    if (st_path_join(path, sizeof path, p->tokenizer_dir, "tokenizer.json", NULL) != ST_OK) return;
+    json_t *root = json_load_file(path, 0, NULL), *added = root ? json_object_get(root, "added_tokens") : NULL;
+    size_t i;
+    json_t *t;
+    json_array_foreach(added, i, t) {
+        const char *content = json_string_value(json_object_get(t, "content"));
+        json_t *id = json_object_get(t, "id");
+        for (int k = 0; content && json_is_integer(id) && k < 4; k++)
+            if (!strcmp(content, names[k]) && json_integer_value(id) < c->vocab_size) ids[k] = json_integer_value(id);
+    }
+    json_decref(root);
 }
 
 static void plan_model(planner *pl) {
@@ -547,6 +620,8 @@ st_status st_synth_write(const st_synth_params *p, const char *out_dir, st_error
             return bad;
         }
     }
+    if (p->vision && (c.is_moe || p->script))
+        return st_error_set(err, ST_ERR_ARG, "synth: --vision needs a dense model with random weights");
     planner pl = {0};
     pl.sm = p->script ? &sm : NULL;
     pl.p = p;
@@ -563,6 +638,7 @@ st_status st_synth_write(const st_synth_params *p, const char *out_dir, st_error
     }
     pl.overrides = json_object();
     plan_model(&pl);
+    if (p->vision) plan_vision(&pl);
     fill_ctx fc = {0};
     json_t *cfg = NULL, *index = NULL, *wmap = NULL;
     st_sf_entry *entries = NULL;
@@ -626,6 +702,29 @@ st_status st_synth_write(const st_synth_params *p, const char *out_dir, st_error
         }
     }
     cfg = config_json(&c, p, pl.group, pl.overrides);
+    if (cfg && p->vision) {
+        int64_t ids[4];
+        vision_ids(p, &c, ids);
+        json_object_set_new(cfg, "vision_config",
+                            json_pack("{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:s,s:[],s:{s:f}}", "depth", SV_DEPTH,
+                                      "hidden_size", SV_HIDDEN, "num_heads", SV_HEADS, "intermediate_size", SV_INTER,
+                                      "out_hidden_size", (int)c.hidden_size, "in_channels", 3, "patch_size", 16,
+                                      "temporal_patch_size", 2, "spatial_merge_size", 2, "num_position_embeddings",
+                                      SV_NPOS, "hidden_act", "gelu_pytorch_tanh", "deepstack_visual_indexes",
+                                      "rope_parameters", "rope_theta", 10000.0));
+        json_object_set_new(cfg, "image_token_id", json_integer(ids[0]));
+        json_object_set_new(cfg, "video_token_id", json_integer(ids[1]));
+        json_object_set_new(cfg, "vision_start_token_id", json_integer(ids[2]));
+        json_object_set_new(cfg, "vision_end_token_id", json_integer(ids[3]));
+        json_t *pp = json_pack("{s:i,s:i,s:i,s:i,s:i,s:[f,f,f],s:[f,f,f],s:f}", "patch_size", 16, "temporal_patch_size",
+                               2, "merge_size", 2, "min_pixels", 4096, "max_pixels", 65536, "image_mean", 0.5, 0.5,
+                               0.5, "image_std", 0.5, 0.5, 0.5, "rescale_factor", 1.0 / 255.0);
+        if ((st = st_path_join(path, sizeof path, out_dir, "preprocessor_config.json", err)) == ST_OK &&
+            (!pp || json_dump_file(pp, path, JSON_INDENT(2)) != 0))
+            st = st_error_set(err, ST_ERR_IO, "%s: write failed", path);
+        json_decref(pp);
+        if (st != ST_OK) goto done;
+    }
     if ((st = st_path_join(path, sizeof path, out_dir, "config.json", err)) != ST_OK) goto done;
     if (!cfg || json_dump_file(cfg, path, JSON_INDENT(2)) != 0) {
         st = st_error_set(err, ST_ERR_IO, "%s: write failed", path);
