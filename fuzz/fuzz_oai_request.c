@@ -16,6 +16,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     d.sampling = st_sampling_default();
     d.max_tokens_completion = 16;
     d.model_name = (data[0] & 2) ? "m" : NULL;
+    d.max_images = (data[0] & 4) ? 3 : 0; /* image_url parts decoded (data URLs) or refused */
     st_oai_request r;
     st_oai_error e;
     st_oai_kind kind = (data[0] & 1) ? ST_OAI_COMPLETION : ST_OAI_CHAT;

@@ -220,9 +220,61 @@ static void test_inbox(void) {
     st_inbox_free(&r.ib);
 }
 
+/* image_url parts: data URLs decoded in order, the template's content as parts, the refusals */
+static void test_images(void) {
+    st_oai_defaults d = defaults();
+    d.max_images = 2;
+    st_oai_request r;
+    st_oai_error e;
+    /* "hello" and "ab" in base64, with and without padding; detail is accepted */
+    const char *body = "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"A\"},"
+                       "{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/png;base64,aGVsbG8=\",\"detail\":\"low\"}},"
+                       "{\"type\":\"text\",\"text\":\"B\"},{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/jpeg;base64,YWI\"}}]}]}";
+    st_status st = st_oai_parse(ST_OAI_CHAT, body, strlen(body), &d, &r, &e);
+    if (CHECK(st == ST_OK, "a user message with two data-URL images parses (%s)", e.message)) {
+        json_t *c = json_object_get(json_array_get(r.messages, 0), "content");
+        const char *t0 = json_string_value(json_object_get(json_array_get(c, 0), "type"));
+        const char *t1 = json_string_value(json_object_get(json_array_get(c, 1), "type"));
+        CHECK(r.n_images == 2 && r.image_lens[0] == 5 && !memcmp(r.images[0], "hello", 5) && r.image_lens[1] == 2 &&
+                  !memcmp(r.images[1], "ab", 2) && json_array_size(c) == 4 && t0 && !strcmp(t0, "text") && t1 &&
+                  !strcmp(t1, "image"),
+              "their bytes in order, and the template's content as text and image parts in order");
+        st_oai_request_free(&r);
+    }
+    struct {
+        const char *url, *want;
+    } bad[] = {
+        {"https://example.com/a.png", "not fetched"},
+        {"file:///etc/passwd", "data: URL"},
+        {"data:image/png,raw", "data: URL"},
+        {"data:image/png;base64,!!!!", "not valid base64"},
+        {"data:image/png;base64,a", "not valid base64"},
+    };
+    int all = 1;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char b[512];
+        snprintf(b, sizeof b, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{\"url\":\"%s\"}}]}]}",
+                 bad[i].url);
+        st = st_oai_parse(ST_OAI_CHAT, b, strlen(b), &d, &r, &e);
+        int ok = st == ST_ERR_ARG && e.status == 400 && strstr(e.message, bad[i].want);
+        if (!ok) printf("# %s: %s\n", bad[i].url, e.message);
+        all &= ok;
+    }
+    CHECK(all, "remote, local, raw and broken image URLs: each a 400 saying why");
+    const char *three = "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":\"data:a;base64,YQ==\"},"
+                        "{\"type\":\"image_url\",\"image_url\":\"data:a;base64,YQ==\"},{\"type\":\"image_url\",\"image_url\":\"data:a;base64,YQ==\"}]}]}";
+    st = st_oai_parse(ST_OAI_CHAT, three, strlen(three), &d, &r, &e);
+    CHECK(st == ST_ERR_ARG && strstr(e.message, "at most 2"), "a third image over a limit of 2: %s", e.message);
+    const char *asst = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":[{\"type\":\"image_url\","
+                       "\"image_url\":\"data:a;base64,YQ==\"}]}]}";
+    st = st_oai_parse(ST_OAI_CHAT, asst, strlen(asst), &d, &r, &e);
+    CHECK(st == ST_ERR_ARG && strstr(e.message, "user messages"), "an image in an assistant message: %s", e.message);
+}
+
 int main(void) {
     test_inbox();
     test_toolcalls();
     test_requests();
+    test_images();
     return tap_done();
 }

@@ -63,6 +63,65 @@ static void prep_fail(stream *st, const st_oai_error *e) {
     pthread_mutex_unlock(&st->mu);
 }
 
+/* A chat prompt's images: each placeholder the template rendered (one image token) becomes the
+ * image's run of image tokens, and the tower makes their embeddings and the prompt's M-RoPE
+ * positions (*vp; *im, for the scheduler, points into it). -1 after filling e. */
+static int expand_images(srv *s, st_oai_request *req, int32_t **ids, size_t *n, int64_t ctx, st_vision_prompt *vp,
+                         st_req_images *im, st_oai_error *e) {
+    st_error err = {0};
+    const int32_t itok = s->m->cfg.image_token_id;
+    int64_t k = 0;
+    for (size_t i = 0; i < *n; i++) k += (*ids)[i] == itok;
+    if (!s->vt) {
+        st_oai_error_set(e, 400, "invalid_request_error", "messages", NULL, "%s", s->no_images);
+        return -1;
+    }
+    if (k != req->n_images) {
+        st_oai_error_set(e, 400, "invalid_request_error", "messages", NULL,
+                         "the chat template placed %lld image placeholders for %d images", (long long)k, req->n_images);
+        return -1;
+    }
+    int64_t extra = 0, cnt[SRV_MAX_IMAGES];
+    for (int i = 0; i < req->n_images; i++) {
+        if (st_vision_image_tokens(req->images[i], req->image_lens[i], &s->pp, NULL, &cnt[i], &err) != ST_OK) {
+            st_oai_error_set(e, 400, "invalid_request_error", "messages", "invalid_image", "image %d: %s", i + 1, err.msg);
+            return -1;
+        }
+        extra += cnt[i] - 1;
+    }
+    if ((int64_t)*n + extra >= ctx) {
+        st_oai_error_set(e, 400, "invalid_request_error", "messages", "context_length_exceeded",
+                         "the prompt with its images has %lld tokens; the context length is %lld",
+                         (long long)((int64_t)*n + extra), (long long)ctx);
+        return -1;
+    }
+    int32_t *x = malloc(((size_t)*n + (size_t)extra) * sizeof *x);
+    if (!x) {
+        st_oai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        return -1;
+    }
+    size_t at = 0;
+    for (size_t i = 0, img = 0; i < *n; i++) {
+        if ((*ids)[i] != itok) {
+            x[at++] = (*ids)[i];
+            continue;
+        }
+        for (int64_t j = 0; j < cnt[img]; j++) x[at++] = itok;
+        img++;
+    }
+    if (*ids != req->prompt_ids) free(*ids);
+    *ids = x;
+    *n = at;
+    if (st_vision_prompt_build(s->vt, &s->pp, itok, x, (int64_t)at, (const void *const *)req->images, req->image_lens,
+                               req->n_images, NULL, vp, &err) != ST_OK) {
+        st_oai_error_set(e, 400, "invalid_request_error", "messages", "invalid_image", "%s", err.msg);
+        return -1;
+    }
+    *im = (st_req_images){(const int32_t(*)[3])vp->mrope, vp->next, vp->n_rows, vp->rows, vp->embeds};
+    req->params.images = im;
+    return 0;
+}
+
 static void prep_one(srv *s, stream *st) {
     st_oai_error e;
     pthread_mutex_lock(&st->mu);
@@ -74,6 +133,8 @@ static void prep_one(srv *s, stream *st) {
         return;
     }
     st_oai_request req;
+    st_vision_prompt vp = {0};
+    st_req_images im;
     st_status pst = st_oai_parse(st->kind, st->body ? st->body : "", st->body_len, &s->defaults, &req, &e);
     free(st->body);
     st->body = NULL;
@@ -134,6 +195,7 @@ static void prep_one(srv *s, stream *st) {
     }
     free(text);
     text = NULL;
+    if (req.n_images > 0 && expand_images(s, &req, &ids, &n, ctx, &vp, &im, &e) != 0) goto fail;
     /* the choices' buffers, and an inbox of inbox_cap bytes of text with the reserve for
      * every choice's DONE record and the pause threshold on top (stream.c) */
     const int n_ch = req.params.n > 1 ? req.params.n : 1;
@@ -161,6 +223,7 @@ static void prep_one(srv *s, stream *st) {
     if (st->gone || !st->conn) {
         pthread_mutex_unlock(&st->mu);
         if (ids != st->req.prompt_ids) free(ids);
+        st_vision_prompt_free(&vp);
         st_oai_error_set(&e, 499, "invalid_request_error", NULL, "client_closed", "the client went away");
         prep_fail(st, &e);
         return;
@@ -168,6 +231,8 @@ static void prep_one(srv *s, stream *st) {
     atomic_fetch_add(&st->refs, 1); /* the scheduler's, before it can send DONE */
     st_status sst = st_sched_submit(s->sched, ids, (int64_t)n, &st->req.params, srv_on_event, st, &st->sched_id, &err);
     if (ids != st->req.prompt_ids) free(ids);
+    st->req.params.images = NULL; /* the scheduler copied them */
+    st_vision_prompt_free(&vp);
     if (sst == ST_OK) {
         st->submitted = 1;
         st->prepared = 1;
@@ -187,6 +252,7 @@ static void prep_one(srv *s, stream *st) {
     return;
 fail:
     if (ids != req.prompt_ids) free(ids);
+    st_vision_prompt_free(&vp);
     free(text);
     free(prompt_text);
     st_oai_request_free(&req);

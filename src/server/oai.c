@@ -60,6 +60,9 @@ void st_oai_request_free(st_oai_request *r) {
     json_decref(r->kwargs);
     free(r->prompt);
     free(r->prompt_ids);
+    for (int i = 0; i < r->n_images; i++) free(r->images[i]);
+    free(r->images);
+    free(r->image_lens);
     memset(r, 0, sizeof *r);
 }
 
@@ -98,9 +101,77 @@ static int opt_bool(json_t *o, const char *k, int *out, st_oai_error *e) {
     return 0;
 }
 
-/* text of a message content: a string, null, or a list of {"type": "text", "text": ...} */
-static int content_text(json_t *c, const char *param, char **out, st_oai_error *e) {
+/* base64 (standard alphabet, '=' padding) -> *out[*n] (malloc'd); -1 when it is not base64 */
+static int b64_value(unsigned char c) {
+    return c >= 'A' && c <= 'Z' ? c - 'A' : c >= 'a' && c <= 'z' ? c - 'a' + 26 : c >= '0' && c <= '9' ? c - '0' + 52
+           : c == '+' ? 62 : c == '/' ? 63 : -1;
+}
+
+static int b64_decode(const char *s, size_t n, char **out, size_t *on) {
+    while (n > 0 && s[n - 1] == '=') n--;
+    if (n % 4 == 1) return -1;
+    char *o = malloc(n / 4 * 3 + 3);
+    if (!o) return -1;
+    size_t k = 0;
+    uint32_t acc = 0;
+    int bits = 0;
+    for (size_t i = 0; i < n; i++) {
+        const int v = b64_value((unsigned char)s[i]);
+        if (v < 0) {
+            free(o);
+            return -1;
+        }
+        acc = acc << 6 | (uint32_t)v;
+        if ((bits += 6) >= 8) o[k++] = (char)(acc >> (bits -= 8));
+    }
+    *out = o;
+    *on = k;
+    return 0;
+}
+
+/* an image_url part: a data: URL's bytes appended to r (remote URLs are never fetched) */
+static int image_part(json_t *part, const char *param, size_t i, st_oai_request *r, const st_oai_defaults *d,
+                      st_oai_error *e) {
+    if (!d || d->max_images <= 0)
+        return BAD(e, param, "%s[%zu]: %s", param, i, d && d->no_images_why ? d->no_images_why : "this model takes no images");
+    if (r->n_images >= d->max_images) return BAD(e, param, "%s: at most %d images a request", param, d->max_images);
+    json_t *iu = json_object_get(part, "image_url");
+    json_t *url = json_is_object(iu) ? json_object_get(iu, "url") : iu;
+    if (!json_is_string(url)) return BAD(e, param, "%s[%zu].image_url.url must be a string", param, i);
+    const char *u = json_string_value(url);
+    const size_t ulen = json_string_length(url);
+    if (!strncmp(u, "http://", 7) || !strncmp(u, "https://", 8))
+        return BAD(e, param, "%s[%zu]: image URLs are not fetched by this server; send the image as a data: URL "
+                             "(data:image/png;base64,...)", param, i);
+    const char *comma = memchr(u, ',', ulen);
+    if (strncmp(u, "data:", 5) || !comma || comma - u < 12 || memcmp(comma - 7, ";base64", 7))
+        return BAD(e, param, "%s[%zu].image_url.url must be a data: URL with base64 content (data:image/png;base64,...)",
+                   param, i);
+    char *bytes = NULL;
+    size_t n = 0;
+    if (b64_decode(comma + 1, ulen - (size_t)(comma + 1 - u), &bytes, &n) != 0)
+        return BAD(e, param, "%s[%zu].image_url.url: the data is not valid base64", param, i);
+    char **ni = realloc(r->images, (size_t)(r->n_images + 1) * sizeof *ni);
+    if (ni) r->images = ni;
+    size_t *nl = ni ? realloc(r->image_lens, (size_t)(r->n_images + 1) * sizeof *nl) : NULL;
+    if (nl) r->image_lens = nl;
+    if (!ni || !nl) {
+        free(bytes);
+        return BAD(e, param, "out of memory");
+    }
+    r->images[r->n_images] = bytes;
+    r->image_lens[r->n_images++] = n;
+    return 0;
+}
+
+/* text of a message content: a string, null, or a list of {"type": "text", "text": ...} and,
+ * when d allows images, {"type": "image_url", ...} parts; then *parts is the content for the
+ * template ({"type": "text", "text": ...} and {"type": "image"} in order) and the images'
+ * bytes are appended to r */
+static int content_text(json_t *c, const char *param, char **out, json_t **parts, st_oai_request *r,
+                        const st_oai_defaults *d, st_oai_error *e) {
     *out = NULL;
+    *parts = NULL;
     if (!c || json_is_null(c)) return 0;
     if (json_is_string(c)) {
         *out = strdup(json_string_value(c));
@@ -114,12 +185,25 @@ static int content_text(json_t *c, const char *param, char **out, st_oai_error *
         if (!json_is_object(part) || !json_is_string(ty))
             return BAD(e, param, "%s[%zu] must be an object with a 'type'", param, i);
         const char *t = json_string_value(ty);
-        if (!strcmp(t, "image_url") || !strcmp(t, "input_audio") || !strcmp(t, "image") || !strcmp(t, "file"))
+        if (!strcmp(t, "image_url")) {
+            if (image_part(part, param, i, r, d, e)) return -1;
+            if (!*parts) *parts = json_array();
+            continue;
+        }
+        if (!strcmp(t, "input_audio") || !strcmp(t, "image") || !strcmp(t, "file"))
             return BAD(e, param, "%s[%zu]: content of type '%s' is not supported by this server", param, i, t);
         if (strcmp(t, "text") != 0) return BAD(e, param, "%s[%zu]: unknown content type '%s'", param, i, t);
         json_t *tx = json_object_get(part, "text");
         if (!json_is_string(tx)) return BAD(e, param, "%s[%zu].text must be a string", param, i);
         total += json_string_length(tx);
+    }
+    if (*parts) { /* with images: the parts in order, for the template */
+        json_array_foreach(c, i, part) {
+            json_t *tx = json_object_get(part, "text");
+            if (json_is_string(tx)) json_array_append_new(*parts, json_pack("{s:s,s:O}", "type", "text", "text", tx));
+            else json_array_append_new(*parts, json_pack("{s:s}", "type", "image"));
+        }
+        return 0;
     }
     char *s = malloc(total), *p = s;
     if (!s) return BAD(e, param, "out of memory");
@@ -133,7 +217,7 @@ static int content_text(json_t *c, const char *param, char **out, st_oai_error *
     return 0;
 }
 
-static int parse_messages(json_t *msgs, st_oai_request *r, st_oai_error *e) {
+static int parse_messages(json_t *msgs, st_oai_request *r, const st_oai_defaults *d, st_oai_error *e) {
     if (!json_is_array(msgs) || json_array_size(msgs) == 0)
         return BAD(e, "messages", "'messages' must be a non-empty array");
     json_t *out = json_array();
@@ -158,8 +242,13 @@ static int parse_messages(json_t *msgs, st_oai_request *r, st_oai_error *e) {
         char cparam[80];
         snprintf(cparam, sizeof cparam, "%s.content", param);
         char *text = NULL;
-        json_t *content = json_object_get(m, "content");
-        if ((rc = content_text(content, cparam, &text, e)) != 0) break;
+        json_t *content = json_object_get(m, "content"), *parts = NULL;
+        if ((rc = content_text(content, cparam, &text, &parts, r, d, e)) != 0) break;
+        if ((is_sys || strcmp(ro, "user")) && parts) {
+            json_decref(parts);
+            rc = BAD(e, cparam, "%s: images go in user messages", cparam);
+            break;
+        }
         if (is_sys && !text) {
             rc = BAD(e, cparam, "%s must be text", cparam);
             break;
@@ -189,7 +278,9 @@ static int parse_messages(json_t *msgs, st_oai_request *r, st_oai_error *e) {
         leading = 0;
         json_t *nm = json_object();
         json_object_set_new(nm, "role", json_string(ro));
-        json_object_set_new(nm, "content", text ? json_string(text) : (strcmp(ro, "assistant") ? json_string("") : json_null()));
+        json_object_set_new(nm, "content", parts ? parts
+                                           : text ? json_string(text)
+                                                  : (strcmp(ro, "assistant") ? json_string("") : json_null()));
         free(text);
         json_t *name = json_object_get(m, "name");
         if (json_is_string(name)) json_object_set(nm, "name", name);
@@ -354,7 +445,7 @@ static int parse_chat(json_t *root, const st_oai_defaults *d, st_oai_request *r,
             return BAD(e, legacy[i], "'%s' is the deprecated form of '%s'; send 'tools' and 'tool_choice' instead",
                        legacy[i], i ? "tool_choice" : "tools");
     }
-    if (parse_messages(json_object_get(root, "messages"), r, e) || parse_tools(root, r, e)) return -1;
+    if (parse_messages(json_object_get(root, "messages"), r, d, e) || parse_tools(root, r, e)) return -1;
     long long x;
     int present, present2;
     long long mt = 0;

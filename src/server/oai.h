@@ -48,6 +48,8 @@ typedef struct st_oai_defaults {
     st_sampling sampling;      /* used for fields the request omits (generation_config.json) */
     int64_t max_tokens_completion; /* /v1/completions without max_tokens (OpenAI: 16) */
     const char *model_name;    /* the served model's id; other names get 404 */
+    int max_images;            /* images a chat request may hold (0: image parts are refused) */
+    const char *no_images_why; /* why a request's image parts are refused when max_images is 0 */
 } st_oai_defaults;
 
 typedef struct st_oai_request {
@@ -65,6 +67,9 @@ typedef struct st_oai_request {
     int top_logprobs;          /* alternatives per token (0..20) */
     int echo;                  /* completion: the prompt is part of the returned text */
     int n_return;              /* choices returned (n); params.n of them run (best_of) */
+    char **images;             /* chat: [n_images] the image_url parts' bytes, in message order (owned) */
+    size_t *image_lens;
+    int n_images;
     st_req_params params;      /* stop strings point into stop_buf */
     char stop_buf[ST_MAX_STOP][ST_MAX_STOP_LEN + 1];
 } st_oai_request;

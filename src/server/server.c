@@ -133,7 +133,22 @@ static st_status load_all(srv *s, st_error *err) {
         s->ct = NULL;
     }
     s->think_split = st_tok_token_to_id(s->tok, "</think>", 8) >= 0;
+    /* images: the tower on the CPU backend (M-RoPE is not on the GPU yet) */
+    snprintf(s->no_images, sizeof s->no_images, "this model takes no images");
+    if (s->m->cfg.has_vision && s->m->cfg.image_token_id >= 0) {
+        st_error verr = {0};
+        if (strcmp(s->backend->ops->name, "cpu") != 0)
+            snprintf(s->no_images, sizeof s->no_images, "images are served on the CPU backend only for now (--device cpu)");
+        else if (st_vision_load(s->p.model_dir, st_kernels_best(), &s->vt, &verr) != ST_OK ||
+                 st_vision_pp_load(s->p.model_dir, &s->pp, &verr) != ST_OK) {
+            ST_WARN("the vision tower does not load (%s): images are refused", verr.msg);
+            snprintf(s->no_images, sizeof s->no_images, "the model's vision tower does not load: %.100s", verr.msg);
+            st_vision_free(s->vt);
+            s->vt = NULL;
+        }
+    }
     st_sched_params sp = st_sched_default_params();
+    sp.images = s->vt != NULL;
     sp.max_seqs = s->p.max_seqs;
     sp.ctx = s->p.ctx;
     sp.step_tokens = s->p.step_tokens > s->p.max_seqs ? s->p.step_tokens : s->p.max_seqs;
@@ -152,6 +167,8 @@ static st_status load_all(srv *s, st_error *err) {
     load_defaults(s);
     s->defaults.max_tokens_completion = 16;
     s->defaults.model_name = s->model_id;
+    s->defaults.max_images = s->vt ? SRV_MAX_IMAGES : 0;
+    s->defaults.no_images_why = s->no_images;
     st_model_stats ms;
     st_model_get_stats(s->m, s->p.kv_dtype == ST_KV_BF16 ? 2 : 4, &ms);
     const st_sched_plan *pl = st_sched_get_plan(s->sched);
@@ -335,6 +352,7 @@ out:
     free(s->prep_threads);
     st_chat_template_free(s->ct);
     st_tok_free(s->tok);
+    st_vision_free(s->vt);
     st_backend_destroy(s->backend);
     st_model_free(s->m);
     st_metrics_destroy(&s->metrics);

@@ -54,6 +54,7 @@
 #include "server/inbox.h"
 #include "server/metrics.h"
 #include "server/oai.h"
+#include "vision/prompt.h"
 #include "server/toolcall.h"
 #include "template/template.h"
 #include "tokenizer/tokenizer.h"
@@ -127,6 +128,9 @@ typedef struct choice_out {
     int64_t text_offset;         /* completions logprobs: characters of text so far */
 } choice_out;
 
+/* images a chat request may hold */
+#define SRV_MAX_IMAGES 16
+
 typedef struct srv srv;
 
 typedef struct stream {
@@ -198,6 +202,9 @@ struct srv {
     st_tokenizer *tok;
     size_t max_token_bytes;
     st_chat_template *ct;
+    struct st_vision_tower *vt; /* owned: the model's vision tower, when it has one (images) */
+    st_vision_pp pp;            /* its image processor's parameters */
+    char no_images[160];        /* why images are refused, when vt is NULL */
     st_sched *sched;
     size_t inbox_cap;
     st_oai_defaults defaults;

@@ -4,8 +4,11 @@
 //   RANDOM_URL    a random tiny model, --ctx 256, --max-seqs 16, --max-body-mb 1
 //   SMALL_URL     a random tiny model with --max-seqs 1 --max-queue 1 --keepalive 0.2
 //   SMALL_PID     its process id (stopped at the end to see an error inside a stream)
+//   VISION_URL    a random tiny model with a vision tower (strand synth --vision)
+//   IMAGES        a folder of PNG files (tiny-vl's)
 // Prints TAP lines ("ok N - ..." / "not ok N - ..."), counted by tests/run.sh.
 import OpenAI from 'openai';
+import fs from 'node:fs';
 
 import { attempt, check, done, sleep } from './tap.mjs';
 
@@ -32,6 +35,50 @@ async function metric(base, name) {
   const m = t.match(new RegExp('^' + name + ' (\\S+)$', 'm'));
   return m ? Number(m[1]) : NaN;
 }
+
+// ---- images (data URLs through the official client) ----
+const vision = new OpenAI({ baseURL: process.env.VISION_URL + '/v1', apiKey: 'unused', maxRetries: 0 });
+const dataUrl = (f) => 'data:image/png;base64,' + fs.readFileSync(process.env.IMAGES + '/' + f).toString('base64');
+const imagePart = (f) => ({ type: 'image_url', image_url: { url: dataUrl(f), detail: 'auto' } });
+async function status400(fn) {
+  try { await fn(); return { status: 200 }; } catch (e) { return { status: e.status, message: e.error && e.error.message }; }
+}
+await attempt('images', async () => {
+  const two = [{ role: 'user', content: [{ type: 'text', text: 'Compare' }, imagePart('img0.png'), imagePart('img2.png')] }];
+  const a = await vision.chat.completions.create({ model: 'vision', messages: two, max_tokens: 6, temperature: 0,
+    reasoning_effort: 'none' });
+  const b = await vision.chat.completions.create({ model: 'vision', messages: two, max_tokens: 6, temperature: 0,
+    reasoning_effort: 'none' });
+  const t = await vision.chat.completions.create({ model: 'vision', messages: user('Compare'), max_tokens: 6,
+    temperature: 0, reasoning_effort: 'none' });
+  // img0 (64x48) takes 4 image tokens and img2 (37x150) 5, each with its start and end marks
+  check(a.choices[0].finish_reason === 'length' && a.usage.completion_tokens === 6 &&
+    a.usage.prompt_tokens === t.usage.prompt_tokens + 4 + 5 + 2 * 2 && a.choices[0].message.content === b.choices[0].message.content &&
+    a.choices[0].message.content !== t.choices[0].message.content,
+    'two images in one message: answered, the prompt grew by their 9 image tokens and marks, greedy repeats', { a: a.usage, t: t.usage });
+  const turns = [two[0], { role: 'assistant', content: a.choices[0].message.content },
+    { role: 'user', content: [imagePart('img1.png'), { type: 'text', text: 'And this one?' }] }];
+  const c = await vision.chat.completions.create({ model: 'vision', messages: turns, max_tokens: 4, reasoning_effort: 'none' });
+  check(c.choices[0].finish_reason === 'length' && c.usage.prompt_tokens > a.usage.prompt_tokens + 6,
+    'an image in a later turn: answered', c.usage);
+  const s = await vision.chat.completions.create({ model: 'vision', messages: two, max_tokens: 6, temperature: 0,
+    reasoning_effort: 'none', stream: true });
+  let text = '';
+  for await (const ch of s) text += ch.choices[0] && ch.choices[0].delta.content ? ch.choices[0].delta.content : '';
+  check(text === a.choices[0].message.content, 'streamed, the same text', { text, want: a.choices[0].message.content });
+  const bad = await status400(() => vision.chat.completions.create({ model: 'vision', messages: [{ role: 'user', content: [
+    { type: 'image_url', image_url: { url: 'data:image/png;base64,' + Buffer.from('not a png').toString('base64') } }] }] }));
+  check(bad.status === 400 && /image 1/.test(bad.message), 'a corrupt image: 400 naming it', bad);
+  const remote = await status400(() => vision.chat.completions.create({ model: 'vision', messages: [{ role: 'user', content: [
+    { type: 'image_url', image_url: { url: 'https://example.com/cat.png' } }] }] }));
+  check(remote.status === 400 && /not fetched/.test(remote.message), 'an http URL: 400, never fetched', remote);
+  const sys = await status400(() => vision.chat.completions.create({ model: 'vision', messages: [
+    { role: 'system', content: [imagePart('img0.png')] }, { role: 'user', content: 'hi' }] }));
+  check(sys.status === 400 && /user messages/.test(sys.message), 'an image in a system message: 400', sys);
+  const textOnly = await status400(() => random.chat.completions.create({ model: 'random', messages: [{ role: 'user',
+    content: [imagePart('img0.png')] }] }));
+  check(textOnly.status === 400 && /takes no images/.test(textOnly.message), 'a text-only model refuses images with a 400', textOnly);
+});
 
 // ---- the scripted model: reasoning and tool calls ----
 await attempt('non-streaming chat with reasoning', async () => {
