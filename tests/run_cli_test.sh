@@ -56,4 +56,18 @@ if [ $rc = 2 ] && grep -q "precision fp8: expected exact or bf16" "$T/err8"; the
 $S bench --synth 27b --device cpu >/dev/null 2>"$T/err9"
 rc=$?
 if [ $rc = 1 ] && grep -q "synthesized in device memory" "$T/err9"; then ok "bench --synth on the CPU: a clear error"; else nok "bench --synth cpu: rc $rc $(cat "$T/err9")"; fi
+# images: a synthetic model with a vision tower; img0 (64x48) takes 4 image tokens, img2 5
+$S synth --preset tiny --tokenizer tests/data/tokenizers/qwen3 --vision -o "$T/vl" >/dev/null
+cp tests/data/templates/qwen3.5.jinja "$T/vl/chat_template.jinja"
+IMG=tests/data/fixtures/tiny-vl/images
+$S run -m "$T/vl" -p "Describe" -n 3 --no-think >/dev/null 2>"$T/e1"
+$S run -m "$T/vl" -p "Describe" -n 3 --no-think --image $IMG/img0.png --image $IMG/img2.png >/dev/null 2>"$T/e2"
+p1=$(sed -n 's/^\[\([0-9]*\) prompt tokens.*/\1/p' "$T/e1"); p2=$(sed -n 's/^\[\([0-9]*\) prompt tokens.*/\1/p' "$T/e2")
+if [ -n "$p1" ] && [ -n "$p2" ] && [ $((p2 - p1)) = 13 ] && grep -q "finish: length" "$T/e2"; then
+    ok "run --image (two PNGs): answered, the prompt longer by their 9 image tokens and 4 marks ($p1 -> $p2)"
+else nok "run --image: $(cat "$T/e2") (text only: $(cat "$T/e1"))"; fi
+$S run -m "$T/vl" -p "x" --raw --image $IMG/img0.png >/dev/null 2>"$T/e3"
+if [ $? = 1 ] && grep -q "needs the chat template" "$T/e3"; then ok "run --raw --image: refused"; else nok "run --raw --image: $(cat "$T/e3")"; fi
+$S run -m "$T/m" -p "x" --image $IMG/img0.png >/dev/null 2>"$T/e4"
+if [ $? = 1 ] && grep -q "takes no images" "$T/e4"; then ok "run --image on a model without a tower: refused"; else nok "run --image text model: $(cat "$T/e4")"; fi
 echo "# $n checks"

@@ -1,5 +1,5 @@
 /* ==== strand run: chat with a model from the command line ====
- * strand run -m DIR -p "..." [--system "..."] [--no-think] [-n N] [sampling options]
+ * strand run -m DIR -p "..." [--image FILE ...] [--system "..."] [--no-think] [-n N] [sampling options]
  * Renders the model's chat template for one user message, streams the answer (the model's
  * reasoning set apart from the answer), and ends with a timing line. */
 #include <jansson.h>
@@ -10,14 +10,19 @@
 
 #include "apps/cli.h"
 #include "core/utf8.h"
+#include "core/fileio.h"
 #include "engine/scheduler.h"
 #include "template/template.h"
+#include "vision/prompt.h"
+
+#define MAX_IMAGES 16
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: strand run -m DIR -p PROMPT [--system TEXT] [--no-think] [-n N] [--ctx N]\n"
+            "usage: strand run -m DIR -p PROMPT [--image FILE ...] [--system TEXT] [--no-think] [-n N] [--ctx N]\n"
             "                  [--raw] [--kv-dtype f32|bf16] [--mem-fraction F] [sampling options]\n"
             "  Renders the chat template, streams the reply, prints timings to stderr.\n"
+            "  --image FILE (PNG or JPEG, repeatable): images before the prompt in the user message.\n"
             "  --no-think: enable_thinking=false for the template; --raw: no template, the\n"
             "  prompt is tokenized as is. -n N: at most N new tokens (default: to the context).\n"
             "  --logprobs N prints each generated token's log-probability and N alternatives after\n"
@@ -108,8 +113,8 @@ static void print_logprobs(const st_tokenizer *tok, const run_state *r) {
 }
 
 int cmd_run(int argc, char **argv) {
-    const char *dir = NULL, *prompt = NULL, *system = NULL;
-    int no_think = 0, raw = 0;
+    const char *dir = NULL, *prompt = NULL, *system = NULL, *image_path[MAX_IMAGES];
+    int no_think = 0, raw = 0, n_images = 0;
     long long n_new = 0, ctx = 0;
     double mem_fraction = 0.9;
     st_kv_dtype kvd = ST_KV_F32;
@@ -128,6 +133,9 @@ int cmd_run(int argc, char **argv) {
             if (!(prompt = cli_value(argc, argv, &i))) return 2;
         } else if (!strcmp(a, "--system")) {
             if (!(system = cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--image")) {
+            if (!(image_path[n_images < MAX_IMAGES ? n_images : 0] = cli_value(argc, argv, &i))) return 2;
+            if (++n_images > MAX_IMAGES) return cli_failf("run: at most %d images", MAX_IMAGES);
         } else if (!strcmp(a, "--no-think")) {
             no_think = 1;
         } else if (!strcmp(a, "--raw")) {
@@ -151,6 +159,7 @@ int cmd_run(int argc, char **argv) {
         usage();
         return cli_failf("run: -m DIR and -p PROMPT are required");
     }
+    if (n_images && raw) return cli_failf("run: --image needs the chat template (not --raw)");
     if (st_utf8_check(prompt, strlen(prompt)) != strlen(prompt))
         return cli_failf("run: -p is not valid UTF-8 (byte %zu)", st_utf8_check(prompt, strlen(prompt)));
     if (system && st_utf8_check(system, strlen(system)) != strlen(system))
@@ -167,6 +176,11 @@ int cmd_run(int argc, char **argv) {
     json_t *messages = NULL, *kwargs = NULL;
     run_state st = {0};
     int rc = 1;
+    char *img[MAX_IMAGES] = {0};
+    size_t img_len[MAX_IMAGES] = {0};
+    st_vision_tower *vt = NULL;
+    st_vision_prompt vp = {0};
+    st_req_images im = {0};
     if (st_model_load(dir, &m, &err) != ST_OK) goto done;
     if (cli_backend(m, &be, &err) != ST_OK) goto done;
     if (st_tok_load_dir(dir, &tok, &err) != ST_OK) goto done;
@@ -180,13 +194,41 @@ int cmd_run(int argc, char **argv) {
         }
         messages = json_array();
         if (system) json_array_append_new(messages, json_pack("{s:s,s:s}", "role", "system", "content", system));
-        json_array_append_new(messages, json_pack("{s:s,s:s}", "role", "user", "content", prompt));
+        if (n_images) { /* the images, then the prompt */
+            json_t *parts = json_array();
+            for (int i = 0; i < n_images; i++) json_array_append_new(parts, json_pack("{s:s}", "type", "image"));
+            json_array_append_new(parts, json_pack("{s:s,s:s}", "type", "text", "text", prompt));
+            json_array_append_new(messages, json_pack("{s:s,s:o}", "role", "user", "content", parts));
+        } else {
+            json_array_append_new(messages, json_pack("{s:s,s:s}", "role", "user", "content", prompt));
+        }
         kwargs = json_pack("{s:b}", "add_generation_prompt", 1);
         if (no_think) json_object_set_new(kwargs, "enable_thinking", json_false());
         if (st_chat_template_render(ct, messages, NULL, NULL, kwargs, &text, &text_len, &err) != ST_OK) goto done;
     }
     if (st_tok_encode(tok, text, text_len, 1, &ids, &n_ids, &err) != ST_OK) goto done;
     long long ctx_max = ctx > 0 ? ctx : m->cfg.max_position_embeddings;
+    if (n_images) { /* each placeholder becomes its image's tokens */
+        const st_image_limits lim = st_image_default_limits();
+        st_vision_pp pp;
+        for (int i = 0; i < n_images; i++)
+            if (st_file_read(image_path[i], lim.max_bytes, &img[i], &img_len[i], &err) != ST_OK) goto done;
+        int32_t *x = NULL;
+        int64_t nx = 0;
+        if (m->cfg.image_token_id < 0) {
+            st_error_set(&err, ST_ERR_ARG, "%s: config.json has no image_token_id: the model takes no images", dir);
+            goto done;
+        }
+        if (st_vision_load(dir, st_kernels_best(), &vt, &err) != ST_OK || st_vision_pp_load(dir, &pp, &err) != ST_OK ||
+            st_vision_prompt_expand(vt, &pp, m->cfg.image_token_id, ids, (int64_t)n_ids, (const void *const *)img, img_len,
+                                    n_images, &lim, ctx_max, &x, &nx, &vp, &err) != ST_OK)
+            goto done;
+        free(ids);
+        ids = x;
+        n_ids = (size_t)nx;
+        im = (st_req_images){(const int32_t(*)[3])vp.mrope, vp.next, vp.n_rows, vp.rows, vp.embeds};
+        rp.images = &im;
+    }
     if ((long long)n_ids >= ctx_max) {
         st_error_set(&err, ST_ERR_LIMIT, "the prompt has %zu tokens; the context length is %lld", n_ids, ctx_max);
         goto done;
@@ -197,6 +239,7 @@ int cmd_run(int argc, char **argv) {
     sp.kv_dtype = kvd;
     sp.mem_budget = st_sched_memory_budget(m, be, mem_fraction);
     sp.backend = be;
+    sp.images = n_images > 0;
     if (n_new > 0) { /* the pool holds this request, no more */
         long long need = (long long)n_ids + n_new < ctx_max ? (long long)n_ids + n_new : ctx_max;
         sp.kv_blocks = (need + sp.block_size - 1) / sp.block_size;
@@ -243,6 +286,9 @@ done:
     free(text);
     free(ids);
     st_sched_destroy(s);
+    for (int i = 0; i < n_images && i < MAX_IMAGES; i++) free(img[i]);
+    st_vision_prompt_free(&vp);
+    st_vision_free(vt);
     st_chat_template_free(ct);
     st_tok_free(tok);
     st_backend_destroy(be);

@@ -63,60 +63,31 @@ static void prep_fail(stream *st, const st_oai_error *e) {
     pthread_mutex_unlock(&st->mu);
 }
 
-/* A chat prompt's images: each placeholder the template rendered (one image token) becomes the
- * image's run of image tokens, and the tower makes their embeddings and the prompt's M-RoPE
- * positions (*vp; *im, for the scheduler, points into it). -1 after filling e. */
+/* A chat prompt's images: each placeholder the template rendered becomes the image's run of
+ * image tokens (st_vision_prompt_expand; *im, for the scheduler, points into *vp). -1 after
+ * filling e. */
 static int expand_images(srv *s, st_oai_request *req, int32_t **ids, size_t *n, int64_t ctx, st_vision_prompt *vp,
                          st_req_images *im, st_oai_error *e) {
     st_error err = {0};
-    const int32_t itok = s->m->cfg.image_token_id;
-    int64_t k = 0;
-    for (size_t i = 0; i < *n; i++) k += (*ids)[i] == itok;
     if (!s->vt) {
         st_oai_error_set(e, 400, "invalid_request_error", "messages", NULL, "%s", s->no_images);
         return -1;
     }
-    if (k != req->n_images) {
-        st_oai_error_set(e, 400, "invalid_request_error", "messages", NULL,
-                         "the chat template placed %lld image placeholders for %d images", (long long)k, req->n_images);
+    int32_t *x = NULL;
+    int64_t nx = 0;
+    st_status st = st_vision_prompt_expand(s->vt, &s->pp, s->m->cfg.image_token_id, *ids, (int64_t)*n,
+                                           (const void *const *)req->images, req->image_lens, req->n_images, NULL, ctx,
+                                           &x, &nx, vp, &err);
+    if (st != ST_OK) {
+        if (st == ST_ERR_NOMEM) st_oai_error_set(e, 500, "server_error", NULL, NULL, "%s", err.msg);
+        else
+            st_oai_error_set(e, 400, "invalid_request_error", "messages",
+                             st == ST_ERR_LIMIT ? "context_length_exceeded" : "invalid_image", "%s", err.msg);
         return -1;
-    }
-    int64_t extra = 0, cnt[SRV_MAX_IMAGES];
-    for (int i = 0; i < req->n_images; i++) {
-        if (st_vision_image_tokens(req->images[i], req->image_lens[i], &s->pp, NULL, &cnt[i], &err) != ST_OK) {
-            st_oai_error_set(e, 400, "invalid_request_error", "messages", "invalid_image", "image %d: %s", i + 1, err.msg);
-            return -1;
-        }
-        extra += cnt[i] - 1;
-    }
-    if ((int64_t)*n + extra >= ctx) {
-        st_oai_error_set(e, 400, "invalid_request_error", "messages", "context_length_exceeded",
-                         "the prompt with its images has %lld tokens; the context length is %lld",
-                         (long long)((int64_t)*n + extra), (long long)ctx);
-        return -1;
-    }
-    int32_t *x = malloc(((size_t)*n + (size_t)extra) * sizeof *x);
-    if (!x) {
-        st_oai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
-        return -1;
-    }
-    size_t at = 0;
-    for (size_t i = 0, img = 0; i < *n; i++) {
-        if ((*ids)[i] != itok) {
-            x[at++] = (*ids)[i];
-            continue;
-        }
-        for (int64_t j = 0; j < cnt[img]; j++) x[at++] = itok;
-        img++;
     }
     if (*ids != req->prompt_ids) free(*ids);
     *ids = x;
-    *n = at;
-    if (st_vision_prompt_build(s->vt, &s->pp, itok, x, (int64_t)at, (const void *const *)req->images, req->image_lens,
-                               req->n_images, NULL, vp, &err) != ST_OK) {
-        st_oai_error_set(e, 400, "invalid_request_error", "messages", "invalid_image", "%s", err.msg);
-        return -1;
-    }
+    *n = (size_t)nx;
     *im = (st_req_images){(const int32_t(*)[3])vp->mrope, vp->next, vp->n_rows, vp->rows, vp->embeds};
     req->params.images = im;
     return 0;

@@ -130,3 +130,57 @@ st_status st_vision_prompt_build(const st_vision_tower *v, const st_vision_pp *p
     if (st != ST_OK) st_vision_prompt_free(out);
     return st;
 }
+
+st_status st_vision_prompt_expand(const st_vision_tower *v, const st_vision_pp *pp, int32_t image_token,
+                                  const int32_t *ids, int64_t n, const void *const *images, const size_t *lens,
+                                  int n_images, const st_image_limits *lim, int64_t max_tokens, int32_t **out,
+                                  int64_t *n_out, st_vision_prompt *vp, st_error *err) {
+    *out = NULL;
+    *n_out = 0;
+    memset(vp, 0, sizeof *vp);
+    int64_t k = 0;
+    for (int64_t i = 0; i < n; i++) k += ids[i] == image_token;
+    if (k != n_images)
+        return st_error_set(err, ST_ERR_ARG, "the chat template placed %lld image placeholders for %d images",
+                            (long long)k, n_images);
+    int64_t *cnt = calloc((size_t)(n_images > 0 ? n_images : 1), sizeof *cnt), extra = 0;
+    if (!cnt) return st_error_set(err, ST_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n_images; i++) {
+        st_status st = st_vision_image_tokens(images[i], lens[i], pp, lim, &cnt[i], err);
+        if (st != ST_OK) {
+            char msg[sizeof err->msg];
+            snprintf(msg, sizeof msg, "%s", err->msg);
+            free(cnt);
+            return st_error_set(err, st, "image %d: %s", i + 1, msg);
+        }
+        extra += cnt[i] - 1;
+    }
+    if (n + extra >= max_tokens) {
+        free(cnt);
+        return st_error_set(err, ST_ERR_LIMIT, "the prompt with its images has %lld tokens; the context length is %lld",
+                            (long long)(n + extra), (long long)max_tokens);
+    }
+    int32_t *x = malloc((size_t)(n + extra) * sizeof *x);
+    if (!x) {
+        free(cnt);
+        return st_error_set(err, ST_ERR_NOMEM, "out of memory");
+    }
+    int64_t at = 0;
+    for (int64_t i = 0, img = 0; i < n; i++) {
+        if (ids[i] != image_token) {
+            x[at++] = ids[i];
+            continue;
+        }
+        for (int64_t j = 0; j < cnt[img]; j++) x[at++] = image_token;
+        img++;
+    }
+    free(cnt);
+    st_status st = st_vision_prompt_build(v, pp, image_token, x, at, images, lens, n_images, lim, vp, err);
+    if (st != ST_OK) {
+        free(x);
+        return st;
+    }
+    *out = x;
+    *n_out = at;
+    return ST_OK;
+}

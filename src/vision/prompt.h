@@ -36,6 +36,15 @@ st_status st_vision_prompt_build(const st_vision_tower *v, const st_vision_pp *p
                                  int n_images, const st_image_limits *lim, st_vision_prompt *out, st_error *err);
 void st_vision_prompt_free(st_vision_prompt *p);
 
+/* A rendered chat prompt whose template placed one image token per image: each becomes the
+ * image's run of image tokens (*out [*n_out], malloc'd) and *vp is built on it. ST_ERR_ARG
+ * when the placeholders and the images differ in number, ST_ERR_LIMIT when the prompt grows
+ * to max_tokens or more, and st_vision_prompt_build's errors (naming the image, from 1). */
+st_status st_vision_prompt_expand(const st_vision_tower *v, const st_vision_pp *pp, int32_t image_token,
+                                  const int32_t *ids, int64_t n, const void *const *images, const size_t *lens,
+                                  int n_images, const st_image_limits *lim, int64_t max_tokens, int32_t **out,
+                                  int64_t *n_out, st_vision_prompt *vp, st_error *err);
+
 /* The processor parameters of a checkpoint directory: preprocessor_config.json's numbers
  * over Qwen3.5's defaults (the defaults alone when the file is absent). */
 st_status st_vision_pp_load(const char *dir, st_vision_pp *pp, st_error *err);
