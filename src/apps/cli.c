@@ -225,8 +225,9 @@ st_status cli_backend(const st_model *m, st_backend **out, st_error *err) {
     return st;
 }
 
-st_status cli_vision_prompt(const char *dir, const st_model *m, const int32_t *ids, int64_t n, const char *const *paths,
-                            int n_paths, st_vision_tower **vt, st_vision_prompt *vp, st_error *err) {
+st_status cli_vision_prompt(const char *dir, const st_model *m, int32_t **ids, int64_t *n, int64_t expand_max,
+                            const char *const *paths, int n_paths, st_vision_tower **vt, st_vision_prompt *vp,
+                            st_error *err) {
     *vt = NULL;
     memset(vp, 0, sizeof *vp);
     if (m->cfg.image_token_id < 0)
@@ -239,9 +240,19 @@ st_status cli_vision_prompt(const char *dir, const st_model *m, const int32_t *i
     st_vision_pp pp;
     if (st == ST_OK) st = st_vision_load(dir, st_kernels_best(), vt, err);
     if (st == ST_OK) st = st_vision_pp_load(dir, &pp, err);
-    if (st == ST_OK)
-        st = st_vision_prompt_build(*vt, &pp, m->cfg.image_token_id, ids, n, (const void *const *)img, len, n_paths, &lim,
+    int32_t *x = NULL;
+    int64_t nx = 0;
+    if (st == ST_OK && !expand_max)
+        st = st_vision_prompt_build(*vt, &pp, m->cfg.image_token_id, *ids, *n, (const void *const *)img, len, n_paths, &lim,
                                     vp, err);
+    else if (st == ST_OK)
+        st = st_vision_prompt_expand(*vt, &pp, m->cfg.image_token_id, *ids, *n, (const void *const *)img, len, n_paths,
+                                     &lim, expand_max, &x, &nx, vp, err);
+    if (st == ST_OK && expand_max) {
+        free(*ids);
+        *ids = x;
+        *n = nx;
+    }
     for (int i = 0; img && i < n_paths; i++) free(img[i]);
     free(img);
     free(len);

@@ -67,12 +67,15 @@ int cli_set_precision(const char *value);
 /* A backend for m on cli_device_params()'s device. */
 st_status cli_backend(const st_model *m, st_backend **out, st_error *err);
 
-/* The image parts of a prompt of ids (each image's run of image tokens, images in order)
- * from image files: *vt (the model directory's tower) and *vp to free after. */
+/* The image parts of a prompt from image files (images in order): *vt (the model
+ * directory's tower) and *vp to free after. ids either hold each image's run of image tokens
+ * (expand_max 0), or one placeholder per image that becomes its run (a rendered chat prompt:
+ * *ids is then replaced, within expand_max tokens). */
 struct st_vision_tower;
 struct st_vision_prompt;
-st_status cli_vision_prompt(const char *dir, const st_model *m, const int32_t *ids, int64_t n, const char *const *paths,
-                            int n_paths, struct st_vision_tower **vt, struct st_vision_prompt *vp, st_error *err);
+st_status cli_vision_prompt(const char *dir, const st_model *m, int32_t **ids, int64_t *n, int64_t expand_max,
+                            const char *const *paths, int n_paths, struct st_vision_tower **vt,
+                            struct st_vision_prompt *vp, st_error *err);
 
 /* The help text of those options. */
 const char *cli_sampling_help(void);

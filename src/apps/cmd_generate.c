@@ -196,7 +196,8 @@ int cmd_generate(int argc, char **argv) {
     }
     if (st_model_load(dir, &m, &err) != ST_OK) goto done;
     if (n_images) {
-        if (cli_vision_prompt(dir, m, prompts[0], lens[0], image_path, n_images, &vt, &vp, &err) != ST_OK) goto done;
+        int64_t nn = lens[0];
+        if (cli_vision_prompt(dir, m, &prompts[0], &nn, 0, image_path, n_images, &vt, &vp, &err) != ST_OK) goto done;
         im = (st_req_images){(const int32_t(*)[3])vp.mrope, vp.next, vp.n_rows, vp.rows, vp.embeds};
         rp.images = &im;
     }

@@ -84,7 +84,8 @@ int cmd_logits(int argc, char **argv) {
     const float **rowp = NULL;
     if (st_model_load(dir, &m, &err) != ST_OK) goto done;
     if (n_images) { /* the image parts: tower, processor, embeddings, positions */
-        if (cli_vision_prompt(dir, m, ids, n, image_path, n_images, &vt, &vp, &err) != ST_OK) goto done;
+        int64_t nn = n;
+        if (cli_vision_prompt(dir, m, &ids, &nn, 0, image_path, n_images, &vt, &vp, &err) != ST_OK) goto done;
         rel = malloc((size_t)(vp.n_rows + 1) * sizeof *rel);
         rowp = malloc((size_t)(vp.n_rows + 1) * sizeof *rowp);
         if (!rel || !rowp) {

@@ -10,7 +10,6 @@
 
 #include "apps/cli.h"
 #include "core/utf8.h"
-#include "core/fileio.h"
 #include "engine/scheduler.h"
 #include "template/template.h"
 #include "vision/prompt.h"
@@ -176,8 +175,6 @@ int cmd_run(int argc, char **argv) {
     json_t *messages = NULL, *kwargs = NULL;
     run_state st = {0};
     int rc = 1;
-    char *img[MAX_IMAGES] = {0};
-    size_t img_len[MAX_IMAGES] = {0};
     st_vision_tower *vt = NULL;
     st_vision_prompt vp = {0};
     st_req_images im = {0};
@@ -209,23 +206,9 @@ int cmd_run(int argc, char **argv) {
     if (st_tok_encode(tok, text, text_len, 1, &ids, &n_ids, &err) != ST_OK) goto done;
     long long ctx_max = ctx > 0 ? ctx : m->cfg.max_position_embeddings;
     if (n_images) { /* each placeholder becomes its image's tokens */
-        const st_image_limits lim = st_image_default_limits();
-        st_vision_pp pp;
-        for (int i = 0; i < n_images; i++)
-            if (st_file_read(image_path[i], lim.max_bytes, &img[i], &img_len[i], &err) != ST_OK) goto done;
-        int32_t *x = NULL;
-        int64_t nx = 0;
-        if (m->cfg.image_token_id < 0) {
-            st_error_set(&err, ST_ERR_ARG, "%s: config.json has no image_token_id: the model takes no images", dir);
-            goto done;
-        }
-        if (st_vision_load(dir, st_kernels_best(), &vt, &err) != ST_OK || st_vision_pp_load(dir, &pp, &err) != ST_OK ||
-            st_vision_prompt_expand(vt, &pp, m->cfg.image_token_id, ids, (int64_t)n_ids, (const void *const *)img, img_len,
-                                    n_images, &lim, ctx_max, &x, &nx, &vp, &err) != ST_OK)
-            goto done;
-        free(ids);
-        ids = x;
-        n_ids = (size_t)nx;
+        int64_t nn = (int64_t)n_ids;
+        if (cli_vision_prompt(dir, m, &ids, &nn, ctx_max, image_path, n_images, &vt, &vp, &err) != ST_OK) goto done;
+        n_ids = (size_t)nn;
         im = (st_req_images){(const int32_t(*)[3])vp.mrope, vp.next, vp.n_rows, vp.rows, vp.embeds};
         rp.images = &im;
     }
@@ -286,7 +269,6 @@ done:
     free(text);
     free(ids);
     st_sched_destroy(s);
-    for (int i = 0; i < n_images && i < MAX_IMAGES; i++) free(img[i]);
     st_vision_prompt_free(&vp);
     st_vision_free(vt);
     st_chat_template_free(ct);
