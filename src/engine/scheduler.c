@@ -544,9 +544,9 @@ st_status st_sched_submit(st_sched *s, const int32_t *prompt, int64_t n_prompt,
             req_free(r);
             return st_error_set(err, ST_ERR_ARG, "%s", bad);
         }
-        int32_t(*m3)[3] = r->im_mem;
-        int64_t *rows = (int64_t *)(m3 + n_prompt);
+        int64_t *rows = r->im_mem; /* the widest elements first: every part aligned */
         float *emb = (float *)(rows + im->n_rows);
+        int32_t(*m3)[3] = (int32_t(*)[3])(emb + im->n_rows * d);
         memcpy(m3, im->mrope, (size_t)n_prompt * sizeof *m3);
         memcpy(rows, im->rows, (size_t)im->n_rows * sizeof *rows);
         memcpy(emb, im->embeds, (size_t)(im->n_rows * d) * sizeof *emb);

@@ -168,8 +168,23 @@ static int image_part(json_t *part, const char *param, size_t i, st_oai_request 
  * when d allows images, {"type": "image_url", ...} parts; then *parts is the content for the
  * template ({"type": "text", "text": ...} and {"type": "image"} in order) and the images'
  * bytes are appended to r */
+static int content_text_(json_t *c, const char *param, char **out, json_t **parts, st_oai_request *r,
+                         const st_oai_defaults *d, st_oai_error *e);
+
 static int content_text(json_t *c, const char *param, char **out, json_t **parts, st_oai_request *r,
                         const st_oai_defaults *d, st_oai_error *e) {
+    const int rc = content_text_(c, param, out, parts, r, d, e);
+    if (rc) { /* nothing half-made is left */
+        json_decref(*parts);
+        *parts = NULL;
+        free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+static int content_text_(json_t *c, const char *param, char **out, json_t **parts, st_oai_request *r,
+                         const st_oai_defaults *d, st_oai_error *e) {
     *out = NULL;
     *parts = NULL;
     if (!c || json_is_null(c)) return 0;
