@@ -5,6 +5,7 @@
  * tower, bad grids, runs that do not match the images). */
 #include <math.h>
 #include <stdio.h>
+#include <jpeglib.h> /* after stdio.h */
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,6 +15,7 @@
 #include "tap.h"
 #include "core/fileio.h"
 #include "engine/scheduler.h"
+#include "vision/image.h"
 #include "vision/mrope.h"
 #include "vision/prompt.h"
 #include "vision/tower.h"
@@ -233,7 +235,7 @@ static void test_prompt_files(const char *dir, const st_checkpoint *g) {
     st_batch_item it = {&seq, ids, n, ST_LOGITS_ALL};
     const float **rowp = malloc((size_t)(vp.n_rows + 1) * sizeof *rowp);
     for (int64_t i = 0; i < vp.n_rows; i++) rowp[i] = vp.embeds + i * model->cfg.hidden_size;
-    const st_batch_images im = {&vp.mrope[0][0], vp.n_rows, vp.rows, rowp};
+    const st_batch_images im = {&vp.mrope[0][0], vp.n_rows, vp.rows, rowp, NULL};
     ok = ok && st_batch_run_images(cache, f, &it, 1, &im, logits, &err) == ST_OK;
     free(rowp);
     const double e = ok ? rel_err(logits, lg_t->data, n * V) : INFINITY;
@@ -255,14 +257,45 @@ out:
 typedef struct sched_out {
     int32_t ids[64];
     int n, done;
+    int64_t cached;
     st_finish_reason finish;
 } sched_out;
 
 static int on_sched_event(void *user, const st_event *ev) {
     sched_out *o = user;
     if (ev->kind == ST_EV_TOKEN && o->n < 64) o->ids[o->n++] = ev->token;
-    if (ev->kind == ST_EV_DONE) o->done = 1, o->finish = ev->finish;
+    if (ev->kind == ST_EV_DONE) o->done = 1, o->finish = ev->finish, o->cached = ev->usage.cached_tokens;
     return ST_EV_CONTINUE;
+}
+
+/* img0's pixels written again as a JPEG (other pixels, the same size) */
+static char *jpeg_of_png(const char *png, size_t len, size_t *out_len) {
+    uint8_t *rgb = NULL;
+    int64_t w = 0, h = 0;
+    if (st_image_decode(png, len, NULL, &rgb, &w, &h, NULL) != ST_OK) return NULL;
+    struct jpeg_compress_struct c;
+    struct jpeg_error_mgr e;
+    unsigned char *buf = NULL;
+    unsigned long jl = 0;
+    c.err = jpeg_std_error(&e);
+    jpeg_create_compress(&c);
+    jpeg_mem_dest(&c, &buf, &jl);
+    c.image_width = (JDIMENSION)w;
+    c.image_height = (JDIMENSION)h;
+    c.input_components = 3;
+    c.in_color_space = JCS_RGB;
+    jpeg_set_defaults(&c);
+    jpeg_set_quality(&c, 60, TRUE);
+    jpeg_start_compress(&c, TRUE);
+    for (int64_t y = 0; y < h; y++) {
+        JSAMPROW row = rgb + y * w * 3;
+        jpeg_write_scanlines(&c, &row, 1);
+    }
+    jpeg_finish_compress(&c);
+    jpeg_destroy_compress(&c);
+    free(rgb);
+    *out_len = jl;
+    return (char *)buf;
 }
 
 static void test_sched(const char *dir, const st_checkpoint *g) {
@@ -292,7 +325,7 @@ static void test_sched(const char *dir, const st_checkpoint *g) {
     sp.images = 1;
     ok = st_sched_create(model, NULL, &sp, &s, &err) == ST_OK;
     if (!CHECK(ok, "a scheduler that takes images, prefix cache on (%s)", err.msg)) goto out;
-    const st_req_images im = {(const int32_t(*)[3])vp.mrope, vp.next, vp.n_rows, vp.rows, vp.embeds};
+    const st_req_images im = {(const int32_t(*)[3])vp.mrope, vp.next, vp.n_rows, vp.rows, vp.embeds, NULL};
     st_req_params rp = st_req_default_params();
     rp.max_tokens = gr_t->numel;
     rp.sampling.temperature = 0;
@@ -318,8 +351,50 @@ static void test_sched(const char *dir, const st_checkpoint *g) {
     st_sched_get_stats(s, &stt);
     CHECK(cache->n_cached_blocks <= (int64_t)((tid_t->numel + gr_t->numel) / cache->p.block_size) &&
               stt.prefix.lookups == 1,
-          "the image prompt neither looked up nor left blocks in the prefix cache (%lld lookups, %d blocks cached)",
+          "without keys, the image prompt neither looked up nor left blocks in the prefix cache (%lld lookups, %d "
+          "blocks cached)",
           (long long)stt.prefix.lookups, (int)cache->n_cached_blocks);
+    /* with its keys (its image rows by their pixels): the same prompt again resumes from the
+     * cache and gives the same tokens; the same ids without the images, or with another
+     * image of the same size, do not */
+    {
+        const st_req_images ik = {(const int32_t(*)[3])vp.mrope, vp.next, vp.n_rows, vp.rows, vp.embeds, vp.keys};
+        st_req_params rk = rp;
+        rk.images = &ik;
+        sched_out k1 = {0}, k2 = {0}, k3 = {0}, k4 = {0};
+        int okk = st_sched_submit(s, ids_t->data, ids_t->numel, &rk, on_sched_event, &k1, NULL, &err) == ST_OK;
+        while (okk && st_sched_step(s) > 0) {
+        }
+        okk = okk && st_sched_submit(s, ids_t->data, ids_t->numel, &rk, on_sched_event, &k2, NULL, &err) == ST_OK;
+        while (okk && st_sched_step(s) > 0) {
+        }
+        CHECK(okk && k1.done && k2.done && k1.cached == 0 && k2.cached == 16 && k2.n == k1.n &&
+                  !memcmp(k2.ids, gr_t->data, (size_t)k2.n * sizeof *k2.ids),
+              "with its image keys, the prompt again resumes 16 of its %lld positions from the cache and gives the "
+              "reference's tokens (cached %lld then %lld) %s",
+              (long long)ids_t->numel, (long long)k1.cached, (long long)k2.cached, err.msg);
+        okk = st_sched_submit(s, ids_t->data, ids_t->numel, &rp, on_sched_event, &k3, NULL, &err) == ST_OK;
+        while (okk && st_sched_step(s) > 0) {
+        }
+        size_t jl = 0;
+        char *jpg = jpeg_of_png(img[0], len[0], &jl), *other[2] = {jpg, img[1]};
+        size_t olen[2] = {jl, len[1]};
+        st_vision_prompt vo = {0};
+        okk = jpg && st_vision_prompt_build(v, &pp, model->cfg.image_token_id, ids_t->data, ids_t->numel,
+                                            (const void *const *)other, olen, 2, NULL, &vo, &err) == ST_OK;
+        const st_req_images io = {(const int32_t(*)[3])vo.mrope, vo.next, vo.n_rows, vo.rows, vo.embeds, vo.keys};
+        st_req_params ro = rp;
+        ro.images = &io;
+        okk = okk && st_sched_submit(s, ids_t->data, ids_t->numel, &ro, on_sched_event, &k4, NULL, &err) == ST_OK;
+        while (okk && st_sched_step(s) > 0) {
+        }
+        CHECK(k3.done && k3.cached == 0 && okk && k4.done && k4.cached == 0,
+              "the same ids as text, or with img0 re-encoded (other pixels, same size), take nothing from the "
+              "image prompt's blocks (cached %lld, %lld) %s",
+              (long long)k3.cached, (long long)k4.cached, err.msg);
+        st_vision_prompt_free(&vo);
+        free(jpg);
+    }
     /* a scheduler made without images refuses them */
     sp.images = 0;
     ok = st_sched_create(model, NULL, &sp, &plain, &err) == ST_OK;

@@ -198,7 +198,7 @@ int cmd_generate(int argc, char **argv) {
     if (n_images) {
         int64_t nn = lens[0];
         if (cli_vision_prompt(dir, m, &prompts[0], &nn, 0, image_path, n_images, &vt, &vp, &err) != ST_OK) goto done;
-        im = (st_req_images){(const int32_t(*)[3])vp.mrope, vp.next, vp.n_rows, vp.rows, vp.embeds};
+        im = (st_req_images){(const int32_t(*)[3])vp.mrope, vp.next, vp.n_rows, vp.rows, vp.embeds, vp.keys};
         rp.images = &im;
     }
     if (cli_backend(m, &be, &err) != ST_OK) goto done;

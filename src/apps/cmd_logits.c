@@ -128,7 +128,7 @@ int cmd_logits(int argc, char **argv) {
                 rowp[k] = vp.embeds + (r0 + k) * m->cfg.hidden_size;
                 k++;
             }
-            const st_batch_images im = {&vp.mrope[i][0], k, rel, rowp};
+            const st_batch_images im = {&vp.mrope[i][0], k, rel, rowp, NULL};
             if (st_batch_run_images(cache, f, &it, 1, &im, lg, &err) != ST_OK) goto done;
         } else if (st_batch_run(cache, f, &it, 1, lg, &err) != ST_OK) {
             goto done;

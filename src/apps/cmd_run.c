@@ -209,7 +209,7 @@ int cmd_run(int argc, char **argv) {
         int64_t nn = (int64_t)n_ids;
         if (cli_vision_prompt(dir, m, &ids, &nn, ctx_max, image_path, n_images, &vt, &vp, &err) != ST_OK) goto done;
         n_ids = (size_t)nn;
-        im = (st_req_images){(const int32_t(*)[3])vp.mrope, vp.next, vp.n_rows, vp.rows, vp.embeds};
+        im = (st_req_images){(const int32_t(*)[3])vp.mrope, vp.next, vp.n_rows, vp.rows, vp.embeds, vp.keys};
         rp.images = &im;
     }
     if ((long long)n_ids >= ctx_max) {

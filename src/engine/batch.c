@@ -78,7 +78,10 @@ st_status st_batch_run_images(st_cache *c, st_fwd *f, const st_batch_item *items
         st_batch_undo(c, items, n_items);
         return st;
     }
-    st_batch_commit(c, items, n_items);
+    for (int i = 0; i < n_items; i++) {
+        const int32_t *keys = im->cache_tokens && im->cache_tokens[i] ? im->cache_tokens[i] : items[i].tokens;
+        st_cache_seq_commit(c, items[i].seq, keys, items[i].n_tokens);
+    }
     return ST_OK;
 }
 

@@ -53,6 +53,9 @@ typedef struct st_batch_images {
     int64_t n_embeds;
     const int64_t *rows;
     const float *const *embeds;
+    const int32_t *const *cache_tokens; /* [n_items] what the prefix cache keys each item's
+                                           positions by (an image prompt's rows: their pixels'
+                                           hash), NULL entries (or NULL): its tokens */
 } st_batch_images;
 
 /* st_batch_run with the step's image parts. */

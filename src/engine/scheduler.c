@@ -91,6 +91,7 @@ struct st_sched {
     int32_t (*im_mrope)[3];   /* [step tokens] a step's rotary positions (images); owned */
     int64_t *im_rows;         /* [step tokens] its image rows; owned */
     const float **im_ptrs;    /* [step tokens] their embeddings; owned */
+    const int32_t **im_keys;  /* [max_seqs] each item's prefix-cache keys (image prompts); owned */
     int recs_reserved;        /* free records promised to forks */
     uint64_t admit_counter;
     int64_t snap_every;       /* positions between the snapshots of a prompt */
@@ -341,6 +342,7 @@ void st_sched_destroy(st_sched *s) {
     free(s->im_mrope);
     free(s->im_rows);
     free(s->im_ptrs);
+    free(s->im_keys);
     free(s->item_rec);
     free(s->logits);
     free(s->fork_logits);
@@ -410,7 +412,8 @@ st_status st_sched_create(const st_model *m, const st_tokenizer *tok, const st_s
         s->im_mrope = malloc(T * sizeof *s->im_mrope);
         s->im_rows = malloc(T * sizeof *s->im_rows);
         s->im_ptrs = malloc(T * sizeof *s->im_ptrs);
-        if (!s->im_mrope || !s->im_rows || !s->im_ptrs) {
+        s->im_keys = malloc((size_t)p->max_seqs * sizeof *s->im_keys);
+        if (!s->im_mrope || !s->im_rows || !s->im_ptrs || !s->im_keys) {
             st = st_error_set(err, ST_ERR_NOMEM, "out of memory");
             goto fail;
         }
@@ -538,7 +541,8 @@ st_status st_sched_submit(st_sched *s, const int32_t *prompt, int64_t n_prompt,
         for (int64_t i = 0; !bad && i < n_prompt; i++)
             for (int a = 0; a < 3; a++)
                 if (im->mrope[i][a] < 0 || im->mrope[i][a] > (1 << 30)) bad = "an image prompt's rotary position is out of range";
-        const size_t bytes = (size_t)n_prompt * sizeof *im->mrope + (size_t)im->n_rows * (sizeof(int64_t) + (size_t)d * sizeof(float));
+        const size_t bytes = (size_t)n_prompt * (sizeof *im->mrope + (im->keys ? sizeof(int32_t) : 0)) +
+                             (size_t)im->n_rows * (sizeof(int64_t) + (size_t)d * sizeof(float));
         if (!bad && !(r->im_mem = malloc(bytes + 1))) bad = "out of memory for the image parts";
         if (bad) {
             req_free(r);
@@ -550,7 +554,9 @@ st_status st_sched_submit(st_sched *s, const int32_t *prompt, int64_t n_prompt,
         memcpy(m3, im->mrope, (size_t)n_prompt * sizeof *m3);
         memcpy(rows, im->rows, (size_t)im->n_rows * sizeof *rows);
         memcpy(emb, im->embeds, (size_t)(im->n_rows * d) * sizeof *emb);
-        r->im = (st_req_images){(const int32_t(*)[3])m3, im->next, im->n_rows, rows, emb};
+        int32_t *keys = im->keys ? (int32_t *)(m3 + n_prompt) : NULL;
+        if (keys) memcpy(keys, im->keys, (size_t)n_prompt * sizeof *keys);
+        r->im = (st_req_images){(const int32_t(*)[3])m3, im->next, im->n_rows, rows, emb, keys};
     }
     r->p.images = NULL;
     r->fn = fn;
@@ -803,9 +809,11 @@ static int admit(st_sched *s) {
         rec *c = &s->recs[slot];
         st_error err = {0};
         int snap_slot = -1;
-        st_status st = r->im_mem ? st_cache_seq_start(s->cache, &c->seq, &err)
-                                 : st_cache_seq_start_prefix(s->cache, &c->seq, r->prompt, r->n_prompt, &snap_slot, &err);
-        if (st == ST_OK && r->im_mem) c->seq.private_kv = 1;
+        const int private_kv = r->im_mem && !r->im.keys; /* images the cache could not tell apart */
+        st_status st = private_kv ? st_cache_seq_start(s->cache, &c->seq, &err)
+                                  : st_cache_seq_start_prefix(s->cache, &c->seq, r->im_mem ? r->im.keys : r->prompt,
+                                                              r->n_prompt, &snap_slot, &err);
+        if (st == ST_OK && private_kv) c->seq.private_kv = 1;
         if (st == ST_OK && snap_slot >= 0) {
             st_bctx *bx = st_fwd_ctx(s->fwd);
             bx->b->ops->state_copy(bx, snap_slot, c->seq.slot);
@@ -1055,7 +1063,11 @@ static st_status run_images(st_sched *s, int n, st_error *err) {
                 s->im_ptrs[ne++] = r->im.embeds + i * s->m->cfg.hidden_size;
             }
     }
-    const st_batch_images im = {&s->im_mrope[0][0], ne, s->im_rows, s->im_ptrs};
+    for (int k = 0; k < n; k++) { /* an image prompt's chunks: the cache keys their rows by their pixels */
+        const rec *c = &s->recs[s->item_rec[k]];
+        s->im_keys[k] = c->r->im.keys && c->n_fed < c->n_prompt ? c->r->im.keys + c->n_fed : NULL;
+    }
+    const st_batch_images im = {&s->im_mrope[0][0], ne, s->im_rows, s->im_ptrs, s->im_keys};
     return st_batch_run_images(s->cache, s->fwd, s->items, n, &im, s->logits, err);
 }
 

@@ -96,7 +96,8 @@ typedef struct st_req_params {
 } st_req_params;
 
 /* The image parts of a prompt (vision/prompt.h builds them): its rotary positions and the rows
- * whose embeddings come from the vision tower. Such a request skips the prefix cache (its
+ * whose embeddings come from the vision tower. The prefix cache keys such a prompt by keys
+ * (its image rows stand for their pixels); without keys the request skips the cache (its
  * token ids do not say what its image rows hold). */
 typedef struct st_req_images {
     const int32_t (*mrope)[3]; /* [n_prompt] the prompt's (t, h, w) rotary positions */
@@ -104,6 +105,7 @@ typedef struct st_req_images {
     int64_t n_rows;
     const int64_t *rows;       /* [n_rows] image rows of the prompt, increasing */
     const float *embeds;       /* [n_rows][hidden] their embeddings */
+    const int32_t *keys;       /* [n_prompt] the prompt as the prefix cache keys it, or NULL */
 } st_req_images;
 
 st_req_params st_req_default_params(void);

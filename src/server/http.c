@@ -88,7 +88,7 @@ static int expand_images(srv *s, st_oai_request *req, int32_t **ids, size_t *n, 
     if (*ids != req->prompt_ids) free(*ids);
     *ids = x;
     *n = (size_t)nx;
-    *im = (st_req_images){(const int32_t(*)[3])vp->mrope, vp->next, vp->n_rows, vp->rows, vp->embeds};
+    *im = (st_req_images){(const int32_t(*)[3])vp->mrope, vp->next, vp->n_rows, vp->rows, vp->embeds, vp->keys};
     req->params.images = im;
     return 0;
 }

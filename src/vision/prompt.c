@@ -5,7 +5,16 @@
 #include <string.h>
 
 #include "core/fileio.h"
+#include "core/numeric.h"
 #include "vision/mrope.h"
+
+/* 64-bit FNV-1a of n bytes */
+static uint64_t hash64(const void *p, size_t n) {
+    const uint8_t *b = p;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
 
 st_status st_vision_pp_load(const char *dir, st_vision_pp *pp, st_error *err) {
     *pp = st_vision_pp_default();
@@ -69,6 +78,7 @@ void st_vision_prompt_free(st_vision_prompt *p) {
     free(p->mrope);
     free(p->embeds);
     free(p->rows);
+    free(p->keys);
     memset(p, 0, sizeof *p);
 }
 
@@ -117,10 +127,25 @@ st_status st_vision_prompt_build(const st_vision_tower *v, const st_vision_pp *p
         }
         st = st_vision_encode(v, all, (const int32_t(*)[3])grid, n_images, out->embeds, err);
     }
+    if (st == ST_OK && !(out->keys = malloc((size_t)(n > 0 ? n : 1) * sizeof *out->keys)))
+        st = st_error_set(err, ST_ERR_NOMEM, "out of memory");
     if (st == ST_OK) {
-        int64_t k = 0;
-        for (int64_t i = 0; i < n; i++)
-            if (ids[i] == image_token) out->rows[k++] = i;
+        int64_t k = 0, img = -1, row = 0, left = 0;
+        uint64_t h = 0;
+        for (int64_t i = 0; i < n; i++) {
+            out->keys[i] = ids[i];
+            if (ids[i] != image_token) continue;
+            out->rows[k++] = i;
+            if (left == 0) { /* the next image's run: its pixels' hash */
+                img++;
+                const int64_t np = (int64_t)grid[img][0] * grid[img][1] * grid[img][2];
+                h = hash64(px[img], (size_t)(np * D) * sizeof(float));
+                left = np / ((int64_t)v->cfg.merge * v->cfg.merge);
+                row = 0;
+            }
+            out->keys[i] = -1 - (int32_t)(st_splitmix64(h ^ ((uint64_t)row++ * 0x9e3779b97f4a7c15ull)) & 0x3fffffff);
+            left--;
+        }
         out->n_rows = k; /* == rows: st_mrope_positions matched every run to its image */
     }
     for (int i = 0; px && i < n_images; i++) free(px[i]);

@@ -23,6 +23,8 @@ typedef struct st_vision_prompt {
     int64_t *rows;       /* [n_rows] the image tokens' rows, increasing; owned */
     int64_t n_rows;
     int64_t next;        /* the rotary position (every axis) of the token after the prompt */
+    int32_t *keys;       /* [n] the prompt as the prefix cache keys it: each image row's id replaced
+                            by a negative value from its image's pixels and its row; owned */
 } st_vision_prompt;
 
 /* The image token count of an image file as the processor would size it (for building a

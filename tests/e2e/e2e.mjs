@@ -52,6 +52,8 @@ await attempt('images', async () => {
   const t = await vision.chat.completions.create({ model: 'vision', messages: user('Compare'), max_tokens: 6,
     temperature: 0, reasoning_effort: 'none' });
   // img0 (64x48) takes 4 image tokens and img2 (37x150) 5, each with its start and end marks
+  check(b.usage.prompt_tokens_details.cached_tokens > 0 && a.usage.prompt_tokens_details.cached_tokens === 0,
+    'the same images again: the prefix cache holds them (keyed by their pixels)', { a: a.usage, b: b.usage });
   check(a.choices[0].finish_reason === 'length' && a.usage.completion_tokens === 6 &&
     a.usage.prompt_tokens === t.usage.prompt_tokens + 4 + 5 + 2 * 2 && a.choices[0].message.content === b.choices[0].message.content &&
     a.choices[0].message.content !== t.choices[0].message.content,
