@@ -64,6 +64,14 @@ static void test_embeds(const char *dir, const st_checkpoint *g, const st_kernel
     const double e = st == ST_OK ? rel_err(out, ref->data, ref->numel) : INFINITY;
     CHECK(st == ST_OK && e < 1e-5, "img0 + img2 through the tower (%s kernels): embeddings within 1e-5 of the "
                                    "reference (max rel err %.2e) %s", kname, e, err.msg);
+    /* on 3 threads: the same bits */
+    float *thr = malloc((size_t)ref->numel * sizeof(float));
+    st = st_vision_set_threads(v, 3, &err);
+    if (st == ST_OK) st = st_vision_encode(v, px, (const int32_t(*)[3])grid, 2, thr, &err);
+    CHECK(st == ST_OK && !memcmp(thr, out, (size_t)ref->numel * sizeof(float)),
+          "the tower on 3 threads: the same bits as on one (%s kernels) %s", kname, err.msg);
+    st_vision_set_threads(v, 1, &err);
+    free(thr);
     /* each image alone gives its own rows, the same bits as in the pair */
     float *solo = malloc((size_t)ref->numel * sizeof(float));
     st = st_vision_encode(v, px + n0 * D, (const int32_t(*)[3])grid + 1, 1, solo, &err);

@@ -239,6 +239,10 @@ st_status cli_vision_prompt(const char *dir, const st_model *m, int32_t **ids, i
     for (int i = 0; i < n_paths && st == ST_OK; i++) st = st_file_read(paths[i], lim.max_bytes, &img[i], &len[i], err);
     st_vision_pp pp;
     if (st == ST_OK) st = st_vision_load(dir, st_kernels_best(), vt, err);
+    if (st == ST_OK) { /* $STRAND_THREADS, else every CPU */
+        const int nt = st_threads_parse(getenv("STRAND_THREADS"));
+        st = st_vision_set_threads(*vt, nt > 0 ? nt : st_default_threads(), err);
+    }
     if (st == ST_OK) st = st_vision_pp_load(dir, &pp, err);
     int32_t *x = NULL;
     int64_t nx = 0;

@@ -1,6 +1,8 @@
 /* ==== The OpenAI-compatible HTTP server: start-up, threads, shutdown (see server.h, srv.h) ==== */
 #include "server/srv.h"
 
+#include "core/threadpool.h"
+
 st_server_params st_server_default_params(void) {
     st_server_params p = {
         .host = "127.0.0.1",
@@ -140,7 +142,9 @@ static st_status load_all(srv *s, st_error *err) {
         if (strcmp(s->backend->ops->name, "cpu") != 0)
             snprintf(s->no_images, sizeof s->no_images, "images are served on the CPU backend only for now (--device cpu)");
         else if (st_vision_load(s->p.model_dir, st_kernels_best(), &s->vt, &verr) != ST_OK ||
-                 st_vision_pp_load(s->p.model_dir, &s->pp, &verr) != ST_OK) {
+                 st_vision_pp_load(s->p.model_dir, &s->pp, &verr) != ST_OK ||
+                 st_vision_set_threads(s->vt, s->p.device.cpu.n_threads > 0 ? s->p.device.cpu.n_threads
+                                                                              : st_default_threads(), &verr) != ST_OK) {
             ST_WARN("the vision tower does not load (%s): images are refused", verr.msg);
             snprintf(s->no_images, sizeof s->no_images, "the model's vision tower does not load: %.100s", verr.msg);
             st_vision_free(s->vt);

@@ -9,6 +9,7 @@
 
 #include "core/fileio.h"
 #include "core/numeric.h"
+#include "core/threadpool.h"
 #include "model/safetensors.h"
 
 #define LN_EPS 1e-6f /* the tower's LayerNorms (hard-coded in the reference, not configured) */
@@ -271,7 +272,14 @@ void st_vision_free(st_vision_tower *v) {
     free(v->pos);
     free(v->mnorm_w), free(v->mnorm_b), free(v->mfc1_b), free(v->mfc2_b);
     if (v->ck) st_checkpoint_close(v->ck);
+    st_pool_destroy(v->pool);
     free(v);
+}
+
+st_status st_vision_set_threads(st_vision_tower *v, int n, st_error *err) {
+    st_pool_destroy(v->pool);
+    v->pool = NULL;
+    return n > 1 ? st_pool_create(n, &v->pool, err) : ST_OK;
 }
 
 int64_t st_vision_patch_dim(const st_vision_tower *v) {
@@ -280,13 +288,75 @@ int64_t st_vision_patch_dim(const st_vision_tower *v) {
 
 /* ---- the forward pass ---- */
 
+/* a product's rows split over the pool's threads (each output is one thread's, in the same
+ * order whatever the split) */
+typedef struct lin_job {
+    const st_vision_tower *v;
+    const st_matrix *w;
+    const float *b, *x;
+    int64_t n;
+    float *y;
+    float *scratch; /* [threads][scratch_n] */
+    size_t scratch_n;
+} lin_job;
+
+static void lin_fn(void *ctx, int tid, int nth) {
+    const lin_job *j = ctx;
+    int64_t r0, r1;
+    st_split_range(j->w->rows, nth, tid, 16, &r0, &r1);
+    if (r0 >= r1) return;
+    j->v->k->matmul(j->w, j->x, j->w->cols, j->n, j->y, j->w->rows, r0, r1, j->scratch + (size_t)tid * j->scratch_n);
+    if (j->b)
+        for (int64_t t = 0; t < j->n; t++)
+            for (int64_t r = r0; r < r1; r++) j->y[t * j->w->rows + r] += j->b[r];
+}
+
 /* y[n][rows] = W x[n] + b */
 static void linear(const st_vision_tower *v, const st_matrix *w, const float *b, const float *x, int64_t n, float *y,
-                   float *scratch) {
-    v->k->matmul(w, x, w->cols, n, y, w->rows, 0, w->rows, scratch);
-    if (b)
-        for (int64_t t = 0; t < n; t++)
-            for (int64_t r = 0; r < w->rows; r++) y[t * w->rows + r] += b[r];
+                   float *scratch, size_t scratch_n) {
+    lin_job j = {v, w, b, x, n, y, scratch, scratch_n};
+    if (v->pool) st_pool_run(v->pool, lin_fn, &j);
+    else lin_fn(&j, 0, 1);
+}
+
+/* attention of one (image, frame) segment [s0, s0 + L) of every head, its queries split over
+ * the threads; sc: [threads][L] */
+typedef struct att_job {
+    const float *Q; /* [N][3H] q (rotated), k (rotated), v */
+    float *O;       /* [N][H] */
+    float *sc;
+    int64_t s0, L, H, sc_n;
+    int nh, hd;
+} att_job;
+
+static void att_fn(void *ctx, int tid, int nth) {
+    const att_job *a = ctx;
+    const int64_t H = a->H, total = (int64_t)a->nh * a->L;
+    int64_t lo, hi;
+    st_split_range(total, nth, tid, 1, &lo, &hi);
+    float *sc = a->sc + (size_t)tid * (size_t)a->sc_n;
+    const float scale = 1.0f / sqrtf((float)a->hd);
+    for (int64_t u = lo; u < hi; u++) {
+        const int h = (int)(u / a->L);
+        const int64_t qi = a->s0 + u % a->L;
+        const float *qv = a->Q + qi * 3 * H + (int64_t)h * a->hd;
+        float mx = -INFINITY;
+        for (int64_t kj = a->s0; kj < a->s0 + a->L; kj++) {
+            const float *kv = a->Q + kj * 3 * H + H + (int64_t)h * a->hd;
+            float dot = 0.0f;
+            for (int e = 0; e < a->hd; e++) dot += qv[e] * kv[e];
+            sc[kj - a->s0] = dot * scale;
+            if (sc[kj - a->s0] > mx) mx = sc[kj - a->s0];
+        }
+        float sum = 0.0f;
+        for (int64_t j = 0; j < a->L; j++) sum += sc[j] = expf(sc[j] - mx);
+        float *o = a->O + qi * H + (int64_t)h * a->hd;
+        for (int e = 0; e < a->hd; e++) o[e] = 0.0f;
+        for (int64_t kj = a->s0; kj < a->s0 + a->L; kj++) {
+            const float p = sc[kj - a->s0] / sum, *vv = a->Q + kj * 3 * H + 2 * H + (int64_t)h * a->hd;
+            for (int e = 0; e < a->hd; e++) o[e] += p * vv[e];
+        }
+    }
 }
 
 /* LayerNorm of n rows of d: mean, biased variance (both summed in index order) */
@@ -343,15 +413,17 @@ st_status st_vision_encode(const st_vision_tower *v, const float *pixels, const 
     float *E = malloc((size_t)(N * H) * sizeof(float)), *A = malloc((size_t)(N * H) * sizeof(float));
     float *Q = malloc((size_t)(N * W3) * sizeof(float)), *O = malloc((size_t)(N * H) * sizeof(float));
     float *cs = malloc((size_t)(N * hd) * sizeof(float)), *sn = malloc((size_t)(N * hd) * sizeof(float));
-    float *sc = malloc((size_t)N * sizeof(float));
-    float *scratch = aligned_alloc(64, (scratch_n * sizeof(float) + 63) / 64 * 64);
+    const int nth = v->pool ? st_pool_size(v->pool) : 1;
+    const size_t scratch_t = (scratch_n + 15) / 16 * 16; /* each thread's, 64-byte aligned */
+    float *sc = malloc((size_t)N * (size_t)nth * sizeof(float));
+    float *scratch = aligned_alloc(64, scratch_t * (size_t)nth * sizeof(float));
     st_status st = ST_OK;
     if (!E || !A || !Q || !O || !cs || !sn || !sc || !scratch) {
         st = st_error_set(err, ST_ERR_NOMEM, "vision tower: out of memory for %lld patches", (long long)N);
         goto done;
     }
     /* 1. patch embedding */
-    linear(v, &v->patch, v->patch_b, pixels, N, E, scratch);
+    linear(v, &v->patch, v->patch_b, pixels, N, E, scratch, scratch_t);
     /* 2. interpolated positions, 3. rotary angles (per image, merge-block order, each frame) */
     {
         const int q = hd / 4; /* frequencies per axis */
@@ -391,7 +463,7 @@ st_status st_vision_encode(const st_vision_tower *v, const float *pixels, const 
     for (int b = 0; b < c->depth; b++) {
         const st_vision_block *B = &v->blocks[b];
         layer_norm(E, N, H, B->norm1_w, B->norm1_b, A);
-        linear(v, &B->qkv, B->qkv_b, A, N, Q, scratch);
+        linear(v, &B->qkv, B->qkv_b, A, N, Q, scratch, scratch_t);
         const int half = hd / 2;
         for (int64_t n = 0; n < N; n++) /* rotary on q and k */
             for (int part = 0; part < 2; part++)
@@ -404,39 +476,20 @@ st_status st_vision_encode(const st_vision_tower *v, const float *pixels, const 
                         x[j + half] = x1 * cn[j + half] + x0 * sn_[j + half];
                     }
                 }
-        const float scale = 1.0f / sqrtf((float)hd);
         int64_t s0 = 0;
         for (int i = 0; i < n_img; i++)
             for (int64_t f = 0; f < grid[i][0]; f++) {
-                const int64_t L = (int64_t)grid[i][1] * grid[i][2];
-                for (int h = 0; h < nh; h++)
-                    for (int64_t qi = s0; qi < s0 + L; qi++) {
-                        const float *qv = Q + qi * 3 * H + (int64_t)h * hd;
-                        float mx = -INFINITY;
-                        for (int64_t kj = s0; kj < s0 + L; kj++) {
-                            const float *kv = Q + kj * 3 * H + H + (int64_t)h * hd;
-                            float dot = 0.0f;
-                            for (int e = 0; e < hd; e++) dot += qv[e] * kv[e];
-                            sc[kj - s0] = dot * scale;
-                            if (sc[kj - s0] > mx) mx = sc[kj - s0];
-                        }
-                        float sum = 0.0f;
-                        for (int64_t j = 0; j < L; j++) sum += sc[j] = expf(sc[j] - mx);
-                        float *o = O + qi * H + (int64_t)h * hd;
-                        for (int e = 0; e < hd; e++) o[e] = 0.0f;
-                        for (int64_t kj = s0; kj < s0 + L; kj++) {
-                            const float p = sc[kj - s0] / sum, *vv = Q + kj * 3 * H + 2 * H + (int64_t)h * hd;
-                            for (int e = 0; e < hd; e++) o[e] += p * vv[e];
-                        }
-                    }
-                s0 += L;
+                att_job aj = {Q, O, sc, s0, (int64_t)grid[i][1] * grid[i][2], H, N, nh, hd};
+                if (v->pool) st_pool_run(v->pool, att_fn, &aj);
+                else att_fn(&aj, 0, 1);
+                s0 += aj.L;
             }
-        linear(v, &B->proj, B->proj_b, O, N, A, scratch);
+        linear(v, &B->proj, B->proj_b, O, N, A, scratch, scratch_t);
         for (int64_t i = 0; i < N * H; i++) E[i] += A[i];
         layer_norm(E, N, H, B->norm2_w, B->norm2_b, A);
-        linear(v, &B->fc1, B->fc1_b, A, N, Q, scratch);
+        linear(v, &B->fc1, B->fc1_b, A, N, Q, scratch, scratch_t);
         for (int64_t i = 0; i < N * I; i++) Q[i] = gelu_tanh(Q[i]);
-        linear(v, &B->fc2, B->fc2_b, Q, N, A, scratch);
+        linear(v, &B->fc2, B->fc2_b, Q, N, A, scratch, scratch_t);
         for (int64_t i = 0; i < N * H; i++) E[i] += A[i];
     }
     /* 6. the merger: each block of merge^2 consecutive patches concatenated (rows of 4H) */
@@ -448,9 +501,9 @@ st_status st_vision_encode(const st_vision_tower *v, const float *pixels, const 
             st = st_error_set(err, ST_ERR_NOMEM, "vision tower: out of memory");
             goto done;
         }
-        linear(v, &v->mfc1, v->mfc1_b, A, NM, Y, scratch);
+        linear(v, &v->mfc1, v->mfc1_b, A, NM, Y, scratch, scratch_t);
         for (int64_t i = 0; i < NM * M; i++) Y[i] = gelu_erf(Y[i]);
-        linear(v, &v->mfc2, v->mfc2_b, Y, NM, out, scratch);
+        linear(v, &v->mfc2, v->mfc2_b, Y, NM, out, scratch, scratch_t);
         free(Y);
     }
 done:

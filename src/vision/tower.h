@@ -35,6 +35,7 @@ typedef struct st_vision_tower {
     st_vision_config cfg;
     struct st_checkpoint *ck;     /* owned: the mapping the matrices borrow */
     const st_kernels *k;          /* borrowed */
+    struct st_pool *pool;         /* owned (st_vision_set_threads), or NULL: one thread */
     st_matrix patch;              /* [hidden][in_channels * temporal * patch * patch] */
     float *patch_f32;             /* owned: the patch matrix permuted from an MLX layout, or NULL */
     float *patch_b;               /* [hidden], owned */
@@ -50,6 +51,10 @@ typedef struct st_vision_tower {
  * ST_ERR_SHAPE / ST_ERR_UNSUPPORTED naming the field or tensor otherwise. */
 st_status st_vision_load(const char *dir, const st_kernels *k, st_vision_tower **out, st_error *err);
 void st_vision_free(st_vision_tower *v);
+
+/* Run the products and the attention on n threads (a pool the tower owns; 1: none). The
+ * results are the same bits for any n. One st_vision_encode at a time on a tower. */
+st_status st_vision_set_threads(st_vision_tower *v, int n, st_error *err);
 
 /* Columns of one patch row of pixel_values (in_channels * temporal * patch * patch). */
 int64_t st_vision_patch_dim(const st_vision_tower *v);
