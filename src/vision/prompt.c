@@ -82,42 +82,41 @@ void st_vision_prompt_free(st_vision_prompt *p) {
     memset(p, 0, sizeof *p);
 }
 
-st_status st_vision_prompt_build(const st_vision_tower *v, const st_vision_pp *pp, int32_t image_token,
-                                 const int32_t *ids, int64_t n, const void *const *images, const size_t *lens,
-                                 int n_images, const st_image_limits *lim, st_vision_prompt *out, st_error *err) {
-    memset(out, 0, sizeof *out);
+/* every image decoded, sized, resampled and cut into patches (errors name the image, from 1);
+ * px[i] and grid[i] for the caller to free */
+static st_status all_patches(const st_vision_tower *v, const st_vision_pp *pp, const void *const *images,
+                             const size_t *lens, int n_images, const st_image_limits *lim, float **px, int32_t (*grid)[3],
+                             st_error *err) {
     if (pp->patch != v->cfg.patch || pp->temporal != v->cfg.temporal || pp->merge != v->cfg.merge)
         return st_error_set(err, ST_ERR_FORMAT, "the processor's patch %d, temporal %d, merge %d differ from the "
                                                 "tower's %d, %d, %d", pp->patch, pp->temporal, pp->merge, v->cfg.patch,
                             v->cfg.temporal, v->cfg.merge);
-    const int64_t D = st_vision_patch_dim(v);
-    float **px = calloc((size_t)(n_images > 0 ? n_images : 1), sizeof *px), *all = NULL;
-    int32_t(*grid)[3] = calloc((size_t)(n_images > 0 ? n_images : 1), sizeof *grid);
-    st_status st = px && grid ? ST_OK : st_error_set(err, ST_ERR_NOMEM, "out of memory");
-    int64_t patches = 0;
-    for (int i = 0; i < n_images && st == ST_OK; i++) {
-        st = image_patches(images[i], lens[i], pp, lim, &px[i], grid[i], err);
+    for (int i = 0; i < n_images; i++) {
+        const st_status st = image_patches(images[i], lens[i], pp, lim, &px[i], grid[i], err);
         if (st != ST_OK) {
             char msg[sizeof err->msg];
             snprintf(msg, sizeof msg, "%s", err->msg);
-            st_error_set(err, st, "image %d: %s", i + 1, msg);
-        } else {
-            patches += (int64_t)grid[i][0] * grid[i][1] * grid[i][2];
+            return st_error_set(err, st, "image %d: %s", i + 1, msg);
         }
     }
-    out->mrope = st == ST_OK ? malloc((size_t)(n > 0 ? n : 1) * sizeof *out->mrope) : NULL;
-    if (st == ST_OK && !out->mrope) st = st_error_set(err, ST_ERR_NOMEM, "out of memory");
-    if (st == ST_OK)
-        st = st_mrope_positions(ids, n, image_token, (const int32_t(*)[3])grid, n_images, v->cfg.merge, out->mrope,
-                                &out->next, err);
+    return ST_OK;
+}
+
+/* the prompt's parts from its images' patches */
+static st_status build(const st_vision_tower *v, int32_t image_token, const int32_t *ids, int64_t n, float *const *px,
+                       const int32_t (*grid)[3], int n_images, st_vision_prompt *out, st_error *err) {
+    const int64_t D = st_vision_patch_dim(v);
+    int64_t patches = 0;
+    for (int i = 0; i < n_images; i++) patches += (int64_t)grid[i][0] * grid[i][1] * grid[i][2];
     const int64_t rows = patches / ((int64_t)v->cfg.merge * v->cfg.merge);
-    if (st == ST_OK) {
-        all = malloc((size_t)(patches * D + 1) * sizeof(float));
-        out->embeds = malloc((size_t)(rows * v->cfg.out_hidden + 1) * sizeof(float));
-        out->rows = malloc((size_t)(rows + 1) * sizeof *out->rows);
-        if (!all || !out->embeds || !out->rows) st = st_error_set(err, ST_ERR_NOMEM, "out of memory for %lld patches",
-                                                                  (long long)patches);
-    }
+    out->mrope = malloc((size_t)(n > 0 ? n : 1) * sizeof *out->mrope);
+    out->keys = malloc((size_t)(n > 0 ? n : 1) * sizeof *out->keys);
+    out->embeds = malloc((size_t)(rows * v->cfg.out_hidden + 1) * sizeof(float));
+    out->rows = malloc((size_t)(rows + 1) * sizeof *out->rows);
+    float *all = malloc((size_t)(patches * D + 1) * sizeof(float));
+    st_status st = out->mrope && out->keys && out->embeds && out->rows && all
+                       ? st_mrope_positions(ids, n, image_token, grid, n_images, v->cfg.merge, out->mrope, &out->next, err)
+                       : st_error_set(err, ST_ERR_NOMEM, "out of memory for %lld patches", (long long)patches);
     if (st == ST_OK) {
         int64_t at = 0;
         for (int i = 0; i < n_images; i++) {
@@ -125,11 +124,9 @@ st_status st_vision_prompt_build(const st_vision_tower *v, const st_vision_pp *p
             memcpy(all + at * D, px[i], (size_t)(np * D) * sizeof(float));
             at += np;
         }
-        st = st_vision_encode(v, all, (const int32_t(*)[3])grid, n_images, out->embeds, err);
+        st = st_vision_encode(v, all, grid, n_images, out->embeds, err);
     }
-    if (st == ST_OK && !(out->keys = malloc((size_t)(n > 0 ? n : 1) * sizeof *out->keys)))
-        st = st_error_set(err, ST_ERR_NOMEM, "out of memory");
-    if (st == ST_OK) {
+    if (st == ST_OK) { /* the image rows, and the prompt as the prefix cache keys it */
         int64_t k = 0, img = -1, row = 0, left = 0;
         uint64_t h = 0;
         for (int64_t i = 0; i < n; i++) {
@@ -148,10 +145,27 @@ st_status st_vision_prompt_build(const st_vision_tower *v, const st_vision_pp *p
         }
         out->n_rows = k; /* == rows: st_mrope_positions matched every run to its image */
     }
+    free(all);
+    return st;
+}
+
+/* the patches of n_images images, freed */
+static void free_patches(float **px, int32_t (*grid)[3], int n_images) {
     for (int i = 0; px && i < n_images; i++) free(px[i]);
     free(px);
     free(grid);
-    free(all);
+}
+
+st_status st_vision_prompt_build(const st_vision_tower *v, const st_vision_pp *pp, int32_t image_token,
+                                 const int32_t *ids, int64_t n, const void *const *images, const size_t *lens,
+                                 int n_images, const st_image_limits *lim, st_vision_prompt *out, st_error *err) {
+    memset(out, 0, sizeof *out);
+    float **px = calloc((size_t)(n_images > 0 ? n_images : 1), sizeof *px);
+    int32_t(*grid)[3] = calloc((size_t)(n_images > 0 ? n_images : 1), sizeof *grid);
+    st_status st = px && grid ? all_patches(v, pp, images, lens, n_images, lim, px, grid, err)
+                              : st_error_set(err, ST_ERR_NOMEM, "out of memory");
+    if (st == ST_OK) st = build(v, image_token, ids, n, px, (const int32_t(*)[3])grid, n_images, out, err);
+    free_patches(px, grid, n_images);
     if (st != ST_OK) st_vision_prompt_free(out);
     return st;
 }
@@ -168,40 +182,32 @@ st_status st_vision_prompt_expand(const st_vision_tower *v, const st_vision_pp *
     if (k != n_images)
         return st_error_set(err, ST_ERR_ARG, "the chat template placed %lld image placeholders for %d images",
                             (long long)k, n_images);
-    int64_t *cnt = calloc((size_t)(n_images > 0 ? n_images : 1), sizeof *cnt), extra = 0;
-    if (!cnt) return st_error_set(err, ST_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < n_images; i++) {
-        st_status st = st_vision_image_tokens(images[i], lens[i], pp, lim, &cnt[i], err);
-        if (st != ST_OK) {
-            char msg[sizeof err->msg];
-            snprintf(msg, sizeof msg, "%s", err->msg);
-            free(cnt);
-            return st_error_set(err, st, "image %d: %s", i + 1, msg);
-        }
-        extra += cnt[i] - 1;
-    }
-    if (n + extra >= max_tokens) {
-        free(cnt);
-        return st_error_set(err, ST_ERR_LIMIT, "the prompt with its images has %lld tokens; the context length is %lld",
-                            (long long)(n + extra), (long long)max_tokens);
-    }
-    int32_t *x = malloc((size_t)(n + extra) * sizeof *x);
-    if (!x) {
-        free(cnt);
-        return st_error_set(err, ST_ERR_NOMEM, "out of memory");
-    }
+    float **px = calloc((size_t)(n_images > 0 ? n_images : 1), sizeof *px);
+    int32_t(*grid)[3] = calloc((size_t)(n_images > 0 ? n_images : 1), sizeof *grid);
+    st_status st = px && grid ? all_patches(v, pp, images, lens, n_images, lim, px, grid, err)
+                              : st_error_set(err, ST_ERR_NOMEM, "out of memory");
+    /* each placeholder becomes its image's run: patches / merge^2 tokens */
+    const int64_t mm = (int64_t)pp->merge * pp->merge;
+    int64_t extra = 0;
+    for (int i = 0; st == ST_OK && i < n_images; i++) extra += (int64_t)grid[i][0] * grid[i][1] * grid[i][2] / mm - 1;
+    if (st == ST_OK && n + extra >= max_tokens)
+        st = st_error_set(err, ST_ERR_LIMIT, "the prompt with its images has %lld tokens; the context length is %lld",
+                          (long long)(n + extra), (long long)max_tokens);
+    int32_t *x = st == ST_OK ? malloc((size_t)(n + extra) * sizeof *x) : NULL;
+    if (st == ST_OK && !x) st = st_error_set(err, ST_ERR_NOMEM, "out of memory");
     int64_t at = 0;
-    for (int64_t i = 0, img = 0; i < n; i++) {
+    for (int64_t i = 0, img = 0; st == ST_OK && i < n; i++) {
         if (ids[i] != image_token) {
             x[at++] = ids[i];
             continue;
         }
-        for (int64_t j = 0; j < cnt[img]; j++) x[at++] = image_token;
+        for (int64_t j = (int64_t)grid[img][0] * grid[img][1] * grid[img][2] / mm; j > 0; j--) x[at++] = image_token;
         img++;
     }
-    free(cnt);
-    st_status st = st_vision_prompt_build(v, pp, image_token, x, at, images, lens, n_images, lim, vp, err);
+    if (st == ST_OK) st = build(v, image_token, x, at, px, (const int32_t(*)[3])grid, n_images, vp, err);
+    free_patches(px, grid, n_images);
     if (st != ST_OK) {
+        st_vision_prompt_free(vp);
         free(x);
         return st;
     }
