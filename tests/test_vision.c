@@ -5,10 +5,10 @@
  * tower, bad grids, runs that do not match the images). */
 #include <math.h>
 #include <stdio.h>
-#include <jpeglib.h> /* after stdio.h */
 #include <stdlib.h>
 #include <string.h>
 
+#include "jpeg_write.h"
 #include "kit.h"
 #include "model/model.h"
 #include "model/safetensors.h"
@@ -199,6 +199,29 @@ out:
     st_vision_free(v);
 }
 
+/* img0's pixels written again as a JPEG (other pixels, the same size) */
+static char *jpeg_of_png(const char *png, size_t len, size_t *out_len) {
+    uint8_t *rgb = NULL;
+    int64_t w = 0, h = 0;
+    if (st_image_decode(png, len, NULL, &rgb, &w, &h, NULL) != ST_OK) return NULL;
+    unsigned long jl = 0;
+    unsigned char *jpg = test_jpeg(rgb, (int)w, (int)h, 60, 0, &jl);
+    free(rgb);
+    *out_len = jl;
+    return (char *)jpg;
+}
+
+/* tiny-vl's img0 and img2 (their bytes, to free), its tower, processor and model */
+static int open_vl(const char *dir, char *img[2], size_t len[2], st_vision_tower **v, st_vision_pp *pp, st_model **model,
+                   st_error *err) {
+    char path[2][600];
+    snprintf(path[0], sizeof path[0], "%s/images/img0.png", dir);
+    snprintf(path[1], sizeof path[1], "%s/images/img2.png", dir);
+    return st_file_read(path[0], 1 << 20, &img[0], &len[0], err) == ST_OK &&
+           st_file_read(path[1], 1 << 20, &img[1], &len[1], err) == ST_OK && st_vision_load(dir, NULL, v, err) == ST_OK &&
+           st_vision_pp_load(dir, pp, err) == ST_OK && st_model_load(dir, model, err) == ST_OK;
+}
+
 /* the same prompt from the PNG files, through st_vision_prompt_build (decode, preprocess,
  * tower, positions) and st_batch_run_images */
 static void test_prompt_files(const char *dir, const st_checkpoint *g) {
@@ -207,10 +230,8 @@ static void test_prompt_files(const char *dir, const st_checkpoint *g) {
     if (!ids_t || !lg_t) return;
     const int32_t *ids = ids_t->data;
     const int n = (int)ids_t->numel;
-    char path[2][600], *img[2] = {NULL, NULL};
+    char *img[2] = {NULL, NULL};
     size_t len[2] = {0, 0};
-    snprintf(path[0], sizeof path[0], "%s/images/img0.png", dir);
-    snprintf(path[1], sizeof path[1], "%s/images/img2.png", dir);
     st_vision_tower *v = NULL;
     st_vision_pp pp;
     st_vision_prompt vp = {0};
@@ -220,9 +241,7 @@ static void test_prompt_files(const char *dir, const st_checkpoint *g) {
     st_fwd *f = NULL;
     float *logits = NULL;
     int64_t tok0 = 0;
-    int ok = st_file_read(path[0], 1 << 20, &img[0], &len[0], &err) == ST_OK &&
-             st_file_read(path[1], 1 << 20, &img[1], &len[1], &err) == ST_OK && st_vision_load(dir, NULL, &v, &err) == ST_OK &&
-             st_vision_pp_load(dir, &pp, &err) == ST_OK && st_model_load(dir, &model, &err) == ST_OK &&
+    int ok = open_vl(dir, img, len, &v, &pp, &model, &err) &&
              st_vision_image_tokens(img[0], len[0], &pp, NULL, &tok0, &err) == ST_OK;
     if (!CHECK(ok && tok0 == 4, "img0.png takes %lld image tokens (4) (%s)", (long long)tok0, err.msg)) goto out;
     ok = st_vision_prompt_build(v, &pp, model->cfg.image_token_id, ids, n, (const void *const *)img, len, 2, NULL, &vp,
@@ -276,53 +295,19 @@ static int on_sched_event(void *user, const st_event *ev) {
     return ST_EV_CONTINUE;
 }
 
-/* img0's pixels written again as a JPEG (other pixels, the same size) */
-static char *jpeg_of_png(const char *png, size_t len, size_t *out_len) {
-    uint8_t *rgb = NULL;
-    int64_t w = 0, h = 0;
-    if (st_image_decode(png, len, NULL, &rgb, &w, &h, NULL) != ST_OK) return NULL;
-    struct jpeg_compress_struct c;
-    struct jpeg_error_mgr e;
-    unsigned char *buf = NULL;
-    unsigned long jl = 0;
-    c.err = jpeg_std_error(&e);
-    jpeg_create_compress(&c);
-    jpeg_mem_dest(&c, &buf, &jl);
-    c.image_width = (JDIMENSION)w;
-    c.image_height = (JDIMENSION)h;
-    c.input_components = 3;
-    c.in_color_space = JCS_RGB;
-    jpeg_set_defaults(&c);
-    jpeg_set_quality(&c, 60, TRUE);
-    jpeg_start_compress(&c, TRUE);
-    for (int64_t y = 0; y < h; y++) {
-        JSAMPROW row = rgb + y * w * 3;
-        jpeg_write_scanlines(&c, &row, 1);
-    }
-    jpeg_finish_compress(&c);
-    jpeg_destroy_compress(&c);
-    free(rgb);
-    *out_len = jl;
-    return (char *)buf;
-}
-
 static void test_sched(const char *dir, const st_checkpoint *g) {
     st_error err = {0};
     const st_tensor *ids_t = need(g, "mm.ids"), *gr_t = need(g, "mm.greedy"), *tid_t = need(g, "text.ids");
     const st_tensor *tlg_t = need(g, "text.logits");
     if (!ids_t || !gr_t || !tid_t || !tlg_t) return;
-    char path[2][600], *img[2] = {NULL, NULL};
+    char *img[2] = {NULL, NULL};
     size_t len[2] = {0, 0};
-    snprintf(path[0], sizeof path[0], "%s/images/img0.png", dir);
-    snprintf(path[1], sizeof path[1], "%s/images/img2.png", dir);
     st_vision_tower *v = NULL;
     st_vision_pp pp;
     st_vision_prompt vp = {0};
     st_model *model = NULL;
     st_sched *s = NULL, *plain = NULL;
-    int ok = st_file_read(path[0], 1 << 20, &img[0], &len[0], &err) == ST_OK &&
-             st_file_read(path[1], 1 << 20, &img[1], &len[1], &err) == ST_OK && st_vision_load(dir, NULL, &v, &err) == ST_OK &&
-             st_vision_pp_load(dir, &pp, &err) == ST_OK && st_model_load(dir, &model, &err) == ST_OK &&
+    int ok = open_vl(dir, img, len, &v, &pp, &model, &err) &&
              st_vision_prompt_build(v, &pp, model->cfg.image_token_id, ids_t->data, ids_t->numel, (const void *const *)img,
                                     len, 2, NULL, &vp, &err) == ST_OK;
     if (!CHECK(ok, "the image prompt for the scheduler (%s)", err.msg)) goto out;

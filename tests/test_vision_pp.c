@@ -6,12 +6,12 @@
  * here with an EXIF orientation, read back upright. */
 #include <math.h>
 #include <stdio.h>
-#include <jpeglib.h> /* after stdio.h: it uses FILE and size_t */
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/fileio.h"
 #include "golden.h"
+#include "jpeg_write.h"
 #include "tap.h"
 #include "vision/image.h"
 #include "vision/preprocess.h"
@@ -46,35 +46,6 @@ static void test_smart_resize(void) {
     st_error err = {0};
     CHECK(st_vision_smart_resize(10, 2500, &p, &h, &w, &err) == ST_ERR_ARG && strstr(err.msg, "aspect"),
           "an aspect ratio over 200 is refused: %s", err.msg);
-}
-
-/* a w x h JPEG of rgb (quality 95) with an EXIF orientation tag o (0: none) */
-static unsigned char *write_jpeg(const uint8_t *rgb, int w, int h, int o, unsigned long *len) {
-    struct jpeg_compress_struct c;
-    struct jpeg_error_mgr e;
-    unsigned char *buf = NULL;
-    c.err = jpeg_std_error(&e);
-    jpeg_create_compress(&c);
-    jpeg_mem_dest(&c, &buf, len);
-    c.image_width = (JDIMENSION)w;
-    c.image_height = (JDIMENSION)h;
-    c.input_components = 3;
-    c.in_color_space = JCS_RGB;
-    jpeg_set_defaults(&c);
-    jpeg_set_quality(&c, 95, TRUE);
-    jpeg_start_compress(&c, TRUE);
-    if (o) { /* Exif, little-endian TIFF, IFD0 with one entry: orientation (SHORT) */
-        unsigned char ex[] = {'E', 'x', 'i', 'f', 0, 0, 'I', 'I', 42, 0, 8, 0, 0, 0, 1, 0,
-                              0x12, 0x01, 3, 0, 1, 0, 0, 0, (unsigned char)o, 0, 0, 0, 0, 0, 0, 0};
-        jpeg_write_marker(&c, JPEG_APP0 + 1, ex, sizeof ex);
-    }
-    for (int y = 0; y < h; y++) {
-        JSAMPROW row = (JSAMPROW)(rgb + (size_t)y * (size_t)w * 3);
-        jpeg_write_scanlines(&c, &row, 1);
-    }
-    jpeg_finish_compress(&c);
-    jpeg_destroy_compress(&c);
-    return buf;
 }
 
 static void test_decoder(const char *dir) {
@@ -115,7 +86,7 @@ static void test_decoder(const char *dir) {
         for (int x = 0; x < W; x++) img[y][x][0] = x < W / 2 ? 230 : 20, img[y][x][1] = 20, img[y][x][2] = x < W / 2 ? 20 : 230;
     for (int o = 0; o <= 6; o += 6) {
         unsigned long jl = 0;
-        unsigned char *jpg = write_jpeg(&img[0][0][0], W, H, o, &jl);
+        unsigned char *jpg = test_jpeg(&img[0][0][0], W, H, 95, o, &jl);
         st_status st = st_image_decode(jpg, jl, NULL, &rgb, &w, &h, &err);
         int ok = st == ST_OK && w == (o ? H : W) && h == (o ? W : H);
         if (ok) { /* the red half: the left (o 0) or the top (o 6) */
