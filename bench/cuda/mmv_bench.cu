@@ -1,9 +1,10 @@
 /* The CUDA backend's matrix products on the GPU, side by side (a development bench, not part
  * of strand; `make` builds it as build/mmv_bench when nvcc is there): every 27B shape at 1, 4,
- * 8, 16 and 64 tokens, the tiled bf16 kernels (k_mmv with the split activations, k_mma
- * without), the row-major CUDA-core kernel and a plain read of the same bytes (the ceiling);
- * GB/s of weights each, whether k_mmv and k_mma give the same bits, and the time of one 27B
- * token's matrices against the copy-bandwidth floor. It includes the backend's kernels
+ * 8, 16, 64 and 256 tokens, the tiled bf16 kernels (with the scratch: k_mmv up to 16 tokens,
+ * k_gemm beyond; without: k_mma), the row-major CUDA-core kernel and a plain read of the same
+ * bytes (the ceiling); GB/s of weights each (times T / 1000: TFLOP/s), whether the two tiled
+ * paths give the same bits, and the time of one 27B token's matrices against the
+ * copy-bandwidth floor. It includes the backend's kernels
  * (src/backend/cuda/kernels.cu), so it measures the code strand runs.
  *
  *   build/mmv_bench [reps]
@@ -46,7 +47,7 @@ struct shape {
 /* the backend's paths: tiled with the split activations (k_mmv, up to 16 tokens), tiled
  * without (k_mma), row-major on CUDA cores, and the read ceiling */
 enum { V_MMV, V_MMA, V_FMA, V_READ, NV };
-static const char *vname[NV] = {"tiled k_mmv", "tiled k_mma", "row fma", "read"};
+static const char *vname[NV] = {"mmv/gemm", "tiled k_mma", "row fma", "read"};
 
 int main(int argc, char **argv) {
     const int reps = argc > 1 ? atoi(argv[1]) : 20;
@@ -55,6 +56,7 @@ int main(int argc, char **argv) {
     printf("device %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
     cudaStream_t s;
     CK(cudaStreamCreate(&s));
+    cu_mm_init();
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
@@ -76,13 +78,13 @@ int main(int argc, char **argv) {
     const shape shapes[] = {{"mlp gate/up", 17408, 5120, 128}, {"mlp down", 5120, 17408, 64}, {"gdn qkv", 10240, 5120, 48},
                             {"gdn z", 6144, 5120, 48}, {"gdn out, attn o", 5120, 6144, 64},   {"attn q+gate", 12288, 5120, 16},
                             {"attn k, v", 1024, 5120, 32},      {"gdn b, a", 48, 5120, 96},    {"lm head", 248320, 5120, 1}};
-    const int Ts[] = {1, 4, 8, 16, 64};
-    enum { NTS = 5 };
+    const int Ts[] = {1, 4, 8, 16, 64, 256};
+    enum { NTS = 6 };
     unsigned *sink;
     CK(cudaMalloc(&sink, 4));
     printf("\n%-15s %3s %2s", "shape", "T", "P");
     for (int v = 0; v < NV; v++) printf(" %12s", vname[v]);
-    printf("   (GB/s of weights; * = k_mmv and k_mma differ in a bit)\n");
+    printf("   (GB/s of weights; * = the scratch and k_mma paths differ in a bit)\n");
     double tot[2][NV][NTS] = {{{0}}}; /* [P=1, 3] per T, summed over one 27B token's matrices */
     for (const shape &sh : shapes) {
         const size_t bytes = (size_t)sh.rows * sh.cols * 2, tbytes = cu_tiled_elems(sh.rows, sh.cols) * 2;
@@ -94,11 +96,12 @@ int main(int argc, char **argv) {
             cu_synth_fill(s, wd[c], bytes / 2, CU_SYNTH_BF16, 1234 + c, 0.05f);
             cu_tile_bf16(s, wd[c], sh.rows, sh.cols, wtd[c]);
         }
-        const int64_t TM = 64;
+        const int64_t TM = 256;
         float *x, *y, *yref;
         uint16_t *xs;
         CK(cudaMalloc(&x, TM * sh.cols * 4));
-        CK(cudaMalloc(&xs, cu_split_elems(16, sh.cols) * 2));
+        CK(cudaMalloc(&xs, cu_split_elems(TM, sh.cols) * 2));
+        const cu_mm_scratch sc = {xs, TM};
         CK(cudaMalloc(&y, TM * sh.rows * 4));
         CK(cudaMalloc(&yref, TM * sh.rows * 4));
         {
@@ -113,7 +116,7 @@ int main(int argc, char **argv) {
                 printf("%-15s %3lld %2d", sh.name, (long long)T, P);
                 const int mode = P == 3 ? CU_MM_EXACT : CU_MM_BF16;
                 for (int v = 0; v < NV; v++) {
-                    if ((v == V_READ && P == 1) || (v == V_MMV && T > 16)) {
+                    if ((v == V_READ && P == 1) || (v == V_FMA && T > 64)) {
                         printf(" %12s", "");
                         continue;
                     }
@@ -121,7 +124,7 @@ int main(int argc, char **argv) {
                         cu_mat wt = {CU_FMT_BF16_TILED, 0, 0, 0, sh.rows, sh.cols, wtd[c], NULL, NULL};
                         cu_mat w = {2, 0, 0, 0, sh.rows, sh.cols, wd[c], NULL, NULL};
                         switch (v) {
-                        case V_MMV: cu_matmul(s, &wt, x, sh.cols, T, y, sh.rows, mode, xs); break;
+                        case V_MMV: cu_matmul(s, &wt, x, sh.cols, T, y, sh.rows, mode, &sc); break;
                         case V_MMA: cu_matmul(s, &wt, x, sh.cols, T, y, sh.rows, mode, NULL); break;
                         case V_FMA: cu_matmul(s, &w, x, sh.cols, T, y, sh.rows, CU_MM_FMA, NULL); break;
                         default: k_read<<<prop.multiProcessorCount * 8, 512, 0, s>>>((const uint4 *)wd[c], (int64_t)(bytes / 16), sink);
@@ -133,7 +136,7 @@ int main(int argc, char **argv) {
                     CK(cudaStreamSynchronize(s));
                     bool same = true;
                     if (v == V_MMV) CK(cudaMemcpy(yref, y, T * sh.rows * 4, cudaMemcpyDeviceToDevice));
-                    if (v == V_MMA && T <= 16) {
+                    if (v == V_MMA) {
                         std::vector<float> a(T * sh.rows), b(T * sh.rows);
                         CK(cudaMemcpy(a.data(), y, a.size() * 4, cudaMemcpyDeviceToHost));
                         CK(cudaMemcpy(b.data(), yref, b.size() * 4, cudaMemcpyDeviceToHost));

@@ -292,8 +292,15 @@ static st_status cuda_create(const st_model *m, const st_cuda_params *p, const s
     if (shard && shard->world != 1)
         return fail(err, ST_ERR_UNSUPPORTED, "the CUDA backend computes a whole model (world 1), not a shard of %d",
                     shard->world);
+    if (m->n_full > 0 && !cu_attention_fits(m->cfg.n_heads, m->cfg.n_kv_heads, m->cfg.head_dim))
+        return fail(err, ST_ERR_UNSUPPORTED,
+                    "the CUDA backend's attention takes at most 48 query heads a KV head and head dims up to 256 "
+                    "(the model has %d heads over %d KV heads of %d dims)",
+                    m->cfg.n_heads, m->cfg.n_kv_heads, m->cfg.head_dim);
     cudaError_t e = cudaSetDevice(p->device);
     if (e != cudaSuccess) return cuda_fail(err, e, "selecting the device");
+    cu_mm_init();
+    cu_attention_init(m->cfg.head_dim);
     cuda_backend *b = calloc(1, sizeof *b);
     if (!b) return fail(err, ST_ERR_NOMEM, "out of memory");
     const st_config *c = &m->cfg;
@@ -426,6 +433,9 @@ static void cuda_describe(const st_backend *base, char *buf, size_t cap) {
 /* contexts */
 
 #define LOGIT_CHUNK 64 /* logit rows computed per pass (the device buffer holds this many) */
+#define XS_TOKENS 2048 /* the split activations' tokens: longer products run in slices of this many */
+
+static int64_t xs_tokens(int64_t max_tokens) { return max_tokens < 16 ? 16 : max_tokens > XS_TOKENS ? XS_TOKENS : max_tokens; }
 
 /* where each part of the plan sits in its staging (bytes from the start) */
 typedef struct plan_layout {
@@ -456,8 +466,8 @@ typedef struct cuda_ctx {
     cudaStream_t stream;
     /* activations (device, fp32) */
     float *x, *xn, *out, *p1, *p2, *p3, *p4, *mix, *gath, *gout, *lg, *small;
-    float *xs; /* the activations split into bf16 parts for the tiled products: uint16
-                  [cu_split_elems(16, tiled_cols)] */
+    cu_mm_scratch mms; /* the tiled products' scratch: xs [cu_split_elems(xs_tokens(T),
+                          tiled_cols)] uint16, device, owned */
     int xs_holds; /* the st_act buffer whose split xs holds now, or -1 */
     int64_t w1, w2, w3, wm;
     /* storage */
@@ -529,7 +539,7 @@ static void cuda_ctx_plan(const st_backend *base, const st_ctx_params *p, st_ctx
     const int64_t w3 = b->Hv > b->nkv * b->hd ? b->Hv : b->nkv * b->hd;
     const int64_t wm = b->vd > b->nh * b->hd ? b->vd : b->nh * b->hd;
     size_t floats = T * (size_t)(5 * b->d + w1 + w2 + w3 + b->Hv + wm + 2) + (size_t)LOGIT_CHUNK * (size_t)b->V;
-    floats += (cu_split_elems(16, b->tiled_cols) + 1) / 2;
+    floats += (cu_split_elems(xs_tokens(p->max_tokens), b->tiled_cols) + 1) / 2;
     out->scratch_bytes = floats * sizeof(float) + 2 * layout_of(p, cap_blocks_of(b, p)).total +
                          T * (size_t)(b->E + 4 * b->topk + 2) * 4;
     out->total_bytes = (size_t)p->n_blocks * out->kv_block_bytes + (size_t)(p->n_slots + p->n_snapshots) * out->slot_bytes +
@@ -542,7 +552,7 @@ static void cuda_ctx_destroy(st_bctx *base) {
     cudaSetDevice(c->b->device);
     if (c->stream) cudaStreamSynchronize(c->stream);
     float *bufs[] = {c->x,   c->xn,   c->out, c->p1,   c->p2,   c->p3, c->p4, c->mix, c->gath,
-                     c->gout, c->lg, c->small, c->xs, c->conv, c->rec, c->d_w};
+                     c->gout, c->lg, c->small, (float *)c->mms.xs, c->conv, c->rec, c->d_w};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) cudaFree(bufs[i]);
     if (c->kv) cudaFree(c->kv);
@@ -595,8 +605,9 @@ static st_status cuda_ctx_create(st_backend *base, const st_ctx_params *p, st_bc
         {&c->x, T * b->d},   {&c->xn, T * b->d},  {&c->out, T * b->d}, {&c->p1, T * c->w1},
         {&c->p2, T * c->w2}, {&c->p3, T * c->w3}, {&c->p4, T * (b->Hv ? b->Hv : 1)}, {&c->mix, T * c->wm},
         {&c->gath, T * b->d}, {&c->gout, T * b->d}, {&c->lg, (int64_t)LOGIT_CHUNK * b->V}, {&c->small, 2 * T},
-        {&c->xs, (int64_t)(cu_split_elems(16, b->tiled_cols) + 1) / 2},
+        {(float **)&c->mms.xs, (int64_t)(cu_split_elems(xs_tokens(T), b->tiled_cols) + 1) / 2},
     };
+    c->mms.xs_tokens = xs_tokens(T);
     for (size_t i = 0; i < sizeof acts / sizeof acts[0] && st == ST_OK; i++) {
         st = dev_alloc(b, (size_t)acts[i].n * sizeof(float), (void **)acts[i].p, err);
         c->bytes += (size_t)acts[i].n * sizeof(float);
@@ -738,7 +749,7 @@ static void do_add_norm(cuda_ctx *c, int layer, st_norm which, int mode) {
                                               : c->b->layers[layer].post_norm;
     const int parts = (mode & ST_NORM_APPLY) && c->b->d <= c->b->tiled_cols ? split_parts(c) : 0;
     cu_add_norm(c->stream, c->x, c->out, w, c->xn, c->T, c->b->d, c->b->eps, mode & ST_NORM_ADD,
-                (mode & ST_NORM_APPLY) != 0, parts ? (uint16_t *)c->xs : NULL, parts);
+                (mode & ST_NORM_APPLY) != 0, parts ? c->mms.xs : NULL, parts);
     c->xs_holds = parts ? ST_ACT_XN : (c->xs_holds == ST_ACT_XN ? -1 : c->xs_holds);
 }
 
@@ -755,7 +766,7 @@ static void do_matmul(cuda_ctx *c, int layer, st_act in, const st_mm *mm, int n,
             y[i] = act(c, mm[i0 + i].out);
             ldy[i] = w[i]->rows;
         }
-        cu_matmul_group(c->stream, k, w, y, ldy, x, w[0]->cols, c->T, c->b->mm_mode, (uint16_t *)c->xs,
+        cu_matmul_group(c->stream, k, w, y, ldy, x, w[0]->cols, c->T, c->b->mm_mode, &c->mms,
                         c->xs_holds == (int)in);
         if (split_parts(c)) c->xs_holds = (int)in;
         for (int i = 0; i < k; i++)
@@ -765,7 +776,7 @@ static void do_matmul(cuda_ctx *c, int layer, st_act in, const st_mm *mm, int n,
         const cu_mat *g = &L->w[mm[0].w];
         const int parts = g->rows <= c->b->tiled_cols ? split_parts(c) : 0;
         cu_silu_mul(c->stream, act(c, mm[0].out), act(c, mm[1].out), c->T, g->rows, g->rows,
-                    parts ? (uint16_t *)c->xs : NULL, parts);
+                    parts ? c->mms.xs : NULL, parts);
         c->xs_holds = parts ? (int)mm[0].out : -1;
     }
 }
@@ -985,10 +996,10 @@ static void cuda_attention(st_bctx *base, int layer) {
 
 /* SwiGLU MLP of n rows of x into y, on p1/p2 */
 static void swiglu(cuda_ctx *c, const cu_mat *g, const cu_mat *u, const cu_mat *dn, const float *x, int64_t n, float *y) {
-    cu_matmul(c->stream, g, x, g->cols, n, c->p1, g->rows, c->b->mm_mode, (uint16_t *)c->xs);
-    cu_matmul(c->stream, u, x, u->cols, n, c->p2, u->rows, c->b->mm_mode, (uint16_t *)c->xs);
+    cu_matmul(c->stream, g, x, g->cols, n, c->p1, g->rows, c->b->mm_mode, &c->mms);
+    cu_matmul(c->stream, u, x, u->cols, n, c->p2, u->rows, c->b->mm_mode, &c->mms);
     cu_silu_mul(c->stream, c->p1, c->p2, n, g->rows, g->rows, NULL, 0);
-    cu_matmul(c->stream, dn, c->p1, dn->cols, n, y, dn->rows, c->b->mm_mode, (uint16_t *)c->xs);
+    cu_matmul(c->stream, dn, c->p1, dn->cols, n, y, dn->rows, c->b->mm_mode, &c->mms);
 }
 
 /* Routing on the host, as the CPU backend does it (the same selection, ties to the lower
@@ -1001,7 +1012,7 @@ static void cuda_moe(st_bctx *base, int layer) {
     const cl_layer *L = &b->layers[layer];
     const int64_t T = c->T, d = b->d;
     const int E = b->E, k = b->topk;
-    cu_matmul(c->stream, &L->router, c->xn, d, T, c->gout, E, b->mm_mode, (uint16_t *)c->xs);
+    cu_matmul(c->stream, &L->router, c->xn, d, T, c->gout, E, b->mm_mode, &c->mms);
     note(c, cudaMemcpyAsync(c->h_router, c->gout, (size_t)(T * E) * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
     note(c, cudaStreamSynchronize(c->stream));
     for (int64_t t = 0; t < T; t++)
@@ -1032,7 +1043,7 @@ static void cuda_moe(st_bctx *base, int layer) {
     }
     if (L->has_shared) {
         swiglu(c, &L->sh_gate, &L->sh_up, &L->sh_down, c->xn, T, c->gout);
-        cu_matmul(c->stream, &L->sh_egate, c->xn, d, T, c->small, 1, b->mm_mode, (uint16_t *)c->xs);
+        cu_matmul(c->stream, &L->sh_egate, c->xn, d, T, c->small, 1, b->mm_mode, &c->mms);
         cu_gated_add(c->stream, c->out, c->gout, c->small, T, d);
     }
     /* the host lists are reused by the next layer: their copies must be done */
@@ -1052,7 +1063,7 @@ static void cuda_logits(st_bctx *base, float *out) {
     for (int64_t r0 = 0; r0 < rows; r0 += LOGIT_CHUNK) {
         const int64_t n = rows - r0 < LOGIT_CHUNK ? rows - r0 : LOGIT_CHUNK;
         cu_gather_rows(c->stream, c->xn, b->d, c->plan.rows + r0, n, c->gath);
-        cu_matmul(c->stream, &b->lm_head, c->gath, b->d, n, c->lg, b->V, b->mm_mode, (uint16_t *)c->xs);
+        cu_matmul(c->stream, &b->lm_head, c->gath, b->d, n, c->lg, b->V, b->mm_mode, &c->mms);
         note(c, cudaMemcpyAsync(out + r0 * b->V, c->lg, (size_t)(n * b->V) * sizeof(float), cudaMemcpyDeviceToHost,
                                 c->stream));
         note(c, cudaStreamSynchronize(c->stream));

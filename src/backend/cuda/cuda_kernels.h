@@ -64,14 +64,23 @@ enum {
     CU_MM_BF16 = 1,  /* tensor cores, activations rounded to bf16 */
     CU_MM_FMA = 2,   /* CUDA cores, fp32 FMAs (matrices kept row-major) */
 };
-/* xs: scratch for the activations split into bf16 parts (up to 16 tokens take the kernel
- * that reads them), cu_split_elems(16, widest) elements; NULL: the other kernel, same bits */
+/* The tiled products' scratch (device memory, the context's): xs, the activations split into
+ * bf16 parts, [3][xs_tokens][widest cols rounded up to 32] (cu_split_elems(xs_tokens,
+ * widest)). Up to 16 tokens take k_mmv, more k_gemm in slices of xs_tokens (>= 16); the
+ * same bits.
+ * NULL: the kernel that splits inside (k_mma), the same bits again. */
+typedef struct cu_mm_scratch {
+    uint16_t *xs;
+    int64_t xs_tokens;
+} cu_mm_scratch;
+/* once per device, before the first product */
+void cu_mm_init(void);
 void cu_matmul(cu_stream s, const cu_mat *w, const float *x, int64_t ldx, int64_t T, float *y,
-               int64_t ldy, int mode, uint16_t *xs);
+               int64_t ldy, int mode, const cu_mm_scratch *sc);
 /* n matrices reading the same x: those of one width share a launch */
-/* xs_ready: xs already holds x's split (cu_add_norm or cu_silu_mul made it; T <= 16) */
+/* xs_ready: sc->xs already holds x's split (cu_add_norm or cu_silu_mul made it; T <= 16) */
 void cu_matmul_group(cu_stream s, int n, const cu_mat *const *w, float *const *y, const int64_t *ldy,
-                     const float *x, int64_t ldx, int64_t T, int mode, uint16_t *xs, int xs_ready);
+                     const float *x, int64_t ldx, int64_t T, int mode, const cu_mm_scratch *sc, int xs_ready);
 static inline size_t cu_split_elems(int64_t T, int64_t cols) { return (size_t)(3 * T * ((cols + 31) / 32 * 32)); }
 /* bf16 tiled: the elements a rows x cols matrix takes, and the tiling of a row-major one
  * (src and dst in device memory) */
@@ -118,6 +127,10 @@ typedef struct cu_attn_args {
 } cu_attn_args;
 void cu_attn_prep(cu_stream s, const cu_plan *p, const cu_attn_args *a, const cu_kv *kv);
 void cu_attention(cu_stream s, const cu_plan *p, const cu_attn_args *a, const cu_kv *kv);
+/* whether cu_attention takes these heads (nh / nkv query heads a KV head at most 48, head
+ * dims at most 256); cu_attention_init: once per device, before the first call */
+int cu_attention_fits(int nh, int nkv, int hd);
+void cu_attention_init(int hd);
 
 /* MoE pieces: out[list[i]] += w[i] * src[i] (rows of d); out[t] += sigmoid(g[t]) * src[t] */
 void cu_scatter_add(cu_stream s, float *out, const float *src, const int32_t *list, const float *w,

@@ -608,13 +608,15 @@ struct mm_pick {
     int64_t ldy, blk; /* the block's index within its matrix */
 };
 
-__device__ __forceinline__ mm_pick mm_select(const mm_group &g) {
-    mm_pick o = {g.w[0], g.y[0], g.ldy[0], (int64_t)blockIdx.x};
+__device__ __forceinline__ mm_pick mm_select_at(const mm_group &g, int64_t b) {
+    mm_pick o = {g.w[0], g.y[0], g.ldy[0], b};
 #pragma unroll
     for (int q = 1; q < 4; q++)
-        if (q < g.n && (int64_t)blockIdx.x >= g.blk0[q]) o = {g.w[q], g.y[q], g.ldy[q], (int64_t)blockIdx.x - g.blk0[q]};
+        if (q < g.n && b >= g.blk0[q]) o = {g.w[q], g.y[q], g.ldy[q], b - g.blk0[q]};
     return o;
 }
+
+__device__ __forceinline__ mm_pick mm_select(const mm_group &g) { return mm_select_at(g, (int64_t)blockIdx.x); }
 
 /* the S warps' partial sums of MT tiles and one token tile, in warp order, into y */
 template <int MT, int MM_S>
@@ -792,6 +794,167 @@ __global__ void __launch_bounds__(32 * MM_S) k_mma(mm_group grp, const float *x,
     }
 }
 
+/* ---- many tokens: k_gemm ----
+ * The same sums as k_mmv's, in the same order, for a block tile of TILES row tiles by BN
+ * tokens, the weights read once per tile of tokens instead of once per 16 tokens. k_mmv's
+ * warp s sums steps s, s + S, ... (summation class s) and the S partial sums are added in
+ * class order; here a block walks the steps class by class (0, S, 2S, ..., then 1, 1 + S,
+ * ...), with the same MMAs on the same fragments, and at the end of each class adds its
+ * partial sums into the running total (0 + p0 + p1 + ...): a token's result is the same bits
+ * as k_mmv's, whatever the token count, the tile shape and the slice it lands in.
+ *
+ * 8 warps, WR (rows: MTW tiles each) by 8 / WR (tokens: NT token tiles of 8 each); a
+ * pipeline of G::STAGES steps in shared memory filled by cp.async: a step is its tiles'
+ * 1 KB of weights each (already in the lanes' load order: a lane reads its fragment as one
+ * 16-byte word, without bank conflicts) and the split activations of the block's tokens,
+ * 64 bytes a token and part. */
+#define GEMM_WARPS 8
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int bytes) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa), "l"(gmem), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+template <int MTW, int NT, int WR, int P>
+struct gemm_shape {
+    static constexpr int WC = GEMM_WARPS / WR, TILES = MTW * WR, BN = 8 * NT * WC;
+    static constexpr int A_U4 = TILES * 64;  /* a step's weights: its tiles' 64 16-byte words */
+    static constexpr int B_U4 = P * BN * 4;  /* its activations: [P][BN][4 words] */
+    static constexpr int STAGE_U4 = A_U4 + B_U4;
+    /* steps in flight: the loads' latency (about 2 us under load, measured: 4 stages left a
+     * T = 64 product at a quarter of the bandwidth) over the little work of a step */
+    static constexpr int STAGES = STAGE_U4 * 16 * 8 <= 128 * 1024 ? 8 : 192 * 1024 / (STAGE_U4 * 16);
+    static constexpr size_t SMEM = (size_t)STAGES * STAGE_U4 * 16;
+};
+
+template <int MTW, int NT, int WR, int P>
+__global__ void __launch_bounds__(32 * GEMM_WARPS, 1)
+    k_gemm(mm_group grp, const uint16_t *xs, int64_t ldxs, int64_t T) {
+    typedef gemm_shape<MTW, NT, WR, P> G;
+    extern __shared__ uint4 sm[];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int wm = warp % WR, wn = warp / WR;
+    const mm_pick pk = mm_select(grp);
+    const cu_mat &w = pk.w;
+    const int64_t nsteps = tiled_steps(w.cols), ntiles = tiled_tiles(w.rows), m0 = pk.blk * G::TILES;
+    const int64_t n0 = (int64_t)blockIdx.y * G::BN, pstride = T * ldxs;
+    const int64_t q8 = nsteps / MM_SPLITS, r8 = nsteps % MM_SPLITS; /* class c has q8 + (c < r8) steps */
+    const uint16_t *wd = (const uint16_t *)w.data;
+    /* this thread's copies of a step, fixed but for the step's column offset */
+    constexpr int NA = G::A_U4 / (32 * GEMM_WARPS), NB = G::B_U4 / (32 * GEMM_WARPS);
+    static_assert(G::A_U4 % (32 * GEMM_WARPS) == 0 && G::B_U4 % (32 * GEMM_WARPS) == 0, "whole rounds of copies");
+    int64_t a_off[NA];
+    int b_off[NB]; /* xs holds fewer than 2^31 elements (cu_split_elems of XS_TOKENS) */
+    unsigned in_mask = 0;
+#pragma unroll
+    for (int c = 0; c < NA; c++) {
+        const int q = tid + c * 32 * GEMM_WARPS;
+        const int64_t m = m0 + q / 64;
+        a_off[c] = (m * nsteps) * 512 + (q % 64) * 8;
+        if (m < ntiles) in_mask |= 1u << c;
+    }
+#pragma unroll
+    for (int c = 0; c < NB; c++) {
+        const int q = tid + c * 32 * GEMM_WARPS;
+        const int pp = q / (G::BN * 4), n = (q / 4) % G::BN, c4 = q % 4;
+        const int64_t tok = n0 + n;
+        b_off[c] = (int)(pp * pstride + tok * ldxs + c4 * 8);
+        if (tok < T) in_mask |= 1u << (NA + c);
+    }
+    const unsigned sm_u32 = (unsigned)__cvta_generic_to_shared(sm);
+    pdl_wait();
+    int64_t ic = 0, ik = 0, ks_i = 0; /* the next step to fetch: class ic, its ik-th, step ks_i */
+    int st_i = 0;                     /* and its stage */
+    auto issue = [&]() {
+        const unsigned sa = sm_u32 + (unsigned)(st_i * G::STAGE_U4 + tid) * 16;
+#pragma unroll
+        for (int c = 0; c < NA; c++) {
+            const bool in = in_mask >> c & 1;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa + c * 32 * GEMM_WARPS * 16),
+                         "l"(in ? wd + a_off[c] + ks_i * 512 : wd), "r"(in ? 16 : 0));
+        }
+#pragma unroll
+        for (int c = 0; c < NB; c++) {
+            const bool in = in_mask >> (NA + c) & 1;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa + (G::A_U4 + c * 32 * GEMM_WARPS) * 16),
+                         "l"(in ? xs + b_off[c] + ks_i * 32 : xs), "r"(in ? 16 : 0));
+        }
+        st_i = st_i + 1 == G::STAGES ? 0 : st_i + 1;
+        if (++ik == q8 + (ic < r8)) ic++, ik = 0, ks_i = ic;
+        else ks_i += MM_SPLITS;
+    };
+    float acc[MTW][NT][4], sum[MTW][NT][4];
+#pragma unroll
+    for (int m = 0; m < MTW; m++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[m][j][e] = sum[m][j][e] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < G::STAGES - 1; i++) {
+        if (i < nsteps) issue();
+        cp_async_commit();
+    }
+    int64_t cc = 0, ck = 0; /* the step being summed: class cc, its ck-th */
+    int st_c = 0;           /* and its stage */
+    for (int64_t i = 0; i < nsteps; i++) {
+        cp_async_wait<G::STAGES - 2>();
+        __syncthreads(); /* step i is in; every warp is done with step i - 1, whose stage refills next */
+        if (i + G::STAGES - 1 < nsteps) issue();
+        cp_async_commit();
+        const uint4 *sa = sm + st_c * G::STAGE_U4, *sb = sa + G::A_U4;
+        st_c = st_c + 1 == G::STAGES ? 0 : st_c + 1;
+        uint4 b[NT][P];
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int p = 0; p < P; p++) b[j][p] = sb[(p * G::BN + wn * 8 * NT + 8 * j + g) * 4 + t];
+        uint4 a[MTW][2];
+#pragma unroll
+        for (int m = 0; m < MTW; m++) a[m][0] = sa[(wm * MTW + m) * 64 + lane], a[m][1] = sa[(wm * MTW + m) * 64 + 32 + lane];
+        /* mma_step's order for every accumulator (first half: parts in order, then the second),
+         * the accumulators interleaved so that no MMA waits on the one before it */
+#pragma unroll
+        for (int p = 0; p < P; p++)
+#pragma unroll
+            for (int m = 0; m < MTW; m++)
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+                    mma_bf16(acc[m][j], a[m][0].x, a[m][1].x, a[m][0].y, a[m][1].y, b[j][p].x, b[j][p].y);
+#pragma unroll
+        for (int p = 0; p < P; p++)
+#pragma unroll
+            for (int m = 0; m < MTW; m++)
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+                    mma_bf16(acc[m][j], a[m][0].z, a[m][1].z, a[m][0].w, a[m][1].w, b[j][p].z, b[j][p].w);
+        if (++ck == q8 + (cc < r8)) { /* the class is summed: into the total, in class order */
+            cc++, ck = 0;
+#pragma unroll
+            for (int m = 0; m < MTW; m++)
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) sum[m][j][e] += acc[m][j][e], acc[m][j][e] = 0.0f;
+        }
+    }
+    cp_async_wait<0>();
+    const bool empty = nsteps < MM_SPLITS; /* k_mmv adds its idle warps' zeros too (-0 + 0 = +0) */
+#pragma unroll
+    for (int m = 0; m < MTW; m++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int64_t r = (m0 + wm * MTW + m) * 16 + g + (e >= 2 ? 8 : 0);
+                const int64_t n = n0 + wn * 8 * NT + 8 * j + 2 * t + (e & 1);
+                if (r < w.rows && n < T) pk.y[n * pk.ldy + r] = empty ? sum[m][j][e] + 0.0f : sum[m][j][e];
+            }
+}
+
 /* the group's block offsets for MT tiles a block; its blocks in all */
 static int64_t group_blocks(mm_group *g, int MT) {
     int64_t at = 0;
@@ -823,23 +986,72 @@ static void launch_mmv_s(cu_stream s, mm_group g, const uint16_t *xs, int64_t ld
     }
 }
 
-static void launch_tiled(cu_stream s, mm_group g, const float *x, int64_t ldx, int64_t T, int parts, uint16_t *xs,
-                         int xs_ready) {
-    if (xs && T > 16) { /* in slices of 16 tokens (until prefill has its own kernel) */
-        for (int64_t t0 = 0; t0 < T; t0 += 16) {
-            mm_group gs = g;
-            for (int i = 0; i < g.n; i++) gs.y[i] = g.y[i] + t0 * g.ldy[i];
-            launch_tiled(s, gs, x + t0 * ldx, ldx, T - t0 < 16 ? T - t0 : 16, parts, xs, 0);
-        }
+static void launch_tiled(cu_stream s, mm_group g, const float *x, int64_t ldx, int64_t T, int parts,
+                         const cu_mm_scratch *sc, int xs_ready);
+
+/* xs[p][n][c] = part p of x[n][c], n < T, c < ldxs (zeros past cols) */
+static void launch_split(cu_stream s, const float *x, int64_t ldx, int64_t T, int64_t cols, uint16_t *xs, int64_t ldxs,
+                         int parts) {
+    const unsigned sb = (unsigned)((T * ldxs + 255) / 256);
+    if (parts == 1) launch_pdl(k_split<1>, dim3(sb), dim3(256), 0, s, x, ldx, T, cols, xs, ldxs);
+    else launch_pdl(k_split<3>, dim3(sb), dim3(256), 0, s, x, ldx, T, cols, xs, ldxs);
+}
+
+template <int MTW, int NT, int WR, int P>
+static void launch_gemm_p(cu_stream s, mm_group g, const uint16_t *xs, int64_t ldxs, int64_t T) {
+    typedef gemm_shape<MTW, NT, WR, P> G;
+    dim3 grid((unsigned)group_blocks(&g, G::TILES), (unsigned)((T + G::BN - 1) / G::BN));
+    launch_pdl(k_gemm<MTW, NT, WR, P>, grid, dim3(32 * GEMM_WARPS), G::SMEM, s, g, xs, ldxs, T);
+}
+
+/* the tile shapes: 128 rows by 128 tokens, or 64 by 64 where the big one leaves SMs idle */
+template <int P>
+static void launch_gemm_shape(cu_stream s, const mm_group &g, const uint16_t *xs, int64_t ldxs, int64_t T) {
+    mm_group c = g;
+    const int64_t big = group_blocks(&c, 8) * ((T + 127) / 128);
+    if (T >= 128 && big >= 2 * 132) launch_gemm_p<4, 4, 2, P>(s, g, xs, ldxs, T);
+    else launch_gemm_p<1, 4, 4, P>(s, g, xs, ldxs, T);
+}
+
+/* more than 16 tokens, in slices of at most sc->xs_tokens: split, then k_gemm */
+static void launch_gemm(cu_stream s, const mm_group &g, const float *x, int64_t ldx, int64_t T, int parts,
+                        const cu_mm_scratch *sc) {
+    const int64_t ldxs = tiled_steps(g.w[0].cols) * 32;
+    int64_t slice = sc->xs_tokens;
+    while (slice > 16 && 3 * slice * ldxs >= ((int64_t)1 << 31)) slice /= 2; /* k_gemm's 32-bit offsets */
+    for (int64_t t0 = 0; t0 < T; t0 += slice) {
+        const int64_t n = T - t0 < slice ? T - t0 : slice;
+        mm_group gs = g;
+        for (int i = 0; i < g.n; i++) gs.y[i] = g.y[i] + t0 * g.ldy[i];
+        launch_split(s, x + t0 * ldx, ldx, n, g.w[0].cols, sc->xs, ldxs, parts);
+        if (parts == 1) launch_gemm_shape<1>(s, gs, sc->xs, ldxs, n);
+        else launch_gemm_shape<3>(s, gs, sc->xs, ldxs, n);
+    }
+}
+
+template <int MTW, int NT, int WR, int P>
+static void gemm_attr() {
+    cudaFuncSetAttribute(k_gemm<MTW, NT, WR, P>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)gemm_shape<MTW, NT, WR, P>::SMEM);
+}
+
+extern "C" void cu_mm_init(void) {
+    gemm_attr<4, 4, 2, 1>();
+    gemm_attr<4, 4, 2, 3>();
+    gemm_attr<1, 4, 4, 1>();
+    gemm_attr<1, 4, 4, 3>();
+}
+
+static void launch_tiled(cu_stream s, mm_group g, const float *x, int64_t ldx, int64_t T, int parts,
+                         const cu_mm_scratch *sc, int xs_ready) {
+    if (sc && T > 16) {
+        launch_gemm(s, g, x, ldx, T, parts, sc);
         return;
     }
-    if (xs) {
-        const int64_t ldxs = tiled_steps(g.w[0].cols) * 32, n = T * ldxs;
-        const unsigned sb = (unsigned)((n + 255) / 256);
-        if (xs_ready) {
-        } else if (parts == 1) launch_pdl(k_split<1>, dim3(sb), dim3(256), 0, s, x, ldx, T, g.w[0].cols, xs, ldxs);
-        else launch_pdl(k_split<3>, dim3(sb), dim3(256), 0, s, x, ldx, T, g.w[0].cols, xs, ldxs);
-        launch_mmv_s<MM_SPLITS>(s, g, xs, ldxs, T, parts);
+    if (sc) {
+        const int64_t ldxs = tiled_steps(g.w[0].cols) * 32;
+        if (!xs_ready) launch_split(s, x, ldx, T, g.w[0].cols, sc->xs, ldxs, parts);
+        launch_mmv_s<MM_SPLITS>(s, g, sc->xs, ldxs, T, parts);
         return;
     }
     if (T <= 8) launch_mma_p<1, 1, MM_SPLITS>(s, g, x, ldx, T, parts);
@@ -885,7 +1097,8 @@ static void matmul_one(cu_stream s, const cu_mat *w, const float *x, int64_t ldx
 }
 
 extern "C" void cu_matmul_group(cu_stream s, int n, const cu_mat *const *w, float *const *y, const int64_t *ldy,
-                                const float *x, int64_t ldx, int64_t T, int mode, uint16_t *xs, int xs_ready) {
+                                const float *x, int64_t ldx, int64_t T, int mode, const cu_mm_scratch *sc,
+                                int xs_ready) {
     if (T <= 0) return;
     const int parts = mode == CU_MM_BF16 ? 1 : 3;
     mm_group g;
@@ -897,7 +1110,7 @@ extern "C" void cu_matmul_group(cu_stream s, int n, const cu_mat *const *w, floa
             continue;
         }
         if (g.n > 0 && g.w[0].cols != w[i]->cols) { /* one launch per width */
-            launch_tiled(s, g, x, ldx, T, parts, xs, xs_ready);
+            launch_tiled(s, g, x, ldx, T, parts, sc, xs_ready);
             g.n = 0;
         }
         g.w[g.n] = *w[i];
@@ -905,12 +1118,12 @@ extern "C" void cu_matmul_group(cu_stream s, int n, const cu_mat *const *w, floa
         g.ldy[g.n] = ldy[i];
         g.n++;
     }
-    if (g.n > 0) launch_tiled(s, g, x, ldx, T, parts, xs, xs_ready);
+    if (g.n > 0) launch_tiled(s, g, x, ldx, T, parts, sc, xs_ready);
 }
 
 extern "C" void cu_matmul(cu_stream s, const cu_mat *w, const float *x, int64_t ldx, int64_t T, float *y,
-                          int64_t ldy, int mode, uint16_t *xs) {
-    cu_matmul_group(s, 1, &w, &y, &ldy, x, ldx, T, mode, xs, 0);
+                          int64_t ldy, int mode, const cu_mm_scratch *sc) {
+    cu_matmul_group(s, 1, &w, &y, &ldy, x, ldx, T, mode, sc, 0);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -977,14 +1190,28 @@ __global__ void __launch_bounds__(1024) k_gdn_recur(cu_plan p, cu_gdn_args a) {
 #pragma unroll
     for (int r = 0; r < GDN_ROWS; r++) S[r] = on && j0 + r < Dk ? Sg[(size_t)(j0 + r) * Dv + i] : 0.0f;
     const int64_t t0 = p.item_t0[it], n = p.item_t0[it + 1] - t0;
+    /* the next token's inputs, loaded while this one's step runs (blockDim.x >= Dk) */
+    float nq = 0.0f, nk = 0.0f, nb = 0.0f, na = 0.0f, nv = 0.0f;
+    auto fetch = [&](int64_t t) {
+        const float *row = a.qkv + t * a.cd;
+        if ((int)threadIdx.x < Dk) {
+            nq = row[(int64_t)g * Dk + threadIdx.x];
+            nk = row[a.kd + (int64_t)g * Dk + threadIdx.x];
+        }
+        nb = a.b[t * a.Hv + h];
+        na = a.a[t * a.Hv + h];
+        nv = on ? row[2 * a.kd + (int64_t)h * Dv + i] : 0.0f;
+    };
+    if (n > 0) fetch(t0);
     for (int64_t s = 0; s < n; s++) {
         const int64_t t = t0 + s;
-        const float *row = a.qkv + t * a.cd;
         __syncthreads();
-        for (int j = threadIdx.x; j < Dk; j += blockDim.x) {
-            qs[j] = row[(int64_t)g * Dk + j];
-            ks[j] = row[a.kd + (int64_t)g * Dk + j];
+        if ((int)threadIdx.x < Dk) {
+            qs[threadIdx.x] = nq;
+            ks[threadIdx.x] = nk;
         }
+        const float bt = nb, at = na, v = nv;
+        if (s + 1 < n) fetch(t + 1);
         __syncthreads();
         if (w == 0) /* q's norm, then k's */
             for (int which = 0; which < 2; which++) {
@@ -997,8 +1224,8 @@ __global__ void __launch_bounds__(1024) k_gdn_recur(cu_plan p, cu_gdn_args a) {
             }
         __syncthreads();
         const float rq = nrm[0], rk = nrm[1];
-        const float beta = sigmoidf_(a.b[t * a.Hv + h]);
-        const float alpha = expf(a.neg_exp_a[h] * softplusf_(a.a[t * a.Hv + h] + a.dt_bias[h]));
+        const float beta = sigmoidf_(bt);
+        const float alpha = expf(a.neg_exp_a[h] * softplusf_(at + a.dt_bias[h]));
         float e = 0.0f;
 #pragma unroll
         for (int r = 0; r < GDN_ROWS; r++)
@@ -1011,7 +1238,6 @@ __global__ void __launch_bounds__(1024) k_gdn_recur(cu_plan p, cu_gdn_args a) {
         __syncthreads();
         e = 0.0f;
         for (int q = 0; q < nw; q++) e += red[q * 32 + lane];
-        const float v = on ? row[2 * a.kd + (int64_t)h * Dv + i] : 0.0f;
         const float delta = beta * (v - e);
         float o = 0.0f;
 #pragma unroll
@@ -1143,73 +1369,186 @@ extern "C" void cu_attn_prep(cu_stream s, const cu_plan *p, const cu_attn_args *
     launch_pdl(k_attn_prep, dim3((unsigned)p->n_tokens), dim3(threads), (size_t)a->rope_dim * sizeof(float), s, *p, *a, *kv);
 }
 
-#define ATT_CH 128 /* positions per pass = threads per block */
 
 __device__ __forceinline__ float kv_load(const cu_kv &kv, size_t i) {
     return kv.bf16 ? bf16f(((const uint16_t *)kv.base)[i]) : ((const float *)kv.base)[i];
 }
 
-/* a block per (token, query head): the causal softmax over the item's positions in passes of
- * ATT_CH positions merged online, then the sigmoid gate */
-__global__ void k_attention(cu_plan p, cu_attn_args a, cu_kv kv) {
+/* Paged attention, a block per (tile of up to ATT_QT consecutive tokens of one item, KV head):
+ * its queries are the tile's tokens times the G = nh / nkv query heads that read the KV head,
+ * so every K and V row a block loads from the pool serves up to ATT_Q queries. The positions
+ * go in chunks of ATT_CH; a query's result is fixed by the chunking alone, not by the tile:
+ *   score  s_p = sum over e in order of (q_e * scale) k_pe       (fp32 FMAs from 0)
+ *   chunk  mc = max s_p, w_p = exp(s_p - mc) (0 past the query's position),
+ *          lc = the lanes' butterfly sum of w_p + w_p+32, oc_e = sum over p in order of w_p v_pe
+ *   merge  (chunks in order, from m = -inf, l = 0, o = 0): mn = max(m, mc),
+ *          a = exp(m - mn), b = exp(mc - mn), l = l a + lc b, o_e = o_e a + oc_e b, m = mn
+ *   out_e  = o_e / l * sigmoid(gate_e)
+ * The same bits for a query alone (decode) and in any tile, batch or split of the prompt. */
+#define ATT_CH 64  /* positions a chunk */
+#define ATT_Q 48   /* queries a block at most (tokens times the query heads of a KV head) */
+#define ATT_THREADS 256
+#define ATT_QW (ATT_Q / 8) /* queries a warp scores */
+static_assert(ATT_QW == 6, "the score loop loads a warp's queries as 4 + 2");
+#define ATT_QS 64          /* qT's row: a warp's ATT_QW queries at 8-float offsets (vector loads) */
+
+static int att_tokens(const cu_attn_args *a) {
+    const int g = a->nh / a->nkv;
+    return g >= ATT_Q ? 1 : ATT_Q / g;
+}
+
+static size_t att_smem(const cu_attn_args *a) {
+    /* pos [ATT_Q] (int64), qT [hd][ATT_QS], kT [hd][ATT_CH + 1] then v [ATT_CH][hd],
+     * w [ATT_Q][ATT_CH], m, l, a, b [ATT_Q] */
+    return ATT_Q * 8 + ((size_t)a->hd * ATT_QS + (size_t)a->hd * (ATT_CH + 1) + ATT_Q * ATT_CH + 4 * ATT_Q) * 4;
+}
+
+__global__ void __launch_bounds__(ATT_THREADS, 1) k_attention(cu_plan p, cu_attn_args a, cu_kv kv, int qt) {
     pdl_wait();
-    extern __shared__ float sh[];
-    __shared__ float red[32];
-    float *qs = sh, *pr = sh + a.hd, *o = pr + ATT_CH;
-    const int64_t t = blockIdx.x;
-    const int j = blockIdx.y, h = j / (a.nh / a.nkv), tid = threadIdx.x;
-    const int it = p.tok_item[t];
-    const int64_t pos = p.pos0[it] + (t - p.item_t0[it]);
-    const float scale = 1.0f / sqrtf((float)a.hd);
-    const float *qg = a.q + t * 2 * a.nh * a.hd + (int64_t)j * 2 * a.hd;
-    for (int e = tid; e < a.hd; e += blockDim.x) {
-        qs[e] = qg[e] * scale;
-        o[e] = 0.0f;
+    extern __shared__ int64_t sh64[];
+    const int hd = a.hd, G = a.nh / a.nkv, h = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    int64_t *qpos = sh64;
+    float *qT = (float *)(sh64 + ATT_Q), *kvb = qT + hd * ATT_QS, *wt = kvb + hd * (ATT_CH + 1), *sm_m = wt + ATT_Q * ATT_CH;
+    float *sm_l = sm_m + ATT_Q, *sm_a = sm_l + ATT_Q, *sm_b = sm_a + ATT_Q;
+    /* the tile: the k-th of the step's tiles, items in order, ceil(n_i / qt) each */
+    int it = -1;
+    int64_t t0 = 0, nt = 0;
+    {
+        int64_t k = blockIdx.x;
+        for (int i = 0; i < p.n_items; i++) {
+            const int64_t n = p.item_t0[i + 1] - p.item_t0[i], tiles = (n + qt - 1) / qt;
+            if (k < tiles) {
+                it = i, t0 = p.item_t0[i] + k * qt, nt = n - k * qt < qt ? n - k * qt : qt;
+                break;
+            }
+            k -= tiles;
+        }
+    }
+    if (it < 0) return;
+    const int Q = (int)nt * G;
+    const int64_t pos_first = p.pos0[it] + (t0 - p.item_t0[it]), pos_last = pos_first + nt - 1;
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int i = tid; i < hd * ATT_Q; i += ATT_THREADS) {
+        const int qi = i % ATT_Q, e = i / ATT_Q;
+        float v = 0.0f;
+        if (qi < Q) {
+            const int64_t t = t0 + qi / G;
+            v = __fmul_rn(a.q[t * 2 * a.nh * hd + (int64_t)(h * G + qi % G) * 2 * hd + e], scale);
+        }
+        qT[e * ATT_QS + (qi / ATT_QW) * 8 + qi % ATT_QW] = v;
+    }
+    if (tid < ATT_Q) {
+        sm_m[tid] = -INFINITY;
+        sm_l[tid] = 0.0f;
+        qpos[tid] = pos_first + (tid < Q ? tid / G : 0);
+    }
+    float o[ATT_Q]; /* this thread's dimension e = tid of every query */
+#pragma unroll
+    for (int q = 0; q < ATT_Q; q++) o[q] = 0.0f;
+    for (int64_t c0 = 0; c0 <= pos_last; c0 += ATT_CH) {
+        __syncthreads(); /* the previous chunk's v is read */
+        /* K rows, transposed: a warp a row, its lanes over the dims; zeros past the tile's last position */
+        for (int r = warp; r < ATT_CH; r += ATT_THREADS / 32) {
+            const int64_t pq = c0 + r;
+            const size_t ki = pq <= pos_last ? kv_index(kv, p, it, a.li, 0, h, pq) : 0;
+            for (int e = lane; e < hd; e += 32) kvb[e * (ATT_CH + 1) + r] = pq <= pos_last ? kv_load(kv, ki + e) : 0.0f;
+        }
+        __syncthreads();
+        /* scores: lane -> positions lane, lane + 32; warp -> queries warp * ATT_QW .. */
+        if (warp * ATT_QW < Q) {
+            float sc[ATT_QW][2];
+#pragma unroll
+            for (int k = 0; k < ATT_QW; k++) sc[k][0] = sc[k][1] = 0.0f;
+            for (int e = 0; e < hd; e++) {
+                const float k0 = kvb[e * (ATT_CH + 1) + lane], k1 = kvb[e * (ATT_CH + 1) + lane + 32];
+                const float4 qa = *(const float4 *)(qT + e * ATT_QS + warp * 8);
+                const float2 qb = *(const float2 *)(qT + e * ATT_QS + warp * 8 + 4);
+                const float qv[ATT_QW] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y};
+#pragma unroll
+                for (int k = 0; k < ATT_QW; k++) {
+                    sc[k][0] = __fmaf_rn(qv[k], k0, sc[k][0]);
+                    sc[k][1] = __fmaf_rn(qv[k], k1, sc[k][1]);
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < ATT_QW; k++) {
+                const int qi = warp * ATT_QW + k;
+                wt[qi * ATT_CH + lane] = c0 + lane <= qpos[qi] ? sc[k][0] : -INFINITY;
+                wt[qi * ATT_CH + lane + 32] = c0 + lane + 32 <= qpos[qi] ? sc[k][1] : -INFINITY;
+            }
+        }
+        __syncthreads();
+        /* V rows; and each query's chunk weights, sum and merge factors */
+        for (int r = warp; r < ATT_CH; r += ATT_THREADS / 32) {
+            const int64_t pq = c0 + r;
+            const size_t vi = pq <= pos_last ? kv_index(kv, p, it, a.li, 1, h, pq) : 0;
+            for (int e = lane; e < hd; e += 32) kvb[r * hd + e] = pq <= pos_last ? kv_load(kv, vi + e) : 0.0f;
+        }
+        for (int q = warp; q < Q; q += ATT_THREADS / 32) /* a warp a query */
+            if (c0 <= qpos[q]) {
+                float *w = wt + q * ATT_CH;
+                const float x0 = w[lane], x1 = w[lane + 32];
+                float mc = fmaxf(x0, x1);
+                for (int off = 16; off > 0; off >>= 1) mc = fmaxf(mc, __shfl_xor_sync(FULL, mc, off));
+                const float e0 = c0 + lane <= qpos[q] ? expf(x0 - mc) : 0.0f;
+                const float e1 = c0 + lane + 32 <= qpos[q] ? expf(x1 - mc) : 0.0f;
+                w[lane] = e0;
+                w[lane + 32] = e1;
+                const float lc = warp_sum(__fadd_rn(e0, e1));
+                if (lane == 0) {
+                    const float m = sm_m[q], mn = fmaxf(m, mc), ca = expf(m - mn), cb = expf(mc - mn);
+                    sm_l[q] = __fmaf_rn(sm_l[q], ca, __fmul_rn(lc, cb));
+                    sm_m[q] = mn;
+                    sm_a[q] = ca;
+                    sm_b[q] = cb;
+                }
+            }
+        __syncthreads();
+        if (tid < hd) {
+            float oc[ATT_Q];
+#pragma unroll
+            for (int q = 0; q < ATT_Q; q++) oc[q] = 0.0f;
+            for (int r = 0; r < ATT_CH; r += 4) {
+                const float v0 = kvb[r * hd + tid], v1 = kvb[(r + 1) * hd + tid], v2 = kvb[(r + 2) * hd + tid],
+                            v3 = kvb[(r + 3) * hd + tid];
+#pragma unroll
+                for (int q = 0; q < ATT_Q; q++) {
+                    if (q >= Q) break;
+                    const float4 w4 = *(const float4 *)(wt + q * ATT_CH + r);
+                    oc[q] = __fmaf_rn(w4.x, v0, oc[q]);
+                    oc[q] = __fmaf_rn(w4.y, v1, oc[q]);
+                    oc[q] = __fmaf_rn(w4.z, v2, oc[q]);
+                    oc[q] = __fmaf_rn(w4.w, v3, oc[q]);
+                }
+            }
+#pragma unroll
+            for (int q = 0; q < ATT_Q; q++)
+                if (q < Q && c0 <= qpos[q]) o[q] = __fmaf_rn(o[q], sm_a[q], __fmul_rn(oc[q], sm_b[q]));
+        }
     }
     __syncthreads();
-    float m = -INFINITY, l = 0.0f;
-    float *scs = o + a.hd; /* [ATT_CH] the chunk's scores */
-    const int warp = tid >> 5, lane = tid & 31, nw = blockDim.x >> 5;
-    for (int64_t c0 = 0; c0 <= pos; c0 += ATT_CH) {
-        /* scores: a warp per position, its lanes over the head's dims (coalesced) */
-        for (int q = warp; q < ATT_CH; q += nw) {
-            const int64_t pq = c0 + q;
-            float acc = 0.0f;
-            if (pq <= pos) {
-                const size_t ki = kv_index(kv, p, it, a.li, 0, h, pq);
-                for (int e = lane; e < a.hd; e += 32) acc += qs[e] * kv_load(kv, ki + e);
+    if (tid < hd)
+#pragma unroll
+        for (int q = 0; q < ATT_Q; q++)
+            if (q < Q) {
+                const int64_t t = t0 + q / G;
+                const int j = h * G + q % G;
+                const float gate = a.q[t * 2 * a.nh * hd + (int64_t)j * 2 * hd + hd + tid];
+                a.mix[t * a.nh * hd + (int64_t)j * hd + tid] = __fmul_rn(__fmul_rn(o[q], 1.0f / sm_l[q]), sigmoidf_(gate));
             }
-            acc = warp_sum(acc);
-            if (lane == 0) scs[q] = pq <= pos ? acc : -INFINITY;
-        }
-        __syncthreads();
-        const int64_t pp = c0 + tid;
-        const float sc = scs[tid];
-        const float cm = block_max(sc, red);
-        const float mn = fmaxf(m, cm);
-        const float pe = pp <= pos ? expf(sc - mn) : 0.0f;
-        pr[tid] = pe;
-        const float csum = block_sum(pe, red); /* also orders pr[] before the reads below */
-        const float f = m == -INFINITY ? 0.0f : expf(m - mn);
-        l = l * f + csum;
-        const int64_t n = pos - c0 + 1 < ATT_CH ? pos - c0 + 1 : ATT_CH;
-        for (int e = tid; e < a.hd; e += blockDim.x) {
-            float acc = o[e] * f;
-            for (int64_t q = 0; q < n; q++) acc += pr[q] * kv_load(kv, kv_index(kv, p, it, a.li, 1, h, c0 + q) + e);
-            o[e] = acc;
-        }
-        m = mn;
-        __syncthreads();
-    }
-    const float *gate = qg + a.hd;
-    float *dst = a.mix + t * a.nh * a.hd + (int64_t)j * a.hd;
-    const float inv = 1.0f / l;
-    for (int e = tid; e < a.hd; e += blockDim.x) dst[e] = o[e] * inv * sigmoidf_(gate[e]);
 }
 
 extern "C" void cu_attention(cu_stream s, const cu_plan *p, const cu_attn_args *a, const cu_kv *kv) {
     if (p->n_tokens <= 0) return;
-    dim3 grid((unsigned)p->n_tokens, (unsigned)a->nh);
-    const size_t shm = (size_t)(2 * a->hd + 2 * ATT_CH) * sizeof(float);
-    launch_pdl(k_attention, grid, dim3(ATT_CH), shm, s, *p, *a, *kv);
+    const int qt = att_tokens(a);
+    dim3 grid((unsigned)((p->n_tokens + qt - 1) / qt + p->n_items), (unsigned)a->nkv);
+    launch_pdl(k_attention, grid, dim3(ATT_THREADS), att_smem(a), s, *p, *a, *kv, qt);
+}
+
+extern "C" int cu_attention_fits(int nh, int nkv, int hd) { return nkv > 0 && nh % nkv == 0 && nh / nkv <= ATT_Q && hd <= ATT_THREADS; }
+
+extern "C" void cu_attention_init(int hd) {
+    cu_attn_args a = {};
+    a.hd = hd;
+    cudaFuncSetAttribute(k_attention, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)att_smem(&a));
 }
