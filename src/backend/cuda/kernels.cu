@@ -827,6 +827,7 @@ struct gemm_shape {
     /* steps in flight: the loads' latency (about 2 us under load, measured: 4 stages left a
      * T = 64 product at a quarter of the bandwidth) over the little work of a step */
     static constexpr int STAGES = STAGE_U4 * 16 * 8 <= 128 * 1024 ? 8 : 192 * 1024 / (STAGE_U4 * 16);
+    static_assert(STAGES >= 4, "steps go in pairs");
     static constexpr size_t SMEM = (size_t)STAGES * STAGE_U4 * 16;
 };
 
@@ -893,52 +894,60 @@ __global__ void __launch_bounds__(32 * GEMM_WARPS, 1)
         for (int j = 0; j < NT; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[m][j][e] = sum[m][j][e] = 0.0f;
+    /* steps go in pairs: one wait and one barrier for two steps */
 #pragma unroll
-    for (int i = 0; i < G::STAGES - 1; i++) {
+    for (int i = 0; i < G::STAGES - 2; i++) {
         if (i < nsteps) issue();
         cp_async_commit();
     }
     int64_t cc = 0, ck = 0; /* the step being summed: class cc, its ck-th */
     int st_c = 0;           /* and its stage */
-    for (int64_t i = 0; i < nsteps; i++) {
-        cp_async_wait<G::STAGES - 2>();
-        __syncthreads(); /* step i is in; every warp is done with step i - 1, whose stage refills next */
-        if (i + G::STAGES - 1 < nsteps) issue();
-        cp_async_commit();
-        const uint4 *sa = sm + st_c * G::STAGE_U4, *sb = sa + G::A_U4;
-        st_c = st_c + 1 == G::STAGES ? 0 : st_c + 1;
-        uint4 b[NT][P];
+    for (int64_t i0 = 0; i0 < nsteps; i0 += 2) {
+        cp_async_wait<G::STAGES - 4>();
+        __syncthreads(); /* steps i0, i0 + 1 are in; every warp is done with the two before, whose stages refill */
 #pragma unroll
-        for (int j = 0; j < NT; j++)
+        for (int u = 0; u < 2; u++) {
+            if (i0 + G::STAGES - 2 + u < nsteps) issue();
+            cp_async_commit();
+        }
 #pragma unroll
-            for (int p = 0; p < P; p++) b[j][p] = sb[(p * G::BN + wn * 8 * NT + 8 * j + g) * 4 + t];
-        uint4 a[MTW][2];
+        for (int u = 0; u < 2; u++) {
+            if (i0 + u >= nsteps) break;
+            const uint4 *sa = sm + st_c * G::STAGE_U4, *sb = sa + G::A_U4;
+            st_c = st_c + 1 == G::STAGES ? 0 : st_c + 1;
+            uint4 b[NT][P];
 #pragma unroll
-        for (int m = 0; m < MTW; m++) a[m][0] = sa[(wm * MTW + m) * 64 + lane], a[m][1] = sa[(wm * MTW + m) * 64 + 32 + lane];
-        /* mma_step's order for every accumulator (first half: parts in order, then the second),
-         * the accumulators interleaved so that no MMA waits on the one before it */
+            for (int j = 0; j < NT; j++)
 #pragma unroll
-        for (int p = 0; p < P; p++)
+                for (int p = 0; p < P; p++) b[j][p] = sb[(p * G::BN + wn * 8 * NT + 8 * j + g) * 4 + t];
+            uint4 a[MTW][2];
 #pragma unroll
-            for (int m = 0; m < MTW; m++)
+            for (int m = 0; m < MTW; m++) a[m][0] = sa[(wm * MTW + m) * 64 + lane], a[m][1] = sa[(wm * MTW + m) * 64 + 32 + lane];
+            /* mma_step's order for every accumulator (first half: parts in order, then the second),
+             * the accumulators interleaved so that no MMA waits on the one before it */
 #pragma unroll
-                for (int j = 0; j < NT; j++)
-                    mma_bf16(acc[m][j], a[m][0].x, a[m][1].x, a[m][0].y, a[m][1].y, b[j][p].x, b[j][p].y);
+            for (int p = 0; p < P; p++)
 #pragma unroll
-        for (int p = 0; p < P; p++)
+                for (int m = 0; m < MTW; m++)
 #pragma unroll
-            for (int m = 0; m < MTW; m++)
+                    for (int j = 0; j < NT; j++)
+                        mma_bf16(acc[m][j], a[m][0].x, a[m][1].x, a[m][0].y, a[m][1].y, b[j][p].x, b[j][p].y);
 #pragma unroll
-                for (int j = 0; j < NT; j++)
-                    mma_bf16(acc[m][j], a[m][0].z, a[m][1].z, a[m][0].w, a[m][1].w, b[j][p].z, b[j][p].w);
-        if (++ck == q8 + (cc < r8)) { /* the class is summed: into the total, in class order */
-            cc++, ck = 0;
+            for (int p = 0; p < P; p++)
 #pragma unroll
-            for (int m = 0; m < MTW; m++)
+                for (int m = 0; m < MTW; m++)
 #pragma unroll
-                for (int j = 0; j < NT; j++)
+                    for (int j = 0; j < NT; j++)
+                        mma_bf16(acc[m][j], a[m][0].z, a[m][1].z, a[m][0].w, a[m][1].w, b[j][p].z, b[j][p].w);
+            if (++ck == q8 + (cc < r8)) { /* the class is summed: into the total, in class order */
+                cc++, ck = 0;
 #pragma unroll
-                    for (int e = 0; e < 4; e++) sum[m][j][e] += acc[m][j][e], acc[m][j][e] = 0.0f;
+                for (int m = 0; m < MTW; m++)
+#pragma unroll
+                    for (int j = 0; j < NT; j++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) sum[m][j][e] += acc[m][j][e], acc[m][j][e] = 0.0f;
+            }
         }
     }
     cp_async_wait<0>();
