@@ -10,7 +10,7 @@ CFLAGS  ?= $(OPT) -g
 WARN    := -Wall -Wextra -Wno-unused-parameter -Wshadow -Wstrict-prototypes \
            -Werror=implicit-function-declaration -Werror=incompatible-pointer-types
 CPPFLAGS_ALL := -std=c11 -D_GNU_SOURCE -Isrc -MMD -MP
-LDLIBS  := -lmicrohttpd -ljansson -lpcre2-8 -lutf8proc -lpng16 -ljpeg -lpthread -lm -ldl
+LDLIBS  := -lmicrohttpd -ljansson -lpcre2-8 -lutf8proc -lpng16 -ljpeg -lwebp -lgif -lpthread -lm -ldl
 
 # library sources: everything under src/ except the CLI and the CUDA backend (its own
 # shared object, below)

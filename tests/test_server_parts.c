@@ -4,7 +4,11 @@
 #include <string.h>
 
 #include <pthread.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include "core/fileio.h"
 #include "server/inbox.h"
 #include "server/oai.h"
 #include "server/toolcall.h"
@@ -245,7 +249,7 @@ static void test_images(void) {
         const char *url, *want;
     } bad[] = {
         {"https://example.com/a.png", "not fetched"},
-        {"file:///etc/passwd", "data: URL"},
+        {"file:///etc/passwd", "--allowed-local-media-path"},
         {"data:image/png,raw", "data: URL"},
         {"data:image/png;base64,!!!!", "not valid base64"},
         {"data:image/png;base64,a", "not valid base64"},
@@ -271,8 +275,75 @@ static void test_images(void) {
     CHECK(st == ST_ERR_ARG && strstr(e.message, "user messages"), "an image in an assistant message: %s", e.message);
 }
 
+/* file:// image URLs: read only under the allowed directory, by real path */
+static int parse_url(const st_oai_defaults *d, const char *url, st_oai_request *r, st_oai_error *e) {
+    char b[1200];
+    snprintf(b, sizeof b, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{\"url\":\"%s\"}}]}]}",
+             url);
+    e->message[0] = 0;
+    return st_oai_parse(ST_OAI_CHAT, b, strlen(b), d, r, e) == ST_OK;
+}
+
+static void test_local_images(void) {
+    char tmpl[] = "/tmp/strand-media-XXXXXX";
+    char *base = mkdtemp(tmpl);
+    if (!CHECK(base != NULL, "a scratch directory")) return;
+    char dir[300], p[400], out[400], url[500];
+    snprintf(dir, sizeof dir, "%s/media", base);
+    mkdir(dir, 0700);
+    snprintf(p, sizeof p, "%s/sub", dir);
+    mkdir(p, 0700);
+    snprintf(p, sizeof p, "%s/a.png", dir);
+    st_file_write(p, "PIXELS", 6, NULL);
+    snprintf(out, sizeof out, "%s/secret.png", base);
+    st_file_write(out, "SECRET", 6, NULL);
+    snprintf(p, sizeof p, "%s/link.png", dir);
+    CHECK(symlink(out, p) == 0, "a link inside pointing outside");
+    char *real = realpath(dir, NULL);
+    st_oai_defaults d = defaults();
+    d.max_images = 4;
+    st_oai_request r;
+    st_oai_error e;
+    snprintf(url, sizeof url, "file://%s/a.png", dir);
+    CHECK(!parse_url(&d, url, &r, &e) && e.status == 400 && strstr(e.message, "--allowed-local-media-path"),
+          "without a media directory file:// is refused: %s", e.message);
+    d.media_dir = real;
+    if (CHECK(parse_url(&d, url, &r, &e), "a file under the media directory is read (%s)", e.message)) {
+        CHECK(r.n_images == 1 && r.image_lens[0] == 6 && !memcmp(r.images[0], "PIXELS", 6), "its bytes");
+        st_oai_request_free(&r);
+    }
+    struct {
+        const char *path, *want;
+    } bad[] = {{"/../secret.png", "outside"}, {"/link.png", "outside"}, {"/missing.png", "does not exist"},
+               {"/sub", "cannot be read"}};
+    int all = 1;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(url, sizeof url, "file://%s%s", dir, bad[i].path);
+        const int ok = !parse_url(&d, url, &r, &e) && e.status == 400 && strstr(e.message, bad[i].want);
+        if (!ok) printf("# %s: %s\n", url, e.message);
+        all &= ok;
+    }
+    CHECK(all, "outside by .., outside by a link, missing, a directory: each a 400 saying why");
+    CHECK(!parse_url(&d, "file://media/a.png", &r, &e) && strstr(e.message, "absolute"), "a relative file:// URL: %s",
+          e.message);
+    d.max_image_bytes = 5;
+    snprintf(url, sizeof url, "file://%s/a.png", dir);
+    CHECK(!parse_url(&d, url, &r, &e) && strstr(e.message, "cannot be read"), "a file over the image size limit: %s",
+          e.message);
+    free(real);
+    remove(p);
+    snprintf(p, sizeof p, "%s/a.png", dir);
+    remove(p);
+    snprintf(p, sizeof p, "%s/sub", dir);
+    rmdir(p);
+    rmdir(dir);
+    remove(out);
+    rmdir(base);
+}
+
 int main(void) {
     test_inbox();
+    test_local_images();
     test_toolcalls();
     test_requests();
     test_images();

@@ -24,7 +24,7 @@ static void usage(void) {
             "                    [--prep-threads N] [--max-body-mb N] [--keepalive S]\n"
             "                    [--max-connections N] [--idle-timeout S] [--stall-timeout S]\n"
             "                    [--api-key-file FILE] [--mem-fraction F] [--prefix-cache on|off]\n"
-            "                    [--snapshots N] [--snapshot-every BLOCKS]\n"
+            "                    [--snapshots N] [--snapshot-every BLOCKS] [--allowed-local-media-path DIR]\n"
             "  Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models,\n"
             "  GET /health, GET /metrics. --port 0 picks a free port (printed on stderr).\n"
             "  The API key comes from --api-key, --api-key-file or $STRAND_API_KEY (in that order);\n"
@@ -37,7 +37,10 @@ static void usage(void) {
             "  --prefix-cache (default on): prompt prefixes already computed are reused (their KV blocks\n"
             "  and a snapshot of the recurrent state, taken every --snapshot-every blocks of a prompt\n"
             "  (default 32), before its end and at the end of each reply); --snapshots: the snapshot\n"
-            "  pool (default 4 x max-seqs + 4), sized in the start-up plan.\n");
+            "  pool (default 4 x max-seqs + 4), sized in the start-up plan.\n"
+            "  --allowed-local-media-path DIR: image_url parts may name files under DIR as\n"
+            "  file:///path (real paths compared: links and .. resolved); without it file:// is refused.\n"
+            "  http(s) image URLs are never fetched.\n");
 }
 
 /* the key in a file: its first line, without the line end */
@@ -90,6 +93,8 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--api-key")) {
             if (!(p.api_key = cli_value(argc, argv, &i))) return 2;
             if (!*p.api_key) return cli_failf("--api-key is empty (an unset variable?): give a key or leave the option out");
+        } else if (!strcmp(a, "--allowed-local-media-path")) {
+            if (!(p.local_media_dir = cli_value(argc, argv, &i))) return 2;
         } else if (!strcmp(a, "--api-key-file")) {
             if (!(key_file = cli_value(argc, argv, &i))) return 2;
         } else if (!strcmp(a, "--max-connections")) {

@@ -96,6 +96,10 @@ st_status st_file_read(const char *path, size_t max_len, char **out, size_t *out
         free(buf);
         return st_error_set(err, ST_ERR_IO, "%s: read error: %s", path, strerror(errno));
     }
+    if (len > max_len) { /* a file under the first buffer's size, over a small limit */
+        free(buf);
+        return st_error_set(err, ST_ERR_LIMIT, "%s: file larger than %zu bytes", path, max_len);
+    }
     buf[len] = '\0';
     *out = buf;
     if (out_len) *out_len = len;

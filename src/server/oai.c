@@ -1,6 +1,8 @@
 /* ==== OpenAI API requests: parsing and validation (see oai.h) ==== */
 #include "server/oai.h"
 
+#include "core/fileio.h"
+
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
@@ -129,7 +131,32 @@ static int b64_decode(const char *s, size_t n, char **out, size_t *on) {
     return 0;
 }
 
-/* an image_url part: a data: URL's bytes appended to r (remote URLs are never fetched) */
+/* a file:// URL's bytes, when d allows local files and the file's real path (symbolic links
+ * and ".." resolved) lies under d->media_dir; 0, or -1 with e set */
+static int local_image(const char *u, const char *param, size_t i, const st_oai_defaults *d, char **bytes, size_t *n,
+                       st_oai_error *e) {
+    if (!d->media_dir)
+        return BAD(e, param, "%s[%zu]: local files are not read unless the server is started with "
+                             "--allowed-local-media-path DIR; send the image as a data: URL", param, i);
+    const char *path = u + 7;
+    if (path[0] != '/') return BAD(e, param, "%s[%zu]: a file:// URL needs an absolute path (file:///dir/image.png)", param, i);
+    char *real = realpath(path, NULL);
+    const size_t dl = strlen(d->media_dir);
+    if (!real || strncmp(real, d->media_dir, dl) || (dl > 1 && real[dl] != '/')) {
+        const int missing = !real;
+        free(real);
+        return BAD(e, param, "%s[%zu]: %s", param, i,
+                   missing ? "the file:// image does not exist" : "the file:// image is outside the allowed directory");
+    }
+    st_error fe = {0};
+    st_status st = st_file_read(real, d->max_image_bytes ? d->max_image_bytes : (size_t)32 << 20, bytes, n, &fe);
+    free(real);
+    if (st != ST_OK) return BAD(e, param, "%s[%zu]: the file:// image cannot be read: %s", param, i, fe.msg);
+    return 0;
+}
+
+/* an image_url part: a data: URL's bytes (or an allowed local file's) appended to r (remote
+ * URLs are never fetched) */
 static int image_part(json_t *part, const char *param, size_t i, st_oai_request *r, const st_oai_defaults *d,
                       st_oai_error *e) {
     if (!d || d->max_images <= 0)
@@ -143,14 +170,19 @@ static int image_part(json_t *part, const char *param, size_t i, st_oai_request 
     if (!strncmp(u, "http://", 7) || !strncmp(u, "https://", 8))
         return BAD(e, param, "%s[%zu]: image URLs are not fetched by this server; send the image as a data: URL "
                              "(data:image/png;base64,...)", param, i);
-    const char *comma = memchr(u, ',', ulen);
-    if (strncmp(u, "data:", 5) || !comma || comma - u < 12 || memcmp(comma - 7, ";base64", 7))
-        return BAD(e, param, "%s[%zu].image_url.url must be a data: URL with base64 content (data:image/png;base64,...)",
-                   param, i);
     char *bytes = NULL;
     size_t n = 0;
-    if (b64_decode(comma + 1, ulen - (size_t)(comma + 1 - u), &bytes, &n) != 0)
-        return BAD(e, param, "%s[%zu].image_url.url: the data is not valid base64", param, i);
+    if (!strncmp(u, "file://", 7)) {
+        if (strlen(u) != ulen) return BAD(e, param, "%s[%zu].image_url.url holds a NUL byte", param, i);
+        if (local_image(u, param, i, d, &bytes, &n, e) != 0) return -1;
+    } else {
+        const char *comma = memchr(u, ',', ulen);
+        if (strncmp(u, "data:", 5) || !comma || comma - u < 12 || memcmp(comma - 7, ";base64", 7))
+            return BAD(e, param, "%s[%zu].image_url.url must be a data: URL with base64 content (data:image/png;base64,...)",
+                       param, i);
+        if (b64_decode(comma + 1, ulen - (size_t)(comma + 1 - u), &bytes, &n) != 0)
+            return BAD(e, param, "%s[%zu].image_url.url: the data is not valid base64", param, i);
+    }
     char **ni = realloc(r->images, (size_t)(r->n_images + 1) * sizeof *ni);
     if (ni) r->images = ni;
     size_t *nl = ni ? realloc(r->image_lens, (size_t)(r->n_images + 1) * sizeof *nl) : NULL;

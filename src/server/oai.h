@@ -50,6 +50,9 @@ typedef struct st_oai_defaults {
     const char *model_name;    /* the served model's id; other names get 404 */
     int max_images;            /* images a chat request may hold (0: image parts are refused) */
     const char *no_images_why; /* why a request's image parts are refused when max_images is 0 */
+    const char *media_dir;     /* file:// image URLs are read when their real path lies under this
+                                  directory (itself a real path, no trailing /); NULL: never */
+    size_t max_image_bytes;    /* a file:// image's size limit */
 } st_oai_defaults;
 
 typedef struct st_oai_request {

@@ -1,7 +1,10 @@
 /* ==== The OpenAI-compatible HTTP server: start-up, threads, shutdown (see server.h, srv.h) ==== */
 #include "server/srv.h"
 
+#include <sys/stat.h>
+
 #include "core/threadpool.h"
+#include "vision/image.h"
 
 st_server_params st_server_default_params(void) {
     st_server_params p = {
@@ -173,6 +176,8 @@ static st_status load_all(srv *s, st_error *err) {
     s->defaults.model_name = s->model_id;
     s->defaults.max_images = s->vt ? SRV_MAX_IMAGES : 0;
     s->defaults.no_images_why = s->no_images;
+    s->defaults.media_dir = s->media_dir;
+    s->defaults.max_image_bytes = st_image_default_limits().max_bytes;
     st_model_stats ms;
     st_model_get_stats(s->m, s->p.kv_dtype == ST_KV_BF16 ? 2 : 4, &ms);
     const st_sched_plan *pl = st_sched_get_plan(s->sched);
@@ -239,6 +244,15 @@ st_status st_server_run(const st_server_params *p, volatile sig_atomic_t *stop, 
     srv *s = calloc(1, sizeof *s);
     if (!s) return st_error_set(err, ST_ERR_NOMEM, "out of memory");
     s->p = *p;
+    if (p->local_media_dir) { /* its real path, so that requests' paths compare with it */
+        struct stat sb;
+        s->media_dir = realpath(p->local_media_dir, NULL);
+        if (!s->media_dir || stat(s->media_dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+            free(s->media_dir);
+            free(s);
+            return st_error_set(err, ST_ERR_ARG, "--allowed-local-media-path %s: not a directory", p->local_media_dir);
+        }
+    }
     if (!s->p.host) s->p.host = "127.0.0.1";
     if (s->p.http_threads < 1) s->p.http_threads = 1;
     if (s->p.prep_threads < 1) s->p.prep_threads = 1;
@@ -354,6 +368,7 @@ out:
     if (s->epoll_fd >= 0) close(s->epoll_fd);
     free(s->prep_ring);
     free(s->prep_threads);
+    free(s->media_dir);
     st_chat_template_free(s->ct);
     st_tok_free(s->tok);
     st_vision_free(s->vt);

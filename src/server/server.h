@@ -55,6 +55,7 @@ typedef struct st_server_params {
     int prefix_cache;        /* reuse prompt prefixes (KV blocks and state snapshots); default 1 */
     int snapshots;           /* the snapshot pool; 0 = 4 x max_seqs + 4 */
     int snapshot_every;      /* blocks between a prompt's snapshots; 0 = 32 */
+    const char *local_media_dir; /* image_url file:// paths under this directory are read; NULL: never */
 } st_server_params;
 
 st_server_params st_server_default_params(void);

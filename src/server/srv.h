@@ -205,6 +205,7 @@ struct srv {
     struct st_vision_tower *vt; /* owned: the model's vision tower, when it has one (images) */
     st_vision_pp pp;            /* its image processor's parameters */
     char no_images[160];        /* why images are refused, when vt is NULL */
+    char *media_dir;            /* owned: the real path of --allowed-local-media-path, or NULL */
     st_sched *sched;
     size_t inbox_cap;
     st_oai_defaults defaults;

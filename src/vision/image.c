@@ -1,7 +1,10 @@
-/* Image decoding: PNG (libpng's simplified API) and JPEG (libjpeg), to 8-bit RGB. */
+/* Image decoding: PNG (libpng's simplified API), JPEG (libjpeg), WebP (libwebp) and GIF
+ * (giflib, the first frame), to 8-bit RGB. */
 #include "vision/image.h"
 
+#include <gif_lib.h>
 #include <png.h>
+#include <webp/decode.h>
 #include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -193,6 +196,121 @@ static st_status decode_jpeg(const void *data, size_t len, const st_image_limits
     return ST_OK;
 }
 
+/* ---- WebP (still images; an animation is refused) ---- */
+
+static st_status decode_webp(const void *data, size_t len, const st_image_limits *lim, uint8_t **out, int64_t *ow,
+                             int64_t *oh, st_error *err) {
+    WebPBitstreamFeatures f;
+    if (WebPGetFeatures(data, len, &f) != VP8_STATUS_OK) return st_error_set(err, ST_ERR_FORMAT, "WebP image: unreadable header");
+    if (f.has_animation)
+        return st_error_set(err, ST_ERR_UNSUPPORTED, "WebP image: animated WebP is not supported (send one frame as a still image)");
+    st_status st = check_size(f.width, f.height, lim, "WebP", err);
+    if (st != ST_OK) return st;
+    const size_t n = (size_t)f.width * (size_t)f.height;
+    uint8_t *rgb = malloc(n * 3);
+    if (!rgb) return st_error_set(err, ST_ERR_NOMEM, "WebP image: out of memory for %zu pixels", n);
+    /* RGB output: an alpha channel is dropped, as convert("RGB") drops it */
+    if (!WebPDecodeRGBInto(data, len, rgb, n * 3, f.width * 3)) {
+        free(rgb);
+        return st_error_set(err, ST_ERR_FORMAT, "WebP image: corrupt data");
+    }
+    *out = rgb;
+    *ow = f.width;
+    *oh = f.height;
+    return ST_OK;
+}
+
+/* ---- GIF: the first frame on the logical screen (the background colour around it) ---- */
+
+typedef struct gif_src {
+    const uint8_t *p;
+    size_t len, at;
+} gif_src;
+
+static int gif_read(GifFileType *g, GifByteType *dst, int n) {
+    gif_src *s = g->UserData;
+    const size_t k = n < 0 ? 0 : (size_t)n < s->len - s->at ? (size_t)n : s->len - s->at;
+    memcpy(dst, s->p + s->at, k);
+    s->at += k;
+    return (int)k;
+}
+
+static st_status gif_fail(GifFileType *g, uint8_t *rgb, uint8_t *line, st_error *err, st_status code, const char *what) {
+    const char *why = GifErrorString(g->Error);
+    st_status st = st_error_set(err, code, "GIF image: %s%s%s", what, why ? ": " : "", why ? why : "");
+    free(rgb);
+    free(line);
+    int e;
+    DGifCloseFile(g, &e);
+    return st;
+}
+
+static st_status decode_gif(const void *data, size_t len, const st_image_limits *lim, uint8_t **out, int64_t *ow,
+                            int64_t *oh, st_error *err) {
+    gif_src src = {data, len, 0};
+    int e = 0;
+    GifFileType *g = DGifOpen(&src, gif_read, &e);
+    if (!g) {
+        const char *why = GifErrorString(e);
+        return st_error_set(err, ST_ERR_FORMAT, "GIF image: unreadable header%s%s", why ? ": " : "", why ? why : "");
+    }
+    const int64_t W = g->SWidth, H = g->SHeight;
+    st_status st = check_size(W, H, lim, "GIF", err);
+    if (st != ST_OK) {
+        DGifCloseFile(g, &e);
+        return st;
+    }
+    uint8_t *rgb = malloc((size_t)W * (size_t)H * 3), *line = malloc((size_t)W);
+    if (!rgb || !line) return gif_fail(g, rgb, line, err, ST_ERR_NOMEM, "out of memory");
+    const ColorMapObject *gm = g->SColorMap;
+    GifColorType bg = {255, 255, 255};
+    if (gm && g->SBackGroundColor < gm->ColorCount) bg = gm->Colors[g->SBackGroundColor];
+    for (int64_t i = 0; i < W * H; i++) rgb[3 * i] = bg.Red, rgb[3 * i + 1] = bg.Green, rgb[3 * i + 2] = bg.Blue;
+    for (;;) {
+        GifRecordType rt;
+        if (DGifGetRecordType(g, &rt) == GIF_ERROR) return gif_fail(g, rgb, line, err, ST_ERR_FORMAT, "corrupt data");
+        if (rt == TERMINATE_RECORD_TYPE) return gif_fail(g, rgb, line, err, ST_ERR_FORMAT, "no image in the file");
+        if (rt == EXTENSION_RECORD_TYPE) {
+            int code;
+            GifByteType *ext;
+            if (DGifGetExtension(g, &code, &ext) == GIF_ERROR) return gif_fail(g, rgb, line, err, ST_ERR_FORMAT, "corrupt extension");
+            while (ext)
+                if (DGifGetExtensionNext(g, &ext) == GIF_ERROR)
+                    return gif_fail(g, rgb, line, err, ST_ERR_FORMAT, "corrupt extension");
+            continue;
+        }
+        if (rt != IMAGE_DESC_RECORD_TYPE) continue;
+        if (DGifGetImageDesc(g) == GIF_ERROR) return gif_fail(g, rgb, line, err, ST_ERR_FORMAT, "corrupt frame header");
+        const GifImageDesc *d = &g->Image;
+        const ColorMapObject *cm = d->ColorMap ? d->ColorMap : gm;
+        if (!cm) return gif_fail(g, rgb, line, err, ST_ERR_FORMAT, "a frame without a colour table");
+        if (d->Width < 1 || d->Height < 1 || d->Width > W || d->Height > H)
+            return gif_fail(g, rgb, line, err, ST_ERR_FORMAT, "a frame larger than its screen");
+        /* rows in the order they are stored: interlaced files in four passes */
+        static const int start[4] = {0, 4, 2, 1}, step[4] = {8, 8, 4, 2};
+        const int passes = d->Interlace ? 4 : 1;
+        for (int ps = 0; ps < passes; ps++)
+            for (int r = d->Interlace ? start[ps] : 0; r < d->Height; r += d->Interlace ? step[ps] : 1) {
+                if (DGifGetLine(g, line, d->Width) == GIF_ERROR) return gif_fail(g, rgb, line, err, ST_ERR_FORMAT, "corrupt pixels");
+                const int64_t y = (int64_t)d->Top + r;
+                for (int x = 0; x < d->Width; x++) {
+                    const int64_t X = (int64_t)d->Left + x;
+                    if (y >= H || X >= W) continue; /* a frame hanging off its screen is clipped */
+                    const GifColorType c = line[x] < cm->ColorCount ? cm->Colors[line[x]] : bg;
+                    uint8_t *o = rgb + 3 * (y * W + X);
+                    o[0] = c.Red, o[1] = c.Green, o[2] = c.Blue;
+                }
+            }
+        break; /* the first frame only */
+    }
+    free(line);
+    DGifCloseFile(g, &e);
+    *out = rgb;
+    *ow = W;
+    *oh = H;
+    return ST_OK;
+}
+
 st_status st_image_decode(const void *data, size_t len, const st_image_limits *lim, uint8_t **rgb, int64_t *w,
                           int64_t *h, st_error *err) {
     *rgb = NULL;
@@ -204,10 +322,9 @@ st_status st_image_decode(const void *data, size_t len, const st_image_limits *l
         return st_error_set(err, ST_ERR_LIMIT, "image of %zu bytes exceeds the limit of %zu", len, lim->max_bytes);
     if (len >= 8 && !memcmp(p, "\x89PNG\r\n\x1a\n", 8)) return decode_png(data, len, lim, rgb, w, h, err);
     if (len >= 3 && p[0] == 0xff && p[1] == 0xd8 && p[2] == 0xff) return decode_jpeg(data, len, lim, rgb, w, h, err);
-    if (len >= 12 && !memcmp(p, "RIFF", 4) && !memcmp(p + 8, "WEBP", 4))
-        return st_error_set(err, ST_ERR_UNSUPPORTED, "WebP images are not supported by this build (PNG and JPEG are)");
-    if (len >= 6 && (!memcmp(p, "GIF87a", 6) || !memcmp(p, "GIF89a", 6)))
-        return st_error_set(err, ST_ERR_UNSUPPORTED, "GIF images are not supported by this build (PNG and JPEG are)");
-    return st_error_set(err, ST_ERR_FORMAT, "not an image this build reads (PNG or JPEG): %zu bytes starting %02x %02x %02x",
+    if (len >= 12 && !memcmp(p, "RIFF", 4) && !memcmp(p + 8, "WEBP", 4)) return decode_webp(data, len, lim, rgb, w, h, err);
+    if (len >= 6 && (!memcmp(p, "GIF87a", 6) || !memcmp(p, "GIF89a", 6))) return decode_gif(data, len, lim, rgb, w, h, err);
+    return st_error_set(err, ST_ERR_FORMAT,
+                        "not an image this build reads (PNG, JPEG, WebP or GIF): %zu bytes starting %02x %02x %02x",
                         len, len > 0 ? p[0] : 0, len > 1 ? p[1] : 0, len > 2 ? p[2] : 0);
 }
