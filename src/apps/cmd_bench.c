@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "apps/bench_prefix.h"
+#include "apps/bench_vision.h"
 #include "apps/cli.h"
 #include "core/mem.h"
 #include "core/threadpool.h"
@@ -48,6 +49,7 @@ static void usage(void) {
             "                    [--decode-s SECONDS]\n"
             "       strand bench (-m DIR | --synth PRESET) --prefix [--prefix-turns 4]\n"
             "                    [--prefix-chat 1024,128,128] [--prefix-long A,B] [--prefix-every BLOCKS]\n"
+            "       strand bench -m DIR --image 1024x768[,WxH...] [-t THREADS] [--decode-s SECONDS]\n"
             "  Measures memory read bandwidth, prefill tokens/s per prompt length, and decode\n"
             "  tokens/s per batch size with the weight bytes read per second as a fraction of\n"
             "  the bandwidth (the decode floor). --synth makes a preset's weights (e.g. 27b)\n"
@@ -55,7 +57,9 @@ static void usage(void) {
             "  --prefix: time to first token of a chat's turns (system, user-turn and reply token\n"
             "  counts from --prefix-chat) with and without the prefix cache; --prefix-long A,B: an\n"
             "  A-token prompt then its extension to B tokens (cached against cold), and the\n"
-            "  inter-token latency of a stream decoding while the A tokens prefill.\n");
+            "  inter-token latency of a stream decoding while the A tokens prefill.\n"
+            "  --image: images/s of a random image of each size through preprocessing and the\n"
+            "  checkpoint's vision tower (CPU), repeated for about --decode-s seconds.\n");
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -217,6 +221,8 @@ int cmd_bench(int argc, char **argv) {
     int n_prompts = 2, n_batches = 3, lists_given = 0;
     double decode_s = 2.0;
     int prefix = 0;
+    long long images[8][2];
+    int n_images = 0;
     bench_prefix_opts po = {.turns = 4, .system_tokens = 1024, .turn_tokens = 128, .reply_tokens = 128};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -270,6 +276,18 @@ int cmd_bench(int argc, char **argv) {
         } else if (!strcmp(a, "--decode-s")) {
             const char *v = cli_value(argc, argv, &i);
             if (!v || cli_parse_float(a, v, &decode_s)) return 2;
+        } else if (!strcmp(a, "--image")) { /* WxH[,WxH...] */
+            const char *v = cli_value(argc, argv, &i);
+            if (!v) return 2;
+            for (const char *q = v; *q;) {
+                long long w = 0, h = 0;
+                int used = 0;
+                if (n_images == 8 || sscanf(q, "%lldx%lld%n", &w, &h, &used) != 2 || w < 1 || h < 1 || w > 16384 ||
+                    h > 16384 || (q[used] && q[used] != ','))
+                    return cli_failf("--image: expected up to 8 sizes WIDTHxHEIGHT, comma-separated (1024x768)");
+                images[n_images][0] = w, images[n_images][1] = h, n_images++;
+                q += used + (q[used] == ',');
+            }
         } else {
             usage();
             return cli_failf("bench: unknown option '%s'", a);
@@ -278,6 +296,14 @@ int cmd_bench(int argc, char **argv) {
     if (!dir == !synth) {
         usage();
         return cli_failf("bench: give a checkpoint (-m DIR) or a preset to synthesize (--synth 27b)");
+    }
+    if (n_images) { /* the image path instead of the speed table */
+        if (!dir) return cli_failf("bench --image: give a checkpoint with a vision tower (-m DIR)");
+        st_error verr = {0};
+        return bench_vision(dir, (const long long(*)[2])images, n_images, (int)threads,
+                            kname ? st_kernels_by_name(kname) : NULL, decode_s, json, &verr) == 0
+                   ? 0
+                   : cli_fail(&verr);
     }
     int synth_bits = 0;
     if (!strcmp(dtype, "q8")) synth_bits = 8;

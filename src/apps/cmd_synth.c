@@ -11,7 +11,7 @@
 static void usage(void) {
     fprintf(stderr,
             "usage: strand synth (--preset NAME | --config FILE) [--dtype bf16|q8|q6|q5|q4|q3|q2]\n"
-            "                    [--group 32|64|128] [--mixed] [--vision] [--seed N] [--tokenizer DIR]\n"
+            "                    [--group 32|64|128] [--mixed] [--vision|--vision-full] [--seed N] [--tokenizer DIR]\n"
             "                    [--shard-mb N] -o DIR\n"
             "  presets:");
     for (const char *const *p = st_synth_presets(); *p; p++) fprintf(stderr, " %s", *p);
@@ -20,7 +20,8 @@ static void usage(void) {
             "  --mixed (MLX): first/last layers' v_proj and down_proj and the LM head at 8 bits.\n"
             "  --script IDS: a test model that emits fixed text: after id[i] it predicts id[i+1]\n"
             "  (segments separated by ';', each ending in eos; all ids distinct).\n"
-            "  --vision: add a small vision tower (bf16), its image token ids and preprocessor config.\n"
+            "  --vision: add a small vision tower (bf16), its image token ids and preprocessor config;\n"
+            "  --vision-full: Qwen3.5's vision tower shape (depth 27, hidden 1152), for benchmarks.\n"
             "  --poison-token ID: a broken test model: token ID's embedding is NaN, so any\n"
             "  sequence containing it gets non-finite logits.\n");
 }
@@ -55,6 +56,8 @@ int cmd_synth(int argc, char **argv) {
             p.mixed = 1;
         } else if (!strcmp(a, "--vision")) {
             p.vision = 1;
+        } else if (!strcmp(a, "--vision-full")) {
+            p.vision = 2;
         } else if (!strcmp(a, "--seed")) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 0, INT64_MAX, &x)) return 2;
             p.seed = (uint64_t)x;

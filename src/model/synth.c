@@ -291,17 +291,23 @@ static void add_dense(planner *pl, const char *name, src_kind kind, int n_dims, 
     t->sm = NULL;
 }
 
-/* the synthetic vision tower's shape (st_synth_params.vision) */
-enum { SV_DEPTH = 2, SV_HIDDEN = 64, SV_HEADS = 2, SV_INTER = 128, SV_NPOS = 64 };
+/* the synthetic vision tower's shapes (st_synth_params.vision): the tests' small one, and
+ * Qwen3.5's (spec/vision.md 10: every qwen3_5 vision config seen) with its processor's pixel
+ * bounds */
+typedef struct synth_vision {
+    int depth, hidden, heads, inter, npos;
+    long min_pixels, max_pixels;
+} synth_vision;
+static const synth_vision SV[3] = {{0}, {2, 64, 2, 128, 64, 4096, 65536}, {27, 1152, 16, 4304, 2304, 65536, 16777216}};
 
-static void plan_vision(planner *pl) {
-    const int64_t H = SV_HIDDEN, I = SV_INTER, M = 4 * SV_HIDDEN, D = pl->c->hidden_size;
+static void plan_vision(planner *pl, const synth_vision *sv) {
+    const int64_t H = sv->hidden, I = sv->inter, M = 4 * (int64_t)sv->hidden, D = pl->c->hidden_size;
     char b[160];
-    const int64_t patch[5] = {H, 3, 2, 16, 16}, pos[2] = {SV_NPOS, H}, h1 = H, m1 = M, i1 = I, d1 = D;
+    const int64_t patch[5] = {H, 3, 2, 16, 16}, pos[2] = {sv->npos, H}, h1 = H, m1 = M, i1 = I, d1 = D;
     add_dense(pl, "model.visual.patch_embed.proj.weight", SRC_MATRIX, 5, patch, 3 * 2 * 16 * 16);
     add_dense(pl, "model.visual.patch_embed.proj.bias", SRC_BIAS, 1, &h1, 1);
     add_dense(pl, "model.visual.pos_embed.weight", SRC_MATRIX, 2, pos, H);
-    for (int i = 0; i < SV_DEPTH; i++) {
+    for (int i = 0; i < sv->depth; i++) {
         struct { const char *s; src_kind k; int nd; int64_t r, c; } t[] = {
             {"norm1.weight", SRC_NORM_PLAIN, 1, H, 0}, {"norm1.bias", SRC_BIAS, 1, H, 0},
             {"norm2.weight", SRC_NORM_PLAIN, 1, H, 0}, {"norm2.bias", SRC_BIAS, 1, H, 0},
@@ -620,6 +626,7 @@ st_status st_synth_write(const st_synth_params *p, const char *out_dir, st_error
             return bad;
         }
     }
+    if (p->vision < 0 || p->vision > 2) return st_error_set(err, ST_ERR_ARG, "synth: vision must be 0, 1 or 2");
     if (p->vision && (c.is_moe || p->script))
         return st_error_set(err, ST_ERR_ARG, "synth: --vision needs a dense model with random weights");
     planner pl = {0};
@@ -638,7 +645,7 @@ st_status st_synth_write(const st_synth_params *p, const char *out_dir, st_error
     }
     pl.overrides = json_object();
     plan_model(&pl);
-    if (p->vision) plan_vision(&pl);
+    if (p->vision) plan_vision(&pl, &SV[p->vision]);
     fill_ctx fc = {0};
     json_t *cfg = NULL, *index = NULL, *wmap = NULL;
     st_sf_entry *entries = NULL;
@@ -706,18 +713,20 @@ st_status st_synth_write(const st_synth_params *p, const char *out_dir, st_error
         int64_t ids[4];
         vision_ids(p, &c, ids);
         json_object_set_new(cfg, "vision_config",
-                            json_pack("{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:s,s:[],s:{s:f}}", "depth", SV_DEPTH,
-                                      "hidden_size", SV_HIDDEN, "num_heads", SV_HEADS, "intermediate_size", SV_INTER,
+                            json_pack("{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:s,s:[],s:{s:f}}", "depth",
+                                      SV[p->vision].depth, "hidden_size", SV[p->vision].hidden, "num_heads",
+                                      SV[p->vision].heads, "intermediate_size", SV[p->vision].inter,
                                       "out_hidden_size", (int)c.hidden_size, "in_channels", 3, "patch_size", 16,
                                       "temporal_patch_size", 2, "spatial_merge_size", 2, "num_position_embeddings",
-                                      SV_NPOS, "hidden_act", "gelu_pytorch_tanh", "deepstack_visual_indexes",
+                                      SV[p->vision].npos, "hidden_act", "gelu_pytorch_tanh", "deepstack_visual_indexes",
                                       "rope_parameters", "rope_theta", 10000.0));
         json_object_set_new(cfg, "image_token_id", json_integer(ids[0]));
         json_object_set_new(cfg, "video_token_id", json_integer(ids[1]));
         json_object_set_new(cfg, "vision_start_token_id", json_integer(ids[2]));
         json_object_set_new(cfg, "vision_end_token_id", json_integer(ids[3]));
         json_t *pp = json_pack("{s:i,s:i,s:i,s:i,s:i,s:[f,f,f],s:[f,f,f],s:f}", "patch_size", 16, "temporal_patch_size",
-                               2, "merge_size", 2, "min_pixels", 4096, "max_pixels", 65536, "image_mean", 0.5, 0.5,
+                               2, "merge_size", 2, "min_pixels", (int)SV[p->vision].min_pixels, "max_pixels",
+                               (int)SV[p->vision].max_pixels, "image_mean", 0.5, 0.5,
                                0.5, "image_std", 0.5, 0.5, 0.5, "rescale_factor", 1.0 / 255.0);
         if ((st = st_path_join(path, sizeof path, out_dir, "preprocessor_config.json", err)) == ST_OK &&
             (!pp || json_dump_file(pp, path, JSON_INDENT(2)) != 0))

@@ -36,10 +36,12 @@ typedef struct st_synth_params {
      * (the head is then untied), so every sequence that contains the token gets non-finite
      * logits and the others are unaffected. -1 = none. */
     int32_t poison_token;
-    /* A vision tower (model.visual.*, bf16 whatever the dtype: depth 2, hidden 64, 2 heads,
-     * out to the model's width) with vision_config, the image token ids (the tokenizer's
-     * <|image_pad|> etc. when one is copied, else the last 4 ids) and a preprocessor_config.json
-     * (images of 4,096 to 65,536 pixels): a checkpoint for the image path's tests. */
+    /* A vision tower (model.visual.*, bf16 whatever the dtype, out to the model's width) with
+     * vision_config, the image token ids (the tokenizer's <|image_pad|> etc. when one is
+     * copied, else the last 4 ids) and a preprocessor_config.json. 1: depth 2, hidden 64,
+     * 2 heads, images of 4,096 to 65,536 pixels (the image path's tests); 2: Qwen3.5's tower
+     * (depth 27, hidden 1152, 16 heads, MLP 4304, 48x48 positions; 65,536 to 16,777,216
+     * pixels), for benchmarks. 0: none. */
     int vision;
 } st_synth_params;
 
