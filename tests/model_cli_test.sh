@@ -72,6 +72,10 @@ check "generate --image: the reference's 12 greedy tokens after the two-image pr
 $S synth --preset tiny --dtype q4 --vision --tokenizer $D/tokenizers/qwen3 -o "$T/sv" >/dev/null
 out=$($S generate -m "$T/sv" --ids 9707,11,151652,151655,151655,151655,151655,151653,13 --image $VL/images/img0.png -n 6 2>"$T/err")
 check "synth --vision (a q4 model with a bf16 tower): generate --image gives 6 tokens ($out)" [ "$(echo "$out" | wc -w)" = 6 ]
+out=$($S bench -m "$T/sv" --image 96x64,64x64 --decode-s 0 2>"$T/err")
+check "bench --image: a row per size with images/s ($(echo "$out" | grep -c '^[0-9]*x[0-9]* ') rows)" [ "$(echo "$out" | grep -c '^[0-9]*x[0-9]* ')" = 2 ]
+fails_with "bench --image with a malformed size" "WIDTHxHEIGHT" $S bench -m "$T/sv" --image 96by64
+fails_with "bench --image on a text-only model" "vision" $S bench -m $D/fixtures/tiny-a --image 64x64
 fails_with "a missing image file" "nope.png" $S logits -m $VL --ids 5,1000 --image "$T/nope.png" -o "$T/x"
 check "no file named '-' was made" [ ! -e ./- ]
 fails_with "a directory where a file is expected: named as such" "is a directory" $S tokenize -m $D/fixtures/tiny-a --text-file $D
