@@ -926,19 +926,17 @@ __global__ void __launch_bounds__(32 * GEMM_WARPS, 1)
             /* mma_step's order for every accumulator (first half: parts in order, then the second),
              * the accumulators interleaved so that no MMA waits on the one before it */
 #pragma unroll
-            for (int p = 0; p < P; p++)
+            for (int hf = 0; hf < 2; hf++)
 #pragma unroll
-                for (int m = 0; m < MTW; m++)
+                for (int p = 0; p < P; p++)
 #pragma unroll
-                    for (int j = 0; j < NT; j++)
-                        mma_bf16(acc[m][j], a[m][0].x, a[m][1].x, a[m][0].y, a[m][1].y, b[j][p].x, b[j][p].y);
+                    for (int m = 0; m < MTW; m++)
 #pragma unroll
-            for (int p = 0; p < P; p++)
-#pragma unroll
-                for (int m = 0; m < MTW; m++)
-#pragma unroll
-                    for (int j = 0; j < NT; j++)
-                        mma_bf16(acc[m][j], a[m][0].z, a[m][1].z, a[m][0].w, a[m][1].w, b[j][p].z, b[j][p].w);
+                        for (int j = 0; j < NT; j++) {
+                            const uint4 &a0 = a[m][0], &a1 = a[m][1], &bb = b[j][p];
+                            if (hf == 0) mma_bf16(acc[m][j], a0.x, a1.x, a0.y, a1.y, bb.x, bb.y);
+                            else mma_bf16(acc[m][j], a0.z, a1.z, a0.w, a1.w, bb.z, bb.w);
+                        }
             if (++ck == q8 + (cc < r8)) { /* the class is summed: into the total, in class order */
                 cc++, ck = 0;
 #pragma unroll
