@@ -12,9 +12,9 @@ WARN    := -Wall -Wextra -Wno-unused-parameter -Wshadow -Wstrict-prototypes \
 CPPFLAGS_ALL := -std=c11 -D_GNU_SOURCE -Isrc -MMD -MP
 LDLIBS  := -lmicrohttpd -ljansson -lpcre2-8 -lutf8proc -lpng16 -ljpeg -lwebp -lgif -lpthread -lm -ldl
 
-# library sources: everything under src/ except the CLI and the CUDA backend (its own
-# shared object, below)
-LIB_SRC  := $(shell find src -name '*.c' ! -path 'src/apps/*' ! -path 'src/backend/cuda/*' | sort)
+# library sources: everything under src/ except the CLI, the CUDA backend and the MPI
+# communicator (their own shared objects, below)
+LIB_SRC  := $(shell find src -name '*.c' ! -path 'src/apps/*' ! -path 'src/backend/cuda/*' ! -path 'src/dist/mpi/*' | sort)
 APP_SRC  := $(sort $(wildcard src/apps/*.c))
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 
@@ -57,6 +57,18 @@ $(BUILD)/obj/src/backend/cuda/%.pic.o: src/backend/cuda/%.c
 $(CUDA_LIB): $(CUDA_OBJ)
 	@echo "  LINK    $@"
 	@$(NVCC) -shared $(CUDA_ARCH) -cudart static -o $@ $(CUDA_OBJ) -Xlinker -z,defs -lrt -ldl -lpthread
+
+# The MPI communicator: build/libstrand-mpi.so, when mpicc is there (strand opens it at run
+# time under mpirun, so the binary itself never needs MPI)
+MPICC ?= $(shell command -v mpicc 2>/dev/null)
+MPI_LIB := $(BUILD)/libstrand-mpi.so
+ifneq ($(MPICC),)
+all: $(MPI_LIB)
+endif
+$(MPI_LIB): src/dist/mpi/comm_mpi.c src/dist/comm.h
+	@mkdir -p $(dir $@)
+	@echo "  MPICC   $<"
+	@$(MPICC) -std=c11 -D_GNU_SOURCE -Isrc $(WARN) $(CFLAGS) -fPIC -shared -fvisibility=hidden -o $@ $< -Wl,-z,defs
 
 # the GPU tests (on a machine with an NVIDIA GPU): the fixtures, the op conformance test and
 # the device-allocation count on the CUDA backend

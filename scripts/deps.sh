@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages strand needs to build and test, if any are missing.
 set -eu
-pkgs="build-essential pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libpng-dev libjpeg62-turbo-dev libwebp-dev libgif-dev clang libclang-rt-14-dev"
+pkgs="build-essential pkg-config libjansson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libpng-dev libjpeg62-turbo-dev libwebp-dev libgif-dev openmpi-bin libopenmpi-dev clang libclang-rt-14-dev"
 missing=""
 for p in $pkgs; do
     dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"

@@ -5,6 +5,7 @@
 #include "vision/prompt.h"
 
 #include "core/threadpool.h"
+#include "dist/comm.h"
 #include "engine/scheduler.h"
 #include "kernels/kernels.h"
 
@@ -182,8 +183,48 @@ int cli_parse_kv_dtype(const char *value, st_kv_dtype *out) {
     return 0;
 }
 
+/* ---- tensor parallelism: this process as one rank of an MPI job ---- */
+
+static st_comm *g_comm; /* the job's communicator, or NULL (a process on its own) */
+
+/* the job size the MPI launcher gives its processes, 0 outside a job */
+static long launcher_world(void) {
+    static const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MPI_LOCALNRANKS"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v) return strtol(v, NULL, 10);
+    }
+    return 0;
+}
+
+int cli_dist_start(const char *cmd, int *argc, char ***argv) {
+    if (launcher_world() <= 1) return 0;
+    if (strcmp(cmd, "generate") != 0 && strcmp(cmd, "logits") != 0) {
+        fprintf(stderr, "strand: '%s' does not run as a tensor-parallel job yet (under mpirun: generate, logits)\n", cmd);
+        return 2;
+    }
+    st_error err = {0};
+    if (st_comm_mpi_create(NULL, argc, argv, &g_comm, &err) != ST_OK) return cli_fail(&err);
+    if (g_comm->rank != 0 && !freopen("/dev/null", "w", stdout)) { /* rank 0 answers */
+        fprintf(stderr, "strand: rank %d: cannot silence its standard output\n", g_comm->rank);
+        return 2;
+    }
+    return 0;
+}
+
+void cli_dist_end(void) {
+    if (g_comm)
+        fprintf(stderr, "strand: rank %d of %d: %lld all-reduces, %.3f s in them\n", g_comm->rank, g_comm->world,
+                (long long)g_comm->allreduces, g_comm->allreduce_s);
+    st_comm_destroy(g_comm);
+    g_comm = NULL;
+}
+
+int cli_rank(void) { return g_comm ? g_comm->rank : 0; }
+
 st_cpu_params cli_cpu_params(void) {
     st_cpu_params p = st_cpu_default_params();
+    p.comm = g_comm;
     p.kernels = st_kernels_select(getenv("STRAND_KERNELS"));
     p.n_threads = st_threads_parse(getenv("STRAND_THREADS"));
     const char *pack = getenv("STRAND_PACK");

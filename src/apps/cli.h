@@ -57,6 +57,14 @@ int cli_parse_kv_dtype(const char *value, st_kv_dtype *out);
  *   STRAND_THREADS  threads per context (default: the online CPUs)
  *   STRAND_PACK=0   keep the checkpoint's matrix layout (no packed copies) */
 st_cpu_params cli_cpu_params(void);
+
+/* Under an MPI launcher (mpirun -np N, N > 1): join the job (MPI may take its own arguments
+ * out of argv) so that cli_cpu_params() shards the model over the ranks; only rank 0 writes
+ * standard output. Commands that cannot run so are refused. 0, or the exit code. */
+int cli_dist_start(const char *cmd, int *argc, char ***argv);
+void cli_dist_end(void);
+/* this process's rank in the job (0 outside one) */
+int cli_rank(void);
 /* The device the command runs its model on: --device cpu|cuda|auto (main.c takes the option
  * from any command's arguments), else $STRAND_DEVICE, else auto; with cli_cpu_params(). */
 st_device_params cli_device_params(void);

@@ -110,7 +110,8 @@ int cmd_logits(int argc, char **argv) {
     }
     st_seq seq = {.slot = -1};
     if (st_cache_seq_start(cache, &seq, &err) != ST_OK) goto done;
-    fp = strcmp(out_path, "-") ? fopen(out_path, "wb") : stdout; /* -o - is standard output */
+    /* -o - is standard output; in a tensor-parallel job rank 0 writes, the others compute */
+    fp = cli_rank() != 0 ? fopen("/dev/null", "wb") : strcmp(out_path, "-") ? fopen(out_path, "wb") : stdout;
     if (!fp) {
         st_error_set(&err, ST_ERR_IO, "%s: cannot create: %s", out_path, strerror(errno));
         goto done;

@@ -84,7 +84,10 @@ int main(int argc, char **argv) {
             fprintf(stderr, "strand: command '%s' is not available in this build\n", argv[1]);
             return 2;
         }
-        return commands[i].fn(argc - 1, argv + 1);
+        int rc = cli_dist_start(argv[1], &argc, &argv);
+        if (rc == 0) rc = commands[i].fn(argc - 1, argv + 1);
+        cli_dist_end();
+        return rc;
     }
     fprintf(stderr, "strand: unknown command '%s'\n\n", argv[1]);
     usage(stderr);

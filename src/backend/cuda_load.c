@@ -2,11 +2,11 @@
 #include "backend/cuda.h"
 
 #include <dlfcn.h>
-#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
+
+#include "core/plugin.h"
 
 st_cuda_params st_cuda_default_params(void) {
     st_cuda_params p = {.device = 0, .library = NULL, .precision = ST_PRECISION_EXACT, .no_tensor_cores = 0};
@@ -19,51 +19,19 @@ static pthread_mutex_t g_load_mu = PTHREAD_MUTEX_INITIALIZER;
 static const st_cuda_entry *g_entry;
 static char g_load_error[512];
 
-static const st_cuda_entry *try_open(const char *path, char *why, size_t cap) {
-    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        snprintf(why, cap, "%s", dlerror());
-        return NULL;
-    }
-    const st_cuda_entry *(*get)(void) = (const st_cuda_entry *(*)(void))dlsym(h, ST_CUDA_ENTRY_SYMBOL);
-    const st_cuda_entry *e = get ? get() : NULL;
-    if (!e || e->abi != ST_CUDA_ABI) {
-        snprintf(why, cap, "%.400s: not a strand CUDA backend of this version", path);
-        dlclose(h);
-        return NULL;
-    }
-    return e;
-}
-
 static const st_cuda_entry *load(const st_cuda_params *p, char *why, size_t cap) {
     pthread_mutex_lock(&g_load_mu);
     if (!g_entry) {
-        char tried[4][PATH_MAX + 32];
-        int n = 0;
-        if (p && p->library) {
-            snprintf(tried[n++], sizeof tried[0], "%s", p->library);
-        } else {
-            char exe[PATH_MAX];
-            ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-            if (len > 0) {
-                exe[len] = 0;
-                char *slash = strrchr(exe, '/');
-                if (slash) {
-                    *slash = 0;
-                    snprintf(tried[n++], sizeof tried[0], "%s/libstrand-cuda.so", exe);
-                    snprintf(tried[n++], sizeof tried[0], "%s/../libstrand-cuda.so", exe);
-                }
-            }
-            snprintf(tried[n++], sizeof tried[0], "libstrand-cuda.so");
+        char w[400];
+        void *h = st_plugin_open("libstrand-cuda.so", p ? p->library : NULL, w, sizeof w);
+        const st_cuda_entry *(*get)(void) = h ? (const st_cuda_entry *(*)(void))dlsym(h, ST_CUDA_ENTRY_SYMBOL) : NULL;
+        const st_cuda_entry *e = get ? get() : NULL;
+        if (e && e->abi == ST_CUDA_ABI) g_entry = e;
+        else if (h) {
+            snprintf(w, sizeof w, "%s: not a strand CUDA backend of this version", p && p->library ? p->library : "libstrand-cuda.so");
+            dlclose(h);
         }
-        char first[sizeof g_load_error] = "";
-        for (int i = 0; i < n && !g_entry; i++) {
-            char w[512];
-            g_entry = try_open(tried[i], w, sizeof w);
-            if (!g_entry && !*first) snprintf(first, sizeof first, "%s", w);
-        }
-        if (!g_entry)
-            snprintf(g_load_error, sizeof g_load_error, "the CUDA backend library could not be loaded (%s)", first);
+        if (!g_entry) snprintf(g_load_error, sizeof g_load_error, "the CUDA backend library could not be loaded (%s)", w);
     }
     const st_cuda_entry *e = g_entry;
     if (!e) snprintf(why, cap, "%s", g_load_error);

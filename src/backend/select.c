@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "dist/comm.h"
+
 st_device_params st_device_default_params(void) {
     st_device_params p;
     p.kind = ST_DEVICE_AUTO;
@@ -33,6 +35,20 @@ int st_precision_parse(const char *s, st_precision *out) {
 st_status st_backend_create(const st_model *m, const st_device_params *p, st_backend **out, st_error *err) {
     st_device_params dp = st_device_default_params();
     if (!p) p = &dp;
+    const st_comm *comm = p->cpu.comm;
+    if (comm && comm->world > 1) { /* a rank of a job: its shard, on the CPU */
+        *out = NULL;
+        if (p->kind == ST_DEVICE_CUDA)
+            return st_error_set(err, ST_ERR_UNSUPPORTED,
+                                "tensor parallelism runs on the CPU backend for now (NCCL between GPUs is not built yet): "
+                                "use --device cpu under mpirun");
+        if (p->precision != ST_PRECISION_EXACT)
+            return st_error_set(err, ST_ERR_UNSUPPORTED, "--precision bf16 needs a GPU: the CPU backend computes exact only");
+        st_shard sh;
+        st_status st = st_shard_make(m, comm->rank, comm->world, &sh, err);
+        if (st != ST_OK) return st;
+        return st_backend_cpu_create(m, &p->cpu, &sh, out, err);
+    }
     if (p->kind == ST_DEVICE_CUDA || (p->kind == ST_DEVICE_AUTO && st_cuda_available(&p->cuda, NULL, 0))) {
         st_cuda_params cp = p->cuda;
         cp.precision = p->precision;

@@ -26,6 +26,8 @@ typedef struct st_cpu_params {
                                    64 use the chunked delta rule; 0: always the per-step form */
     int64_t min_parallel_work;  /* a parallel region with fewer multiply-adds runs on the
                                    calling thread alone; 0 = the default (65536) */
+    struct st_comm *comm;       /* borrowed: the job a shard's all-reduces sum over (one rank
+                                   a process, dist/comm.h); NULL: none, or an in-process group */
 } st_cpu_params;
 
 st_cpu_params st_cpu_default_params(void);

@@ -37,6 +37,7 @@
 #include "core/mem.h"
 #include "core/numeric.h"
 #include "core/threadpool.h"
+#include "dist/comm.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -113,6 +114,7 @@ typedef struct cpu_dims {
 typedef struct cpu_backend {
     st_backend base;
     const st_kernels *k;
+    struct st_comm *comm; /* borrowed (st_cpu_params.comm) */
     int n_threads, gdn_chunked;
     int64_t par_work;
     cpu_dims z;
@@ -440,6 +442,7 @@ st_status st_backend_cpu_create(const st_model *m, const st_cpu_params *p, const
     b->k = p->kernels ? p->kernels : st_kernels_best();
     b->n_threads = nth;
     b->gdn_chunked = p->gdn_chunked;
+    b->comm = p->comm;
     b->par_work = p->min_parallel_work > 0 ? p->min_parallel_work : PAR_WORK;
     b->z = dims_of(m, shard);
     b->embed = &m->embed;
@@ -560,6 +563,8 @@ typedef struct cpu_ctx {
     float *p4;      /* [T][Hv] a output */
     float *mix;     /* [T][wm] mixer output before its out projection */
     float *gath;    /* [T][d] gathered rows (MoE, logits, all-reduce sums) */
+    float *comm_buf; /* [world][T][d] every rank's partial sums (a communicator's all-reduce), or NULL */
+    st_error comm_err; /* the step's first failed all-reduce (step_end reports it) */
     float *gout;    /* [T][d] gathered outputs (MoE) */
     float *router;  /* [T][E] */
     int32_t *moe_sel;  /* [T][k] chosen experts */
@@ -657,7 +662,7 @@ static void cpu_ctx_destroy(st_bctx *base) {
     if (!c) return;
     st_pool_destroy(c->pool);
     float *bufs[] = {c->x, c->xn, c->out, c->p1, c->p2, c->p3, c->p4, c->mix, c->gath, c->gout,
-                     c->router, c->moe_w, c->moe_lw};
+                     c->router, c->moe_w, c->moe_lw, c->comm_buf};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(c->moe_sel);
     free(c->moe_list);
@@ -723,6 +728,7 @@ static st_status cpu_ctx_create(st_backend *base, const st_ctx_params *p, st_bct
     c->mix = falloc(c, T * z->wm, &fail);
     c->gath = falloc(c, T * d, &fail);
     c->gout = falloc(c, T * d, &fail);
+    if (b->comm && b->comm->world > 1) c->comm_buf = falloc(c, (int64_t)b->comm->world * T * d, &fail);
     /* tasks: (item, key head), (item, KV head, tile) or, split, (item, KV head, chunk) */
     c->part_chunks = part_chunks_of(p->max_seq_len);
     const int64_t max_tasks = max_tasks_of(z, T, c->part_chunks);
@@ -886,9 +892,12 @@ static st_status cpu_step_begin(st_bctx *base, const st_step_plan *plan, st_erro
 
 static st_status cpu_step_end(st_bctx *base, st_error *err) {
     cpu_ctx *c = (cpu_ctx *)base;
-    (void)err;
     fp_mode_leave(c->fp_saved);
     c->plan = NULL;
+    if (c->comm_err.status) { /* the job is broken: every later step fails the same way */
+        if (err) *err = c->comm_err;
+        return c->comm_err.status;
+    }
     return ST_OK;
 }
 
@@ -1161,9 +1170,13 @@ static void cpu_write(st_bctx *base, st_act a, int64_t width, const float *in) {
 static void cpu_allreduce(st_bctx *base, st_act a) {
     cpu_ctx *c = (cpu_ctx *)base;
     st_cpu_group *g = c->group;
-    if (!g || g->world == 1) return;
     float *buf = act(c, a);
     const int64_t n = c->T * c->z->d;
+    if (!g && c->comm_buf) { /* a rank of a job: the communicator's sum, in the same order */
+        if (!c->comm_err.status) st_comm_allreduce_sum(c->b->comm, buf, n, c->comm_buf, &c->comm_err);
+        return;
+    }
+    if (!g || g->world == 1) return;
     g->bufs[c->rank] = buf;
     pthread_barrier_wait(&g->bar);
     for (int64_t e = 0; e < n; e++) {
