@@ -1,5 +1,5 @@
 /* The CUDA backend's matrix products on the GPU, side by side (a development bench, not part
- * of strand; `make` builds it as build/mmv_bench when nvcc is there): every 27B shape at 1, 4,
+ * of strand; `make mmv-bench` builds it as build/mmv_bench when nvcc is there): every 27B shape at 1, 4,
  * 8, 16, 64 and 256 tokens, the tiled bf16 kernels (with the scratch: k_mmv up to 16 tokens,
  * k_gemm beyond; without: k_mma), the row-major CUDA-core kernel and a plain read of the same
  * bytes (the ceiling); GB/s of weights each (times T / 1000: TFLOP/s), whether the two tiled
