@@ -48,6 +48,10 @@ check_model() { # DIR NP NAME
     b=$(job "$np" generate -m "$dir" --ids 1,2,3,4,5 -n 16 2>"$T/err")
     if [ -n "$a" ] && [ "$a" = "$b" ]; then ok "$name over $np ranks: one process's 16 greedy tokens, printed once ($b)"
     else nok "$name over $np ranks: greedy '$b', one process '$a' ($(head -c 300 "$T/err"))"; fi
+    local c
+    c=$(grep -c "^strand: rank [0-9]* of $np: [0-9]* all-reduces, .* MiB resident at most" "$T/err")
+    if [ "$c" = "$np" ]; then ok "$name over $np ranks: each rank reports its all-reduces and resident memory ($(grep -m1 'of '$np': ' "$T/err" | sed 's/^strand: //'))"
+    else nok "$name over $np ranks: $c of $np ranks reported ($(head -c 300 "$T/err"))"; fi
 }
 check_model $D/tiny-a 2 tiny-a
 check_model $D/tiny-b 2 tiny-b

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 int cli_fail(const st_error *err) {
     fprintf(stderr, "strand: %s\n", err->msg[0] ? err->msg : st_status_name(err->status));
@@ -213,9 +214,10 @@ int cli_dist_start(const char *cmd, int *argc, char ***argv) {
 }
 
 void cli_dist_end(void) {
-    if (g_comm)
-        fprintf(stderr, "strand: rank %d of %d: %lld all-reduces, %.3f s in them\n", g_comm->rank, g_comm->world,
-                (long long)g_comm->allreduces, g_comm->allreduce_s);
+    struct rusage ru;
+    if (g_comm && getrusage(RUSAGE_SELF, &ru) == 0) /* the peak: the model is freed by now */
+        fprintf(stderr, "strand: rank %d of %d: %lld all-reduces, %.3f s in them; %.1f MiB resident at most\n", g_comm->rank,
+                g_comm->world, (long long)g_comm->allreduces, g_comm->allreduce_s, (double)ru.ru_maxrss / 1024.0);
     st_comm_destroy(g_comm);
     g_comm = NULL;
 }
