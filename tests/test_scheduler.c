@@ -240,6 +240,38 @@ static void test_bounded(const st_model *m) {
     st_sched_destroy(s);
 }
 
+/* st_sched_fail: a running and a queued request end with ST_FINISH_ERROR and the message;
+ * a later cancel does not replace the first reason */
+static void test_fail(const st_model *m) {
+    st_sched *s = make(m, NULL, 1, 64, 256);
+    const st_cache *c = st_sched_cache(s);
+    st_req_params rp = st_req_default_params();
+    rp.ignore_eos = 1;
+    rp.max_tokens = 100;
+    out o[2];
+    memset(o, 0, sizeof o);
+    int32_t prompt[12] = {5, 99, 300, 2, 7, 1000, 17, 3, 4, 5, 6, 7};
+    uint64_t id[2];
+    st_error err = {0};
+    st_sched_submit(s, prompt, 12, &rp, on_event, &o[0], &id[0], &err);
+    st_sched_submit(s, prompt, 8, &rp, on_event, &o[1], &id[1], &err);
+    for (int i = 0; i < 3; i++) st_sched_step(s);
+    st_sched_fail(s, id[0], "the client did not read its stream for 3 s");
+    st_sched_cancel(s, id[0]);
+    st_sched_fail(s, id[1], "queued and failed");
+    st_sched_step(s);
+    run_all(s);
+    CHECK(o[0].done && o[0].finish == ST_FINISH_ERROR && !strcmp(o[0].err, "the client did not read its stream for 3 s") &&
+              o[0].n >= 1 && o[0].n < 100,
+          "a running request failed: error finish with its message after %d tokens (a later cancel keeps the reason)", o[0].n);
+    CHECK(o[1].done && o[1].finish == ST_FINISH_ERROR && !strcmp(o[1].err, "queued and failed") && o[1].n == 0,
+          "a queued request failed: error finish with its message, no tokens (%d)", o[1].n);
+    CHECK(c->n_free_blocks == c->p.n_blocks && c->n_free_slots == 1, "everything free after the failures");
+    st_sched_fail(s, 12345, "nobody");
+    CHECK(st_sched_step(s) == 0, "an unknown id is ignored");
+    st_sched_destroy(s);
+}
+
 /* blocks held by the given running requests */
 static int64_t held_blocks(st_sched *s, const uint64_t *ids, int n, int *running) {
     int64_t h = 0;
@@ -750,6 +782,7 @@ int main(void) {
     }
     if (CHECK(st_model_load(path, &m, &err) == ST_OK, "tiny-a loads")) {
         test_release(m);
+        test_fail(m);
         test_limits(m);
         snprintf(path, sizeof path, "%s/fixtures/tiny-a/golden.safetensors", tap_data_dir());
         if (st_checkpoint_open(path, &g, &err) == ST_OK) test_stops_logprobs(m, g);

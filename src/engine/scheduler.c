@@ -29,7 +29,8 @@ typedef struct req {
     void *user;
     double t_submit;
     double t_blocked;           /* first time admission found too few KV blocks (0: never) */
-    atomic_int cancelled;
+    atomic_int cancelled;       /* 1: cancelled; 2: failed with fail_msg (set once, from 0) */
+    char fail_msg[160];         /* written under the mutex before cancelled becomes 2 */
     atomic_int hold;            /* pauses minus resumes; > 0: left out of steps */
     int live;                   /* choices running (the scheduler thread's) */
     struct req *prev, *next;    /* the live list (guarded by the mutex) */
@@ -607,7 +608,19 @@ static req *find_live(st_sched *s, uint64_t id) {
 void st_sched_cancel(st_sched *s, uint64_t id) {
     pthread_mutex_lock(&s->mu);
     req *r = find_live(s, id);
-    if (r) atomic_store(&r->cancelled, 1);
+    int zero = 0;
+    if (r) atomic_compare_exchange_strong(&r->cancelled, &zero, 1);
+    kick(s);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void st_sched_fail(st_sched *s, uint64_t id, const char *why) {
+    pthread_mutex_lock(&s->mu);
+    req *r = find_live(s, id);
+    if (r && atomic_load(&r->cancelled) == 0) {
+        snprintf(r->fail_msg, sizeof r->fail_msg, "%s", why ? why : "failed");
+        atomic_store(&r->cancelled, 2);
+    }
     kick(s);
     pthread_mutex_unlock(&s->mu);
 }
@@ -800,7 +813,8 @@ static int admit(st_sched *s) {
         pthread_mutex_unlock(&s->mu);
         for (req *c = cancelled; c;) {
             req *next = c->qnext;
-            finish_queued(s, c, ST_FINISH_CANCELLED, NULL);
+            if (atomic_load(&c->cancelled) == 2) finish_queued(s, c, ST_FINISH_ERROR, c->fail_msg);
+            else finish_queued(s, c, ST_FINISH_CANCELLED, NULL);
             c = next;
             changed = 1;
         }
@@ -922,7 +936,14 @@ static int check_running(st_sched *s, double now) {
     for (int i = 0; i < s->p.max_seqs; i++) {
         rec *c = &s->recs[i];
         if (!c->r) continue;
-        if (atomic_load(&c->r->cancelled)) {
+        const int cancelled = atomic_load(&c->r->cancelled);
+        if (cancelled == 2) {
+            snprintf(c->error, sizeof c->error, "%s", c->r->fail_msg);
+            finish_rec(s, c, ST_FINISH_ERROR, c->error);
+            ended = 1;
+            continue;
+        }
+        if (cancelled) {
             finish_rec(s, c, ST_FINISH_CANCELLED, NULL);
             ended = 1;
             continue;

@@ -227,6 +227,11 @@ st_status st_sched_submit(st_sched *s, const int32_t *prompt, int64_t n_prompt,
  * unknown ids are ignored. */
 void st_sched_cancel(st_sched *s, uint64_t id);
 
+/* Any thread. The request ends with ST_FINISH_ERROR and the message `why` (copied; cut at
+ * 159 bytes) at the next step, queued or running; a request already cancelled or failed
+ * keeps its first reason; unknown ids are ignored. */
+void st_sched_fail(st_sched *s, uint64_t id, const char *why);
+
 /* Any thread. Undo one ST_EV_PAUSE of the request (its consumer made room); resumes may
  * arrive before the pause they answer. Unknown ids are ignored. */
 void st_sched_resume(st_sched *s, uint64_t id);

@@ -295,8 +295,9 @@ static enum MHD_Result start_generation(srv *s, struct MHD_Connection *c, httpre
     if (s->streams) s->streams->prev = st;
     s->streams = st;
     pthread_mutex_unlock(&s->streams_mu);
-    /* the stall timeout, not the idle one, while the request runs */
-    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)(s->p.stall_timeout_s + 1));
+    /* while the request runs, a backstop beyond the stall timeout, not the idle one: the
+     * watcher fails a stalled stream (server.c) well before this closes the connection */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)(s->p.stall_timeout_s + 5));
     pthread_mutex_lock(&st->mu);
     st->conn = c;
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);

@@ -85,6 +85,15 @@ static void *watch_main(void *arg) {
                 st->last_write = t;
                 srv_wake(st);
             }
+            /* awake with bytes to send, and not asked for them: the client is not reading */
+            if (st->streaming && st->response_queued && st->conn && st->submitted && !st->stall_failed &&
+                !atomic_load(&st->suspended) && !atomic_load(&st->ended) &&
+                t - (double)atomic_load(&st->pulled_us) * 1e-6 >= s->p.stall_timeout_s) {
+                char why[128];
+                snprintf(why, sizeof why, "the client did not read its stream for %.0f s", s->p.stall_timeout_s);
+                st->stall_failed = 1;
+                st_sched_fail(s->sched, st->sched_id, why);
+            }
             pthread_mutex_unlock(&st->mu);
         }
         pthread_mutex_unlock(&s->streams_mu);

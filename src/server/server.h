@@ -15,7 +15,9 @@
  *     writes) pauses that sequence until the client has read, up to stall_timeout_s;
  *   - a watcher thread notices clients that hang up while their request waits (queued,
  *     prefilling or non-streaming: libmicrohttpd does not watch suspended connections) and
- *     cancels their generation; it also sends SSE keep-alive comments.
+ *     cancels their generation; it also sends SSE keep-alive comments, and fails (an
+ *     error finish) a stream with bytes to send that libmicrohttpd has not asked for in
+ *     stall_timeout_s: the client stopped reading, whether or not the inbox has filled yet.
  * Connections: at most max_connections (more get 503 and are closed); a connection with no
  * request in progress is closed after idle_timeout_s.
  */

@@ -171,6 +171,11 @@ typedef struct stream {
     /* the connection's parking (wake_mu, innermost lock; never held while formatting) */
     pthread_mutex_t wake_mu;
     atomic_int suspended;
+    /* when libmicrohttpd last asked the stream for bytes, or the connection was woken with
+     * something to send (st_now_s() in microseconds; any thread). Awake and not asked for
+     * stall_timeout_s: the client is not reading (the watcher fails the request). */
+    atomic_llong pulled_us;
+    int stall_failed;            /* the watcher's (under mu) */
     size_t slack;                /* the inbox's reserve for the DONE records of every choice:
                                     n_ch records of the largest size (set before submission) */
     /* taken from the inbox, not yet formatted (HTTP threads, under mu) */

@@ -42,6 +42,7 @@ void srv_wake(stream *st) {
     pthread_mutex_lock(&st->wake_mu);
     atomic_store(&st->want_wake, 0);
     if (st->conn && atomic_load(&st->suspended)) {
+        atomic_store(&st->pulled_us, (long long)(st_now_s() * 1e6)); /* the stall clock starts */
         atomic_store(&st->suspended, 0);
         MHD_resume_connection(st->conn);
     }
@@ -537,6 +538,7 @@ ssize_t srv_sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     stream *st = cls;
     int resume = 0;
     ssize_t ret;
+    atomic_store(&st->pulled_us, (long long)(st_now_s() * 1e6));
     pthread_mutex_lock(&st->mu);
     for (;;) {
         if (st->wire_off >= st->wire.n) {
