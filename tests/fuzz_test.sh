@@ -10,7 +10,7 @@ if ! command -v clang >/dev/null 2>&1; then
     echo "not ok 1 - clang is needed for the fuzz targets"
     exit 1
 fi
-if ! make -s fuzz >build/fuzz-build.log 2>&1; then
+if ! make -s -j"$(nproc)" fuzz >build/fuzz-build.log 2>&1; then
     echo "not ok 1 - fuzz targets build (build/fuzz-build.log)"
     tail -5 build/fuzz-build.log
     exit 1

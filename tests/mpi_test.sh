@@ -4,7 +4,10 @@
 # ranks gives every fixture's logits within 1e-5 of one process (whose logits the fixture
 # tests hold to the reference at 1e-3) and its greedy tokens; 3 ranks the same on a model
 # whose KV and GDN key heads must be replicated (2 of each over 3 ranks); a world size that
-# does not fit is refused on every rank, and so are commands that cannot run as a job yet.
+# does not fit is refused on every rank, and so are commands that cannot run as a job. Under
+# mpirun -np 2 `serve` passes the end-to-end test, and a rank that dies or hangs mid-stream
+# gives the client an error event, /health a 503 with the reason, and the job ends non-zero
+# within 5 s.
 # Without mpirun or build/libstrand-mpi.so it says so and skips. TAP lines.
 set -u
 cd "$(dirname "$0")/.."
@@ -81,7 +84,79 @@ else nok "tiny-a over 3 ranks: rc $rc, $c refusals ($(head -c 300 "$T/err"))"; f
 job 2 generate --device cuda -m $D/tiny-a --ids 1,2 -n 2 >"$T/out" 2>"$T/err"
 if [ $? -ne 0 ] && grep -q "tensor parallelism runs on the CPU backend" "$T/err"; then ok "--device cuda under mpirun is refused (no NCCL yet)"
 else nok "--device cuda under mpirun: $(head -c 300 "$T/err")"; fi
-job 2 serve -m $D/tiny-a >"$T/out" 2>"$T/err"
-if [ $? -ne 0 ] && grep -q "does not run as a tensor-parallel job" "$T/err"; then ok "serve under mpirun is refused, saying what runs"
-else nok "serve under mpirun: $(head -c 300 "$T/err")"; fi
+job 2 tokenize -m $D/tiny-a --text hi >"$T/out" 2>"$T/err"
+if [ $? -ne 0 ] && grep -q "does not run as a tensor-parallel job" "$T/err"; then ok "tokenize under mpirun is refused, saying what runs"
+else nok "tokenize under mpirun: $(head -c 300 "$T/err")"; fi
+
+# ---- serve under mpirun: rank 0 serves and relays every step; the others follow ----
+if command -v node >/dev/null 2>&1 && [ -d tests/e2e/node_modules/openai ]; then
+    STRAND_LAUNCH="mpirun -np 2 -x STRAND_THREADS" bash tests/server_e2e_test.sh >"$T/e2e.log" 2>&1
+    rc=$?
+    p=$(grep -c '^ok ' "$T/e2e.log")
+    f=$(grep -c '^not ok ' "$T/e2e.log")
+    if [ $rc -eq 0 ] && [ "$f" -eq 0 ] && [ "$p" -gt 50 ]; then
+        ok "the end-to-end server test (official openai client) under mpirun -np 2: all $p checks pass"
+    else
+        nok "the end-to-end server test under mpirun -np 2: $p pass, $f fail: $(grep -m3 '^not ok' "$T/e2e.log" | head -c 600)"
+    fi
+else
+    nok "the end-to-end server test under mpirun needs node and tests/e2e/node_modules (scripts/deps.sh)"
+fi
+
+# ---- faults: a rank that dies or hangs mid-stream ----
+"$S" synth --preset tiny --tokenizer tests/data/tokenizers/qwen3 --seed 5 -o "$T/srv" >/dev/null 2>&1
+cp tests/data/templates/qwen3.5.jinja "$T/srv/chat_template.jinja"
+# FAULT: KILL (the rank dies) or STOP (it hangs); checks the client's stream, /health, the job's end
+fault() {
+    local sig=$1 what=$2
+    rm -f "$T/f.log" "$T/stream" "$T/health"
+    mpirun -np 2 -x STRAND_THREADS "$S" serve --port 0 -m "$T/srv" >"$T/f.log" 2>&1 &
+    local job=$! url="" pid1="" i
+    for i in $(seq 300); do
+        grep -q '^strand: ready' "$T/f.log" && break
+        sleep 0.1
+    done
+    url=$(sed -n 's/^strand: listening on \(http:[^ ]*\).*/\1/p' "$T/f.log")
+    pid1=$(sed -n 's/^strand: rank 1 of 2 (pid \([0-9]*\)).*/\1/p' "$T/f.log")
+    if [ -z "$url" ] || [ -z "$pid1" ]; then
+        nok "$what: the job did not start ($(tail -c 300 "$T/f.log"))"
+        kill -9 $job 2>/dev/null; wait $job 2>/dev/null
+        return
+    fi
+    curl -sN "$url/v1/chat/completions" -H 'Content-Type: application/json' \
+        -d '{"messages":[{"role":"user","content":"go"}],"max_tokens":30000,"ignore_eos":true,"stream":true}' >"$T/stream" &
+    local client=$!
+    for i in $(seq 100); do [ -s "$T/stream" ] && break; sleep 0.05; done
+    local t0=$(date +%s.%N) tev=""
+    kill -$sig "$pid1"
+    # /health while the job goes down: 503 with the reason, until the server is gone
+    for i in $(seq 200); do
+        [ -z "$tev" ] && grep -q '^data: {"error"' "$T/stream" && tev=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+        curl -s -m 1 "$url/health" >"$T/h1" 2>/dev/null || break
+        grep -q unhealthy "$T/h1" && cp "$T/h1" "$T/health"
+        sleep 0.05
+    done
+    local rc=0 gone=0
+    for i in $(seq 150); do kill -0 $job 2>/dev/null || { gone=1; break; }; sleep 0.1; done
+    local dt=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+    if [ $gone = 1 ]; then wait $job; rc=$?; else kill -9 $job "$pid1" 2>/dev/null; wait $job 2>/dev/null; rc=-1; fi
+    kill -CONT "$pid1" 2>/dev/null
+    wait $client 2>/dev/null
+    local ev last
+    ev=$(grep -m1 '^data: {"error"' "$T/stream" | head -c 300)
+    last=$(grep '^data: ' "$T/stream" | tail -1)
+    if [ -n "$ev" ] && [ "$last" = "data: [DONE]" ]; then ok "$what mid-stream: the client gets an error event${tev:+ ${tev} s after}, then [DONE] ($ev)"
+    else nok "$what mid-stream: the stream ends '$(tail -c 300 "$T/stream")'"; fi
+    if [ $gone = 1 ] && [ $rc -ne 0 ] && awk -v d="$dt" 'BEGIN { exit !(d <= 5.0) }'; then
+        ok "$what: the job exits non-zero (status $rc) ${dt} s after"
+    else
+        nok "$what: the job ended $gone, status $rc, after ${dt} s ($(tail -c 400 "$T/f.log"))"
+    fi
+    if [ "$sig" = STOP ]; then
+        if grep -q 'rank' "$T/health" 2>/dev/null; then ok "$what: /health answers unhealthy with the reason ($(head -c 240 "$T/health"))"
+        else nok "$what: /health never said why ($(cat "$T/health" 2>/dev/null | head -c 200))"; fi
+    fi
+}
+fault KILL "rank 1 killed"
+fault STOP "rank 1 hung (SIGSTOP)"
 echo "# $n checks"

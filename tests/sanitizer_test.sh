@@ -26,15 +26,15 @@ export ASAN_OPTIONS=detect_leaks=1:halt_on_error=1:allocator_may_return_null=1:p
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 logs=$B/logs
 mkdir -p $logs
-summarize() { # name log rc
-    local name=$1 log=$2 rc=$3 p f
+summarize() { # name log rc seconds
+    local name=$1 log=$2 rc=$3 secs=$4 p f
     p=$(grep -c '^ok ' "$log")
     f=$(grep -c '^not ok ' "$log")
     if grep -qE 'ERROR: (Address|Leak)Sanitizer|runtime error:' "$log"; then f=$((f + 1)); fi
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi
-    if [ "$f" -eq 0 ] && [ "$p" -gt 0 ]; then ok "$name under ASan+UBSan: $p checks pass"
+    if [ "$f" -eq 0 ] && [ "$p" -gt 0 ]; then ok "$name under ASan+UBSan: $p checks pass (${secs}s)"
     else
-        nok "$name under ASan+UBSan: $p pass, $f fail ($log)"
+        nok "$name under ASan+UBSan: $p pass, $f fail ($log, ${secs}s)"
         grep -E '^not ok|ERROR: |runtime error:|SUMMARY' "$log" | head -5 | sed 's/^/#   /'
     fi
 }
@@ -42,12 +42,14 @@ for t in $B/tests/test_*; do
     [ -x "$t" ] && [ -f "$t" ] || continue
     case "$t" in *.d) continue;; esac
     name=$(basename "$t")
+    t0=$(date +%s)
     STRAND_TEST_SCALE=10 "$t" >"$logs/$name.log" 2>&1 # the long-context scenario at 1/10 the lengths
-    summarize "$name" "$logs/$name.log" $?
+    summarize "$name" "$logs/$name.log" $? $(($(date +%s) - t0))
 done
 # the shell tests on the sanitizer build (they check their servers' logs and exit status)
 for t in run_cli model_cli fortune_cli server_e2e server_robust server_chaos; do
+    t0=$(date +%s)
     STRAND=$B/strand CHAOS_SECONDS=12 bash tests/${t}_test.sh >"$logs/$t.log" 2>&1
-    summarize "$t" "$logs/$t.log" $?
+    summarize "$t" "$logs/$t.log" $? $(($(date +%s) - t0))
 done
 echo "# $n checks"

@@ -5,6 +5,8 @@
 set -u
 cd "$(dirname "$0")/.."
 S=${STRAND:-build/strand}
+# a launcher in front of each server: STRAND_LAUNCH="mpirun -np 2" (tests/mpi_test.sh)
+read -r -a L <<<"${STRAND_LAUNCH:-}"
 if ! command -v node >/dev/null 2>&1 || [ ! -d tests/e2e/node_modules/openai ]; then
     echo "not ok 1 - node and tests/e2e/node_modules are needed (run scripts/deps.sh)"
     exit 1
@@ -26,14 +28,14 @@ $S synth --preset tiny --tokenizer $TOK --seed 5 -o "$T/random" >/dev/null || ex
 $S synth --preset tiny --tokenizer $TOK --seed 7 --vision -o "$T/vision" >/dev/null || exit 1
 for m in scripted random vision; do cp tests/data/templates/qwen3.5.jinja "$T/$m/chat_template.jinja"; done
 
-"$S" serve --port 0 -m "$T/scripted" --model-name scripted --api-key test-key >"$T/a.log" 2>&1 &
+"${L[@]}" "$S" serve --port 0 -m "$T/scripted" --model-name scripted --api-key test-key >"$T/a.log" 2>&1 &
 pids+=($!)
-"$S" serve --port 0 -m "$T/random" --model-name random --ctx 256 --max-seqs 16 --max-body-mb 1 >"$T/b.log" 2>&1 &
+"${L[@]}" "$S" serve --port 0 -m "$T/random" --model-name random --ctx 256 --max-seqs 16 --max-body-mb 1 >"$T/b.log" 2>&1 &
 pids+=($!)
-"$S" serve --port 0 -m "$T/random" --model-name random --max-seqs 1 --max-queue 1 --keepalive 0.2 >"$T/c.log" 2>&1 &
+"${L[@]}" "$S" serve --port 0 -m "$T/random" --model-name random --max-seqs 1 --max-queue 1 --keepalive 0.2 >"$T/c.log" 2>&1 &
 pids+=($!)
 SMALL_PID=${pids[2]}
-"$S" serve --port 0 -m "$T/vision" --model-name vision >"$T/d.log" 2>&1 &
+"${L[@]}" "$S" serve --port 0 -m "$T/vision" --model-name vision >"$T/d.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 200); do
     [ "$(grep -c '^strand: ready' "$T"/a.log "$T"/b.log "$T"/c.log "$T"/d.log | grep -c ':1$')" = 4 ] && break

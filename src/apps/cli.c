@@ -6,15 +6,18 @@
 
 #include "core/threadpool.h"
 #include "dist/comm.h"
+#include "dist/relay.h"
 #include "engine/scheduler.h"
 #include "kernels/kernels.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 int cli_fail(const st_error *err) {
     fprintf(stderr, "strand: %s\n", err->msg[0] ? err->msg : st_status_name(err->status));
@@ -200,12 +203,29 @@ static long launcher_world(void) {
 
 int cli_dist_start(const char *cmd, int *argc, char ***argv) {
     if (launcher_world() <= 1) return 0;
-    if (strcmp(cmd, "generate") != 0 && strcmp(cmd, "logits") != 0) {
-        fprintf(stderr, "strand: '%s' does not run as a tensor-parallel job yet (under mpirun: generate, logits)\n", cmd);
+    static const char *const ok[] = {"generate", "logits", "run", "serve", "bench", "perplexity"};
+    int known = 0;
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) known |= !strcmp(cmd, ok[i]);
+    if (!known) {
+        fprintf(stderr,
+                "strand: '%s' does not run as a tensor-parallel job (under mpirun: generate, logits, run, serve, "
+                "bench, perplexity)\n",
+                cmd);
         return 2;
+    }
+    double timeout = 3.0;
+    const char *tv = getenv("STRAND_COMM_TIMEOUT");
+    if (tv && *tv) {
+        char *end = NULL;
+        timeout = strtod(tv, &end);
+        if (*end || !(timeout > 0) || timeout > 86400) {
+            fprintf(stderr, "strand: STRAND_COMM_TIMEOUT=%s: expected seconds in (0, 86400]\n", tv);
+            return 2;
+        }
     }
     st_error err = {0};
     if (st_comm_mpi_create(NULL, argc, argv, &g_comm, &err) != ST_OK) return cli_fail(&err);
+    g_comm->timeout_s = timeout;
     if (g_comm->rank != 0 && !freopen("/dev/null", "w", stdout)) { /* rank 0 answers */
         fprintf(stderr, "strand: rank %d: cannot silence its standard output\n", g_comm->rank);
         return 2;
@@ -223,6 +243,31 @@ void cli_dist_end(void) {
 }
 
 int cli_rank(void) { return g_comm ? g_comm->rank : 0; }
+int cli_world(void) { return g_comm ? g_comm->world : 1; }
+
+_Noreturn void cli_follow(st_backend *b) {
+    st_error err = {0};
+    /* rank 0 ends the job's work (and its signals end rank 0); a lost rank 0 ends the job */
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_IGN);
+    fprintf(stderr, "strand: rank %d of %d (pid %ld): following rank 0\n", g_comm->rank, g_comm->world, (long)getpid());
+    const st_status st = st_relay_follow(b, &err);
+    if (st != ST_OK) fprintf(stderr, "strand: rank %d: %s\n", g_comm->rank, err.msg);
+    st_backend_destroy(b);
+    cli_dist_end();
+    exit(st == ST_OK ? 0 : 1);
+}
+
+int cli_follow_model(const char *dir) {
+    st_model *m = NULL;
+    st_backend *b = NULL;
+    st_error err = {0};
+    if (st_model_load(dir, &m, &err) != ST_OK || cli_backend(m, &b, &err) != ST_OK) {
+        st_model_free(m);
+        return cli_fail(&err);
+    }
+    cli_follow(b); /* does not return */
+}
 
 st_cpu_params cli_cpu_params(void) {
     st_cpu_params p = st_cpu_default_params();
@@ -260,6 +305,7 @@ st_device_params cli_device_params(void) {
 st_status cli_backend(const st_model *m, st_backend **out, st_error *err) {
     st_device_params p = cli_device_params();
     st_status st = st_backend_create(m, &p, out, err);
+    if (st == ST_OK && g_comm && g_comm->rank != 0) cli_follow(*out);
     if (st == ST_OK && p.kind != ST_DEVICE_CPU) {
         char what[512];
         st_backend_describe(*out, what, sizeof what);

@@ -60,11 +60,20 @@ st_cpu_params cli_cpu_params(void);
 
 /* Under an MPI launcher (mpirun -np N, N > 1): join the job (MPI may take its own arguments
  * out of argv) so that cli_cpu_params() shards the model over the ranks; only rank 0 writes
- * standard output. Commands that cannot run so are refused. 0, or the exit code. */
+ * standard output. Rank 0 runs the command; every other rank runs it as far as its backend
+ * (cli_backend, cli_follow) and then replays rank 0's steps (dist/relay.h). Commands that
+ * cannot run so are refused. $STRAND_COMM_TIMEOUT: the collectives' watchdog in seconds
+ * (default 3). 0, or the exit code. */
 int cli_dist_start(const char *cmd, int *argc, char ***argv);
 void cli_dist_end(void);
-/* this process's rank in the job (0 outside one) */
+/* this process's rank in the job (0 outside one), and the job's size (1 outside one) */
 int cli_rank(void);
+int cli_world(void);
+/* A rank other than 0: follow rank 0's steps on b (this rank's shard), then end the job's
+ * part here: frees b, leaves MPI, exits the process (0, or 1 on an error). Never returns. */
+_Noreturn void cli_follow(st_backend *b);
+/* A rank other than 0 of `serve`: load the model in dir, make its backend and follow. */
+int cli_follow_model(const char *dir);
 /* The device the command runs its model on: --device cpu|cuda|auto (main.c takes the option
  * from any command's arguments), else $STRAND_DEVICE, else auto; with cli_cpu_params(). */
 st_device_params cli_device_params(void);
@@ -72,7 +81,7 @@ st_device_params cli_device_params(void);
 int cli_set_device(const char *value);
 /* main.c: the --precision value (exact or bf16; -1 otherwise). */
 int cli_set_precision(const char *value);
-/* A backend for m on cli_device_params()'s device. */
+/* A backend for m on cli_device_params()'s device (on a rank other than 0: cli_follow). */
 st_status cli_backend(const st_model *m, st_backend **out, st_error *err);
 
 /* The image parts of a prompt from image files (images in order): *vt (the model

@@ -297,6 +297,8 @@ int cmd_bench(int argc, char **argv) {
         usage();
         return cli_failf("bench: give a checkpoint (-m DIR) or a preset to synthesize (--synth 27b)");
     }
+    if ((n_images || prefix) && cli_world() > 1)
+        return cli_failf("bench: --image and the prefix scenarios do not run under mpirun; the speed table does");
     if (n_images) { /* the image path instead of the speed table */
         if (!dir) return cli_failf("bench --image: give a checkpoint with a vision tower (-m DIR)");
         st_error verr = {0};
@@ -365,6 +367,7 @@ int cmd_bench(int argc, char **argv) {
     if (threads) dp.cpu.n_threads = (int)threads;
     if (k) dp.cpu.kernels = k;
     if (st_backend_create(m, &dp, &be, &err) != ST_OK) goto done;
+    if (cli_rank() != 0) cli_follow(be); /* rank 0 measures; the others follow */
     const int gpu = st_backend_is_cuda(be);
     char dev[512];
     st_backend_describe(be, dev, sizeof dev);

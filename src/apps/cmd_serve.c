@@ -157,6 +157,7 @@ int cmd_serve(int argc, char **argv) {
         usage();
         return cli_failf("serve: -m DIR is required");
     }
+    if (cli_rank() != 0) return cli_follow_model(p.model_dir); /* rank 0 serves; the others follow */
     if (!p.api_key && key_file) {
         if (read_key_file(key_file, &key_buf)) return 1;
         if (!*key_buf) {

@@ -222,6 +222,10 @@ struct st_backend {
     const st_backend_ops *ops;
     const st_model *m;       /* borrowed */
     st_shard shard;
+    struct st_comm *comm;    /* borrowed: the job this backend is one rank of (dist/comm.h),
+                                NULL for a process on its own. On rank 0, st_fwd sends every
+                                context, step and copy to the other ranks (dist/relay.h). */
+    int relay_ctxs;          /* contexts st_fwd made on it so far (their ids for the relay) */
 };
 
 void st_backend_destroy(st_backend *b);

@@ -1,6 +1,9 @@
 /* ==== Step plans, shards and backends (see backend.h) ==== */
 #include "backend/backend.h"
 
+#include "dist/comm.h"
+#include "dist/relay.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -172,5 +175,10 @@ st_status st_shard_make(const st_model *m, int rank, int world, st_shard *out, s
 }
 
 void st_backend_destroy(st_backend *b) {
-    if (b) b->ops->destroy(b);
+    if (!b) return;
+    if (b->comm && b->comm->world > 1 && b->comm->rank == 0) { /* the job's work is over */
+        st_error e = {0};
+        st_relay_end(b, &e);
+    }
+    b->ops->destroy(b);
 }

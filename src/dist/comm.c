@@ -30,6 +30,7 @@ void st_comm_destroy(st_comm *c) {
 
 st_status st_comm_allreduce_sum(st_comm *c, float *buf, int64_t n, float *scratch, st_error *err) {
     if (c->world == 1) return ST_OK;
+    if (c->broken) return st_error_set(err, ST_ERR_IO, "the job is broken: %s", c->error);
     const double t0 = st_now_s();
     if (c->ops->allgather(c, buf, (size_t)n * sizeof(float), scratch) != 0)
         return st_error_set(err, ST_ERR_IO, "all-reduce over %d ranks failed: %s", c->world, c->error);
@@ -43,9 +44,10 @@ st_status st_comm_allreduce_sum(st_comm *c, float *buf, int64_t n, float *scratc
     return ST_OK;
 }
 
-st_status st_comm_bcast(st_comm *c, void *buf, size_t bytes, int root, st_error *err) {
+st_status st_comm_bcast(st_comm *c, void *buf, size_t bytes, int root, double timeout_s, st_error *err) {
     if (c->world == 1) return ST_OK;
-    if (c->ops->bcast(c, buf, bytes, root) != 0)
+    if (c->broken) return st_error_set(err, ST_ERR_IO, "the job is broken: %s", c->error);
+    if (c->ops->bcast(c, buf, bytes, root, timeout_s) != 0)
         return st_error_set(err, ST_ERR_IO, "broadcast from rank %d failed: %s", root, c->error);
     return ST_OK;
 }

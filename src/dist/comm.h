@@ -19,19 +19,26 @@
 
 typedef struct st_comm st_comm;
 
-/* what an implementation provides; each call returns 0, or non-zero with c->error set */
+/* What an implementation provides; each call returns 0, or non-zero with c->error set and
+ * c->broken raised. A collective that has not completed on this rank after timeout_s seconds
+ * fails (a rank died or hangs: the watchdog); timeout_s 0 waits for ever (a rank waiting
+ * for work). Waits poll, and sleep once they last, so that an idle rank takes no core. */
 typedef struct st_comm_ops {
     const char *name;
-    /* recv[world][bytes]: every rank's send, in rank order */
+    /* recv[world][bytes]: every rank's send, in rank order (c->timeout_s) */
     int (*allgather)(st_comm *c, const void *send, size_t bytes, void *recv);
-    int (*bcast)(st_comm *c, void *buf, size_t bytes, int root);
+    int (*bcast)(st_comm *c, void *buf, size_t bytes, int root, double timeout_s);
     int (*barrier)(st_comm *c);
-    void (*destroy)(st_comm *c); /* also ends the library's use (MPI_Finalize) */
+    /* also ends the library's use: MPI_Finalize, or MPI_Abort (the whole job exits non-zero)
+     * when the communicator is broken */
+    void (*destroy)(st_comm *c);
 } st_comm_ops;
 
 struct st_comm {
     const st_comm_ops *ops;
     int rank, world;
+    double timeout_s;        /* the collectives' watchdog (st_comm_mpi_create: 3 s) */
+    int broken;              /* a collective failed: every later one fails at once */
     char error[256];
     void *impl;              /* the implementation's */
     int64_t allreduces;      /* st_comm_allreduce_sum calls so far, */
@@ -47,11 +54,11 @@ void st_comm_destroy(st_comm *c);
 /* buf[n] = the sum over the ranks of their buf[n], added in rank order; scratch holds
  * world * n floats. ST_ERR_IO naming the failure (a rank gone, a transport error). */
 st_status st_comm_allreduce_sum(st_comm *c, float *buf, int64_t n, float *scratch, st_error *err);
-/* buf[bytes] = rank root's */
-st_status st_comm_bcast(st_comm *c, void *buf, size_t bytes, int root, st_error *err);
+/* buf[bytes] = rank root's; timeout_s as in st_comm_ops (0: wait for ever) */
+st_status st_comm_bcast(st_comm *c, void *buf, size_t bytes, int root, double timeout_s, st_error *err);
 
 /* the shared object's entry (libstrand-mpi.so exports ST_COMM_ENTRY_SYMBOL) */
-#define ST_COMM_ABI 1
+#define ST_COMM_ABI 2
 #define ST_COMM_ENTRY_SYMBOL "st_comm_mpi_entry"
 typedef struct st_comm_entry {
     int abi;

@@ -105,6 +105,8 @@ struct st_sched {
     int n_waiting, n_running;
     uint64_t next_id;
     int shutdown;
+    int broken;               /* a step failed with ST_ERR_IO (a tensor-parallel job lost a rank) */
+    char broken_msg[160];     /* why; every request ends with it and none is accepted */
     uint64_t kicks;           /* submits, cancels, resumes: something may have changed */
     uint64_t kicks_seen;      /* kicks when the last step began */
     int idle;                 /* the last step could do nothing */
@@ -576,6 +578,11 @@ st_status st_sched_submit(st_sched *s, const int32_t *prompt, int64_t n_prompt,
                             (long long)s->cache->p.n_blocks);
     }
     pthread_mutex_lock(&s->mu);
+    if (s->broken) {
+        pthread_mutex_unlock(&s->mu);
+        req_free(r);
+        return st_error_set(err, ST_ERR_IO, "the engine cannot run: %s", s->broken_msg);
+    }
     if (s->n_waiting + s->n_running >= s->p.max_seqs + s->p.max_queue) {
         int running = s->n_running, waiting = s->n_waiting;
         pthread_mutex_unlock(&s->mu);
@@ -610,6 +617,30 @@ void st_sched_cancel(st_sched *s, uint64_t id) {
     req *r = find_live(s, id);
     int zero = 0;
     if (r) atomic_compare_exchange_strong(&r->cancelled, &zero, 1);
+    kick(s);
+    pthread_mutex_unlock(&s->mu);
+}
+
+int st_sched_broken(st_sched *s, char *why, size_t cap) {
+    pthread_mutex_lock(&s->mu);
+    const int b = s->broken;
+    if (b && why && cap) snprintf(why, cap, "%s", s->broken_msg);
+    pthread_mutex_unlock(&s->mu);
+    return b;
+}
+
+/* (scheduler thread) a step failed so that no later one can run: every live request fails */
+static void break_engine(st_sched *s, const char *why) {
+    pthread_mutex_lock(&s->mu);
+    if (!s->broken) {
+        s->broken = 1;
+        snprintf(s->broken_msg, sizeof s->broken_msg, "%.159s", why);
+    }
+    for (req *r = s->live; r; r = r->next) {
+        if (atomic_load(&r->cancelled) != 0) continue;
+        snprintf(r->fail_msg, sizeof r->fail_msg, "%s", s->broken_msg);
+        atomic_store(&r->cancelled, 2);
+    }
     kick(s);
     pthread_mutex_unlock(&s->mu);
 }
@@ -828,10 +859,7 @@ static int admit(st_sched *s) {
                                   : st_cache_seq_start_prefix(s->cache, &c->seq, r->im_mem ? r->im.keys : r->prompt,
                                                               r->n_prompt, &snap_slot, &err);
         if (st == ST_OK && private_kv) c->seq.private_kv = 1;
-        if (st == ST_OK && snap_slot >= 0) {
-            st_bctx *bx = st_fwd_ctx(s->fwd);
-            bx->b->ops->state_copy(bx, snap_slot, c->seq.slot);
-        }
+        if (st == ST_OK && snap_slot >= 0) st_fwd_state_copy(s->fwd, snap_slot, c->seq.slot);
         if (st == ST_OK && c->tx)
             st = st_textout_reset(c->tx, r->p.stop, r->p.n_stop, r->p.split_reasoning,
                                   r->p.start_in_reasoning, r->p.skip_special, &err);
@@ -978,7 +1006,6 @@ static int check_running(st_sched *s, double now) {
 static void fork_choices(st_sched *s, rec *parent, const float *row) {
     req *r = parent->r;
     const int64_t own = choice_blocks(s, r), V = s->m->cfg.vocab_size;
-    st_bctx *bx = st_fwd_ctx(s->fwd);
     int kids[ST_MAX_CHOICES];
     const int n = parent->fork_pending;
     for (int i = 0; i < n; i++) {
@@ -994,8 +1021,8 @@ static void fork_choices(st_sched *s, rec *parent, const float *row) {
         ST_ASSERT(st == ST_OK); /* the parent's reset took the same parameters */
         int32_t from = -1;
         const int32_t to = st_cache_seq_fork(s->cache, &parent->seq, &c->seq, &from);
-        if (to >= 0) bx->b->ops->kv_copy(bx, from, to);
-        bx->b->ops->state_copy(bx, parent->seq.slot, c->seq.slot);
+        if (to >= 0) st_fwd_kv_copy(s->fwd, from, to);
+        st_fwd_state_copy(s->fwd, parent->seq.slot, c->seq.slot);
         c->r = r;
         memcpy(c->hist, parent->hist, (size_t)parent->n_hist * sizeof *c->hist);
         c->n_hist = parent->n_hist;
@@ -1055,10 +1082,7 @@ static void take_snapshot(st_sched *s, rec *c, int prefill) {
     } else if (!prefill) {
         to = st_cache_snap_private(s->cache, &c->seq);
     }
-    if (to >= 0) {
-        st_bctx *bx = st_fwd_ctx(s->fwd);
-        bx->b->ops->state_copy(bx, c->seq.slot, to);
-    }
+    if (to >= 0) st_fwd_state_copy(s->fwd, c->seq.slot, to);
 }
 
 /* A step holding a prompt with images: every token's rotary positions (a text sequence's
@@ -1137,6 +1161,7 @@ int st_sched_step(st_sched *s) {
         else st = st_batch_run(s->cache, s->fwd, s->items, n, s->logits, &err);
         if (st != ST_OK) {
             for (int k = 0; k < n; k++) finish_rec(s, &s->recs[s->item_rec[k]], ST_FINISH_ERROR, err.msg);
+            if (st == ST_ERR_IO) break_engine(s, err.msg);
         } else {
             int64_t row = 0, prefilled = 0;
             for (int k = 0; k < n; k++) {

@@ -232,6 +232,11 @@ void st_sched_cancel(st_sched *s, uint64_t id);
  * keeps its first reason; unknown ids are ignored. */
 void st_sched_fail(st_sched *s, uint64_t id, const char *why);
 
+/* Any thread. 1 when a step failed with ST_ERR_IO (a tensor-parallel job that lost a rank:
+ * dist/comm.h), with the reason in why[cap]: every request then ends with an error, and
+ * submissions are refused (ST_ERR_IO). */
+int st_sched_broken(st_sched *s, char *why, size_t cap);
+
 /* Any thread. Undo one ST_EV_PAUSE of the request (its consumer made room); resumes may
  * arrive before the pause they answer. Unknown ids are ignored. */
 void st_sched_resume(st_sched *s, uint64_t id);

@@ -4,6 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dist/comm.h"
+#include "dist/relay.h"
+
 struct st_fwd {
     st_backend *b;       /* borrowed */
     st_bctx *c;          /* owned */
@@ -13,7 +16,12 @@ struct st_fwd {
     void *hook_user;
     float *hook_buf;     /* [max_tokens][d] when a hook is set; owned */
     float *emb_buf;      /* [max_tokens][d] X on the host for plans with embeddings; owned */
+    int relay_id;        /* rank 0 of a job: this context's id on the other ranks; else -1 */
+    void *relay_pack;    /* [st_relay_step_bytes] a step's plan packed for them; owned */
 };
+
+/* rank 0 of a job of several: contexts, steps and copies go to the other ranks too */
+static int relays(const st_backend *b) { return b->comm && b->comm->world > 1 && b->comm->rank == 0; }
 
 st_status st_fwd_create(st_backend *b, const st_ctx_params *p, st_fwd **out, st_error *err) {
     *out = NULL;
@@ -30,7 +38,13 @@ st_status st_fwd_create(st_backend *b, const st_ctx_params *p, st_fwd **out, st_
     const int64_t all = (int64_t)p->n_slots * per_seq;
     st_status st = st_plan_buf_init(&f->plan, p->n_slots, p->max_tokens,
                                     b->m->n_full ? (all < p->n_blocks ? all : p->n_blocks) : 0, err);
+    f->relay_id = -1;
     if (st == ST_OK) st = b->ops->ctx_create(b, p, &f->c, err);
+    if (st == ST_OK && relays(b)) {
+        f->relay_pack = malloc(st_relay_step_bytes(p, f->plan.cap_blocks));
+        if (!f->relay_pack) st = st_error_set(err, ST_ERR_NOMEM, "out of memory for the relay");
+        if (st == ST_OK && (st = st_relay_ctx_create(b, b->relay_ctxs, p, err)) == ST_OK) f->relay_id = b->relay_ctxs++;
+    }
     if (st != ST_OK) {
         st_fwd_destroy(f);
         return st;
@@ -41,6 +55,11 @@ st_status st_fwd_create(st_backend *b, const st_ctx_params *p, st_fwd **out, st_
 
 void st_fwd_destroy(st_fwd *f) {
     if (!f) return;
+    if (f->relay_id >= 0) {
+        st_error e = {0};
+        st_relay_ctx_destroy(f->b, f->relay_id, &e); /* a broken job has nothing to free */
+    }
+    free(f->relay_pack);
     if (f->c) f->b->ops->ctx_destroy(f->c);
     st_plan_buf_free(&f->plan);
     free(f->hook_buf);
@@ -72,8 +91,25 @@ st_status st_fwd_enable_embeds(st_fwd *f, st_error *err) {
     if (!f->emb_buf) {
         f->emb_buf = malloc((size_t)f->p.max_tokens * (size_t)f->b->m->cfg.hidden_size * sizeof(float));
         if (!f->emb_buf) return st_error_set(err, ST_ERR_NOMEM, "out of memory for image embeddings");
+        if (f->relay_id >= 0) return st_relay_enable_embeds(f->b, f->relay_id, err);
     }
     return ST_OK;
+}
+
+void st_fwd_state_copy(st_fwd *f, int from, int to) {
+    if (f->relay_id >= 0) {
+        st_error e = {0}; /* a broken job fails its next step */
+        st_relay_state_copy(f->b, f->relay_id, from, to, &e);
+    }
+    f->b->ops->state_copy(f->c, from, to);
+}
+
+void st_fwd_kv_copy(st_fwd *f, int32_t from, int32_t to) {
+    if (f->relay_id >= 0) {
+        st_error e = {0};
+        st_relay_kv_copy(f->b, f->relay_id, from, to, &e);
+    }
+    f->b->ops->kv_copy(f->c, from, to);
 }
 
 /* The plan against the context's capacities and the model. */
@@ -138,6 +174,7 @@ static st_status check_plan(const st_fwd *f, const st_step_plan *pl, st_error *e
 
 st_status st_fwd_run(st_fwd *f, const st_step_plan *plan, float *logits, st_error *err) {
     st_status st = check_plan(f, plan, err);
+    if (st == ST_OK && f->relay_id >= 0) st = st_relay_step(f->b, f->relay_id, plan, f->relay_pack, err);
     if (st != ST_OK) return st;
     const st_backend_ops *op = f->b->ops;
     const st_config *cfg = &f->b->m->cfg;
@@ -195,6 +232,6 @@ st_status st_fwd_run(st_fwd *f, const st_step_plan *plan, float *logits, st_erro
         op->read(c, ST_ACT_XN, d, f->hook_buf);
         f->hook(f->hook_user, cfg->n_layers, T, d, f->hook_buf);
     }
-    op->logits(c, logits);
+    if (logits) op->logits(c, logits);
     return op->step_end(c, err);
 }

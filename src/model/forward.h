@@ -38,10 +38,17 @@ void st_fwd_destroy(st_fwd *f);
 /* The plan buffer steps are built in (capacities: p's slots, tokens, and blocks). */
 st_plan_buf *st_fwd_plan_buf(st_fwd *f);
 
-/* Run one step. logits: [plan->n_logit_rows][vocab] floats, rows in item order. A plan that
- * does not fit the context or the model (token ids, slots, positions, blocks) is refused
- * with ST_ERR_ARG or ST_ERR_LIMIT before anything is computed. */
+/* Run one step. logits: [plan->n_logit_rows][vocab] floats, rows in item order (NULL: none
+ * computed; the other ranks of a job). A plan that does not fit the context or the model
+ * (token ids, slots, positions, blocks) is refused with ST_ERR_ARG or ST_ERR_LIMIT before
+ * anything is computed. On rank 0 of a job the plan goes to the other ranks first
+ * (dist/relay.h); ST_ERR_IO when the job is broken. */
 st_status st_fwd_run(st_fwd *f, const st_step_plan *plan, float *logits, st_error *err);
+
+/* Between steps: copy state slot `from` to `to` (both in [0, n_slots + n_snapshots)), or KV
+ * block `from` to `to` (every full-attention layer); relayed like steps. */
+void st_fwd_state_copy(st_fwd *f, int from, int to);
+void st_fwd_kv_copy(st_fwd *f, int32_t from, int32_t to);
 
 /* Let plans carry embeddings (st_step_plan.n_embeds: images): the host buffer of X it takes.
  * Without it such a plan is refused. */

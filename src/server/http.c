@@ -218,6 +218,7 @@ static void prep_one(srv *s, stream *st) {
         st_oai_error_set(&e, 400, "invalid_request_error", st->kind == ST_OAI_CHAT ? "messages" : "prompt",
                          "context_length_exceeded", "%s", err.msg);
     else if (sst == ST_ERR_ARG) st_oai_error_set(&e, 400, "invalid_request_error", NULL, NULL, "%s", err.msg);
+    else if (sst == ST_ERR_IO) st_oai_error_set(&e, 503, "server_error", NULL, "unhealthy", "%s", err.msg);
     else st_oai_error_set(&e, 500, "server_error", NULL, NULL, "%s", err.msg);
     prep_fail(st, &e);
     return;

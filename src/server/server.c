@@ -41,6 +41,14 @@ static void *scheduler_main(void *arg) {
     srv *s = arg;
     while (!atomic_load(&s->stopping)) {
         st_sched_step(s->sched);
+        char why[200];
+        if (!atomic_load(&s->fatal) && st_sched_broken(s->sched, why, sizeof why)) {
+            /* every request ends with the error; /health says why until the server exits */
+            fprintf(stderr, "strand: the engine cannot run: %s; exiting\n", why);
+            snprintf(s->health_reason, sizeof s->health_reason, "the engine cannot run: %s", why);
+            atomic_store(&s->health, HEALTH_UNHEALTHY);
+            atomic_store(&s->fatal, 1);
+        }
         if (!st_sched_wait(s->sched)) break;
     }
     return NULL;
@@ -335,12 +343,28 @@ st_status st_server_run(const st_server_params *p, volatile sig_atomic_t *stop, 
         }
     atomic_store(&s->health, HEALTH_READY);
     fprintf(stderr, "strand: ready\n");
-    while (!*stop) usleep(100 * 1000);
+    while (!*stop && !atomic_load(&s->fatal)) usleep(100 * 1000);
+    if (atomic_load(&s->fatal)) { /* the streams' error events go out; /health answers 503 a while */
+        for (int i = 0; i < 5 && !*stop; i++) usleep(100 * 1000);
+        st = st_error_set(err, ST_ERR_IO, "%s", s->health_reason);
+    }
     fprintf(stderr, "strand: shutting down\n");
 out:
-    snprintf(s->health_reason, sizeof s->health_reason, "%s", st == ST_OK ? "shutting down" : err->msg);
+    if (!atomic_load(&s->fatal))
+        snprintf(s->health_reason, sizeof s->health_reason, "%s", st == ST_OK ? "shutting down" : err->msg);
     atomic_store(&s->health, HEALTH_UNHEALTHY);
     atomic_store(&s->stopping, 1);
+    /* the streams first: their clients get the error event now, even while a step (a long
+     * prefill, a collective waiting for a lost rank) keeps the scheduler thread */
+    pthread_mutex_lock(&s->streams_mu);
+    for (stream *x = s->streams; x; x = x->next) {
+        pthread_mutex_lock(&x->mu);
+        x->aborted = 1;
+        srv_wake(x);
+        pthread_mutex_unlock(&x->mu);
+    }
+    pthread_mutex_unlock(&s->streams_mu);
+    if (s->d) usleep(200 * 1000);
     if (s->sched) st_sched_shutdown(s->sched);
     if (s->sched_started) pthread_join(s->sched_thread, NULL);
     pthread_mutex_lock(&s->prep_mu);
@@ -354,7 +378,7 @@ out:
         atomic_fetch_sub(&s->preparing, 1);
         srv_stream_unref(s->prep_ring[s->prep_head]);
     }
-    /* wake every parked connection so it can end */
+    /* wake every parked connection (streams made since) so it can end */
     pthread_mutex_lock(&s->streams_mu);
     for (stream *x = s->streams; x; x = x->next) {
         pthread_mutex_lock(&x->mu);
@@ -364,7 +388,7 @@ out:
     }
     pthread_mutex_unlock(&s->streams_mu);
     if (s->d) {
-        usleep(200 * 1000);
+        usleep(100 * 1000);
         MHD_stop_daemon(s->d);
     }
     st_sched_destroy(s->sched); /* drops the scheduler's references without events */

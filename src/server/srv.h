@@ -221,6 +221,7 @@ struct srv {
     pthread_t *prep_threads;     /* [p.prep_threads] */
     int n_prep_started, sched_started, watch_started;
     atomic_int stopping;
+    atomic_int fatal;            /* the scheduler cannot run (st_sched_broken): the server exits */
     atomic_int n_conns;          /* open connections */
     int epoll_fd;                /* the watcher's */
     pthread_mutex_t streams_mu;

@@ -400,7 +400,7 @@ await attempt('queue, keep-alive, busy', async () => {
 
 await attempt('error inside a stream', async () => {
   const r = await fetch(S + '/v1/chat/completions', { method: 'POST', headers: { 'Content-Type': 'application/json' },
-    body: JSON.stringify({ messages: user('doomed'), max_tokens: 400, stream: true, reasoning_effort: 'none', ignore_eos: true }) });
+    body: JSON.stringify({ messages: user('doomed'), max_tokens: 20000, stream: true, reasoning_effort: 'none', ignore_eos: true }) });
   const reader = r.body.getReader();
   await reader.read();
   process.kill(Number(process.env.SMALL_PID), 'SIGTERM');

@@ -114,7 +114,6 @@ typedef struct cpu_dims {
 typedef struct cpu_backend {
     st_backend base;
     const st_kernels *k;
-    struct st_comm *comm; /* borrowed (st_cpu_params.comm) */
     int n_threads, gdn_chunked;
     int64_t par_work;
     cpu_dims z;
@@ -442,7 +441,7 @@ st_status st_backend_cpu_create(const st_model *m, const st_cpu_params *p, const
     b->k = p->kernels ? p->kernels : st_kernels_best();
     b->n_threads = nth;
     b->gdn_chunked = p->gdn_chunked;
-    b->comm = p->comm;
+    b->base.comm = p->comm;
     b->par_work = p->min_parallel_work > 0 ? p->min_parallel_work : PAR_WORK;
     b->z = dims_of(m, shard);
     b->embed = &m->embed;
@@ -728,7 +727,7 @@ static st_status cpu_ctx_create(st_backend *base, const st_ctx_params *p, st_bct
     c->mix = falloc(c, T * z->wm, &fail);
     c->gath = falloc(c, T * d, &fail);
     c->gout = falloc(c, T * d, &fail);
-    if (b->comm && b->comm->world > 1) c->comm_buf = falloc(c, (int64_t)b->comm->world * T * d, &fail);
+    if (b->base.comm && b->base.comm->world > 1) c->comm_buf = falloc(c, (int64_t)b->base.comm->world * T * d, &fail);
     /* tasks: (item, key head), (item, KV head, tile) or, split, (item, KV head, chunk) */
     c->part_chunks = part_chunks_of(p->max_seq_len);
     const int64_t max_tasks = max_tasks_of(z, T, c->part_chunks);
@@ -1173,7 +1172,7 @@ static void cpu_allreduce(st_bctx *base, st_act a) {
     float *buf = act(c, a);
     const int64_t n = c->T * c->z->d;
     if (!g && c->comm_buf) { /* a rank of a job: the communicator's sum, in the same order */
-        if (!c->comm_err.status) st_comm_allreduce_sum(c->b->comm, buf, n, c->comm_buf, &c->comm_err);
+        if (!c->comm_err.status) st_comm_allreduce_sum(c->b->base.comm, buf, n, c->comm_buf, &c->comm_err);
         return;
     }
     if (!g || g->world == 1) return;
