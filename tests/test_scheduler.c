@@ -15,6 +15,8 @@
 #include "golden.h"
 #include "model/synth.h"
 #include "backend/cpu/cpu.h"
+#include "backend/select.h"
+#include "dist/comm.h"
 #include "tap.h"
 
 #include "alloc_count.h"
@@ -270,6 +272,67 @@ static void test_fail(const st_model *m) {
     st_sched_fail(s, 12345, "nobody");
     CHECK(st_sched_step(s) == 0, "an unknown id is ignored");
     st_sched_destroy(s);
+}
+
+/* A tensor-parallel job that loses a rank (a communicator whose all-gather fails, as the
+ * MPI one does at its watchdog): the step fails with ST_ERR_IO, the scheduler is broken,
+ * every request ends with the error (the queued one too), a new one is refused. */
+static int lost_allgather(st_comm *c, const void *send, size_t bytes, void *recv) {
+    (void)send, (void)bytes, (void)recv;
+    snprintf(c->error, sizeof c->error, "rank 1 did not answer (a test)");
+    c->broken = 1;
+    return 1;
+}
+static int quiet_bcast(st_comm *c, void *buf, size_t bytes, int root, double timeout_s) {
+    (void)c, (void)buf, (void)bytes, (void)root, (void)timeout_s;
+    return 0; /* the relay's messages to a follower that is not there */
+}
+static int quiet_barrier(st_comm *c) { (void)c; return 0; }
+static void keep_comm(st_comm *c) { (void)c; }
+
+static void test_broken_job(const st_model *m) {
+    static const st_comm_ops ops = {"lost", lost_allgather, quiet_bcast, quiet_barrier, keep_comm};
+    st_comm comm = {.ops = &ops, .rank = 0, .world = 2, .timeout_s = 3};
+    st_cpu_params cp = st_sched_cpu_params(st_cpu_default_params(), 1);
+    cp.comm = &comm;
+    cp.n_threads = 1;
+    st_device_params dp = st_device_default_params();
+    dp.kind = ST_DEVICE_CPU;
+    dp.cpu = cp;
+    st_backend *be = NULL;
+    st_error err = {0};
+    if (!CHECK(st_backend_create(m, &dp, &be, &err) == ST_OK, "rank 0 of 2's backend (%s)", err.msg)) return;
+    st_sched_params sp = st_sched_default_params();
+    sp.max_seqs = 1;
+    sp.ctx = 256;
+    sp.backend = be;
+    st_sched *s = NULL;
+    if (!CHECK(st_sched_create(m, NULL, &sp, &s, &err) == ST_OK, "a scheduler on it (%s)", err.msg)) {
+        st_backend_destroy(be);
+        return;
+    }
+    st_req_params rp = st_req_default_params();
+    rp.max_tokens = 10;
+    out o[3];
+    memset(o, 0, sizeof o);
+    int32_t prompt[4] = {5, 6, 7, 8};
+    uint64_t id[3];
+    st_sched_submit(s, prompt, 4, &rp, on_event, &o[0], &id[0], &err);
+    st_sched_submit(s, prompt, 3, &rp, on_event, &o[1], &id[1], &err);
+    char why[200] = "";
+    CHECK(!st_sched_broken(s, why, sizeof why), "not broken before a step");
+    run_all(s);
+    const int broken = st_sched_broken(s, why, sizeof why);
+    CHECK(broken && strstr(why, "rank 1 did not answer"), "the failed all-reduce breaks the scheduler: %s", why);
+    CHECK(o[0].done && o[0].finish == ST_FINISH_ERROR && strstr(o[0].err, "rank 1 did not answer") && o[0].n == 0,
+          "the running request ends with the error (%s)", o[0].err);
+    CHECK(o[1].done && o[1].finish == ST_FINISH_ERROR && strstr(o[1].err, "rank 1 did not answer"),
+          "the queued request ends with it too (%s)", o[1].err);
+    st_error e2 = {0};
+    const st_status st = st_sched_submit(s, prompt, 4, &rp, on_event, &o[2], &id[2], &e2);
+    CHECK(st == ST_ERR_IO && strstr(e2.msg, "rank 1 did not answer"), "a new request is refused: %s", e2.msg);
+    st_sched_destroy(s);
+    st_backend_destroy(be);
 }
 
 /* blocks held by the given running requests */
@@ -783,6 +846,7 @@ int main(void) {
     if (CHECK(st_model_load(path, &m, &err) == ST_OK, "tiny-a loads")) {
         test_release(m);
         test_fail(m);
+        test_broken_job(m);
         test_limits(m);
         snprintf(path, sizeof path, "%s/fixtures/tiny-a/golden.safetensors", tap_data_dir());
         if (st_checkpoint_open(path, &g, &err) == ST_OK) test_stops_logprobs(m, g);
