@@ -236,8 +236,11 @@ int cli_dist_start(const char *cmd, int *argc, char ***argv) {
 void cli_dist_end(void) {
     struct rusage ru;
     if (g_comm && getrusage(RUSAGE_SELF, &ru) == 0) /* the peak: the model is freed by now */
-        fprintf(stderr, "strand: rank %d of %d: %lld all-reduces, %.3f s in them; %.1f MiB resident at most\n", g_comm->rank,
-                g_comm->world, (long long)g_comm->allreduces, g_comm->allreduce_s, (double)ru.ru_maxrss / 1024.0);
+        fprintf(stderr,
+                "strand: rank %d of %d: %lld all-reduces, %.3f s in them; %lld logit gathers, %.3f s; %.1f MiB resident at "
+                "most\n",
+                g_comm->rank, g_comm->world, (long long)g_comm->allreduces, g_comm->allreduce_s, (long long)g_comm->gathers,
+                g_comm->gather_s, (double)ru.ru_maxrss / 1024.0);
     st_comm_destroy(g_comm);
     g_comm = NULL;
 }

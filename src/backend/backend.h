@@ -100,10 +100,14 @@ typedef struct st_shard {
     int64_t inter, inter0;       /* local dense MLP width: columns [inter0, inter0 + inter) */
     int64_t moe_inter, moe_inter0;       /* local width of every expert */
     int64_t shared_inter, shared_inter0; /* local width of the shared expert */
+    int64_t vocab, vocab0;       /* local LM head rows: vocabulary [vocab0, vocab0 + vocab) (the
+                                    logits' slices are gathered; the embedding stays whole) */
 } st_shard;
 
 /* The shard of rank/world for this model: ST_ERR_ARG naming the shape that does not split. */
 st_status st_shard_make(const st_model *m, int rank, int world, st_shard *out, st_error *err);
+/* rank's LM head rows of a vocabulary of V over world ranks: [*v0, *v0 + *n) */
+void st_shard_vocab(int64_t V, int world, int rank, int64_t *v0, int64_t *n);
 
 /* ---- the operations ---- */
 
@@ -203,7 +207,9 @@ typedef struct st_backend_ops {
     void (*moe)(st_bctx *c, int layer);        /* XN -> OUT: router, top-k, experts, shared expert */
     void (*allreduce)(st_bctx *c, st_act a);   /* sum a [T][d] buffer over the shards */
     void (*logits)(st_bctx *c, float *out);    /* XN rows the plan asks for -> out[rows][vocab]
-                                                  (host memory) */
+                                                  (host memory). A shard computes its vocabulary
+                                                  slice and takes part in gathering the rows;
+                                                  out NULL: nothing written (a follower) */
     /* host <-> the step's T rows of a buffer, `width` floats each (at most the buffer's):
      * the hidden-state hook reads X and XN; tests drive single operations with them */
     void (*read)(st_bctx *c, st_act a, int64_t width, float *out);

@@ -91,6 +91,8 @@ static void even(int64_t n, int world, int rank, int64_t *a, int64_t *len) {
     *len = n * (rank + 1) / world - *a;
 }
 
+void st_shard_vocab(int64_t V, int world, int rank, int64_t *v0, int64_t *n) { even(V, world, rank, v0, n); }
+
 /* width n split in whole groups of g over world ranks (unevenly when the groups do not divide) */
 static void by_groups(int64_t n, int64_t g, int world, int rank, int64_t *a, int64_t *len) {
     int64_t groups = n / g, ga, gl;
@@ -118,6 +120,7 @@ st_status st_shard_make(const st_model *m, int rank, int world, st_shard *out, s
         return st_error_set(err, ST_ERR_ARG, "shard: rank %d of world %d", rank, world);
     out->rank = rank;
     out->world = world;
+    st_shard_vocab(c->vocab_size, world, rank, &out->vocab0, &out->vocab);
     if (c->n_heads % world)
         return st_error_set(err, ST_ERR_ARG, "shard: %d query heads do not split over %d ranks", c->n_heads, world);
     if (m->n_linear && c->lin_n_value_heads % world)

@@ -44,6 +44,20 @@ st_status st_comm_allreduce_sum(st_comm *c, float *buf, int64_t n, float *scratc
     return ST_OK;
 }
 
+st_status st_comm_allgather(st_comm *c, const void *send, size_t bytes, void *recv, st_error *err) {
+    if (c->world == 1) {
+        memcpy(recv, send, bytes);
+        return ST_OK;
+    }
+    if (c->broken) return st_error_set(err, ST_ERR_IO, "the job is broken: %s", c->error);
+    const double t0 = st_now_s();
+    if (c->ops->allgather(c, send, bytes, recv) != 0)
+        return st_error_set(err, ST_ERR_IO, "all-gather over %d ranks failed: %s", c->world, c->error);
+    c->gathers++;
+    c->gather_s += st_now_s() - t0;
+    return ST_OK;
+}
+
 st_status st_comm_bcast(st_comm *c, void *buf, size_t bytes, int root, double timeout_s, st_error *err) {
     if (c->world == 1) return ST_OK;
     if (c->broken) return st_error_set(err, ST_ERR_IO, "the job is broken: %s", c->error);

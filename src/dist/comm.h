@@ -43,6 +43,8 @@ struct st_comm {
     void *impl;              /* the implementation's */
     int64_t allreduces;      /* st_comm_allreduce_sum calls so far, */
     double allreduce_s;      /* and the seconds spent in them (waiting for the other ranks included) */
+    int64_t gathers;         /* st_comm_allgather calls (the logits' vocabulary slices), */
+    double gather_s;         /* and their seconds */
 };
 
 /* The MPI communicator of this process's job (MPI_COMM_WORLD), initialised with argc/argv
@@ -54,6 +56,8 @@ void st_comm_destroy(st_comm *c);
 /* buf[n] = the sum over the ranks of their buf[n], added in rank order; scratch holds
  * world * n floats. ST_ERR_IO naming the failure (a rank gone, a transport error). */
 st_status st_comm_allreduce_sum(st_comm *c, float *buf, int64_t n, float *scratch, st_error *err);
+/* recv[world][bytes] = every rank's send, in rank order (the watchdog: c->timeout_s) */
+st_status st_comm_allgather(st_comm *c, const void *send, size_t bytes, void *recv, st_error *err);
 /* buf[bytes] = rank root's; timeout_s as in st_comm_ops (0: wait for ever) */
 st_status st_comm_bcast(st_comm *c, void *buf, size_t bytes, int root, double timeout_s, st_error *err);
 

@@ -232,6 +232,6 @@ st_status st_fwd_run(st_fwd *f, const st_step_plan *plan, float *logits, st_erro
         op->read(c, ST_ACT_XN, d, f->hook_buf);
         f->hook(f->hook_user, cfg->n_layers, T, d, f->hook_buf);
     }
-    if (logits) op->logits(c, logits);
+    op->logits(c, logits); /* NULL on a follower: a shard still takes part in the gathers */
     return op->step_end(c, err);
 }

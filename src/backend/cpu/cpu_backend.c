@@ -62,6 +62,7 @@ static void fp_mode_leave(unsigned old) { (void)old; }
 #define ATT_CHUNK 512 /* positions per attention partial (absolute grid) */
 #define ATT_QMAX 64   /* query vectors per attention task (tokens x heads of one KV head) */
 #define GDN_C 64      /* chunk of the chunked delta rule */
+#define LOGIT_ROWS 32 /* logit rows a shard computes and gathers at a time */
 #define SPLIT_TOK 8   /* at most this many decode tokens spread attention chunks over threads */
 #define PAR_MIN 8     /* fewer tokens than this: small per-token loops run on the caller */
 #define PAR_WORK 65536 /* a region with less work than this (multiply-adds) runs on the caller:
@@ -105,6 +106,7 @@ typedef struct cpu_dims {
     int64_t kd, vd, cd;                /* local key, value and conv widths */
     int K;                             /* conv taps */
     int64_t I;                         /* the widest local MLP (dense, expert or shared) */
+    int64_t Vl, Vmax;       /* this shard's LM head rows; the widest shard's */
     int E, topk, norm_topk;
     int rope_dim;
     float eps;
@@ -138,6 +140,13 @@ static cpu_dims dims_of(const st_model *m, const st_shard *s) {
     memset(&z, 0, sizeof z);
     z.d = c->hidden_size;
     z.V = c->vocab_size;
+    z.Vl = s->vocab ? s->vocab : c->vocab_size;
+    for (int r = 0; r < s->world; r++) { /* the widest rank's slice: the gathers' row width */
+        int64_t v0, n;
+        st_shard_vocab(c->vocab_size, s->world, r, &v0, &n);
+        z.Vmax = n > z.Vmax ? n : z.Vmax;
+    }
+    if (s->world <= 1) z.Vmax = z.V;
     z.nh = s->n_heads;
     z.nkv = s->n_kv_heads;
     z.hd = c->head_dim;
@@ -333,6 +342,32 @@ static void pack_fn(void *ctx, int tid, int n) {
 /* Give every matrix a packed copy in the first packing of `packs` it can take. On the whole
  * model (world 1) the originals' pages then leave memory (they stay mapped, and come back
  * from the file if read). */
+/* the whole pages of [p, p + bytes) leave this process's resident set (a read-only mapping:
+ * a later read faults them back in) */
+static void release_span(const void *p, size_t bytes, size_t page) {
+    if (!p || !bytes) return;
+    const uintptr_t a = (uintptr_t)p, e = a + bytes;
+    const uintptr_t pa = (a + page - 1) / page * page, pe = e / page * page;
+    if (pe > pa) madvise((void *)pa, pe - pa, MADV_DONTNEED);
+}
+
+/* A packed matrix's source bytes in the checkpoint's mapping, released: the rows of a row
+ * view, every row's span of a column view (a shard's out projections: the pages hold the
+ * other ranks' columns too, which this process never reads). */
+static void release_source(const st_matrix *m, size_t page) {
+    if (m->rows < 1) return;
+    const size_t ld = (size_t)st_matrix_ld(m), cols = (size_t)m->cols, rows = (size_t)m->rows;
+    if (m->fmt == ST_WFMT_AFFINE) {
+        const size_t bits = (size_t)m->bits, g = (size_t)m->group, ss = st_dtype_size(m->sdtype);
+        release_span(m->data, (rows - 1) * ld * bits / 8 + cols * bits / 8, page);
+        release_span(m->scales, ((rows - 1) * (ld / g) + cols / g) * ss, page);
+        release_span(m->biases, ((rows - 1) * (ld / g) + cols / g) * ss, page);
+    } else {
+        const size_t es = m->fmt == ST_WFMT_F32 ? 4 : 2;
+        release_span(m->data, ((rows - 1) * ld + cols) * es, page);
+    }
+}
+
 static st_status pack_weights(cpu_backend *b, unsigned packs, st_error *err) {
     static const st_wpack order[] = {ST_WPACK_BF16_V16, ST_WPACK_Q8_V16};
     const size_t n = backend_matrices(b, NULL);
@@ -381,11 +416,7 @@ static st_status pack_weights(cpu_backend *b, unsigned packs, st_error *err) {
         pack_job j = {mats[i], block + offs[i]};
         st_pool_run(pool, pack_fn, &j);
         mats[i]->packed = j.dst;
-        if (b->base.shard.world == 1 && st_matrix_ld(mats[i]) == mats[i]->cols) {
-            const uintptr_t a = (uintptr_t)mats[i]->data, e = a + st_matrix_bytes(mats[i]);
-            const uintptr_t pa = (a + page - 1) / page * page, pe = e / page * page;
-            if (pe > pa) madvise((void *)pa, pe - pa, MADV_DONTNEED);
-        }
+        release_source(mats[i], page);
     }
     st_pool_destroy(pool);
     b->pack_storage = block;
@@ -446,7 +477,7 @@ st_status st_backend_cpu_create(const st_model *m, const st_cpu_params *p, const
     b->z = dims_of(m, shard);
     b->embed = &m->embed;
     b->final_norm = m->final_norm;
-    b->lm_head = m->lm_head;
+    b->lm_head = shard->world > 1 && m->lm_head.data ? st_matrix_rows(&m->lm_head, shard->vocab0, shard->vocab) : m->lm_head;
     b->layers = calloc((size_t)(c->n_layers ? c->n_layers : 1), sizeof *b->layers);
     const size_t conv_floats = (size_t)m->n_linear * (size_t)b->z.K * (size_t)b->z.cd;
     b->vecs = calloc(conv_floats + (size_t)c->rope_dim / 2 + 1, sizeof *b->vecs);
@@ -563,6 +594,8 @@ typedef struct cpu_ctx {
     float *mix;     /* [T][wm] mixer output before its out projection */
     float *gath;    /* [T][d] gathered rows (MoE, logits, all-reduce sums) */
     float *comm_buf; /* [world][T][d] every rank's partial sums (a communicator's all-reduce), or NULL */
+    float *lg_part;  /* [LOGIT_ROWS][Vmax] a shard's vocabulary slice of some logit rows, or NULL */
+    float *lg_all;   /* [world][LOGIT_ROWS][Vmax] every rank's (a communicator's), or NULL */
     st_error comm_err; /* the step's first failed all-reduce (step_end reports it) */
     float *gout;    /* [T][d] gathered outputs (MoE) */
     float *router;  /* [T][E] */
@@ -643,6 +676,10 @@ static size_t scratch_plan(const cpu_backend *b, const st_ctx_params *p) {
     bytes += (size_t)floats * sizeof(float) + (size_t)nth * (size_t)z->qmax * sizeof(int64_t);
     if (nth > 1 && chunks > 1 && z->nh > 0)
         bytes += (size_t)SPLIT_TOK * (size_t)z->nh * (size_t)chunks * (size_t)(z->hd + 2) * sizeof(float);
+    const int world = b->base.shard.world;
+    if (world > 1) bytes += (size_t)LOGIT_ROWS * (size_t)z->Vmax * sizeof(float);
+    if (b->base.comm && b->base.comm->world > 1) /* the all-reduce's and the logits' gathers */
+        bytes += (size_t)world * ((size_t)T * (size_t)z->d + (size_t)LOGIT_ROWS * (size_t)z->Vmax) * sizeof(float);
     return bytes;
 }
 
@@ -661,7 +698,7 @@ static void cpu_ctx_destroy(st_bctx *base) {
     if (!c) return;
     st_pool_destroy(c->pool);
     float *bufs[] = {c->x, c->xn, c->out, c->p1, c->p2, c->p3, c->p4, c->mix, c->gath, c->gout,
-                     c->router, c->moe_w, c->moe_lw, c->comm_buf};
+                     c->router, c->moe_w, c->moe_lw, c->comm_buf, c->lg_part, c->lg_all};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(c->moe_sel);
     free(c->moe_list);
@@ -727,7 +764,11 @@ static st_status cpu_ctx_create(st_backend *base, const st_ctx_params *p, st_bct
     c->mix = falloc(c, T * z->wm, &fail);
     c->gath = falloc(c, T * d, &fail);
     c->gout = falloc(c, T * d, &fail);
-    if (b->base.comm && b->base.comm->world > 1) c->comm_buf = falloc(c, (int64_t)b->base.comm->world * T * d, &fail);
+    if (b->base.comm && b->base.comm->world > 1) {
+        c->comm_buf = falloc(c, (int64_t)b->base.comm->world * T * d, &fail);
+        c->lg_all = falloc(c, (int64_t)b->base.comm->world * LOGIT_ROWS * z->Vmax, &fail);
+    }
+    if (b->base.shard.world > 1) c->lg_part = falloc(c, LOGIT_ROWS * z->Vmax, &fail);
     /* tasks: (item, key head), (item, KV head, tile) or, split, (item, KV head, chunk) */
     c->part_chunks = part_chunks_of(p->max_seq_len);
     const int64_t max_tasks = max_tasks_of(z, T, c->part_chunks);
@@ -1136,7 +1177,41 @@ static void cpu_logits(st_bctx *base, float *out) {
             rows++;
         }
     }
-    if (rows) mm(c, &c->b->lm_head, c->gath, d, rows, out, c->z->V);
+    if (c->b->base.shard.world == 1) {
+        if (rows && out) mm(c, &c->b->lm_head, c->gath, d, rows, out, c->z->V);
+        return;
+    }
+    /* a shard: its vocabulary slice of LOGIT_ROWS rows at a time, gathered from every rank */
+    const st_shard *sh = &c->b->base.shard;
+    const int64_t V = c->z->V, W = c->z->Vmax;
+    st_cpu_group *g = c->group;
+    for (int64_t r0 = 0; r0 < rows; r0 += LOGIT_ROWS) {
+        const int64_t nr = rows - r0 < LOGIT_ROWS ? rows - r0 : LOGIT_ROWS;
+        mm(c, &c->b->lm_head, c->gath + r0 * d, d, nr, c->lg_part, W);
+        const float *src[ST_POOL_MAX_THREADS];
+        if (g) { /* in-process ranks: read each other's slices between two barriers */
+            g->bufs[c->rank] = c->lg_part;
+            pthread_barrier_wait(&g->bar);
+            for (int k = 0; k < sh->world; k++) src[k] = g->bufs[k];
+        } else if (!c->b->base.comm || c->b->base.comm->world == 1) { /* a shard on its own: its slice */
+            for (int64_t r = 0; out && r < nr; r++)
+                memcpy(out + (r0 + r) * V + sh->vocab0, c->lg_part + r * W, (size_t)sh->vocab * sizeof(float));
+            continue;
+        } else {
+            if (c->comm_err.status ||
+                st_comm_allgather(c->b->base.comm, c->lg_part, (size_t)(nr * W) * sizeof(float), c->lg_all,
+                                  &c->comm_err) != ST_OK)
+                return; /* step_end reports it */
+            for (int k = 0; k < sh->world; k++) src[k] = c->lg_all + (int64_t)k * nr * W;
+        }
+        for (int k = 0; out && k < sh->world; k++) {
+            int64_t v0, nv;
+            st_shard_vocab(V, sh->world, k, &v0, &nv);
+            for (int64_t r = 0; r < nr; r++)
+                memcpy(out + (r0 + r) * V + v0, src[k] + r * W, (size_t)nv * sizeof(float));
+        }
+        if (g) pthread_barrier_wait(&g->bar);
+    }
 }
 
 /* floats per row a buffer holds */

@@ -1058,6 +1058,7 @@ static void cuda_allreduce(st_bctx *base, st_act a) {
 static void cuda_logits(st_bctx *base, float *out) {
     cuda_ctx *c = (cuda_ctx *)base;
     graph_finish(c);
+    if (!out) return; /* nothing asked for */
     const cuda_backend *b = c->b;
     const int64_t rows = c->hp->n_logit_rows;
     for (int64_t r0 = 0; r0 < rows; r0 += LOGIT_CHUNK) {
