@@ -16,20 +16,36 @@ if ! make -s -j"$(nproc)" fuzz >build/fuzz-build.log 2>&1; then
     exit 1
 fi
 mkdir -p build/fuzz-artifacts
-for f in build/fuzz/fuzz_*; do
-    [ -x "$f" ] || continue
-    name=$(basename "$f")
+# each target on one core, as many at once as there are cores; results in target order
+jobs_max=$(nproc)
+run_target() { # target name
+    local f=$1 name=$2 work rc
     work=$(mktemp -d)
     [ -d "fuzz/corpus/$name" ] && cp -r "fuzz/corpus/$name/." "$work/"
+    "$f" -max_total_time="$secs" -rss_limit_mb=2048 -timeout=20 \
+        -artifact_prefix="build/fuzz-artifacts/$name-" "$work" >"build/fuzz-artifacts/$name.log" 2>&1
+    rc=$?
+    echo $rc >"build/fuzz-artifacts/$name.rc"
+    rm -rf "$work"
+}
+names=()
+for f in build/fuzz/fuzz_*; do
+    [ -x "$f" ] || continue
+    case "$f" in *.d) continue;; esac
+    name=$(basename "$f")
+    names+=("$name")
+    rm -f "build/fuzz-artifacts/$name.rc"
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
+    run_target "$f" "$name" &
+done
+wait
+for name in "${names[@]}"; do
     log="build/fuzz-artifacts/$name.log"
-    if "$f" -max_total_time="$secs" -rss_limit_mb=2048 -timeout=20 \
-        -artifact_prefix="build/fuzz-artifacts/$name-" "$work" >"$log" 2>&1; then
-        n=$((n + 1))
+    n=$((n + 1))
+    if [ "$(cat "build/fuzz-artifacts/$name.rc" 2>/dev/null)" = 0 ]; then
         echo "ok $n - $name: ${secs}s of fuzzing, $(grep -o 'cov: [0-9]*' "$log" | tail -1), no crash"
     else
-        n=$((n + 1))
         echo "not ok $n - $name: see $log"
         grep -E 'ERROR|SUMMARY|Test unit written' "$log" | head -5
     fi
-    rm -rf "$work"
 done
