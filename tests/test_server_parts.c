@@ -117,7 +117,9 @@ static void test_requests(void) {
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stream_options\":{\"include_usage\":true}}", 400, "stream_options"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{}}]}]}", 400, "messages[0].content"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"required\"}", 400, "tool_choice"},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_object\"}}", 400, "response_format"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_schema\"}}", 400, "response_format"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"xml\"}}", 400, "response_format"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":\"json\"}", 400, "response_format"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\",\"j\",\"k\",\"l\",\"m\",\"n\",\"o\",\"p\",\"q\"]}", 400, "stop"},
         {"{\"messages\":[{\"role\":\"assistant\",\"content\":\"x\",\"tool_calls\":[{\"function\":{\"name\":\"f\",\"arguments\":\"[1\"}}]}]}", 400, "messages[0]"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"reasoning_effort\":\"max\"}", 400, "reasoning_effort"},
@@ -134,6 +136,18 @@ static void test_requests(void) {
         all &= ok;
     }
     CHECK(all, "bad chat requests (legacy functions/function_call too): the right status and the offending parameter named");
+    {
+        const char *jb = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_object\"}}";
+        const char *jc = "{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_object\"}}";
+        st_oai_request rj, rc;
+        st_oai_error ej, ec;
+        const st_status sj = st_oai_parse(ST_OAI_CHAT, jb, strlen(jb), &d, &rj, &ej);
+        const st_status sc = st_oai_parse(ST_OAI_COMPLETION, jc, strlen(jc), &d, &rc, &ec);
+        CHECK(sj == ST_OK && rj.params.json_mode == 1 && sc == ST_OK && rc.params.json_mode == 1,
+              "response_format json_object asks for a JSON-object reply on chat and completions");
+        if (sj == ST_OK) st_oai_request_free(&rj);
+        if (sc == ST_OK) st_oai_request_free(&rc);
+    }
     const char *late = "{\"messages\":[{\"role\":\"system\",\"content\":\"A\"},{\"role\":\"developer\",\"content\":\"B\"},"
                        "{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"system\",\"content\":\"late\"}]}";
     st = st_oai_parse(ST_OAI_CHAT, late, strlen(late), &d, &r, &e);

@@ -13,6 +13,7 @@
 #include "core/numeric.h"
 #include "backend/cpu/cpu.h"
 #include "engine/batch.h"
+#include "grammar/grammar.h"
 #include "model/forward.h"
 
 #include <stdio.h>
@@ -66,6 +67,8 @@ typedef struct rec {
     uint64_t order;         /* admission order (prefill is served oldest first) */
     st_sampler_state ss;
     st_textout *tx;         /* owned; NULL without a tokenizer */
+    st_gram_state gram;     /* the reply's JSON state (json_mode) */
+    int gram_on;
     st_logprobs lp;
     double t_admit, t_first;
     int paused;             /* hold > 0 was seen; since t_paused */
@@ -88,6 +91,8 @@ struct st_sched {
     st_batch_item *items;     /* [max_seqs] */
     int *item_rec;            /* [max_seqs] */
     float *logits;            /* [max_seqs][vocab] */
+    st_gram_vocab *gram;      /* made at the first JSON request (under mu); owned */
+    uint32_t *gram_mask;      /* [st_gram_mask_words] the scheduler thread's */
     float *fork_logits;       /* [vocab] a forked choice's copy of its parent's row */
     int32_t (*im_mrope)[3];   /* [step tokens] a step's rotary positions (images); owned */
     int64_t *im_rows;         /* [step tokens] its image rows; owned */
@@ -328,6 +333,8 @@ void st_sched_destroy(st_sched *s) {
     free(s->im_keys);
     free(s->item_rec);
     free(s->logits);
+    st_gram_vocab_free(s->gram);
+    free(s->gram_mask);
     free(s->fork_logits);
     st_sampler_destroy(s->sampler);
     st_fwd_destroy(s->fwd);
@@ -492,6 +499,23 @@ st_status st_sched_submit(st_sched *s, const int32_t *prompt, int64_t n_prompt,
                             s->p.max_seqs < ST_MAX_CHOICES ? s->p.max_seqs : ST_MAX_CHOICES);
     if ((p->n_stop || p->split_reasoning) && !s->tok)
         return st_error_set(err, ST_ERR_ARG, "stop strings and reasoning need a tokenizer");
+    if (p->json_mode < 0 || p->json_mode > ST_GRAM_JSON_VALUE)
+        return st_error_set(err, ST_ERR_ARG, "json_mode %d is not a grammar mode", p->json_mode);
+    if (p->json_mode) {
+        if (!s->tok) return st_error_set(err, ST_ERR_ARG, "JSON output needs a tokenizer");
+        pthread_mutex_lock(&s->mu);
+        st_status gs = ST_OK;
+        if (!s->gram) { /* once: every token's bytes in a trie, and a mask buffer */
+            st_gram_vocab *v = NULL;
+            gs = st_gram_vocab_create(s->tok, c->vocab_size, &v, err);
+            uint32_t *mask = gs == ST_OK ? malloc(st_gram_mask_words(v) * sizeof *mask) : NULL;
+            if (gs == ST_OK && !mask) gs = st_error_set(err, ST_ERR_NOMEM, "out of memory for the JSON masks");
+            if (gs == ST_OK) s->gram = v, s->gram_mask = mask;
+            else st_gram_vocab_free(v);
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (gs != ST_OK) return gs;
+    }
     req *r = calloc(1, sizeof *r);
     if (!r) return st_error_set(err, ST_ERR_NOMEM, "out of memory");
     r->prompt = malloc((size_t)n_prompt * sizeof *r->prompt);
@@ -852,6 +876,8 @@ static int admit(st_sched *s) {
             continue;
         }
         c->r = r;
+        c->gram_on = r->p.json_mode != 0;
+        st_gram_init(&c->gram, (st_gram_mode)r->p.json_mode);
         memcpy(c->hist, r->prompt, (size_t)r->n_prompt * sizeof *c->hist);
         c->n_hist = c->n_prompt = r->n_prompt;
         free(r->prompt);
@@ -894,10 +920,25 @@ static void on_logits(st_sched *s, rec *c, float *logits) {
         finish_rec(s, c, ST_FINISH_ERROR, c->error);
         return;
     }
+    /* JSON output: only tokens that keep the reply inside the grammar (after any reasoning) */
+    const int constrain = c->gram_on && !(c->tx && st_textout_in_reasoning(c->tx));
+    if (constrain) {
+        if (st_gram_mask(s->gram, &c->gram, s->gram_mask) == 0) {
+            snprintf(c->error, sizeof c->error, "no token continues the JSON reply");
+            finish_rec(s, c, ST_FINISH_ERROR, c->error);
+            return;
+        }
+        st_gram_apply(s->gram_mask, logits, s->m->cfg.vocab_size);
+    }
     const int want_lp = r->p.logprobs >= 0;
     st_logprobs *lp = want_lp || r->p.sum_logprobs ? &c->lp : NULL;
     int32_t t = st_sampler_sample(s->sampler, &r->p.sampling, &c->ss, logits, c->hist,
                                   c->n_prompt, c->n_hist, want_lp ? r->p.logprobs : 0, lp);
+    if (constrain && !st_gram_advance(s->gram, &c->gram, t)) { /* the mask let only such tokens through */
+        snprintf(c->error, sizeof c->error, "token %d does not continue the JSON reply (a bug)", t);
+        finish_rec(s, c, ST_FINISH_ERROR, c->error);
+        return;
+    }
     if (lp) c->lp_sum += lp->logprob;
     if (!want_lp) lp = NULL;
     c->hist[c->n_hist++] = t;
@@ -932,7 +973,7 @@ static void on_logits(st_sched *s, rec *c, float *logits) {
     pthread_mutex_lock(&s->mu);
     s->stats.tokens_generated++;
     pthread_mutex_unlock(&s->mu);
-    if (stop_token || stopped) finish_rec(s, c, ST_FINISH_STOP, NULL);
+    if (stop_token || stopped || (constrain && st_gram_done(&c->gram))) finish_rec(s, c, ST_FINISH_STOP, NULL);
     else if (c->n_new >= c->max_new) finish_rec(s, c, ST_FINISH_LENGTH, NULL);
 }
 
@@ -1004,6 +1045,8 @@ static void fork_choices(st_sched *s, rec *parent, const float *row) {
         if (to >= 0) st_fwd_kv_copy(s->fwd, from, to);
         st_fwd_state_copy(s->fwd, parent->seq.slot, c->seq.slot);
         c->r = r;
+        c->gram_on = parent->gram_on;
+        c->gram = parent->gram;
         memcpy(c->hist, parent->hist, (size_t)parent->n_hist * sizeof *c->hist);
         c->n_hist = parent->n_hist;
         c->n_prompt = parent->n_prompt;

@@ -93,6 +93,9 @@ typedef struct st_req_params {
                                (best_of), whether or not logprobs are asked */
     const struct st_req_images *images; /* a prompt holding images (copied at submit; the
                                scheduler must take images); NULL: text */
+    int json_mode;          /* st_gram_mode (grammar/grammar.h): the reply after any reasoning
+                               is one JSON object (or value) by constrained decoding, and ends
+                               when it is complete; 0: free text. Needs a tokenizer. */
 } st_req_params;
 
 /* The image parts of a prompt (vision/prompt.h builds them): its rotary positions and the rows

@@ -1,6 +1,8 @@
 /* ==== OpenAI API requests: parsing and validation (see oai.h) ==== */
 #include "server/oai.h"
 
+#include "grammar/grammar.h"
+
 #include "core/fileio.h"
 
 #include <jansson.h>
@@ -484,6 +486,23 @@ static int parse_sampling(json_t *root, const st_oai_defaults *d, st_oai_request
     return 0;
 }
 
+/* response_format: text, or json_object (the reply constrained to one JSON object) */
+static int parse_response_format(json_t *root, st_oai_request *r, st_oai_error *e) {
+    json_t *rf = json_object_get(root, "response_format");
+    if (!rf || json_is_null(rf)) return 0;
+    json_t *ty = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
+    const char *t = json_is_string(ty) ? json_string_value(ty) : NULL;
+    if (!t) return BAD(e, "response_format", "'response_format' must be an object with a 'type'");
+    if (!strcmp(t, "text")) return 0;
+    if (!strcmp(t, "json_object")) {
+        r->params.json_mode = ST_GRAM_JSON_OBJECT;
+        return 0;
+    }
+    if (!strcmp(t, "json_schema"))
+        return BAD(e, "response_format", "response_format json_schema is not supported yet ({\"type\": \"json_object\"} is)");
+    return BAD(e, "response_format", "response_format type '%s' is not one of text, json_object", t);
+}
+
 static int parse_chat(json_t *root, const st_oai_defaults *d, st_oai_request *r, st_oai_error *e) {
     static const char *legacy[] = {"functions", "function_call"};
     for (int i = 0; i < 2; i++) {
@@ -506,12 +525,7 @@ static int parse_chat(json_t *root, const st_oai_defaults *d, st_oai_request *r,
         if (!r->logprobs) return BAD(e, "top_logprobs", "'top_logprobs' requires 'logprobs': true");
         r->top_logprobs = (int)x;
     }
-    json_t *rf = json_object_get(root, "response_format");
-    if (rf && !json_is_null(rf)) {
-        json_t *ty = json_object_get(rf, "type");
-        if (!json_is_string(ty) || strcmp(json_string_value(ty), "text") != 0)
-            return BAD(e, "response_format", "response_format other than {\"type\": \"text\"} is not supported");
-    }
+    if (parse_response_format(root, r, e)) return -1;
     /* template keywords: add_generation_prompt, thinking switches, chat_template_kwargs */
     r->kwargs = json_object();
     json_object_set_new(r->kwargs, "add_generation_prompt", json_true());
@@ -547,6 +561,7 @@ static int parse_chat(json_t *root, const st_oai_defaults *d, st_oai_request *r,
 }
 
 static int parse_completion(json_t *root, const st_oai_defaults *d, st_oai_request *r, st_oai_error *e) {
+    if (parse_response_format(root, r, e)) return -1;
     json_t *p = json_object_get(root, "prompt");
     if (json_is_array(p) && json_array_size(p) == 1 && !json_is_integer(json_array_get(p, 0)))
         p = json_array_get(p, 0); /* ["text"] or [[1, 2, 3]] */

@@ -398,6 +398,27 @@ await attempt('queue, keep-alive, busy', async () => {
   check(rest.includes('"finish_reason":"length"') && rest.trimEnd().endsWith('data: [DONE]'), 'the queued request runs when the slot frees', rest.slice(-200));
 });
 
+await attempt('response_format json_object', async () => {
+  const req = { model: 'random', messages: user('give json'), max_tokens: 200, seed: 2, reasoning_effort: 'none',
+    response_format: { type: 'json_object' } };
+  const r = await random.chat.completions.create(req);
+  const text = r.choices[0].message.content;
+  let obj = null;
+  try { obj = JSON.parse(text); } catch { /* not JSON */ }
+  check(r.choices[0].finish_reason === 'stop' && obj !== null && typeof obj === 'object' && !Array.isArray(obj),
+    'response_format json_object: the reply is one JSON object and ends with it (finish stop)', { text, fin: r.choices[0].finish_reason });
+  const s = await random.chat.completions.create({ ...req, stream: true });
+  let streamed = '', fin = null;
+  for await (const c of s) { streamed += c.choices[0]?.delta?.content ?? ''; fin = c.choices[0]?.finish_reason ?? fin; }
+  check(streamed === text && fin === 'stop', 'streamed, the same JSON object', { streamed, fin });
+  const cut = await random.chat.completions.create({ ...req, seed: 3, max_tokens: 40 });
+  check(cut.choices[0].finish_reason === 'length' && cut.choices[0].message.content.startsWith('{'),
+    'cut by max_tokens: finish length, the reply an object begun', cut.choices[0]);
+  const bad = await raw(R, '/v1/chat/completions', { body: JSON.stringify({ ...req, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: {} } } }) });
+  check(bad.status === 400 && isError(bad.json) && bad.json.error.param === 'response_format',
+    'response_format json_schema: a 400 naming response_format (not built yet)', bad.json);
+});
+
 await attempt('error inside a stream', async () => {
   const r = await fetch(S + '/v1/chat/completions', { method: 'POST', headers: { 'Content-Type': 'application/json' },
     body: JSON.stringify({ messages: user('doomed'), max_tokens: 20000, stream: true, reasoning_effort: 'none', ignore_eos: true }) });

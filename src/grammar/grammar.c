@@ -1,0 +1,444 @@
+/* ==== The JSON automaton and token masks (see grammar.h) ==== */
+#include "grammar/grammar.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* what the next byte may be */
+enum {
+    P_VALUE = 0,    /* a value (whitespace first) */
+    P_VALUE_OR_END, /* after '[': a value or ']' */
+    P_KEY_OR_END,   /* after '{': a key or '}' */
+    P_KEY,          /* after ',' in an object */
+    P_COLON,        /* after a key */
+    P_COMMA_OBJ,    /* after a member: ',' or '}' */
+    P_COMMA_ARR,    /* after an element: ',' or ']' */
+    P_STRING,       /* inside a string (sub: S_*) */
+    P_NUMBER,       /* inside a number (sub: N_*) */
+    P_LITERAL,      /* inside true, false or null */
+    P_DONE,         /* the value is complete */
+};
+enum { S_PLAIN = 0, S_ESC, S_HEX, S_SURR_BS, S_SURR_U }; /* S_SURR_*: a low surrogate's "\u" due */
+enum { N_MINUS = 0, N_ZERO, N_INT, N_DOT, N_FRAC, N_E, N_ESIGN, N_EXP };
+/* the range of a string's next UTF-8 continuation byte */
+enum { U8_ANY = 0, U8_A0_BF, U8_80_9F, U8_90_BF, U8_80_8F };
+
+#define MAX_INT_DIGITS 15  /* integer parts fit an int64 */
+#define MAX_FRAC_DIGITS 15
+#define MAX_EXP_DIGITS 2   /* |exponent| < 100: a double */
+
+static const char *const literals[3] = {"true", "false", "null"};
+
+void st_gram_init(st_gram_state *g, st_gram_mode mode) {
+    memset(g, 0, sizeof *g);
+    g->mode = (uint8_t)mode;
+    g->phase = P_VALUE;
+}
+
+int st_gram_done(const st_gram_state *g) { return g->phase == P_DONE; }
+
+static int is_ws(unsigned char b) { return b == ' ' || b == '\t' || b == '\n' || b == '\r'; }
+static int is_digit(unsigned char b) { return b >= '0' && b <= '9'; }
+static int hex_value(unsigned char b) {
+    if (b >= '0' && b <= '9') return b - '0';
+    if (b >= 'a' && b <= 'f') return b - 'a' + 10;
+    if (b >= 'A' && b <= 'F') return b - 'A' + 10;
+    return -1;
+}
+
+/* a value ended: its container's next phase */
+static void value_done(st_gram_state *g) {
+    if (g->depth == 0) g->phase = P_DONE;
+    else g->phase = g->stack[g->depth - 1] == 'O' ? P_COMMA_OBJ : P_COMMA_ARR;
+}
+
+/* the first byte of a value */
+static int value_start(st_gram_state *g, unsigned char b) {
+    if (g->mode == ST_GRAM_JSON_OBJECT && g->depth == 0 && b != '{') return 0;
+    g->sub = 0;
+    g->lit_pos = 0;
+    switch (b) {
+    case '{':
+    case '[':
+        if (g->depth >= ST_GRAM_MAX_DEPTH) return 0;
+        g->stack[g->depth++] = b == '{' ? 'O' : 'A';
+        g->phase = b == '{' ? P_KEY_OR_END : P_VALUE_OR_END;
+        return 1;
+    case '"':
+        g->phase = P_STRING;
+        g->str_key = 0;
+        g->utf8_need = 0;
+        return 1;
+    case '-': g->phase = P_NUMBER, g->sub = N_MINUS; return 1;
+    case '0': g->phase = P_NUMBER, g->sub = N_ZERO; return 1;
+    case 't':
+    case 'f':
+    case 'n':
+        g->phase = P_LITERAL;
+        g->lit = b == 't' ? 0 : b == 'f' ? 1 : 2;
+        g->lit_pos = 1;
+        return 1;
+    default:
+        if (b >= '1' && b <= '9') {
+            g->phase = P_NUMBER, g->sub = N_INT, g->lit_pos = 1;
+            return 1;
+        }
+        return 0;
+    }
+}
+
+/* a byte inside a string */
+static int string_byte(st_gram_state *g, unsigned char b) {
+    switch (g->sub) {
+    case S_PLAIN:
+        if (g->utf8_need) {
+            static const unsigned char lo[] = {0x80, 0xA0, 0x80, 0x90, 0x80}, hi[] = {0xBF, 0xBF, 0x9F, 0xBF, 0x8F};
+            if (b < lo[g->lit] || b > hi[g->lit]) return 0;
+            g->utf8_need--;
+            g->lit = U8_ANY;
+            return 1;
+        }
+        if (b == '"') {
+            if (g->str_key) g->phase = P_COLON;
+            else value_done(g);
+            return 1;
+        }
+        if (b == '\\') {
+            g->sub = S_ESC;
+            return 1;
+        }
+        if (b < 0x20) return 0;
+        if (b < 0x80) return 1;
+        /* a UTF-8 lead byte: how many continuation bytes, and the first one's range */
+        if (b >= 0xC2 && b <= 0xDF) g->utf8_need = 1, g->lit = U8_ANY;
+        else if (b == 0xE0) g->utf8_need = 2, g->lit = U8_A0_BF;
+        else if (b == 0xED) g->utf8_need = 2, g->lit = U8_80_9F;
+        else if (b >= 0xE1 && b <= 0xEF) g->utf8_need = 2, g->lit = U8_ANY;
+        else if (b == 0xF0) g->utf8_need = 3, g->lit = U8_90_BF;
+        else if (b >= 0xF1 && b <= 0xF3) g->utf8_need = 3, g->lit = U8_ANY;
+        else if (b == 0xF4) g->utf8_need = 3, g->lit = U8_80_8F;
+        else return 0;
+        return 1;
+    case S_ESC:
+        if (b == 'u') {
+            g->sub = S_HEX, g->lit_pos = 0, g->lit = 0, g->unit = 0; /* lit: 1 while a low surrogate is read */
+            return 1;
+        }
+        if (!strchr("\"\\/bfnrt", b) || !b) return 0;
+        g->sub = S_PLAIN;
+        return 1;
+    case S_HEX: {
+        const int h = hex_value(b);
+        if (h < 0) return 0;
+        const unsigned u = (unsigned)g->unit << 4 | (unsigned)h;
+        g->unit = (uint16_t)u;
+        if (++g->lit_pos < 4) return 1;
+        const int low = g->lit;
+        g->unit = 0;
+        if (low) { /* the second half of a pair */
+            if (u < 0xDC00 || u > 0xDFFF) return 0;
+            g->sub = S_PLAIN;
+            return 1;
+        }
+        if (u == 0 || (u >= 0xDC00 && u <= 0xDFFF)) return 0; /* NUL, a lone low surrogate */
+        g->sub = u >= 0xD800 && u <= 0xDBFF ? S_SURR_BS : S_PLAIN;
+        return 1;
+    }
+    case S_SURR_BS:
+        if (b != '\\') return 0;
+        g->sub = S_SURR_U;
+        return 1;
+    case S_SURR_U:
+        if (b != 'u') return 0;
+        g->sub = S_HEX, g->lit_pos = 0, g->lit = 1, g->unit = 0;
+        return 1;
+    }
+    return 0;
+}
+
+/* a byte inside a number: 1 taken, 0 rejected, 2 the number ended before it */
+static int number_byte(st_gram_state *g, unsigned char b) {
+    const int e = b == 'e' || b == 'E';
+    switch (g->sub) {
+    case N_MINUS:
+        if (b == '0') g->sub = N_ZERO;
+        else if (b >= '1' && b <= '9') g->sub = N_INT, g->lit_pos = 1;
+        else return 0;
+        return 1;
+    case N_ZERO:
+    case N_INT:
+        if (g->sub == N_INT && is_digit(b)) {
+            if (g->lit_pos >= MAX_INT_DIGITS) return 0;
+            g->lit_pos++;
+            return 1;
+        }
+        if (b == '.') {
+            g->sub = N_DOT;
+            return 1;
+        }
+        if (e) {
+            g->sub = N_E;
+            return 1;
+        }
+        return 2;
+    case N_DOT:
+        if (!is_digit(b)) return 0;
+        g->sub = N_FRAC, g->lit_pos = 1;
+        return 1;
+    case N_FRAC:
+        if (is_digit(b)) {
+            if (g->lit_pos >= MAX_FRAC_DIGITS) return 0;
+            g->lit_pos++;
+            return 1;
+        }
+        if (e) {
+            g->sub = N_E;
+            return 1;
+        }
+        return 2;
+    case N_E:
+        if (b == '+' || b == '-') {
+            g->sub = N_ESIGN;
+            return 1;
+        }
+        /* fall through */
+    case N_ESIGN:
+        if (!is_digit(b)) return 0;
+        g->sub = N_EXP, g->lit_pos = 1;
+        return 1;
+    case N_EXP:
+        if (is_digit(b)) {
+            if (g->lit_pos >= MAX_EXP_DIGITS) return 0;
+            g->lit_pos++;
+            return 1;
+        }
+        return 2;
+    }
+    return 0;
+}
+
+/* one byte: 1 allowed (g advanced), 0 not */
+static int feed1(st_gram_state *g, unsigned char b) {
+    if (g->phase == P_STRING) return string_byte(g, b);
+    if (g->phase == P_LITERAL) {
+        if ((unsigned char)literals[g->lit][g->lit_pos] != b) return 0;
+        if (literals[g->lit][++g->lit_pos] == 0) value_done(g);
+        return 1;
+    }
+    if (g->phase == P_NUMBER) {
+        const int r = number_byte(g, b);
+        if (r != 2) return r;
+        value_done(g); /* the byte after a number belongs to what follows it */
+        if (g->phase == P_DONE) { /* a number alone: one whitespace byte ends it */
+            if (!is_ws(b)) return 0;
+            g->ws = 1;
+            return 1;
+        }
+    }
+    if (is_ws(b)) {
+        if (g->phase == P_DONE || g->ws >= ST_GRAM_MAX_WS) return 0;
+        g->ws++;
+        return 1;
+    }
+    g->ws = 0;
+    switch (g->phase) {
+    case P_VALUE_OR_END:
+        if (b == ']') {
+            g->depth--;
+            value_done(g);
+            return 1;
+        }
+        return value_start(g, b);
+    case P_VALUE: return value_start(g, b);
+    case P_KEY_OR_END:
+        if (b == '}') {
+            g->depth--;
+            value_done(g);
+            return 1;
+        }
+        /* fall through */
+    case P_KEY:
+        if (b != '"') return 0;
+        g->phase = P_STRING, g->sub = S_PLAIN, g->str_key = 1, g->utf8_need = 0;
+        return 1;
+    case P_COLON:
+        if (b != ':') return 0;
+        g->phase = P_VALUE;
+        return 1;
+    case P_COMMA_OBJ:
+    case P_COMMA_ARR:
+        if (b == ',') {
+            g->phase = g->phase == P_COMMA_OBJ ? P_KEY : P_VALUE;
+            return 1;
+        }
+        if (b != (g->phase == P_COMMA_OBJ ? '}' : ']')) return 0;
+        g->depth--;
+        value_done(g);
+        return 1;
+    default: return 0;
+    }
+}
+
+int st_gram_feed(st_gram_state *g, const char *bytes, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!feed1(g, (unsigned char)bytes[i])) return 0;
+    return 1;
+}
+
+/* ---- the vocabulary ---- */
+
+typedef struct trie_node {
+    int32_t first_child, next_sibling;
+    int32_t token;     /* the first token whose bytes end here, or -1 */
+    uint8_t byte;
+} trie_node;
+
+struct st_gram_vocab {
+    int64_t V;              /* the model's vocabulary (mask bits) */
+    size_t words;
+    trie_node *nodes;       /* [n_nodes]; node 0 the root; owned */
+    int32_t n_nodes;
+    int32_t *same;          /* [V] the next token with the same bytes, or -1; owned */
+    const char **bytes;     /* [V] each token's bytes (the tokenizer's), NULL: never allowed */
+    uint32_t *lens;         /* [V] */
+    uint32_t *string_safe;  /* [words] tokens that stay inside a string from a character
+                               boundary: no quote, backslash or control byte; owned */
+    int32_t *string_hard;   /* [n_hard] the other tokens (run one by one inside strings); owned */
+    int64_t n_hard;
+    int64_t n_set;          /* the walk's count */
+};
+
+static int32_t child_of(st_gram_vocab *v, int32_t node, uint8_t b, int make) {
+    int32_t *link = &v->nodes[node].first_child;
+    while (*link >= 0) {
+        if (v->nodes[*link].byte == b) return *link;
+        link = &v->nodes[*link].next_sibling;
+    }
+    if (!make) return -1;
+    const int32_t n = v->n_nodes++;
+    v->nodes[n] = (trie_node){-1, -1, -1, b};
+    *link = n;
+    return n;
+}
+
+st_status st_gram_vocab_create(const st_tokenizer *tok, int64_t vocab_size, st_gram_vocab **out, st_error *err) {
+    *out = NULL;
+    const int64_t tv = st_tok_vocab_size(tok);
+    st_gram_vocab *v = calloc(1, sizeof *v);
+    if (!v) return st_error_set(err, ST_ERR_NOMEM, "out of memory");
+    v->V = vocab_size;
+    v->words = (size_t)(vocab_size + 31) / 32;
+    v->same = malloc((size_t)vocab_size * sizeof *v->same);
+    v->bytes = calloc((size_t)vocab_size, sizeof *v->bytes);
+    v->lens = calloc((size_t)vocab_size, sizeof *v->lens);
+    v->string_safe = calloc(v->words, sizeof *v->string_safe);
+    size_t total = 1;
+    int ok = v->same && v->bytes && v->lens && v->string_safe;
+    for (int64_t t = 0; ok && t < vocab_size && t < tv; t++) {
+        size_t len = 0;
+        const char *b = st_tok_token_bytes(tok, (int32_t)t, &len);
+        if (!b || len == 0 || st_tok_is_added(tok, (int32_t)t)) continue;
+        v->bytes[t] = b;
+        v->lens[t] = (uint32_t)len;
+        total += len;
+    }
+    v->nodes = ok ? malloc(total * sizeof *v->nodes) : NULL;
+    v->string_hard = ok ? malloc((size_t)vocab_size * sizeof *v->string_hard) : NULL;
+    if (!v->nodes || !v->string_hard) {
+        st_gram_vocab_free(v);
+        return st_error_set(err, ST_ERR_NOMEM, "out of memory for the grammar's token trie");
+    }
+    v->nodes[0] = (trie_node){-1, -1, -1, 0};
+    v->n_nodes = 1;
+    for (int64_t t = 0; t < vocab_size; t++) {
+        v->same[t] = -1;
+        if (!v->bytes[t]) continue;
+        int32_t n = 0;
+        for (uint32_t i = 0; i < v->lens[t]; i++) n = child_of(v, n, (uint8_t)v->bytes[t][i], 1);
+        if (v->nodes[n].token < 0) {
+            v->nodes[n].token = (int32_t)t;
+        } else { /* bytes another token has: chained after it */
+            int32_t k = v->nodes[n].token;
+            while (v->same[k] >= 0) k = v->same[k];
+            v->same[k] = (int32_t)t;
+        }
+        /* inside a string from a character boundary */
+        st_gram_state s;
+        st_gram_init(&s, ST_GRAM_JSON_VALUE);
+        s.phase = P_STRING;
+        int plain = 1;
+        for (uint32_t i = 0; i < v->lens[t] && plain; i++) {
+            const unsigned char b = (unsigned char)v->bytes[t][i];
+            plain = b != '"' && b != '\\' && b >= 0x20;
+        }
+        if (plain && st_gram_feed(&s, v->bytes[t], v->lens[t])) v->string_safe[t / 32] |= 1u << (t % 32);
+        else if (!plain) v->string_hard[v->n_hard++] = (int32_t)t;
+    }
+    *out = v;
+    return ST_OK;
+}
+
+void st_gram_vocab_free(st_gram_vocab *v) {
+    if (!v) return;
+    free(v->nodes);
+    free(v->same);
+    free(v->bytes);
+    free(v->lens);
+    free(v->string_safe);
+    free(v->string_hard);
+    free(v);
+}
+
+size_t st_gram_mask_words(const st_gram_vocab *v) { return v->words; }
+
+static void set_tokens(st_gram_vocab *v, int32_t t, uint32_t *mask) {
+    for (; t >= 0; t = v->same[t]) {
+        mask[t / 32] |= 1u << (t % 32);
+        v->n_set++;
+    }
+}
+
+/* every token under node's children, from state g (the path to node fed) */
+static void walk(st_gram_vocab *v, int32_t node, const st_gram_state *g, uint32_t *mask) {
+    for (int32_t c = v->nodes[node].first_child; c >= 0; c = v->nodes[c].next_sibling) {
+        st_gram_state s = *g;
+        if (!feed1(&s, v->nodes[c].byte)) continue;
+        if (v->nodes[c].token >= 0) set_tokens(v, v->nodes[c].token, mask);
+        if (v->nodes[c].first_child >= 0) walk(v, c, &s, mask);
+    }
+}
+
+static int64_t popcount_words(const uint32_t *m, size_t n) {
+    int64_t c = 0;
+    for (size_t i = 0; i < n; i++) c += __builtin_popcount(m[i]);
+    return c;
+}
+
+int64_t st_gram_mask(st_gram_vocab *v, const st_gram_state *g, uint32_t *mask) {
+    if (g->phase == P_STRING && g->sub == S_PLAIN && g->utf8_need == 0) {
+        /* the context-independent tokens at once; those with a quote, backslash or control
+         * byte one by one */
+        memcpy(mask, v->string_safe, v->words * sizeof *mask);
+        for (int64_t i = 0; i < v->n_hard; i++) {
+            const int32_t t = v->string_hard[i];
+            st_gram_state s = *g;
+            if (st_gram_feed(&s, v->bytes[t], v->lens[t])) mask[t / 32] |= 1u << (t % 32);
+        }
+        return popcount_words(mask, v->words);
+    }
+    memset(mask, 0, v->words * sizeof *mask);
+    v->n_set = 0;
+    if (g->phase != P_DONE) walk(v, 0, g, mask);
+    return v->n_set;
+}
+
+int st_gram_advance(const st_gram_vocab *v, st_gram_state *g, int32_t t) {
+    if (t < 0 || t >= v->V || !v->bytes[t]) return 0;
+    return st_gram_feed(g, v->bytes[t], v->lens[t]);
+}
+
+void st_gram_apply(const uint32_t *mask, float *logits, int64_t n) {
+    for (int64_t t = 0; t < n; t++)
+        if (!(mask[t / 32] >> (t % 32) & 1u)) logits[t] = -INFINITY;
+}

@@ -1,0 +1,74 @@
+/* ==== Constrained decoding: a JSON automaton and the token masks it allows ====
+ *
+ * A reply constrained to JSON is read byte by byte by a pushdown automaton whose whole state
+ * is one fixed-size struct (st_gram_state: what is expected, a container stack of at most
+ * ST_GRAM_MAX_DEPTH, the lexer's sub-state), so a sequence's grammar state is plain data
+ * planned with its record: copied, never allocated.
+ *
+ * Per vocabulary (st_gram_vocab, made once per tokenizer), every token's bytes sit in a
+ * trie. A mask (one bit per token: it keeps the reply inside the grammar) is the trie walked
+ * from the current state, each subtree pruned at its first rejected byte; inside a string,
+ * where nearly every token fits, the tokens without a quote, backslash or control byte come
+ * from masks precomputed per UTF-8 state (context-independent tokens, as xgrammar keeps
+ * them) and only the rest are run. Special and added tokens are never allowed: a reply ends
+ * when its value is complete (st_gram_done), not at a token.
+ *
+ * Thread ownership: a vocabulary's scratch is its own; one thread at a time calls
+ * st_gram_mask on it (the scheduler thread).
+ */
+#ifndef ST_GRAMMAR_GRAMMAR_H
+#define ST_GRAMMAR_GRAMMAR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "tokenizer/tokenizer.h"
+
+#define ST_GRAM_MAX_DEPTH 32 /* nested objects and arrays */
+#define ST_GRAM_MAX_WS 16    /* whitespace bytes in a row (a model looping on newlines ends) */
+
+typedef enum st_gram_mode {
+    ST_GRAM_NONE = 0,
+    ST_GRAM_JSON_OBJECT = 1, /* response_format json_object: one JSON object */
+    ST_GRAM_JSON_VALUE = 2,  /* any JSON value */
+} st_gram_mode;
+
+typedef struct st_gram_state {
+    uint8_t mode;      /* st_gram_mode */
+    uint8_t phase;     /* what the next byte may be (grammar.c) */
+    uint8_t sub;       /* within a string, number or literal */
+    uint8_t lit;       /* the literal being read (true, false, null), */
+    uint8_t lit_pos;   /* and how far */
+    uint8_t utf8_need; /* continuation bytes a string still expects */
+    uint8_t ws;        /* whitespace bytes in a row */
+    uint8_t str_key;   /* the string is an object's key */
+    uint8_t depth;     /* open containers */
+    uint16_t unit;     /* a \\u escape's code unit so far */
+    uint8_t stack[ST_GRAM_MAX_DEPTH]; /* 'O' object, 'A' array */
+} st_gram_state;
+
+void st_gram_init(st_gram_state *g, st_gram_mode mode);
+/* Feed n bytes: 1 when every one is allowed (g advanced), 0 when one is not (g is then
+ * undefined: feed a copy to try). */
+int st_gram_feed(st_gram_state *g, const char *bytes, size_t n);
+/* 1 when the value is complete: the reply ends here. */
+int st_gram_done(const st_gram_state *g);
+
+typedef struct st_gram_vocab st_gram_vocab;
+
+/* The tokens of tok (ids below vocab_size; the model's vocabulary may be larger than the
+ * tokenizer's: those ids are never allowed). */
+st_status st_gram_vocab_create(const st_tokenizer *tok, int64_t vocab_size, st_gram_vocab **out, st_error *err);
+void st_gram_vocab_free(st_gram_vocab *v);
+/* uint32 words of a mask (vocab_size bits) */
+size_t st_gram_mask_words(const st_gram_vocab *v);
+/* mask[st_gram_mask_words]: bit t set when token t's bytes keep g inside the grammar.
+ * Returns how many are set. */
+int64_t st_gram_mask(st_gram_vocab *v, const st_gram_state *g, uint32_t *mask);
+/* g after token t: 1, or 0 when t does not fit (g undefined). */
+int st_gram_advance(const st_gram_vocab *v, st_gram_state *g, int32_t t);
+/* logits[n]: -infinity where the mask's bit is clear */
+void st_gram_apply(const uint32_t *mask, float *logits, int64_t n);
+
+#endif /* ST_GRAMMAR_GRAMMAR_H */

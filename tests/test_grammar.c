@@ -1,0 +1,248 @@
+/* ==== The JSON automaton and its token masks (grammar/grammar.h) ====
+ * Documents the automaton must take whole, and ones it must refuse; random JSON written
+ * here and fed byte by byte; random replies built from the masks over a real tokenizer's
+ * 151k tokens (each complete one parses with jansson, and a JSON-object reply is an object);
+ * every mask bit equals feeding that token's bytes; the masks' cost. */
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/clock.h"
+#include "grammar/grammar.h"
+#include "tap.h"
+
+static int whole(st_gram_mode mode, const char *s) {
+    st_gram_state g;
+    st_gram_init(&g, mode);
+    return st_gram_feed(&g, s, strlen(s)) && st_gram_done(&g);
+}
+
+static void test_documents(void) {
+    static const char *const good[] = {
+        "{}", " {\"a\": 1}", "{\"a\":[1,2.5,-3e+2,0,true,false,null,\"x\"],\"b\":{\"c\":{}}}",
+        "{\"k\\\"\\\\\\/\\b\\f\\n\\r\\t\":\"\\u00e9\\ud83d\\ude00\"}", "{\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\":0.5}",
+        "{\"n\":-0.0e-0}", "{ \"a\" :\n [ ] }",
+    };
+    static const char *const bad[] = {
+        "[1]", "\"x\"", "{", "{\"a\"}", "{\"a\":}", "{\"a\":1,}", "{,}", "{\"a\":01}", "{\"a\":1.}", "{\"a\":.5}",
+        "{\"a\":tru}", "{\"a\":\"\x01\"}", "{\"a\":\"\\x\"}", "{\"a\":\"\\u12g4\"}", "{\"a\":\"\\ud800\"}",
+        "{\"a\":\"\\udc00\"}", "{\"a\":\"\\u0000\"}", "{\"\xc0\xaf\":1}", "{\"\xed\xa0\x80\":1}", "{\"\xe0\x80\xaf\":1}",
+        "{\"\x80\":1}", "{} ", "{}x", "{\"a\":1 2}", "{\"a\":[1 2]}", "{\"a\":1]", "{'a':1}",
+        "{\"a\":1234567890123456}", "{\"a\":1e100}",
+    };
+    int ok_good = 1, ok_bad = 1;
+    const char *first_good = NULL, *first_bad = NULL;
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++)
+        if (!whole(ST_GRAM_JSON_OBJECT, good[i])) ok_good = 0, first_good = first_good ? first_good : good[i];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        st_gram_state g;
+        st_gram_init(&g, ST_GRAM_JSON_OBJECT);
+        if (st_gram_feed(&g, bad[i], strlen(bad[i])) && st_gram_done(&g)) ok_bad = 0, first_bad = first_bad ? first_bad : bad[i];
+    }
+    CHECK(ok_good, "JSON-object mode takes %zu documents whole (first refused: %s)", sizeof good / sizeof good[0],
+          first_good ? first_good : "none");
+    CHECK(ok_bad, "and refuses %zu that are not one JSON object or are cut (first taken: %s)", sizeof bad / sizeof bad[0],
+          first_bad ? first_bad : "none");
+    CHECK(whole(ST_GRAM_JSON_VALUE, "[1,\"x\"]") && whole(ST_GRAM_JSON_VALUE, "\"s\"") &&
+              whole(ST_GRAM_JSON_VALUE, "12 ") && whole(ST_GRAM_JSON_VALUE, "null") && !whole(ST_GRAM_JSON_VALUE, "12"),
+          "any-value mode takes arrays, strings, literals, and a number ended by a space");
+    char deep[2 * ST_GRAM_MAX_DEPTH + 8];
+    size_t n = 0;
+    deep[n++] = '{', deep[n++] = '"', deep[n++] = 'a', deep[n++] = '"', deep[n++] = ':';
+    for (int i = 0; i < ST_GRAM_MAX_DEPTH; i++) deep[n++] = '[';
+    deep[n] = 0;
+    st_gram_state g;
+    st_gram_init(&g, ST_GRAM_JSON_OBJECT);
+    CHECK(!st_gram_feed(&g, deep, n), "nesting beyond %d containers is refused", ST_GRAM_MAX_DEPTH);
+    st_gram_init(&g, ST_GRAM_JSON_OBJECT);
+    const char *ws = "{                 \"a\":1}";
+    CHECK(!st_gram_feed(&g, ws, strlen(ws)), "a run of more than %d whitespace bytes is refused", ST_GRAM_MAX_WS);
+}
+
+/* ---- random JSON written here ---- */
+
+typedef struct rng {
+    uint64_t s;
+} rng;
+static uint64_t next(rng *r) {
+    r->s ^= r->s << 13, r->s ^= r->s >> 7, r->s ^= r->s << 17;
+    return r->s;
+}
+static int below(rng *r, int n) { return (int)(next(r) % (uint64_t)n); }
+
+static void put(char *buf, size_t *n, size_t cap, const char *s) {
+    size_t l = strlen(s);
+    if (*n + l < cap) memcpy(buf + *n, s, l), *n += l;
+}
+
+static void random_value(rng *r, char *buf, size_t *n, size_t cap, int depth) {
+    static const char *const strs[] = {"\"\"", "\"ab c\"", "\"\\n\\\"\\\\\"", "\"\\u00e9\"", "\"\xe6\x97\xa5\xe6\x9c\xac\"",
+                                       "\"\\ud83d\\ude00\""};
+    static const char *const nums[] = {"0", "-1", "3.25", "1e5", "-0.5E-3", "123456789012345"};
+    static const char *const ws[] = {"", " ", "\n", "  ", "\t"};
+    const int k = depth > 5 ? below(r, 4) : below(r, 6);
+    put(buf, n, cap, ws[below(r, 5)]);
+    if (k == 0) put(buf, n, cap, strs[below(r, 6)]);
+    else if (k == 1) put(buf, n, cap, nums[below(r, 6)]);
+    else if (k == 2) put(buf, n, cap, below(r, 2) ? "true" : "null");
+    else if (k == 3) put(buf, n, cap, "false");
+    else if (k == 4) {
+        put(buf, n, cap, "[");
+        const int m = below(r, 4);
+        for (int i = 0; i < m; i++) {
+            if (i) put(buf, n, cap, ",");
+            random_value(r, buf, n, cap, depth + 1);
+        }
+        put(buf, n, cap, "]");
+    } else {
+        put(buf, n, cap, "{");
+        const int m = below(r, 4);
+        for (int i = 0; i < m; i++) {
+            if (i) put(buf, n, cap, ",");
+            put(buf, n, cap, ws[below(r, 5)]);
+            put(buf, n, cap, strs[below(r, 6)]);
+            put(buf, n, cap, ws[below(r, 5)]);
+            put(buf, n, cap, ":");
+            random_value(r, buf, n, cap, depth + 1);
+        }
+        put(buf, n, cap, "}");
+    }
+    put(buf, n, cap, ws[below(r, 5)]);
+}
+
+static void test_random_documents(void) {
+    rng r = {0x9e3779b97f4a7c15ull};
+    int ok = 1, cut_ok = 1, docs = 0;
+    for (int i = 0; i < 2000; i++) {
+        char buf[8192];
+        size_t n = 0;
+        put(buf, &n, sizeof buf, "{\"k\":");
+        random_value(&r, buf, &n, sizeof buf - 2, 0);
+        buf[n++] = '}';
+        buf[n] = 0;
+        json_error_t je;
+        json_t *j = json_loads(buf, 0, &je);
+        if (!j) continue; /* cut at the buffer's end */
+        json_decref(j);
+        docs++;
+        if (!whole(ST_GRAM_JSON_OBJECT, buf)) ok = 0;
+        /* every proper prefix is taken, never complete */
+        st_gram_state g;
+        st_gram_init(&g, ST_GRAM_JSON_OBJECT);
+        for (size_t p = 0; p + 1 < n && cut_ok; p++) cut_ok = st_gram_feed(&g, buf + p, 1) && !st_gram_done(&g);
+    }
+    CHECK(ok && docs > 1900, "%d random documents jansson parses are taken whole", docs);
+    CHECK(cut_ok, "and each of their proper prefixes is taken but not complete");
+}
+
+/* ---- masks over a real vocabulary ---- */
+
+static void test_masks(void) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/tokenizers/qwen3/tokenizer.json", tap_data_dir());
+    st_tokenizer *tok = NULL;
+    st_error err = {0};
+    if (!CHECK(st_tok_load(path, &tok, &err) == ST_OK, "the qwen3 tokenizer loads (%s)", err.msg)) return;
+    const int64_t V = st_tok_vocab_size(tok) + 64; /* a model's vocabulary may be larger */
+    st_gram_vocab *v = NULL;
+    const double t0 = st_now_s();
+    const st_status vst = st_gram_vocab_create(tok, V, &v, &err);
+    const double build_ms = (st_now_s() - t0) * 1e3;
+    if (!CHECK(vst == ST_OK, "a grammar vocabulary of %lld tokens (%.0f ms)", (long long)V, build_ms)) {
+        st_tok_free(tok);
+        return;
+    }
+    const size_t W = st_gram_mask_words(v);
+    uint32_t *mask = malloc(W * sizeof *mask);
+    int32_t *allowed = malloc((size_t)V * sizeof *allowed);
+    rng r = {12345};
+    int replies = 0, complete = 0, parsed = 0, objects = 0, agree = 1, special_ok = 1;
+    double mask_s = 0;
+    int64_t masks = 0;
+    for (int rep = 0; rep < 40; rep++) {
+        st_gram_state g;
+        st_gram_init(&g, rep % 2 ? ST_GRAM_JSON_VALUE : ST_GRAM_JSON_OBJECT);
+        char text[16384];
+        size_t n = 0;
+        replies++;
+        for (int step = 0; step < 300 && !st_gram_done(&g); step++) {
+            double a = st_now_s();
+            const int64_t count = st_gram_mask(v, &g, mask);
+            mask_s += st_now_s() - a;
+            masks++;
+            int64_t na = 0, short_n = 0;
+            for (int64_t t = 0; t < V; t++)
+                if (mask[t / 32] >> (t % 32) & 1u) allowed[na++] = (int32_t)t;
+            if (na != count || na == 0) {
+                agree = 0;
+                break;
+            }
+            /* a sample of bits against feeding the token's bytes */
+            for (int k = 0; k < 300; k++) {
+                const int32_t t = (int32_t)below(&r, (int)V);
+                st_gram_state s = g;
+                const int fits = st_gram_advance(v, &s, t);
+                if (fits != (int)(mask[t / 32] >> (t % 32) & 1u)) agree = 0;
+                if ((st_tok_is_added(tok, t) || t >= st_tok_vocab_size(tok)) && (mask[t / 32] >> (t % 32) & 1u)) special_ok = 0;
+            }
+            /* half the time a short token, so that strings and containers close */
+            for (int64_t i = 0; i < na; i++) {
+                size_t len = 0;
+                st_tok_token_bytes(tok, allowed[i], &len);
+                if (len <= 2) allowed[short_n++] = allowed[i];
+            }
+            const int32_t t = below(&r, 2) && short_n ? allowed[below(&r, (int)short_n)] : allowed[below(&r, (int)na)];
+            size_t len = 0;
+            const char *b = st_tok_token_bytes(tok, t, &len);
+            if (!st_gram_advance(v, &g, t)) {
+                agree = 0;
+                break;
+            }
+            if (n + len < sizeof text) memcpy(text + n, b, len), n += len;
+        }
+        if (!st_gram_done(&g)) continue;
+        complete++;
+        text[n] = 0;
+        json_error_t je;
+        json_t *j = json_loadb(text, n, JSON_DECODE_ANY, &je);
+        if (j) {
+            parsed++;
+            objects += json_is_object(j) || rep % 2;
+            json_decref(j);
+        } else {
+            printf("# did not parse: %s (%s)\n", text, je.text);
+        }
+    }
+    CHECK(agree, "every mask bit sampled equals feeding that token's bytes; the masks never empty");
+    CHECK(special_ok, "special and added tokens, and ids past the tokenizer's, are never allowed");
+    CHECK(complete >= 10 && parsed == complete && objects == complete,
+          "of %d random replies drawn from the masks, %d completed: each parses with jansson, the JSON-object ones as objects",
+          replies, complete);
+    printf("# %lld masks, %.1f us each on average (the walk and the string fast path)\n", (long long)masks,
+           masks ? mask_s / (double)masks * 1e6 : 0.0);
+    /* the fast path inside a string equals the walk */
+    st_gram_state g;
+    st_gram_init(&g, ST_GRAM_JSON_OBJECT);
+    st_gram_feed(&g, "{\"ab", 4);
+    uint32_t *walked = calloc(W, sizeof *walked);
+    const int64_t fast = st_gram_mask(v, &g, mask);
+    int64_t slow = 0;
+    for (int64_t t = 0; t < V; t++) {
+        st_gram_state s = g;
+        if (st_gram_advance(v, &s, t)) walked[t / 32] |= 1u << (t % 32), slow++;
+    }
+    CHECK(fast == slow && !memcmp(walked, mask, W * sizeof *mask),
+          "inside a string the precomputed mask equals feeding every token (%lld allowed)", (long long)fast);
+    free(walked);
+    free(mask);
+    free(allowed);
+    st_gram_vocab_free(v);
+    st_tok_free(tok);
+}
+
+int main(void) {
+    test_documents();
+    test_random_documents();
+    test_masks();
+    return tap_done();
+}
