@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/strmap.h"
+
 /* what the next byte may be */
 enum {
     P_VALUE = 0,    /* a value (whitespace first) */
@@ -302,10 +304,18 @@ struct st_gram_vocab {
     int32_t *same;          /* [V] the next token with the same bytes, or -1; owned */
     const char **bytes;     /* [V] each token's bytes (the tokenizer's), NULL: never allowed */
     uint32_t *lens;         /* [V] */
-    uint32_t *string_safe;  /* [words] tokens that stay inside a string from a character
-                               boundary: no quote, backslash or control byte; owned */
-    int32_t *string_hard;   /* [n_hard] the other tokens (run one by one inside strings); owned */
+    uint32_t *string_safe;  /* [words] tokens without a quote that fit inside a string from a
+                               character boundary (whatever the containers); owned */
+    int32_t *string_hard;   /* [n_hard] the tokens that close a string: what precedes their
+                               closing quote fits any string, what follows it (their suffix)
+                               depends on the containers; owned */
+    int32_t *hard_suffix;   /* [n_hard] each one's suffix (an index into suf_*); owned */
     int64_t n_hard;
+    const char **suf_bytes; /* [n_suf] the distinct suffixes, from the closing quote on (the
+                               tokenizer's bytes); owned array */
+    uint32_t *suf_lens;     /* [n_suf]; owned */
+    uint8_t *suf_fits;      /* [n_suf] scratch of st_gram_mask; owned */
+    int64_t n_suf;
     int64_t n_set;          /* the walk's count */
 };
 
@@ -345,7 +355,13 @@ st_status st_gram_vocab_create(const st_tokenizer *tok, int64_t vocab_size, st_g
     }
     v->nodes = ok ? malloc(total * sizeof *v->nodes) : NULL;
     v->string_hard = ok ? malloc((size_t)vocab_size * sizeof *v->string_hard) : NULL;
-    if (!v->nodes || !v->string_hard) {
+    v->hard_suffix = ok ? malloc((size_t)vocab_size * sizeof *v->hard_suffix) : NULL;
+    v->suf_bytes = ok ? malloc((size_t)vocab_size * sizeof *v->suf_bytes) : NULL;
+    v->suf_lens = ok ? malloc((size_t)vocab_size * sizeof *v->suf_lens) : NULL;
+    v->suf_fits = ok ? malloc((size_t)vocab_size) : NULL;
+    st_strmap suffixes;
+    if (!v->nodes || !v->string_hard || !v->hard_suffix || !v->suf_bytes || !v->suf_lens || !v->suf_fits ||
+        st_strmap_init(&suffixes, 4096) != 0) {
         st_gram_vocab_free(v);
         return st_error_set(err, ST_ERR_NOMEM, "out of memory for the grammar's token trie");
     }
@@ -363,18 +379,40 @@ st_status st_gram_vocab_create(const st_tokenizer *tok, int64_t vocab_size, st_g
             while (v->same[k] >= 0) k = v->same[k];
             v->same[k] = (int32_t)t;
         }
-        /* inside a string from a character boundary */
+        /* inside a string from a character boundary: a token without a quote stays inside it,
+         * so whether it fits does not depend on the containers (one run decides); a token with
+         * a quote may close the string and more, so it is run each time */
         st_gram_state s;
         st_gram_init(&s, ST_GRAM_JSON_VALUE);
         s.phase = P_STRING;
-        int plain = 1;
-        for (uint32_t i = 0; i < v->lens[t] && plain; i++) {
-            const unsigned char b = (unsigned char)v->bytes[t][i];
-            plain = b != '"' && b != '\\' && b >= 0x20;
+        /* the string-closing quote, if any: a quote met at a character boundary, unescaped */
+        uint32_t q = 0;
+        int fits = 1;
+        for (; q < v->lens[t]; q++) {
+            const unsigned char b = (unsigned char)v->bytes[t][q];
+            if (b == '"' && s.sub == S_PLAIN && s.utf8_need == 0) break;
+            if (!(fits = feed1(&s, b))) break;
         }
-        if (plain && st_gram_feed(&s, v->bytes[t], v->lens[t])) v->string_safe[t / 32] |= 1u << (t % 32);
-        else if (!plain) v->string_hard[v->n_hard++] = (int32_t)t;
+        if (!fits) continue; /* never fits inside a string */
+        if (q == v->lens[t]) { /* stays inside: fits whatever the containers */
+            v->string_safe[t / 32] |= 1u << (t % 32);
+            continue;
+        }
+        int64_t id;
+        if (!st_strmap_get(&suffixes, v->bytes[t] + q, v->lens[t] - q, &id)) {
+            id = v->n_suf++;
+            v->suf_bytes[id] = v->bytes[t] + q;
+            v->suf_lens[id] = v->lens[t] - q;
+            if (st_strmap_put(&suffixes, v->bytes[t] + q, v->lens[t] - q, id) < 0) {
+                st_strmap_free(&suffixes);
+                st_gram_vocab_free(v);
+                return st_error_set(err, ST_ERR_NOMEM, "out of memory for the grammar's token suffixes");
+            }
+        }
+        v->hard_suffix[v->n_hard] = (int32_t)id;
+        v->string_hard[v->n_hard++] = (int32_t)t;
     }
+    st_strmap_free(&suffixes);
     *out = v;
     return ST_OK;
 }
@@ -387,6 +425,10 @@ void st_gram_vocab_free(st_gram_vocab *v) {
     free(v->lens);
     free(v->string_safe);
     free(v->string_hard);
+    free(v->hard_suffix);
+    free(v->suf_bytes);
+    free(v->suf_lens);
+    free(v->suf_fits);
     free(v);
 }
 
@@ -420,11 +462,12 @@ int64_t st_gram_mask(st_gram_vocab *v, const st_gram_state *g, uint32_t *mask) {
         /* the context-independent tokens at once; those with a quote, backslash or control
          * byte one by one */
         memcpy(mask, v->string_safe, v->words * sizeof *mask);
-        for (int64_t i = 0; i < v->n_hard; i++) {
-            const int32_t t = v->string_hard[i];
+        for (int64_t i = 0; i < v->n_suf; i++) { /* each distinct suffix once, from here */
             st_gram_state s = *g;
-            if (st_gram_feed(&s, v->bytes[t], v->lens[t])) mask[t / 32] |= 1u << (t % 32);
+            v->suf_fits[i] = (uint8_t)st_gram_feed(&s, v->suf_bytes[i], v->suf_lens[i]);
         }
+        for (int64_t i = 0; i < v->n_hard; i++)
+            if (v->suf_fits[v->hard_suffix[i]]) mask[v->string_hard[i] / 32] |= 1u << (v->string_hard[i] % 32);
         return popcount_words(mask, v->words);
     }
     memset(mask, 0, v->words * sizeof *mask);
@@ -439,6 +482,17 @@ int st_gram_advance(const st_gram_vocab *v, st_gram_state *g, int32_t t) {
 }
 
 void st_gram_apply(const uint32_t *mask, float *logits, int64_t n) {
-    for (int64_t t = 0; t < n; t++)
+    const int64_t full = n / 32;
+    for (int64_t w = 0; w < full; w++) { /* whole words: most are all ones or all zeros */
+        const uint32_t m = mask[w];
+        float *l = logits + w * 32;
+        if (m == 0xffffffffu) continue;
+        if (m == 0) {
+            for (int i = 0; i < 32; i++) l[i] = -INFINITY;
+            continue;
+        }
+        for (uint32_t z = ~m; z; z &= z - 1) l[__builtin_ctz(z)] = -INFINITY;
+    }
+    for (int64_t t = full * 32; t < n; t++)
         if (!(mask[t / 32] >> (t % 32) & 1u)) logits[t] = -INFINITY;
 }

@@ -8,9 +8,9 @@
  * Per vocabulary (st_gram_vocab, made once per tokenizer), every token's bytes sit in a
  * trie. A mask (one bit per token: it keeps the reply inside the grammar) is the trie walked
  * from the current state, each subtree pruned at its first rejected byte; inside a string,
- * where nearly every token fits, the tokens without a quote, backslash or control byte come
- * from masks precomputed per UTF-8 state (context-independent tokens, as xgrammar keeps
- * them) and only the rest are run. Special and added tokens are never allowed: a reply ends
+ * where nearly every token fits, the tokens without a quote come from a mask precomputed at a
+ * character boundary (they stay inside the string, so the containers do not matter: context-
+ * independent tokens, as xgrammar keeps them) and only those with a quote are run. Special and added tokens are never allowed: a reply ends
  * when its value is complete (st_gram_done), not at a token.
  *
  * Thread ownership: a vocabulary's scratch is its own; one thread at a time calls
