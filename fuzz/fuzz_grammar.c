@@ -19,9 +19,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     st_gram_state all, one;
     st_gram_init(&all, mode);
     st_gram_init(&one, mode);
-    const int ok = st_gram_feed(&all, text, n);
+    const int ok = st_gram_feed(&all, NULL, text, n);
     size_t i = 0;
-    while (i < n && st_gram_feed(&one, text + i, 1)) i++;
+    while (i < n && st_gram_feed(&one, NULL, text + i, 1)) i++;
     if (ok != (i == n)) abort(); /* byte by byte disagrees */
     if (!ok || !st_gram_done(&all)) return 0;
     json_error_t e;

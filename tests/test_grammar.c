@@ -14,7 +14,7 @@
 static int whole(st_gram_mode mode, const char *s) {
     st_gram_state g;
     st_gram_init(&g, mode);
-    return st_gram_feed(&g, s, strlen(s)) && st_gram_done(&g);
+    return st_gram_feed(&g, NULL, s, strlen(s)) && st_gram_done(&g);
 }
 
 static void test_documents(void) {
@@ -37,7 +37,7 @@ static void test_documents(void) {
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         st_gram_state g;
         st_gram_init(&g, ST_GRAM_JSON_OBJECT);
-        if (st_gram_feed(&g, bad[i], strlen(bad[i])) && st_gram_done(&g)) ok_bad = 0, first_bad = first_bad ? first_bad : bad[i];
+        if (st_gram_feed(&g, NULL, bad[i], strlen(bad[i])) && st_gram_done(&g)) ok_bad = 0, first_bad = first_bad ? first_bad : bad[i];
     }
     CHECK(ok_good, "JSON-object mode takes %zu documents whole (first refused: %s)", sizeof good / sizeof good[0],
           first_good ? first_good : "none");
@@ -53,10 +53,10 @@ static void test_documents(void) {
     deep[n] = 0;
     st_gram_state g;
     st_gram_init(&g, ST_GRAM_JSON_OBJECT);
-    CHECK(!st_gram_feed(&g, deep, n), "nesting beyond %d containers is refused", ST_GRAM_MAX_DEPTH);
+    CHECK(!st_gram_feed(&g, NULL, deep, n), "nesting beyond %d containers is refused", ST_GRAM_MAX_DEPTH);
     st_gram_init(&g, ST_GRAM_JSON_OBJECT);
     const char *ws = "{                 \"a\":1}";
-    CHECK(!st_gram_feed(&g, ws, strlen(ws)), "a run of more than %d whitespace bytes is refused", ST_GRAM_MAX_WS);
+    CHECK(!st_gram_feed(&g, NULL, ws, strlen(ws)), "a run of more than %d whitespace bytes is refused", ST_GRAM_MAX_WS);
 }
 
 /* ---- random JSON written here ---- */
@@ -129,7 +129,7 @@ static void test_random_documents(void) {
         /* every proper prefix is taken, never complete */
         st_gram_state g;
         st_gram_init(&g, ST_GRAM_JSON_OBJECT);
-        for (size_t p = 0; p + 1 < n && cut_ok; p++) cut_ok = st_gram_feed(&g, buf + p, 1) && !st_gram_done(&g);
+        for (size_t p = 0; p + 1 < n && cut_ok; p++) cut_ok = st_gram_feed(&g, NULL, buf + p, 1) && !st_gram_done(&g);
     }
     CHECK(ok && docs > 1900, "%d random documents jansson parses are taken whole", docs);
     CHECK(cut_ok, "and each of their proper prefixes is taken but not complete");
@@ -167,7 +167,7 @@ static void test_masks(void) {
         replies++;
         for (int step = 0; step < 300 && !st_gram_done(&g); step++) {
             double a = st_now_s();
-            const int64_t count = st_gram_mask(v, &g, mask);
+            const int64_t count = st_gram_mask(v, NULL, &g, mask);
             mask_s += st_now_s() - a;
             masks++;
             int64_t na = 0, short_n = 0;
@@ -181,7 +181,7 @@ static void test_masks(void) {
             for (int k = 0; k < 300; k++) {
                 const int32_t t = (int32_t)below(&r, (int)V);
                 st_gram_state s = g;
-                const int fits = st_gram_advance(v, &s, t);
+                const int fits = st_gram_advance(v, NULL, &s, t);
                 if (fits != (int)(mask[t / 32] >> (t % 32) & 1u)) agree = 0;
                 if ((st_tok_is_added(tok, t) || t >= st_tok_vocab_size(tok)) && (mask[t / 32] >> (t % 32) & 1u)) special_ok = 0;
             }
@@ -194,7 +194,7 @@ static void test_masks(void) {
             const int32_t t = below(&r, 2) && short_n ? allowed[below(&r, (int)short_n)] : allowed[below(&r, (int)na)];
             size_t len = 0;
             const char *b = st_tok_token_bytes(tok, t, &len);
-            if (!st_gram_advance(v, &g, t)) {
+            if (!st_gram_advance(v, NULL, &g, t)) {
                 agree = 0;
                 break;
             }
@@ -229,13 +229,13 @@ static void test_masks(void) {
     for (size_t i = 0; i < sizeof inside / sizeof inside[0]; i++) {
         st_gram_state g;
         st_gram_init(&g, ST_GRAM_JSON_OBJECT);
-        st_gram_feed(&g, inside[i], strlen(inside[i]));
+        st_gram_feed(&g, NULL, inside[i], strlen(inside[i]));
         memset(walked, 0, W * sizeof *walked);
-        fast = st_gram_mask(v, &g, mask);
+        fast = st_gram_mask(v, NULL, &g, mask);
         int64_t slow = 0;
         for (int64_t t = 0; t < V; t++) {
             st_gram_state s = g;
-            if (st_gram_advance(v, &s, t)) walked[t / 32] |= 1u << (t % 32), slow++;
+            if (st_gram_advance(v, NULL, &s, t)) walked[t / 32] |= 1u << (t % 32), slow++;
         }
         same &= fast == slow && !memcmp(walked, mask, W * sizeof *mask);
     }
@@ -248,9 +248,250 @@ static void test_masks(void) {
     st_tok_free(tok);
 }
 
+/* ---- schemas ---- */
+
+/* a validator of the subset, for the tests: 1 when v satisfies schema sc (defs: the root's) */
+static int valid(json_t *v, json_t *sc, json_t *defs) {
+    if (json_is_true(sc) || (json_is_object(sc) && json_object_size(sc) == 0)) return 1;
+    json_t *ref = json_object_get(sc, "$ref");
+    if (ref) return valid(v, json_object_get(defs, json_string_value(ref) + 8), defs);
+    json_t *en = json_object_get(sc, "enum");
+    if (en) {
+        size_t i;
+        json_t *e;
+        json_array_foreach(en, i, e) if (json_equal(e, v)) return 1;
+        return 0;
+    }
+    json_t *any = json_object_get(sc, "anyOf");
+    if (any) {
+        size_t i;
+        json_t *a;
+        int n = 0;
+        json_array_foreach(any, i, a) n += valid(v, a, defs);
+        return n == 1;
+    }
+    json_t *ty = json_object_get(sc, "type");
+    if (json_is_array(ty)) {
+        size_t i;
+        json_t *t;
+        json_array_foreach(ty, i, t) {
+            json_t *one = json_deep_copy(sc);
+            json_object_set(one, "type", t);
+            const int ok = valid(v, one, defs);
+            json_decref(one);
+            if (ok) return 1;
+        }
+        return 0;
+    }
+    const char *t = json_string_value(ty);
+    if (!t) return 1;
+    if (!strcmp(t, "string")) return json_is_string(v);
+    if (!strcmp(t, "boolean")) return json_is_boolean(v);
+    if (!strcmp(t, "null")) return json_is_null(v);
+    if (!strcmp(t, "number")) return json_is_number(v);
+    if (!strcmp(t, "integer")) {
+        json_t *mn = json_object_get(sc, "minimum"), *mx = json_object_get(sc, "maximum");
+        return json_is_integer(v) && (!mn || json_integer_value(v) >= json_integer_value(mn)) &&
+               (!mx || json_integer_value(v) <= json_integer_value(mx));
+    }
+    if (!strcmp(t, "array")) {
+        if (!json_is_array(v)) return 0;
+        json_t *mn = json_object_get(sc, "minItems"), *mx = json_object_get(sc, "maxItems");
+        const json_int_t n = (json_int_t)json_array_size(v);
+        if ((mn && n < json_integer_value(mn)) || (mx && n > json_integer_value(mx))) return 0;
+        json_t *it = json_object_get(sc, "items"), *e;
+        size_t i;
+        json_array_foreach(v, i, e) if (it && !valid(e, it, defs)) return 0;
+        return 1;
+    }
+    if (!strcmp(t, "object")) {
+        if (!json_is_object(v)) return 0;
+        json_t *props = json_object_get(sc, "properties"), *req = json_object_get(sc, "required"), *e;
+        size_t i;
+        json_array_foreach(req, i, e) if (!json_object_get(v, json_string_value(e))) return 0;
+        const char *k;
+        json_object_foreach(v, k, e) {
+            json_t *ps = json_object_get(props, k);
+            if (ps && !valid(e, ps, defs)) return 0;
+            if (!ps && json_is_false(json_object_get(sc, "additionalProperties"))) return 0;
+        }
+        return 1;
+    }
+    return 0;
+}
+
+static const char *const schema_a =
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":\"integer\",\"minimum\":0,"
+    "\"maximum\":150},\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"minItems\":1,\"maxItems\":3},"
+    "\"kind\":{\"enum\":[\"cat\",\"dog\",3,null,30]},\"opt\":{\"type\":[\"number\",\"null\"]},\"ok\":{\"type\":\"boolean\"}},"
+    "\"required\":[\"name\",\"age\",\"kind\"],\"additionalProperties\":false}";
+static const char *const schema_list =
+    "{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\",\"minimum\":-20,\"maximum\":-3},"
+    "\"next\":{\"anyOf\":[{\"$ref\":\"#/$defs/node\"},{\"type\":\"null\"}]}},\"required\":[\"v\",\"next\"],"
+    "\"additionalProperties\":false}},\"$ref\":\"#/$defs/node\"}";
+
+static int takes(const st_gram_schema *sc, const char *doc) {
+    st_gram_state g;
+    st_gram_init(&g, ST_GRAM_JSON_SCHEMA);
+    return st_gram_feed(&g, sc, doc, strlen(doc)) && st_gram_done(&g);
+}
+
+static void test_schema_documents(void) {
+    st_gram_schema *a = NULL, *l = NULL;
+    st_error err = {0};
+    if (!CHECK(st_gram_schema_compile(schema_a, strlen(schema_a), 1, &a, &err) == ST_OK, "a flat schema compiles (%s)", err.msg))
+        return;
+    if (!CHECK(st_gram_schema_compile(schema_list, strlen(schema_list), 1, &l, &err) == ST_OK,
+               "a recursive schema ($defs, $ref, anyOf) compiles (%s)", err.msg)) {
+        st_gram_schema_free(a);
+        return;
+    }
+    static const char *const good_a[] = {
+        "{\"name\":\"x\",\"age\":3,\"kind\":\"cat\"}", "{\"age\":150,\"name\":\"\",\"kind\":3,\"tags\":[\"a\"]}",
+        "{\"name\":\"a\",\"age\":0,\"kind\":null,\"opt\":-1.5e3}", "{ \"name\" : \"a\", \"age\": 12, \"kind\": 30, \"ok\": true }",
+        "{\"name\":\"a\",\"age\":12,\"kind\":\"dog\",\"opt\":null,\"tags\":[\"a\",\"b\",\"c\"]}",
+    };
+    static const char *const bad_a[] = {
+        "{\"name\":\"x\",\"age\":3}", "{\"name\":\"x\",\"age\":3,\"kind\":\"cat\",\"zzz\":1}", "{\"name\":\"x\",\"age\":151,\"kind\":3}",
+        "{\"name\":\"x\",\"age\":-1,\"kind\":3}", "{\"name\":\"x\",\"age\":1.5,\"kind\":3}", "{\"name\":\"x\",\"age\":1,\"kind\":3,\"tags\":[]}",
+        "{\"name\":\"x\",\"age\":1,\"kind\":3,\"tags\":[\"a\",\"b\",\"c\",\"d\"]}", "{\"name\":\"x\",\"age\":1,\"kind\":\"cow\"}",
+        "{\"name\":\"x\",\"age\":1,\"kind\":33}", "{\"name\":\"x\",\"name\":\"y\",\"age\":1,\"kind\":3}", "{\"name\":5,\"age\":1,\"kind\":3}",
+        "{\"name\":\"x\",\"age\":1,\"kind\":3,\"ok\":null}", "{\"name\":\"x\",\"age\":1,\"kind\":3,\"tags\":[1]}", "[]",
+    };
+    int ga = 1, ba = 1;
+    const char *fg = NULL, *fb = NULL;
+    for (size_t i = 0; i < sizeof good_a / sizeof good_a[0]; i++)
+        if (!takes(a, good_a[i])) ga = 0, fg = fg ? fg : good_a[i];
+    for (size_t i = 0; i < sizeof bad_a / sizeof bad_a[0]; i++)
+        if (takes(a, bad_a[i])) ba = 0, fb = fb ? fb : bad_a[i];
+    CHECK(ga, "the flat schema takes %zu documents (first refused: %s)", sizeof good_a / sizeof good_a[0], fg ? fg : "none");
+    CHECK(ba, "and refuses %zu: a required property missing, an extra or repeated key, integers out of range or "
+              "fractional, too few or many items, values outside the enum, wrong types (first taken: %s)",
+          sizeof bad_a / sizeof bad_a[0], fb ? fb : "none");
+    CHECK(takes(l, "{\"v\":-3,\"next\":{\"v\":-20,\"next\":null}}") && !takes(l, "{\"v\":-3,\"next\":{\"v\":-2,\"next\":null}}") &&
+              !takes(l, "{\"v\":-3,\"next\":{\"v\":-4}}") && !takes(l, "{\"v\":-3,\"next\":[]}"),
+          "the recursive schema takes a list of two and refuses a bad value, a missing key, a wrong alternative");
+    st_gram_schema_free(a);
+    st_gram_schema_free(l);
+    struct {
+        const char *schema;
+        int strict;
+        const char *says;
+    } bad[] = {
+        {"{\"type\":", 1, "not JSON"},
+        {"{\"type\":\"string\",\"pattern\":\"a+\"}", 1, "'pattern'"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{}},\"required\":[\"b\"]}", 1, "'b'"},
+        {"{\"$ref\":\"#/$defs/none\"}", 0, "'none'"},
+        {"{\"anyOf\":[{\"type\":\"object\"},{\"type\":\"object\",\"properties\":{\"a\":{}}}]}", 0, "two alternatives"},
+        {"{\"enum\":[1,1]}", 0, "twice"},
+        {"{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", 0, "no integer"},
+        {"{\"type\":\"date\"}", 0, "'date'"},
+    };
+    int all = 1;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        st_gram_schema *x = NULL;
+        st_error e = {0};
+        const st_status st = st_gram_schema_compile(bad[i].schema, strlen(bad[i].schema), bad[i].strict, &x, &e);
+        if (st == ST_OK || !strstr(e.msg, bad[i].says)) {
+            printf("# %s: %s\n", bad[i].schema, st == ST_OK ? "compiled" : e.msg);
+            all = 0;
+        }
+        st_gram_schema_free(x);
+    }
+    CHECK(all, "%zu schemas strand cannot follow are refused, each naming why", sizeof bad / sizeof bad[0]);
+    st_gram_schema *lax = NULL;
+    const char *pat = "{\"type\":\"string\",\"pattern\":\"a+\",\"format\":\"email\"}";
+    CHECK(st_gram_schema_compile(pat, strlen(pat), 0, &lax, &err) == ST_OK && takes(lax, "\"b\""),
+          "not strict, an unsupported keyword is ignored (as OpenAI does)");
+    st_gram_schema_free(lax);
+}
+
+/* replies drawn from a schema's masks: each completed one parses and validates */
+static void test_schema_replies(const char *schema_text, const char *what) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/tokenizers/qwen3/tokenizer.json", tap_data_dir());
+    st_tokenizer *tok = NULL;
+    st_gram_vocab *v = NULL;
+    st_gram_schema *sc = NULL;
+    st_error err = {0};
+    if (st_tok_load(path, &tok, &err) != ST_OK || st_gram_vocab_create(tok, st_tok_vocab_size(tok), &v, &err) != ST_OK ||
+        st_gram_schema_compile(schema_text, strlen(schema_text), 1, &sc, &err) != ST_OK) {
+        CHECK(0, "%s: set-up (%s)", what, err.msg);
+        st_gram_vocab_free(v);
+        st_tok_free(tok);
+        return;
+    }
+    json_t *schema_json = json_loads(schema_text, 0, NULL);
+    json_t *defs = json_object_get(schema_json, "$defs");
+    const int64_t V = st_tok_vocab_size(tok);
+    const size_t W = st_gram_mask_words(v);
+    uint32_t *mask = malloc(W * sizeof *mask);
+    int32_t *allowed = malloc((size_t)V * sizeof *allowed);
+    rng r = {777};
+    int complete = 0, good = 0, agree = 1, replies = 0;
+    double worst = 0;
+    for (int rep = 0; rep < 30; rep++) {
+        st_gram_state g;
+        st_gram_init(&g, ST_GRAM_JSON_SCHEMA);
+        char text[16384];
+        size_t n = 0;
+        replies++;
+        for (int step = 0; step < 400 && !st_gram_done(&g); step++) {
+            const double t0 = st_now_s();
+            const int64_t count = st_gram_mask(v, sc, &g, mask);
+            const double dt = st_now_s() - t0;
+            worst = dt > worst ? dt : worst;
+            int64_t na = 0, short_n = 0;
+            for (int64_t t = 0; t < V; t++)
+                if (mask[t / 32] >> (t % 32) & 1u) allowed[na++] = (int32_t)t;
+            if (na != count || na == 0) {
+                printf("# %s: %lld allowed (count %lld) after '%.*s'\n", what, (long long)na, (long long)count, (int)n, text);
+                agree = 0;
+                break;
+            }
+            for (int k = 0; k < 200; k++) {
+                const int32_t t = (int32_t)below(&r, (int)V);
+                st_gram_state s = g;
+                if (st_gram_advance(v, sc, &s, t) != (int)(mask[t / 32] >> (t % 32) & 1u)) agree = 0;
+            }
+            for (int64_t i = 0; i < na; i++) {
+                size_t len = 0;
+                st_tok_token_bytes(tok, allowed[i], &len);
+                if (len <= 2) allowed[short_n++] = allowed[i];
+            }
+            const int32_t t = below(&r, 4) && short_n ? allowed[below(&r, (int)short_n)] : allowed[below(&r, (int)na)];
+            size_t len = 0;
+            const char *b = st_tok_token_bytes(tok, t, &len);
+            if (!st_gram_advance(v, sc, &g, t)) {
+                agree = 0;
+                break;
+            }
+            if (n + len < sizeof text) memcpy(text + n, b, len), n += len;
+        }
+        if (!st_gram_done(&g)) continue;
+        complete++;
+        json_t *j = json_loadb(text, n, JSON_DECODE_ANY, NULL);
+        if (j && valid(j, schema_json, defs)) good++;
+        else printf("# %s: not valid: %.*s\n", what, (int)n, text);
+        json_decref(j);
+    }
+    CHECK(agree, "%s: every mask bit sampled equals feeding the token; no mask is ever empty (no dead end)", what);
+    CHECK(complete >= 5 && good == complete, "%s: %d of %d random replies completed, each parses and satisfies the schema (slowest mask %.0f us)",
+          what, complete, replies, worst * 1e6);
+    json_decref(schema_json);
+    free(mask);
+    free(allowed);
+    st_gram_schema_free(sc);
+    st_gram_vocab_free(v);
+    st_tok_free(tok);
+}
+
 int main(void) {
     test_documents();
     test_random_documents();
     test_masks();
+    test_schema_documents();
+    test_schema_replies(schema_a, "the flat schema");
+    test_schema_replies(schema_list, "the recursive schema");
     return tap_done();
 }

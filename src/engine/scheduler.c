@@ -38,10 +38,12 @@ typedef struct req {
     struct req *qnext;          /* the waiting queue (guarded by the mutex) */
     st_req_images im;           /* a prompt holding images: points into im_mem */
     void *im_mem;               /* owned: the copies of its positions, rows and embeddings; NULL: text */
+    st_gram_schema *schema;     /* owned: a json_schema request's, else NULL */
 } req;
 
 static void req_free(req *r) {
     if (!r) return;
+    st_gram_schema_free(r->schema);
     free(r->prompt);
     free(r->im_mem);
     free(r);
@@ -499,8 +501,10 @@ st_status st_sched_submit(st_sched *s, const int32_t *prompt, int64_t n_prompt,
                             s->p.max_seqs < ST_MAX_CHOICES ? s->p.max_seqs : ST_MAX_CHOICES);
     if ((p->n_stop || p->split_reasoning) && !s->tok)
         return st_error_set(err, ST_ERR_ARG, "stop strings and reasoning need a tokenizer");
-    if (p->json_mode < 0 || p->json_mode > ST_GRAM_JSON_VALUE)
+    if (p->json_mode < 0 || p->json_mode > ST_GRAM_JSON_SCHEMA)
         return st_error_set(err, ST_ERR_ARG, "json_mode %d is not a grammar mode", p->json_mode);
+    if ((p->json_mode == ST_GRAM_JSON_SCHEMA) != (p->json_schema != NULL))
+        return st_error_set(err, ST_ERR_ARG, "a schema goes with json_mode ST_GRAM_JSON_SCHEMA, and only with it");
     if (p->json_mode) {
         if (!s->tok) return st_error_set(err, ST_ERR_ARG, "JSON output needs a tokenizer");
         pthread_mutex_lock(&s->mu);
@@ -596,6 +600,8 @@ st_status st_sched_submit(st_sched *s, const int32_t *prompt, int64_t n_prompt,
                             running, waiting);
     }
     r->id = s->next_id++;
+    r->schema = p->json_schema; /* taken: the submit succeeds */
+    r->p.json_schema = NULL;
     r->next = s->live;
     if (s->live) s->live->prev = r;
     s->live = r;
@@ -923,7 +929,7 @@ static void on_logits(st_sched *s, rec *c, float *logits) {
     /* JSON output: only tokens that keep the reply inside the grammar (after any reasoning) */
     const int constrain = c->gram_on && !(c->tx && st_textout_in_reasoning(c->tx));
     if (constrain) {
-        if (st_gram_mask(s->gram, &c->gram, s->gram_mask) == 0) {
+        if (st_gram_mask(s->gram, r->schema, &c->gram, s->gram_mask) == 0) {
             snprintf(c->error, sizeof c->error, "no token continues the JSON reply");
             finish_rec(s, c, ST_FINISH_ERROR, c->error);
             return;
@@ -934,7 +940,7 @@ static void on_logits(st_sched *s, rec *c, float *logits) {
     st_logprobs *lp = want_lp || r->p.sum_logprobs ? &c->lp : NULL;
     int32_t t = st_sampler_sample(s->sampler, &r->p.sampling, &c->ss, logits, c->hist,
                                   c->n_prompt, c->n_hist, want_lp ? r->p.logprobs : 0, lp);
-    if (constrain && !st_gram_advance(s->gram, &c->gram, t)) { /* the mask let only such tokens through */
+    if (constrain && !st_gram_advance(s->gram, r->schema, &c->gram, t)) { /* the mask let only such tokens through */
         snprintf(c->error, sizeof c->error, "token %d does not continue the JSON reply (a bug)", t);
         finish_rec(s, c, ST_FINISH_ERROR, c->error);
         return;

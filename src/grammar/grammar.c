@@ -2,10 +2,12 @@
 #include "grammar/grammar.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/strmap.h"
+#include "grammar/gram_int.h"
 
 /* what the next byte may be */
 enum {
@@ -19,6 +21,7 @@ enum {
     P_STRING,       /* inside a string (sub: S_*) */
     P_NUMBER,       /* inside a number (sub: N_*) */
     P_LITERAL,      /* inside true, false or null */
+    P_ENUM,         /* inside one of an enum's values (cand, cpos) */
     P_DONE,         /* the value is complete */
 };
 enum { S_PLAIN = 0, S_ESC, S_HEX, S_SURR_BS, S_SURR_U }; /* S_SURR_*: a low surrogate's "\u" due */
@@ -33,12 +36,18 @@ enum { U8_ANY = 0, U8_A0_BF, U8_80_9F, U8_90_BF, U8_80_8F };
 static const char *const literals[3] = {"true", "false", "null"};
 
 void st_gram_init(st_gram_state *g, st_gram_mode mode) {
-    memset(g, 0, sizeof *g);
+    memset(g, 0, offsetof(st_gram_state, stack));
     g->mode = (uint8_t)mode;
     g->phase = P_VALUE;
+    g->vnode = mode == ST_GRAM_JSON_SCHEMA ? 0 : GRAM_ANY;
 }
 
 int st_gram_done(const st_gram_state *g) { return g->phase == P_DONE; }
+
+/* the live part of a state (the stack above depth is never read before it is written) */
+static void copy_live(st_gram_state *dst, const st_gram_state *src) {
+    memcpy(dst, src, offsetof(st_gram_state, stack) + (size_t)src->depth * sizeof src->stack[0]);
+}
 
 static int is_ws(unsigned char b) { return b == ' ' || b == '\t' || b == '\n' || b == '\r'; }
 static int is_digit(unsigned char b) { return b >= '0' && b <= '9'; }
@@ -49,49 +58,170 @@ static int hex_value(unsigned char b) {
     return -1;
 }
 
+static const gram_node *node_of(const st_gram_schema *sc, int n) { return sc && n >= 0 ? &sc->nodes[n] : NULL; }
+
+/* the container on top (NULL at the top level) */
+static st_gram_frame *top(st_gram_state *g) { return g->depth ? &g->stack[g->depth - 1] : NULL; }
+
+/* an object may take another key: a property not yet given, or any key */
+static int object_open(const st_gram_schema *sc, const st_gram_frame *f) {
+    const gram_node *n = node_of(sc, f->node);
+    if (!n) return 1;
+    if (n->extra != GRAM_NO_EXTRA) return 1;
+    const uint64_t all = n->n_props >= 64 ? ~0ull : (1ull << n->n_props) - 1;
+    return (all & ~f->seen) != 0;
+}
+/* an object may end: every required property given */
+static int object_complete(const st_gram_schema *sc, const st_gram_frame *f) {
+    const gram_node *n = node_of(sc, f->node);
+    return !n || (n->required & ~f->seen) == 0;
+}
+static int array_may_end(const st_gram_schema *sc, const st_gram_frame *f) {
+    const gram_node *n = node_of(sc, f->node);
+    return !n || (int64_t)f->count >= n->min_items;
+}
+static int array_may_grow(const st_gram_schema *sc, const st_gram_frame *f) {
+    const gram_node *n = node_of(sc, f->node);
+    return !n || (int64_t)f->count < n->max_items;
+}
+
 /* a value ended: its container's next phase */
 static void value_done(st_gram_state *g) {
-    if (g->depth == 0) g->phase = P_DONE;
-    else g->phase = g->stack[g->depth - 1] == 'O' ? P_COMMA_OBJ : P_COMMA_ARR;
+    st_gram_frame *f = top(g);
+    if (!f) {
+        g->phase = P_DONE;
+    } else if (f->object) {
+        g->phase = P_COMMA_OBJ;
+    } else {
+        g->phase = P_COMMA_ARR;
+        if (f->count < UINT32_MAX) f->count++;
+    }
+}
+
+/* Could the integer whose digits so far are acc (negative when neg; digits of them) still
+ * end inside [min, max]? Its completions are acc itself and, for each k more digits,
+ * [acc 10^k, acc 10^k + 10^k - 1] (none after a lone 0). */
+static int int_feasible(const gram_node *n, int64_t acc, int neg, int digits) {
+    int64_t p = 1;
+    for (int k = 0; digits + k <= MAX_INT_DIGITS; k++) {
+        int64_t lo = acc * p, hi = acc * p + p - 1;
+        if (neg) {
+            const int64_t t = -hi;
+            hi = -lo, lo = t;
+        }
+        if ((!n->has_min || hi >= n->min) && (!n->has_max || lo <= n->max)) return 1;
+        if (acc == 0) break; /* no digit follows a leading 0 */
+        p *= 10;
+    }
+    return 0;
+}
+static int int_in_range(const gram_node *n, int64_t acc, int neg) {
+    const int64_t v = neg ? -acc : acc;
+    return (!n->has_min || v >= n->min) && (!n->has_max || v <= n->max);
 }
 
 /* the first byte of a value */
-static int value_start(st_gram_state *g, unsigned char b) {
+static int value_start(st_gram_state *g, const st_gram_schema *sc, unsigned char b) {
     if (g->mode == ST_GRAM_JSON_OBJECT && g->depth == 0 && b != '{') return 0;
+    const gram_node *n = node_of(sc, g->vnode);
+    if (n && n->kind == GK_ANYOF) { /* the alternative this byte starts */
+        const int32_t to = sc->dispatch[(size_t)n->disp * 256 + b];
+        if (to == GRAM_NONE) return 0;
+        g->vnode = (int16_t)to;
+        n = node_of(sc, to);
+    }
+    const int kind = n ? n->kind : GK_ANY;
+    if (kind == GK_ANY) g->vnode = GRAM_ANY; /* and so is everything inside it */
     g->sub = 0;
     g->lit_pos = 0;
+    if (kind == GK_ENUM) {
+        uint64_t c = 0;
+        for (int i = 0; i < n->n_lits; i++) {
+            const gram_lit *l = &sc->lits[n->lit0 + i];
+            if ((unsigned char)sc->pool[l->off] == b) c |= 1ull << i;
+        }
+        if (!c) return 0;
+        g->phase = P_ENUM, g->cand = c, g->cpos = 1;
+        /* a one-byte value (a digit) ends at the next byte */
+        return 1;
+    }
     switch (b) {
     case '{':
     case '[':
+        if (kind != GK_ANY && kind != (b == '{' ? GK_OBJECT : GK_ARRAY)) return 0;
         if (g->depth >= ST_GRAM_MAX_DEPTH) return 0;
-        g->stack[g->depth++] = b == '{' ? 'O' : 'A';
+        {
+            st_gram_frame *f = &g->stack[g->depth++];
+            f->node = g->vnode;
+            f->object = b == '{';
+            f->seen = 0;
+            f->count = 0;
+        }
         g->phase = b == '{' ? P_KEY_OR_END : P_VALUE_OR_END;
         return 1;
     case '"':
+        if (kind != GK_ANY && kind != GK_STRING) return 0;
         g->phase = P_STRING;
         g->str_key = 0;
         g->utf8_need = 0;
         return 1;
-    case '-': g->phase = P_NUMBER, g->sub = N_MINUS; return 1;
-    case '0': g->phase = P_NUMBER, g->sub = N_ZERO; return 1;
     case 't':
     case 'f':
     case 'n':
+        if (kind != GK_ANY && !(kind == GK_BOOLEAN && b != 'n') && !(kind == GK_NULL && b == 'n')) return 0;
         g->phase = P_LITERAL;
         g->lit = b == 't' ? 0 : b == 'f' ? 1 : 2;
         g->lit_pos = 1;
         return 1;
     default:
-        if (b >= '1' && b <= '9') {
-            g->phase = P_NUMBER, g->sub = N_INT, g->lit_pos = 1;
-            return 1;
-        }
-        return 0;
+        if (b != '-' && !is_digit(b)) return 0;
+        if (kind != GK_ANY && kind != GK_NUMBER && kind != GK_INTEGER) return 0;
+        if (kind == GK_INTEGER && b == '-' && n->has_min && n->min > 0) return 0; /* no value <= 0 fits */
+        g->phase = P_NUMBER;
+        g->neg = b == '-';
+        g->acc = b == '-' ? 0 : b - '0';
+        g->sub = b == '-' ? N_MINUS : b == '0' ? N_ZERO : N_INT;
+        g->lit_pos = b == '-' ? 0 : 1;
+        if (kind == GK_INTEGER && b != '-' && !int_feasible(n, g->acc, 0, 1)) return 0;
+        return 1;
     }
 }
 
+/* the key just closed: its property (or another key) chosen, its value's node set */
+static int key_done(st_gram_state *g, const st_gram_schema *sc) {
+    st_gram_frame *f = top(g);
+    const gram_node *n = node_of(sc, f->node);
+    if (!n) {
+        g->vnode = GRAM_ANY;
+        return 1;
+    }
+    for (int i = 0; i < n->n_props; i++)
+        if ((g->cand >> i & 1) && sc->props[n->prop0 + i].len == g->cpos) {
+            f->seen |= 1ull << i;
+            g->vnode = (int16_t)sc->props[n->prop0 + i].node;
+            return 1;
+        }
+    if (!g->key_free) return 0;
+    g->vnode = (int16_t)n->extra;
+    return 1;
+}
+
+/* a byte of a key, matched against the properties still possible */
+static int key_byte(st_gram_state *g, const st_gram_schema *sc, unsigned char b) {
+    const gram_node *n = node_of(sc, top(g)->node);
+    uint64_t c = 0;
+    for (int i = 0; i < n->n_props; i++) {
+        const gram_prop *p = &sc->props[n->prop0 + i];
+        if ((g->cand >> i & 1) && g->cpos < p->len && (unsigned char)sc->pool[p->off + g->cpos] == b) c |= 1ull << i;
+    }
+    g->cand = c;
+    g->cpos++;
+    return c != 0 || g->key_free;
+}
+
 /* a byte inside a string */
-static int string_byte(st_gram_state *g, unsigned char b) {
+static int string_byte(st_gram_state *g, const st_gram_schema *sc, unsigned char b) {
+    const int matching = g->str_key && sc && node_of(sc, top(g)->node);
     switch (g->sub) {
     case S_PLAIN:
         if (g->utf8_need) {
@@ -99,42 +229,48 @@ static int string_byte(st_gram_state *g, unsigned char b) {
             if (b < lo[g->lit] || b > hi[g->lit]) return 0;
             g->utf8_need--;
             g->lit = U8_ANY;
-            return 1;
+            return !matching || key_byte(g, sc, b);
         }
         if (b == '"') {
-            if (g->str_key) g->phase = P_COLON;
-            else value_done(g);
+            if (g->str_key) {
+                if (matching && !key_done(g, sc)) return 0;
+                if (!matching) g->vnode = GRAM_ANY;
+                g->phase = P_COLON;
+            } else {
+                value_done(g);
+            }
             return 1;
         }
         if (b == '\\') {
             g->sub = S_ESC;
-            return 1;
+            return !matching || key_byte(g, sc, b);
         }
         if (b < 0x20) return 0;
-        if (b < 0x80) return 1;
-        /* a UTF-8 lead byte: how many continuation bytes, and the first one's range */
-        if (b >= 0xC2 && b <= 0xDF) g->utf8_need = 1, g->lit = U8_ANY;
-        else if (b == 0xE0) g->utf8_need = 2, g->lit = U8_A0_BF;
-        else if (b == 0xED) g->utf8_need = 2, g->lit = U8_80_9F;
-        else if (b >= 0xE1 && b <= 0xEF) g->utf8_need = 2, g->lit = U8_ANY;
-        else if (b == 0xF0) g->utf8_need = 3, g->lit = U8_90_BF;
-        else if (b >= 0xF1 && b <= 0xF3) g->utf8_need = 3, g->lit = U8_ANY;
-        else if (b == 0xF4) g->utf8_need = 3, g->lit = U8_80_8F;
-        else return 0;
-        return 1;
+        if (b >= 0x80) { /* a UTF-8 lead byte: how many continuation bytes, and the first one's range */
+            if (b >= 0xC2 && b <= 0xDF) g->utf8_need = 1, g->lit = U8_ANY;
+            else if (b == 0xE0) g->utf8_need = 2, g->lit = U8_A0_BF;
+            else if (b == 0xED) g->utf8_need = 2, g->lit = U8_80_9F;
+            else if (b >= 0xE1 && b <= 0xEF) g->utf8_need = 2, g->lit = U8_ANY;
+            else if (b == 0xF0) g->utf8_need = 3, g->lit = U8_90_BF;
+            else if (b >= 0xF1 && b <= 0xF3) g->utf8_need = 3, g->lit = U8_ANY;
+            else if (b == 0xF4) g->utf8_need = 3, g->lit = U8_80_8F;
+            else return 0;
+        }
+        return !matching || key_byte(g, sc, b);
     case S_ESC:
         if (b == 'u') {
             g->sub = S_HEX, g->lit_pos = 0, g->lit = 0, g->unit = 0; /* lit: 1 while a low surrogate is read */
-            return 1;
+        } else {
+            if (!b || !strchr("\"\\/bfnrt", b)) return 0;
+            g->sub = S_PLAIN;
         }
-        if (!strchr("\"\\/bfnrt", b) || !b) return 0;
-        g->sub = S_PLAIN;
-        return 1;
+        return !matching || key_byte(g, sc, b);
     case S_HEX: {
         const int h = hex_value(b);
         if (h < 0) return 0;
         const unsigned u = (unsigned)g->unit << 4 | (unsigned)h;
         g->unit = (uint16_t)u;
+        if (matching && !key_byte(g, sc, b)) return 0;
         if (++g->lit_pos < 4) return 1;
         const int low = g->lit;
         g->unit = 0;
@@ -150,31 +286,34 @@ static int string_byte(st_gram_state *g, unsigned char b) {
     case S_SURR_BS:
         if (b != '\\') return 0;
         g->sub = S_SURR_U;
-        return 1;
+        return !matching || key_byte(g, sc, b);
     case S_SURR_U:
         if (b != 'u') return 0;
         g->sub = S_HEX, g->lit_pos = 0, g->lit = 1, g->unit = 0;
-        return 1;
+        return !matching || key_byte(g, sc, b);
     }
     return 0;
 }
 
 /* a byte inside a number: 1 taken, 0 rejected, 2 the number ended before it */
-static int number_byte(st_gram_state *g, unsigned char b) {
+static int number_byte(st_gram_state *g, const st_gram_schema *sc, unsigned char b) {
+    const gram_node *n = node_of(sc, g->vnode);
+    const int integer = n && n->kind == GK_INTEGER;
     const int e = b == 'e' || b == 'E';
     switch (g->sub) {
     case N_MINUS:
-        if (b == '0') g->sub = N_ZERO;
-        else if (b >= '1' && b <= '9') g->sub = N_INT, g->lit_pos = 1;
-        else return 0;
-        return 1;
+        if (!is_digit(b)) return 0;
+        g->sub = b == '0' ? N_ZERO : N_INT, g->lit_pos = 1, g->acc = b - '0';
+        return !integer || int_feasible(n, g->acc, 1, 1);
     case N_ZERO:
     case N_INT:
         if (g->sub == N_INT && is_digit(b)) {
             if (g->lit_pos >= MAX_INT_DIGITS) return 0;
             g->lit_pos++;
-            return 1;
+            g->acc = g->acc * 10 + (b - '0');
+            return !integer || int_feasible(n, g->acc, g->neg, g->lit_pos);
         }
+        if ((b == '.' || e) && integer) return 0;
         if (b == '.') {
             g->sub = N_DOT;
             return 1;
@@ -183,6 +322,7 @@ static int number_byte(st_gram_state *g, unsigned char b) {
             g->sub = N_E;
             return 1;
         }
+        if (integer && !int_in_range(n, g->acc, g->neg)) return 0;
         return 2;
     case N_DOT:
         if (!is_digit(b)) return 0;
@@ -220,16 +360,44 @@ static int number_byte(st_gram_state *g, unsigned char b) {
     return 0;
 }
 
+/* a byte inside an enum value: 1 taken, 0 rejected, 2 the value (a number) ended before it */
+static int enum_byte(st_gram_state *g, const st_gram_schema *sc, unsigned char b) {
+    const gram_node *n = node_of(sc, g->vnode);
+    uint64_t c = 0, ended = 0;
+    for (int i = 0; i < n->n_lits; i++) {
+        if (!(g->cand >> i & 1)) continue;
+        const gram_lit *l = &sc->lits[n->lit0 + i];
+        if (g->cpos < l->len && (unsigned char)sc->pool[l->off + g->cpos] == b) c |= 1ull << i;
+        if (g->cpos == l->len) ended |= 1ull << i;
+    }
+    if (c) {
+        g->cand = c;
+        g->cpos++;
+        /* a value whose last byte ends it (a quote, a bracket, a letter) ends here when no
+         * other candidate goes on */
+        int all_end = 1, digit_end = 0;
+        for (int i = 0; i < n->n_lits; i++) {
+            if (!(c >> i & 1)) continue;
+            const gram_lit *l = &sc->lits[n->lit0 + i];
+            if (l->len != g->cpos) all_end = 0;
+            else digit_end |= is_digit((unsigned char)sc->pool[l->off + l->len - 1]);
+        }
+        if (all_end && !digit_end) value_done(g);
+        return 1;
+    }
+    return ended ? 2 : 0; /* a number value that is complete: the byte belongs to what follows */
+}
+
 /* one byte: 1 allowed (g advanced), 0 not */
-static int feed1(st_gram_state *g, unsigned char b) {
-    if (g->phase == P_STRING) return string_byte(g, b);
+static int feed1(st_gram_state *g, const st_gram_schema *sc, unsigned char b) {
+    if (g->phase == P_STRING) return string_byte(g, sc, b);
     if (g->phase == P_LITERAL) {
         if ((unsigned char)literals[g->lit][g->lit_pos] != b) return 0;
         if (literals[g->lit][++g->lit_pos] == 0) value_done(g);
         return 1;
     }
-    if (g->phase == P_NUMBER) {
-        const int r = number_byte(g, b);
+    if (g->phase == P_NUMBER || g->phase == P_ENUM) {
+        const int r = g->phase == P_NUMBER ? number_byte(g, sc, b) : enum_byte(g, sc, b);
         if (r != 2) return r;
         value_done(g); /* the byte after a number belongs to what follows it */
         if (g->phase == P_DONE) { /* a number alone: one whitespace byte ends it */
@@ -244,37 +412,61 @@ static int feed1(st_gram_state *g, unsigned char b) {
         return 1;
     }
     g->ws = 0;
+    st_gram_frame *f = top(g);
     switch (g->phase) {
     case P_VALUE_OR_END:
         if (b == ']') {
+            if (!array_may_end(sc, f)) return 0;
             g->depth--;
             value_done(g);
             return 1;
         }
-        return value_start(g, b);
-    case P_VALUE: return value_start(g, b);
+        if (!array_may_grow(sc, f)) return 0;
+        g->vnode = (int16_t)(node_of(sc, f->node) ? node_of(sc, f->node)->items : GRAM_ANY);
+        return value_start(g, sc, b);
+    case P_VALUE: return value_start(g, sc, b);
     case P_KEY_OR_END:
         if (b == '}') {
+            if (!object_complete(sc, f)) return 0;
             g->depth--;
             value_done(g);
             return 1;
         }
         /* fall through */
-    case P_KEY:
-        if (b != '"') return 0;
+    case P_KEY: {
+        if (b != '"' || !object_open(sc, f)) return 0;
         g->phase = P_STRING, g->sub = S_PLAIN, g->str_key = 1, g->utf8_need = 0;
+        const gram_node *n = node_of(sc, f->node);
+        if (n) {
+            const uint64_t all = n->n_props >= 64 ? ~0ull : (1ull << n->n_props) - 1;
+            g->cand = all & ~f->seen;
+            g->cpos = 0;
+            g->key_free = n->extra != GRAM_NO_EXTRA;
+        }
         return 1;
+    }
     case P_COLON:
         if (b != ':') return 0;
         g->phase = P_VALUE;
         return 1;
     case P_COMMA_OBJ:
-    case P_COMMA_ARR:
         if (b == ',') {
-            g->phase = g->phase == P_COMMA_OBJ ? P_KEY : P_VALUE;
+            if (!object_open(sc, f)) return 0;
+            g->phase = P_KEY;
             return 1;
         }
-        if (b != (g->phase == P_COMMA_OBJ ? '}' : ']')) return 0;
+        if (b != '}' || !object_complete(sc, f)) return 0;
+        g->depth--;
+        value_done(g);
+        return 1;
+    case P_COMMA_ARR:
+        if (b == ',') {
+            if (!array_may_grow(sc, f)) return 0;
+            g->phase = P_VALUE;
+            g->vnode = (int16_t)(node_of(sc, f->node) ? node_of(sc, f->node)->items : GRAM_ANY);
+            return 1;
+        }
+        if (b != ']' || !array_may_end(sc, f)) return 0;
         g->depth--;
         value_done(g);
         return 1;
@@ -282,9 +474,9 @@ static int feed1(st_gram_state *g, unsigned char b) {
     }
 }
 
-int st_gram_feed(st_gram_state *g, const char *bytes, size_t n) {
+int st_gram_feed(st_gram_state *g, const st_gram_schema *sc, const char *bytes, size_t n) {
     for (size_t i = 0; i < n; i++)
-        if (!feed1(g, (unsigned char)bytes[i])) return 0;
+        if (!feed1(g, sc, (unsigned char)bytes[i])) return 0;
     return 1;
 }
 
@@ -391,7 +583,7 @@ st_status st_gram_vocab_create(const st_tokenizer *tok, int64_t vocab_size, st_g
         for (; q < v->lens[t]; q++) {
             const unsigned char b = (unsigned char)v->bytes[t][q];
             if (b == '"' && s.sub == S_PLAIN && s.utf8_need == 0) break;
-            if (!(fits = feed1(&s, b))) break;
+            if (!(fits = feed1(&s, NULL, b))) break;
         }
         if (!fits) continue; /* never fits inside a string */
         if (q == v->lens[t]) { /* stays inside: fits whatever the containers */
@@ -442,12 +634,13 @@ static void set_tokens(st_gram_vocab *v, int32_t t, uint32_t *mask) {
 }
 
 /* every token under node's children, from state g (the path to node fed) */
-static void walk(st_gram_vocab *v, int32_t node, const st_gram_state *g, uint32_t *mask) {
+static void walk(st_gram_vocab *v, const st_gram_schema *sc, int32_t node, const st_gram_state *g, uint32_t *mask) {
     for (int32_t c = v->nodes[node].first_child; c >= 0; c = v->nodes[c].next_sibling) {
-        st_gram_state s = *g;
-        if (!feed1(&s, v->nodes[c].byte)) continue;
+        st_gram_state s;
+        copy_live(&s, g);
+        if (!feed1(&s, sc, v->nodes[c].byte)) continue;
         if (v->nodes[c].token >= 0) set_tokens(v, v->nodes[c].token, mask);
-        if (v->nodes[c].first_child >= 0) walk(v, c, &s, mask);
+        if (v->nodes[c].first_child >= 0) walk(v, sc, c, &s, mask);
     }
 }
 
@@ -457,14 +650,16 @@ static int64_t popcount_words(const uint32_t *m, size_t n) {
     return c;
 }
 
-int64_t st_gram_mask(st_gram_vocab *v, const st_gram_state *g, uint32_t *mask) {
-    if (g->phase == P_STRING && g->sub == S_PLAIN && g->utf8_need == 0) {
+int64_t st_gram_mask(st_gram_vocab *v, const st_gram_schema *sc, const st_gram_state *g, uint32_t *mask) {
+    const int key_matched = g->phase == P_STRING && g->str_key && sc && g->depth && g->stack[g->depth - 1].node >= 0;
+    if (g->phase == P_STRING && g->sub == S_PLAIN && g->utf8_need == 0 && !key_matched) {
         /* the context-independent tokens at once; those with a quote, backslash or control
          * byte one by one */
         memcpy(mask, v->string_safe, v->words * sizeof *mask);
         for (int64_t i = 0; i < v->n_suf; i++) { /* each distinct suffix once, from here */
-            st_gram_state s = *g;
-            v->suf_fits[i] = (uint8_t)st_gram_feed(&s, v->suf_bytes[i], v->suf_lens[i]);
+            st_gram_state s;
+            copy_live(&s, g);
+            v->suf_fits[i] = (uint8_t)st_gram_feed(&s, sc, v->suf_bytes[i], v->suf_lens[i]);
         }
         for (int64_t i = 0; i < v->n_hard; i++)
             if (v->suf_fits[v->hard_suffix[i]]) mask[v->string_hard[i] / 32] |= 1u << (v->string_hard[i] % 32);
@@ -472,13 +667,13 @@ int64_t st_gram_mask(st_gram_vocab *v, const st_gram_state *g, uint32_t *mask) {
     }
     memset(mask, 0, v->words * sizeof *mask);
     v->n_set = 0;
-    if (g->phase != P_DONE) walk(v, 0, g, mask);
+    if (g->phase != P_DONE) walk(v, sc, 0, g, mask);
     return v->n_set;
 }
 
-int st_gram_advance(const st_gram_vocab *v, st_gram_state *g, int32_t t) {
+int st_gram_advance(const st_gram_vocab *v, const st_gram_schema *sc, st_gram_state *g, int32_t t) {
     if (t < 0 || t >= v->V || !v->bytes[t]) return 0;
-    return st_gram_feed(g, v->bytes[t], v->lens[t]);
+    return st_gram_feed(g, sc, v->bytes[t], v->lens[t]);
 }
 
 void st_gram_apply(const uint32_t *mask, float *logits, int64_t n) {

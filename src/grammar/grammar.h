@@ -27,12 +27,34 @@
 
 #define ST_GRAM_MAX_DEPTH 32 /* nested objects and arrays */
 #define ST_GRAM_MAX_WS 16    /* whitespace bytes in a row (a model looping on newlines ends) */
+#define ST_GRAM_MAX_PROPS 64 /* properties of one object in a schema */
+#define ST_GRAM_MAX_LITS 64  /* values of one enum */
 
 typedef enum st_gram_mode {
     ST_GRAM_NONE = 0,
     ST_GRAM_JSON_OBJECT = 1, /* response_format json_object: one JSON object */
     ST_GRAM_JSON_VALUE = 2,  /* any JSON value */
+    ST_GRAM_JSON_SCHEMA = 3, /* a value a compiled JSON schema accepts */
 } st_gram_mode;
+
+/* A JSON schema compiled for the automaton (immutable; any thread may read it). */
+typedef struct st_gram_schema st_gram_schema;
+
+/* Compile the schema in json[len] (the subset: type (a name or a list), properties,
+ * required, additionalProperties, items, minItems, maxItems, enum, const, anyOf, oneOf,
+ * $ref to #/$defs/NAME or #/definitions/NAME; integers' minimum and maximum; title,
+ * description, default and $schema are read past). Another keyword is an error naming it
+ * when strict, and is ignored otherwise (as OpenAI does). ST_ERR_ARG naming the problem. */
+st_status st_gram_schema_compile(const char *json, size_t len, int strict, st_gram_schema **out, st_error *err);
+void st_gram_schema_free(st_gram_schema *s);
+
+/* One container on the automaton's stack. */
+typedef struct st_gram_frame {
+    int16_t node;   /* its schema node (-1: any JSON) */
+    uint8_t object; /* 1: an object, 0: an array */
+    uint32_t count; /* an array's elements so far */
+    uint64_t seen;  /* an object's properties given so far (bit i: its property i) */
+} st_gram_frame;
 
 typedef struct st_gram_state {
     uint8_t mode;      /* st_gram_mode */
@@ -44,14 +66,20 @@ typedef struct st_gram_state {
     uint8_t ws;        /* whitespace bytes in a row */
     uint8_t str_key;   /* the string is an object's key */
     uint8_t depth;     /* open containers */
+    uint8_t neg;       /* the integer being read is negative */
+    uint8_t key_free;  /* the key being read may be one no property has */
     uint16_t unit;     /* a \\u escape's code unit so far */
-    uint8_t stack[ST_GRAM_MAX_DEPTH]; /* 'O' object, 'A' array */
+    int16_t vnode;     /* the schema node of the value expected or being read (-1: any) */
+    uint16_t cpos;     /* bytes of a key or enum value matched so far */
+    uint64_t cand;     /* the properties (a key) or enum values still matching */
+    int64_t acc;       /* the integer's digits so far */
+    st_gram_frame stack[ST_GRAM_MAX_DEPTH]; /* last: only [0, depth) is live */
 } st_gram_state;
 
 void st_gram_init(st_gram_state *g, st_gram_mode mode);
 /* Feed n bytes: 1 when every one is allowed (g advanced), 0 when one is not (g is then
- * undefined: feed a copy to try). */
-int st_gram_feed(st_gram_state *g, const char *bytes, size_t n);
+ * undefined: feed a copy to try). sc: the schema of ST_GRAM_JSON_SCHEMA, else NULL. */
+int st_gram_feed(st_gram_state *g, const st_gram_schema *sc, const char *bytes, size_t n);
 /* 1 when the value is complete: the reply ends here. */
 int st_gram_done(const st_gram_state *g);
 
@@ -63,11 +91,11 @@ st_status st_gram_vocab_create(const st_tokenizer *tok, int64_t vocab_size, st_g
 void st_gram_vocab_free(st_gram_vocab *v);
 /* uint32 words of a mask (vocab_size bits) */
 size_t st_gram_mask_words(const st_gram_vocab *v);
-/* mask[st_gram_mask_words]: bit t set when token t's bytes keep g inside the grammar.
- * Returns how many are set. */
-int64_t st_gram_mask(st_gram_vocab *v, const st_gram_state *g, uint32_t *mask);
+/* mask[st_gram_mask_words]: bit t set when token t's bytes keep g inside the grammar (sc as
+ * for st_gram_feed). Returns how many are set. */
+int64_t st_gram_mask(st_gram_vocab *v, const st_gram_schema *sc, const st_gram_state *g, uint32_t *mask);
 /* g after token t: 1, or 0 when t does not fit (g undefined). */
-int st_gram_advance(const st_gram_vocab *v, st_gram_state *g, int32_t t);
+int st_gram_advance(const st_gram_vocab *v, const st_gram_schema *sc, st_gram_state *g, int32_t t);
 /* logits[n]: -infinity where the mask's bit is clear */
 void st_gram_apply(const uint32_t *mask, float *logits, int64_t n);
 

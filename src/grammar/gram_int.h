@@ -1,0 +1,68 @@
+/* ==== grammar/: the compiled schema, shared by the compiler (schema.c) and the automaton ==== */
+#ifndef ST_GRAMMAR_GRAM_INT_H
+#define ST_GRAMMAR_GRAM_INT_H
+
+#include <stdint.h>
+
+#include "grammar/grammar.h"
+
+#define GRAM_ANY (-1) /* the node of a value any JSON may fill */
+
+typedef enum gram_kind {
+    GK_ANY = 0,
+    GK_OBJECT,
+    GK_ARRAY,
+    GK_STRING,
+    GK_INTEGER,
+    GK_NUMBER,
+    GK_BOOLEAN,
+    GK_NULL,
+    GK_ENUM,  /* one of some JSON texts (enum, const), written compactly */
+    GK_ANYOF, /* alternatives told apart by their first byte */
+} gram_kind;
+
+typedef struct gram_prop {
+    uint32_t off, len; /* the key as written between the quotes (JSON-escaped): pool[off, off + len) */
+    int32_t node;
+} gram_prop;
+
+typedef struct gram_node {
+    uint8_t kind;        /* gram_kind */
+    /* GK_OBJECT */
+    int32_t prop0, n_props; /* props[prop0 .. prop0 + n_props) */
+    uint64_t required;      /* bit i: props[prop0 + i] must be given */
+    int32_t extra;          /* other keys' values' node; -2: no other keys */
+    /* GK_ARRAY */
+    int32_t items;
+    int64_t min_items, max_items;
+    /* GK_INTEGER */
+    int has_min, has_max;
+    int64_t min, max;
+    /* GK_ENUM */
+    int32_t lit0, n_lits;   /* lits[lit0 .. lit0 + n_lits) */
+    /* GK_ANYOF: the node a value starting with byte b takes: dispatch[disp * 256 + b] (-3:
+     * none) */
+    int32_t disp;
+} gram_node;
+
+#define GRAM_NO_EXTRA (-2)
+#define GRAM_NONE (-3)
+
+typedef struct gram_lit {
+    uint32_t off, len; /* compact JSON: pool[off, off + len) */
+} gram_lit;
+
+struct st_gram_schema {
+    gram_node *nodes;  /* [n_nodes]; node 0 the root; owned */
+    int32_t n_nodes;
+    gram_prop *props;  /* owned */
+    int32_t n_props;
+    gram_lit *lits;    /* owned */
+    int32_t n_lits;
+    int32_t *dispatch; /* [n_disp][256] node ids by first byte; owned */
+    int32_t n_disp;
+    char *pool;        /* keys and literal texts; owned */
+    size_t pool_used, pool_cap;
+};
+
+#endif /* ST_GRAMMAR_GRAM_INT_H */
