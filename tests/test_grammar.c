@@ -441,6 +441,7 @@ static void test_schema_replies(const char *schema_text, const char *what) {
             const int64_t count = st_gram_mask(v, sc, &g, mask);
             const double dt = st_now_s() - t0;
             worst = dt > worst ? dt : worst;
+
             int64_t na = 0, short_n = 0;
             for (int64_t t = 0; t < V; t++)
                 if (mask[t / 32] >> (t % 32) & 1u) allowed[na++] = (int32_t)t;

@@ -482,6 +482,34 @@ int st_gram_feed(st_gram_state *g, const st_gram_schema *sc, const char *bytes, 
 
 /* ---- the vocabulary ---- */
 
+#define N_SCTX 9 /* string contexts with precomputed masks */
+
+/* a string context's canonical state */
+static void string_ctx_state(int k, st_gram_state *s) {
+    static const uint8_t need[N_SCTX] = {0, 1, 2, 2, 2, 3, 3, 3, 0};
+    static const uint8_t range[N_SCTX] = {U8_ANY, U8_ANY, U8_ANY, U8_A0_BF, U8_80_9F, U8_ANY, U8_90_BF, U8_80_8F, U8_ANY};
+    st_gram_init(s, ST_GRAM_JSON_VALUE);
+    s->phase = P_STRING;
+    s->sub = k == 8 ? S_ESC : S_PLAIN;
+    s->utf8_need = need[k];
+    s->lit = range[k];
+}
+
+/* the context of g's string, or -1 (a key matched against properties, a \u escape, not a
+ * string) */
+static int string_ctx_of(const st_gram_schema *sc, const st_gram_state *g) {
+    if (g->phase != P_STRING) return -1;
+    if (g->str_key && sc && g->depth && g->stack[g->depth - 1].node >= 0) return -1;
+    if (g->sub == S_ESC) return 8;
+    if (g->sub != S_PLAIN) return -1;
+    switch (g->utf8_need) {
+    case 0: return 0;
+    case 1: return 1;
+    case 2: return g->lit == U8_A0_BF ? 3 : g->lit == U8_80_9F ? 4 : 2;
+    default: return g->lit == U8_90_BF ? 6 : g->lit == U8_80_8F ? 7 : 5;
+    }
+}
+
 typedef struct trie_node {
     int32_t first_child, next_sibling;
     int32_t token;     /* the first token whose bytes end here, or -1 */
@@ -496,13 +524,17 @@ struct st_gram_vocab {
     int32_t *same;          /* [V] the next token with the same bytes, or -1; owned */
     const char **bytes;     /* [V] each token's bytes (the tokenizer's), NULL: never allowed */
     uint32_t *lens;         /* [V] */
-    uint32_t *string_safe;  /* [words] tokens without a quote that fit inside a string from a
-                               character boundary (whatever the containers); owned */
-    int32_t *string_hard;   /* [n_hard] the tokens that close a string: what precedes their
-                               closing quote fits any string, what follows it (their suffix)
-                               depends on the containers; owned */
-    int32_t *hard_suffix;   /* [n_hard] each one's suffix (an index into suf_*); owned */
-    int64_t n_hard;
+    /* Inside a string, per context (string_ctx_of: at a character boundary, within a UTF-8
+     * character by the bytes and range still due, after a backslash): */
+    struct {
+        uint32_t *safe;      /* [words] tokens that stay inside the string from there (fit
+                                whatever the containers); owned */
+        int32_t *hard;       /* [n_hard] tokens that close it: what precedes their closing
+                                quote fits, what follows (their suffix) depends on the
+                                containers; owned */
+        int32_t *suffix;     /* [n_hard] each one's suffix (an index into suf_*); owned */
+        int64_t n_hard;
+    } sctx[N_SCTX];
     const char **suf_bytes; /* [n_suf] the distinct suffixes, from the closing quote on (the
                                tokenizer's bytes); owned array */
     uint32_t *suf_lens;     /* [n_suf]; owned */
@@ -534,9 +566,14 @@ st_status st_gram_vocab_create(const st_tokenizer *tok, int64_t vocab_size, st_g
     v->same = malloc((size_t)vocab_size * sizeof *v->same);
     v->bytes = calloc((size_t)vocab_size, sizeof *v->bytes);
     v->lens = calloc((size_t)vocab_size, sizeof *v->lens);
-    v->string_safe = calloc(v->words, sizeof *v->string_safe);
+    int ok = v->same && v->bytes && v->lens;
+    for (int k = 0; k < N_SCTX && ok; k++) {
+        v->sctx[k].safe = calloc(v->words, sizeof *v->sctx[k].safe);
+        v->sctx[k].hard = malloc((size_t)vocab_size * sizeof *v->sctx[k].hard);
+        v->sctx[k].suffix = malloc((size_t)vocab_size * sizeof *v->sctx[k].suffix);
+        ok = v->sctx[k].safe && v->sctx[k].hard && v->sctx[k].suffix;
+    }
     size_t total = 1;
-    int ok = v->same && v->bytes && v->lens && v->string_safe;
     for (int64_t t = 0; ok && t < vocab_size && t < tv; t++) {
         size_t len = 0;
         const char *b = st_tok_token_bytes(tok, (int32_t)t, &len);
@@ -546,13 +583,11 @@ st_status st_gram_vocab_create(const st_tokenizer *tok, int64_t vocab_size, st_g
         total += len;
     }
     v->nodes = ok ? malloc(total * sizeof *v->nodes) : NULL;
-    v->string_hard = ok ? malloc((size_t)vocab_size * sizeof *v->string_hard) : NULL;
-    v->hard_suffix = ok ? malloc((size_t)vocab_size * sizeof *v->hard_suffix) : NULL;
     v->suf_bytes = ok ? malloc((size_t)vocab_size * sizeof *v->suf_bytes) : NULL;
     v->suf_lens = ok ? malloc((size_t)vocab_size * sizeof *v->suf_lens) : NULL;
     v->suf_fits = ok ? malloc((size_t)vocab_size) : NULL;
     st_strmap suffixes;
-    if (!v->nodes || !v->string_hard || !v->hard_suffix || !v->suf_bytes || !v->suf_lens || !v->suf_fits ||
+    if (!ok || !v->nodes || !v->suf_bytes || !v->suf_lens || !v->suf_fits ||
         st_strmap_init(&suffixes, 4096) != 0) {
         st_gram_vocab_free(v);
         return st_error_set(err, ST_ERR_NOMEM, "out of memory for the grammar's token trie");
@@ -571,38 +606,44 @@ st_status st_gram_vocab_create(const st_tokenizer *tok, int64_t vocab_size, st_g
             while (v->same[k] >= 0) k = v->same[k];
             v->same[k] = (int32_t)t;
         }
-        /* inside a string from a character boundary: a token without a quote stays inside it,
-         * so whether it fits does not depend on the containers (one run decides); a token with
-         * a quote may close the string and more, so it is run each time */
-        st_gram_state s;
-        st_gram_init(&s, ST_GRAM_JSON_VALUE);
-        s.phase = P_STRING;
-        /* the string-closing quote, if any: a quote met at a character boundary, unescaped */
-        uint32_t q = 0;
-        int fits = 1;
-        for (; q < v->lens[t]; q++) {
-            const unsigned char b = (unsigned char)v->bytes[t][q];
-            if (b == '"' && s.sub == S_PLAIN && s.utf8_need == 0) break;
-            if (!(fits = feed1(&s, NULL, b))) break;
-        }
-        if (!fits) continue; /* never fits inside a string */
-        if (q == v->lens[t]) { /* stays inside: fits whatever the containers */
-            v->string_safe[t / 32] |= 1u << (t % 32);
-            continue;
-        }
-        int64_t id;
-        if (!st_strmap_get(&suffixes, v->bytes[t] + q, v->lens[t] - q, &id)) {
-            id = v->n_suf++;
-            v->suf_bytes[id] = v->bytes[t] + q;
-            v->suf_lens[id] = v->lens[t] - q;
-            if (st_strmap_put(&suffixes, v->bytes[t] + q, v->lens[t] - q, id) < 0) {
-                st_strmap_free(&suffixes);
-                st_gram_vocab_free(v);
-                return st_error_set(err, ST_ERR_NOMEM, "out of memory for the grammar's token suffixes");
+        /* inside a string, per context: a token that does not close the string stays inside
+         * it, so whether it fits does not depend on the containers (one run decides); one that
+         * closes it is split at its closing quote, and its suffix is run each time */
+        for (int k = 0; k < N_SCTX; k++) {
+            st_gram_state s;
+            string_ctx_state(k, &s);
+            uint32_t q = 0;
+            int fits = 1;
+            for (; q < v->lens[t]; q++) {
+                const unsigned char b = (unsigned char)v->bytes[t][q];
+                if (b == '"' && s.sub == S_PLAIN && s.utf8_need == 0) break;
+                if (!(fits = feed1(&s, NULL, b))) break;
             }
+            if (!fits) continue; /* never fits there */
+            if (q == v->lens[t]) {
+                v->sctx[k].safe[t / 32] |= 1u << (t % 32);
+                continue;
+            }
+            int64_t id;
+            if (!st_strmap_get(&suffixes, v->bytes[t] + q, v->lens[t] - q, &id)) {
+                id = v->n_suf++;
+                v->suf_bytes[id] = v->bytes[t] + q;
+                v->suf_lens[id] = v->lens[t] - q;
+                if (st_strmap_put(&suffixes, v->bytes[t] + q, v->lens[t] - q, id) < 0) {
+                    st_strmap_free(&suffixes);
+                    st_gram_vocab_free(v);
+                    return st_error_set(err, ST_ERR_NOMEM, "out of memory for the grammar's token suffixes");
+                }
+            }
+            v->sctx[k].suffix[v->sctx[k].n_hard] = (int32_t)id;
+            v->sctx[k].hard[v->sctx[k].n_hard++] = (int32_t)t;
         }
-        v->hard_suffix[v->n_hard] = (int32_t)id;
-        v->string_hard[v->n_hard++] = (int32_t)t;
+    }
+    for (int k = 0; k < N_SCTX; k++) { /* the lists to their size */
+        const size_t n = (size_t)(v->sctx[k].n_hard ? v->sctx[k].n_hard : 1);
+        int32_t *h = realloc(v->sctx[k].hard, n * sizeof *h), *x = realloc(v->sctx[k].suffix, n * sizeof *x);
+        if (h) v->sctx[k].hard = h;
+        if (x) v->sctx[k].suffix = x;
     }
     st_strmap_free(&suffixes);
     *out = v;
@@ -615,9 +656,11 @@ void st_gram_vocab_free(st_gram_vocab *v) {
     free(v->same);
     free(v->bytes);
     free(v->lens);
-    free(v->string_safe);
-    free(v->string_hard);
-    free(v->hard_suffix);
+    for (int k = 0; k < N_SCTX; k++) {
+        free(v->sctx[k].safe);
+        free(v->sctx[k].hard);
+        free(v->sctx[k].suffix);
+    }
     free(v->suf_bytes);
     free(v->suf_lens);
     free(v->suf_fits);
@@ -651,18 +694,22 @@ static int64_t popcount_words(const uint32_t *m, size_t n) {
 }
 
 int64_t st_gram_mask(st_gram_vocab *v, const st_gram_schema *sc, const st_gram_state *g, uint32_t *mask) {
-    const int key_matched = g->phase == P_STRING && g->str_key && sc && g->depth && g->stack[g->depth - 1].node >= 0;
-    if (g->phase == P_STRING && g->sub == S_PLAIN && g->utf8_need == 0 && !key_matched) {
-        /* the context-independent tokens at once; those with a quote, backslash or control
-         * byte one by one */
-        memcpy(mask, v->string_safe, v->words * sizeof *mask);
-        for (int64_t i = 0; i < v->n_suf; i++) { /* each distinct suffix once, from here */
-            st_gram_state s;
-            copy_live(&s, g);
-            v->suf_fits[i] = (uint8_t)st_gram_feed(&s, sc, v->suf_bytes[i], v->suf_lens[i]);
+    const int k = string_ctx_of(sc, g);
+    if (k >= 0) {
+        /* the context-independent tokens at once; those that close the string by their
+         * suffix, each distinct suffix run once from here */
+        memcpy(mask, v->sctx[k].safe, v->words * sizeof *mask);
+        if (v->sctx[k].n_hard) {
+            for (int64_t i = 0; i < v->n_suf; i++) {
+                st_gram_state s;
+                copy_live(&s, g);
+                s.sub = S_PLAIN, s.utf8_need = 0;
+                v->suf_fits[i] = (uint8_t)st_gram_feed(&s, sc, v->suf_bytes[i], v->suf_lens[i]);
+            }
         }
-        for (int64_t i = 0; i < v->n_hard; i++)
-            if (v->suf_fits[v->hard_suffix[i]]) mask[v->string_hard[i] / 32] |= 1u << (v->string_hard[i] % 32);
+        const int32_t *hard = v->sctx[k].hard, *suf = v->sctx[k].suffix;
+        for (int64_t i = 0; i < v->sctx[k].n_hard; i++)
+            if (v->suf_fits[suf[i]]) mask[hard[i] / 32] |= 1u << (hard[i] % 32);
         return popcount_words(mask, v->words);
     }
     memset(mask, 0, v->words * sizeof *mask);
