@@ -399,6 +399,12 @@ static void test_schema_documents(void) {
         st_gram_schema_free(x);
     }
     CHECK(all, "%zu schemas strand cannot follow are refused, each naming why", sizeof bad / sizeof bad[0]);
+    st_gram_schema *ek = NULL;
+    const char *empty_key = "{\"type\":\"object\",\"properties\":{\"\":{\"type\":\"integer\"}},\"required\":[\"\"]}";
+    CHECK(st_gram_schema_compile(empty_key, strlen(empty_key), 1, &ek, &err) == ST_OK && takes(ek, "{\"\":1}") &&
+              !takes(ek, "{\"a\":1}"),
+          "an empty property name works (the fuzz target found it reading past a null pool)");
+    st_gram_schema_free(ek);
     st_gram_schema *lax = NULL;
     const char *pat = "{\"type\":\"string\",\"pattern\":\"a+\",\"format\":\"email\"}";
     CHECK(st_gram_schema_compile(pat, strlen(pat), 0, &lax, &err) == ST_OK && takes(lax, "\"b\""),

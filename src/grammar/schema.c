@@ -74,6 +74,7 @@ static int32_t new_node(compiler *c, int kind) {
 /* text into the pool: its offset */
 static int64_t pool_put(compiler *c, const char *t, size_t len) {
     st_gram_schema *s = c->s;
+    if (len == 0) return (int64_t)s->pool_used; /* an empty key */
     if (s->pool_used + len > UINT32_MAX) return fail(c, "the schema's texts are too long%s", NULL);
     if (s->pool_used + len > s->pool_cap) {
         size_t n = s->pool_cap ? s->pool_cap * 2 : 1024;

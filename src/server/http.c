@@ -201,6 +201,7 @@ static void prep_one(srv *s, stream *st) {
     }
     atomic_fetch_add(&st->refs, 1); /* the scheduler's, before it can send DONE */
     st_status sst = st_sched_submit(s->sched, ids, (int64_t)n, &st->req.params, srv_on_event, st, &st->sched_id, &err);
+    if (sst == ST_OK) st->req.params.json_schema = NULL; /* the scheduler's now */
     if (ids != st->req.prompt_ids) free(ids);
     st->req.params.images = NULL; /* the scheduler copied them */
     st_vision_prompt_free(&vp);

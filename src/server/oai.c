@@ -67,6 +67,7 @@ void st_oai_request_free(st_oai_request *r) {
     for (int i = 0; i < r->n_images; i++) free(r->images[i]);
     free(r->images);
     free(r->image_lens);
+    st_gram_schema_free(r->params.json_schema); /* unless the scheduler took it */
     memset(r, 0, sizeof *r);
 }
 
@@ -486,7 +487,8 @@ static int parse_sampling(json_t *root, const st_oai_defaults *d, st_oai_request
     return 0;
 }
 
-/* response_format: text, or json_object (the reply constrained to one JSON object) */
+/* response_format: text, json_object (the reply constrained to one JSON object) or json_schema
+ * (to a value the schema accepts) */
 static int parse_response_format(json_t *root, st_oai_request *r, st_oai_error *e) {
     json_t *rf = json_object_get(root, "response_format");
     if (!rf || json_is_null(rf)) return 0;
@@ -498,9 +500,26 @@ static int parse_response_format(json_t *root, st_oai_request *r, st_oai_error *
         r->params.json_mode = ST_GRAM_JSON_OBJECT;
         return 0;
     }
-    if (!strcmp(t, "json_schema"))
-        return BAD(e, "response_format", "response_format json_schema is not supported yet ({\"type\": \"json_object\"} is)");
-    return BAD(e, "response_format", "response_format type '%s' is not one of text, json_object", t);
+    if (!strcmp(t, "json_schema")) {
+        json_t *js = json_object_get(rf, "json_schema");
+        json_t *schema = json_is_object(js) ? json_object_get(js, "schema") : NULL;
+        if (!json_is_object(schema) && !json_is_boolean(schema))
+            return BAD(e, "response_format", "response_format json_schema needs 'json_schema': {'name', 'schema'}");
+        json_t *strict = json_object_get(js, "strict");
+        if (strict && !json_is_boolean(strict)) return BAD(e, "response_format", "'json_schema.strict' must be a boolean");
+        char *text = json_dumps(schema, JSON_ENCODE_ANY | JSON_COMPACT);
+        if (!text) return BAD(e, "response_format", "out of memory");
+        st_error err = {0};
+        st_gram_schema *sc = NULL;
+        const st_status st = st_gram_schema_compile(text, strlen(text), json_is_true(strict), &sc, &err);
+        free(text);
+        if (st != ST_OK) return BAD(e, "response_format", "response_format json_schema: %s", err.msg);
+        st_gram_schema_free(r->params.json_schema);
+        r->params.json_schema = sc;
+        r->params.json_mode = ST_GRAM_JSON_SCHEMA;
+        return 0;
+    }
+    return BAD(e, "response_format", "response_format type '%s' is not one of text, json_object, json_schema", t);
 }
 
 static int parse_chat(json_t *root, const st_oai_defaults *d, st_oai_request *r, st_oai_error *e) {

@@ -414,9 +414,31 @@ await attempt('response_format json_object', async () => {
   const cut = await random.chat.completions.create({ ...req, seed: 3, max_tokens: 40 });
   check(cut.choices[0].finish_reason === 'length' && cut.choices[0].message.content.startsWith('{'),
     'cut by max_tokens: finish length, the reply an object begun', cut.choices[0]);
-  const bad = await raw(R, '/v1/chat/completions', { body: JSON.stringify({ ...req, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: {} } } }) });
-  check(bad.status === 400 && isError(bad.json) && bad.json.error.param === 'response_format',
-    'response_format json_schema: a 400 naming response_format (not built yet)', bad.json);
+  const schema = { type: 'object', properties: { answer: { type: 'integer', minimum: 0, maximum: 9 }, ok: { type: 'boolean' },
+    tags: { type: 'array', items: { enum: ['a', 'b'] }, maxItems: 2 } }, required: ['answer', 'ok'], additionalProperties: false };
+  const sreq = { model: 'random', messages: user('answer'), max_tokens: 200, seed: 4, reasoning_effort: 'none',
+    response_format: { type: 'json_schema', json_schema: { name: 'answer', schema, strict: true } } };
+  let valid = 0, n = 0;
+  for (const seed of [4, 5, 6]) {
+    const sr = await random.chat.completions.create({ ...sreq, seed });
+    let o = null;
+    try { o = JSON.parse(sr.choices[0].message.content); } catch { /* not JSON */ }
+    n++;
+    if (sr.choices[0].finish_reason === 'stop' && o && Number.isInteger(o.answer) && o.answer >= 0 && o.answer <= 9 &&
+        typeof o.ok === 'boolean' && Object.keys(o).every((k) => ['answer', 'ok', 'tags'].includes(k)) &&
+        (o.tags === undefined || (o.tags.length <= 2 && o.tags.every((t) => t === 'a' || t === 'b')))) valid++;
+    else console.log('# not valid:', sr.choices[0]);
+  }
+  check(valid === n, `response_format json_schema (strict): ${valid} of ${n} replies satisfy the schema and end with it`);
+  const ss = await random.chat.completions.create({ ...sreq, stream: true });
+  let st = '';
+  for await (const c of ss) st += c.choices[0]?.delta?.content ?? '';
+  const one = await random.chat.completions.create(sreq);
+  check(st === one.choices[0].message.content, 'streamed, the same reply', { st, one: one.choices[0].message.content });
+  const bad = await raw(R, '/v1/chat/completions', { body: JSON.stringify({ ...req, response_format: { type: 'json_schema',
+    json_schema: { name: 'x', strict: true, schema: { type: 'string', pattern: 'a+' } } } }) });
+  check(bad.status === 400 && isError(bad.json) && bad.json.error.param === 'response_format' && /'pattern'/.test(bad.json.error.message),
+    'a strict schema with a keyword strand cannot follow: a 400 naming the keyword', bad.json);
 });
 
 await attempt('error inside a stream', async () => {
