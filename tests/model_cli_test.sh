@@ -76,6 +76,10 @@ out=$($S bench -m "$T/sv" --image 96x64,64x64 --decode-s 0 2>"$T/err")
 check "bench --image: a row per size with images/s ($(echo "$out" | grep -c '^[0-9]*x[0-9]* ') rows)" [ "$(echo "$out" | grep -c '^[0-9]*x[0-9]* ')" = 2 ]
 fails_with "bench --image with a malformed size" "WIDTHxHEIGHT" $S bench -m "$T/sv" --image 96by64
 fails_with "bench --image on a text-only model" "vision" $S bench -m $D/fixtures/tiny-a --image 64x64
+out=$($S bench --grammar --tokenizer $D/tokenizers/tiny/tokenizer.json --vocab 2048 2>"$T/err")
+check "bench --grammar: mask and apply times for JSON objects and a nested schema ($(echo "$out" | grep -c 'p50') rows)" \
+    [ "$(echo "$out" | grep -c '^  mask .*p50 .*p99')" = 2 ]
+fails_with "bench --grammar without a tokenizer" "tokenizer" $S bench --grammar
 fails_with "a missing image file" "nope.png" $S logits -m $VL --ids 5,1000 --image "$T/nope.png" -o "$T/x"
 check "no file named '-' was made" [ ! -e ./- ]
 fails_with "a directory where a file is expected: named as such" "is a directory" $S tokenize -m $D/fixtures/tiny-a --text-file $D

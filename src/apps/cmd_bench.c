@@ -25,6 +25,7 @@
 #include "apps/bench_prefix.h"
 #include "dist/comm.h"
 #include "apps/bench_vision.h"
+#include "apps/bench_grammar.h"
 #include "apps/cli.h"
 #include "core/mem.h"
 #include "core/threadpool.h"
@@ -48,6 +49,7 @@ static void usage(void) {
             "                    [-t THREADS] [-k ref|avx2|avx512|amx] [--device cpu|cuda]\n"
             "                    [--prompts 512,2048] [--batches 1,4,16] [--prompt-len 128]\n"
             "                    [--decode-s SECONDS]\n"
+            "       strand bench --grammar (-m DIR | --tokenizer FILE) [--vocab 248320]\n"
             "       strand bench (-m DIR | --synth PRESET) --prefix [--prefix-turns 4]\n"
             "                    [--prefix-chat 1024,128,128] [--prefix-long A,B] [--prefix-every BLOCKS]\n"
             "       strand bench -m DIR --image 1024x768[,WxH...] [-t THREADS] [--decode-s SECONDS]\n"
@@ -55,6 +57,9 @@ static void usage(void) {
             "  tokens/s per batch size with the weight bytes read per second as a fraction of\n"
             "  the bandwidth (the decode floor). --synth makes a preset's weights (e.g. 27b)\n"
             "  directly in device memory (GPU only): real shapes with no checkpoint.\n"
+            "  --grammar: JSON output's cost: each step's token-mask and apply times (p50, p99) for\n"
+            "  JSON-object replies and a nested schema over a --vocab-id vocabulary, and with -m\n"
+            "  DIR batch-1 decode tok/s free and as a JSON object.\n"
             "  --prefix: time to first token of a chat's turns (system, user-turn and reply token\n"
             "  counts from --prefix-chat) with and without the prefix cache; --prefix-long A,B: an\n"
             "  A-token prompt then its extension to B tokens (cached against cold), and the\n"
@@ -222,7 +227,9 @@ int cmd_bench(int argc, char **argv) {
     long long prompts[8] = {512, 2048}, batches[8] = {1, 4, 16};
     int n_prompts = 2, n_batches = 3, lists_given = 0;
     double decode_s = 2.0;
-    int prefix = 0;
+    int prefix = 0, grammar = 0;
+    const char *gram_tok = NULL;
+    long long gram_vocab = 0;
     long long images[8][2];
     int n_images = 0;
     bench_prefix_opts po = {.turns = 4, .system_tokens = 1024, .turn_tokens = 128, .reply_tokens = 128};
@@ -258,6 +265,13 @@ int cmd_bench(int argc, char **argv) {
             if (!v || cli_parse_int(a, v, 1, 1 << 16, &plen)) return 2;
         } else if (!strcmp(a, "--prefix")) {
             prefix = 1;
+        } else if (!strcmp(a, "--grammar")) {
+            grammar = 1;
+        } else if (!strcmp(a, "--tokenizer")) {
+            if (!(gram_tok = cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--vocab")) {
+            const char *v = cli_value(argc, argv, &i);
+            if (!v || cli_parse_int(a, v, 1, 1 << 24, &gram_vocab)) return 2;
         } else if (!strcmp(a, "--prefix-turns") || !strcmp(a, "--prefix-every")) {
             const char *v = cli_value(argc, argv, &i);
             long long x;
@@ -294,6 +308,11 @@ int cmd_bench(int argc, char **argv) {
             usage();
             return cli_failf("bench: unknown option '%s'", a);
         }
+    }
+    if (grammar) { /* the cost of JSON output instead of the speed table */
+        if (cli_world() > 1) return cli_failf("bench --grammar does not run under mpirun");
+        st_error gerr = {0};
+        return bench_grammar(dir, gram_tok, gram_vocab, json, &gerr) == 0 ? 0 : cli_fail(&gerr);
     }
     if (!dir == !synth) {
         usage();
