@@ -28,7 +28,8 @@ else nok "demo: $(head -c 400 "$T/demo")"; fi
 if grep -qE '^\[[0-9]+ prompt tokens, .* tokens at [0-9.]+ tok/s, finish: stop\]$' "$T/demo.err"; then ok "demo: the timing line"
 else nok "demo timing: $(cat "$T/demo.err")"; fi
 
-$S perplexity -m $F --text-file $F/heldout.txt --json --batch 3 >"$T/ppl.json" 2>/dev/null
+# (one run gives the JSON and the log-probabilities the KL check below reads)
+$S perplexity -m $F --text-file $F/heldout.txt --json --batch 3 --save-logprobs "$T/base.lp" >"$T/ppl.json" 2>/dev/null
 if node -e 'const j=JSON.parse(require("fs").readFileSync(process.argv[1]));process.exit(Math.abs(j.perplexity-151.82440585905297)/151.8244<1e-4&&j.scored===26572&&j.windows===52&&j.stderr>0?0:1)' "$T/ppl.json"; then
     ok "perplexity --json: 151.8244 within 1e-4, 26,572 tokens in 52 windows, a standard error ($(head -c 120 "$T/ppl.json"))"
 else nok "perplexity --json: $(cat "$T/ppl.json")"; fi
@@ -39,7 +40,6 @@ if grep -q "matrices at 4 bits (group 64)" "$T/q.err" && [ -f "$T/q4/model.safet
 else nok "quantize: $(cat "$T/q.err")"; fi
 out=$($S run -m "$T/q4" -p "Tell me something about computers." --no-think 2>/dev/null)
 if [ -n "$out" ]; then ok "run on the 4-bit checkpoint speaks ($(echo "$out" | head -1))"; else nok "run on q4: nothing"; fi
-$S perplexity -m $F --text-file $F/heldout.txt --save-logprobs "$T/base.lp" >/dev/null 2>&1
 $S perplexity -m "$T/q4" --text-file $F/heldout.txt --kl-divergence "$T/base.lp" >"$T/kl" 2>/dev/null
 if grep -qE '^KL divergence from .*: 0\.[0-9]+ \+/- .*same top token [0-9.]+%$' "$T/kl" &&
    grep -qE '^perplexity 15[0-9]\.' "$T/kl"; then
