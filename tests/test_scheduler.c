@@ -6,6 +6,7 @@
  *   the right values, and no heap allocation happened in between (malloc is interposed);
  * - finished and cancelled sequences return their blocks and slot within one step;
  * - context limits, a full queue, stop ids, stop strings, logprobs. */
+#include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@
 #include "backend/cpu/cpu.h"
 #include "backend/select.h"
 #include "dist/comm.h"
+#include "grammar/grammar.h"
 #include "tap.h"
 
 #include "alloc_count.h"
@@ -789,6 +791,38 @@ static void test_text(void) {
     CHECK(full.text_len > 20 && cut.finish == ST_FINISH_STOP && cut.text_len == at &&
               !memcmp(cut.text, full.text, at),
           "a stop string ends the text just before it, not emitted (%zu of %zu bytes)", cut.text_len, full.text_len);
+    /* JSON output beside a free sequence: the free one's tokens and log-probabilities are
+     * the same bits as alone; the JSON one parses and ends with its object */
+    {
+        st_req_params fp = st_req_default_params();
+        fp.max_tokens = 40;
+        fp.ignore_eos = 1;
+        fp.logprobs = 3;
+        fp.sampling.temperature = 0.8f;
+        fp.sampling.has_seed = 1;
+        fp.sampling.seed = 11;
+        out alone, beside, js;
+        memset(&alone, 0, sizeof alone);
+        memset(&beside, 0, sizeof beside);
+        memset(&js, 0, sizeof js);
+        st_sched_submit(s, prompt, 3, &fp, on_event, &alone, NULL, &err);
+        run_all(s);
+        st_req_params jp = fp;
+        jp.json_mode = ST_GRAM_JSON_OBJECT;
+        jp.max_tokens = 200;
+        jp.sampling.seed = 7; /* a seed whose reply closes within 200 tokens */
+        st_sched_submit(s, prompt, 3, &jp, on_event, &js, NULL, &err);
+        st_sched_submit(s, prompt, 3, &fp, on_event, &beside, NULL, &err);
+        run_all(s);
+        CHECK(beside.n == alone.n && !memcmp(beside.ids, alone.ids, sizeof alone.ids) &&
+                  !memcmp(&beside.first_logprob, &alone.first_logprob, sizeof alone.first_logprob) &&
+                  beside.text_len == alone.text_len && !memcmp(beside.text, alone.text, alone.text_len),
+              "a free sequence beside a JSON one: its %d tokens and text the same as alone", alone.n);
+        json_t *j = json_loadb(js.text, js.text_len, 0, NULL);
+        CHECK(js.finish == ST_FINISH_STOP && json_is_object(j),
+              "the JSON one ends (finish %s, %d tokens) with its object: '%.60s'", st_finish_name(js.finish), js.n, js.text);
+        json_decref(j);
+    }
     st_sched_destroy(s);
     st_tok_free(tok);
     st_model_free(m);
