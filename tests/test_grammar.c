@@ -222,7 +222,9 @@ static void test_masks(void) {
            masks ? mask_s / (double)masks * 1e6 : 0.0);
     /* the fast path inside strings (a key; values in an array and in nested objects, where a
      * closing quote may close containers too) equals feeding every token */
-    static const char *const inside[] = {"{\"ab", "{\"a\":[\"x", "{\"a\":{\"b\":\"c", "{\"a\":[{\"b\":[\"\\u00e9"};
+    static const char *const inside[] = {"{\"ab", "{\"a\":[\"x", "{\"a\":{\"b\":\"c", "{\"a\":[{\"b\":[\"\\u00e9",
+                                         "{\"a\":\"\\u", "{\"a\":\"\\u00e", "{\"a\":[\"\\ud83d\\u", "{\"a\":\"\\ud8",
+                                         "{\"\\u0", "{\"a\":\"\xe6\x97"};
     uint32_t *walked = calloc(W, sizeof *walked);
     int same = 1;
     int64_t fast = 0;
@@ -239,7 +241,7 @@ static void test_masks(void) {
         }
         same &= fast == slow && !memcmp(walked, mask, W * sizeof *mask);
     }
-    CHECK(same, "inside strings (a key, array and nested values) the precomputed mask equals feeding every token (%lld allowed in the last)",
+    CHECK(same, "inside strings (keys, array and nested values, \\u escapes, mid-character) the precomputed masks equal feeding every token (%lld allowed in the last)",
           (long long)fast);
     free(walked);
     free(mask);

@@ -483,6 +483,7 @@ int st_gram_feed(st_gram_state *g, const st_gram_schema *sc, const char *bytes, 
 /* ---- the vocabulary ---- */
 
 #define N_SCTX 9 /* string contexts with precomputed masks */
+enum { REST_INSIDE = 0, REST_STAYS, REST_CLOSES, REST_NONE }; /* after a \\u escape's digits */
 
 /* a string context's canonical state */
 static void string_ctx_state(int k, st_gram_state *s) {
@@ -535,6 +536,16 @@ struct st_gram_vocab {
         int32_t *suffix;     /* [n_hard] each one's suffix (an index into suf_*); owned */
         int64_t n_hard;
     } sctx[N_SCTX];
+    /* Inside a \\u escape that needs m = 1..4 more hex digits (hex[m - 1]): the tokens that
+     * start with them (or are hex digits only, fewer); the escape's code unit then decides,
+     * and what follows it is string text like any other */
+    struct {
+        int32_t *tok;        /* [n] owned */
+        uint16_t *val;       /* [n] the value of their first min(m, length) hex digits */
+        uint8_t *rest;       /* [n] REST_*: what follows the escape's last digit */
+        int32_t *suffix;     /* [n] REST_CLOSES: the suffix from the closing quote on */
+        int64_t n;
+    } hex[4];
     const char **suf_bytes; /* [n_suf] the distinct suffixes, from the closing quote on (the
                                tokenizer's bytes); owned array */
     uint32_t *suf_lens;     /* [n_suf]; owned */
@@ -567,6 +578,13 @@ st_status st_gram_vocab_create(const st_tokenizer *tok, int64_t vocab_size, st_g
     v->bytes = calloc((size_t)vocab_size, sizeof *v->bytes);
     v->lens = calloc((size_t)vocab_size, sizeof *v->lens);
     int ok = v->same && v->bytes && v->lens;
+    for (int m = 0; m < 4 && ok; m++) {
+        v->hex[m].tok = malloc((size_t)vocab_size * sizeof *v->hex[m].tok);
+        v->hex[m].val = malloc((size_t)vocab_size * sizeof *v->hex[m].val);
+        v->hex[m].rest = malloc((size_t)vocab_size);
+        v->hex[m].suffix = malloc((size_t)vocab_size * sizeof *v->hex[m].suffix);
+        ok = v->hex[m].tok && v->hex[m].val && v->hex[m].rest && v->hex[m].suffix;
+    }
     for (int k = 0; k < N_SCTX && ok; k++) {
         v->sctx[k].safe = calloc(v->words, sizeof *v->sctx[k].safe);
         v->sctx[k].hard = malloc((size_t)vocab_size * sizeof *v->sctx[k].hard);
@@ -605,6 +623,43 @@ st_status st_gram_vocab_create(const st_tokenizer *tok, int64_t vocab_size, st_g
             int32_t k = v->nodes[n].token;
             while (v->same[k] >= 0) k = v->same[k];
             v->same[k] = (int32_t)t;
+        }
+        /* inside a \\u escape needing m more digits */
+        for (int m = 1; m <= 4; m++) {
+            uint32_t h = 0;
+            unsigned val = 0;
+            while (h < v->lens[t] && h < (uint32_t)m && hex_value((unsigned char)v->bytes[t][h]) >= 0)
+                val = val << 4 | (unsigned)hex_value((unsigned char)v->bytes[t][h++]);
+            if (h == 0 || (h < (uint32_t)m && h < v->lens[t])) continue; /* not hex digits first */
+            int rest = REST_INSIDE;
+            int64_t id = -1;
+            if (h == (uint32_t)m) { /* the escape completes: the rest from a character boundary */
+                st_gram_state s;
+                string_ctx_state(0, &s);
+                uint32_t q = h;
+                int fits = 1;
+                for (; q < v->lens[t]; q++) {
+                    const unsigned char b = (unsigned char)v->bytes[t][q];
+                    if (b == '"' && s.sub == S_PLAIN && s.utf8_need == 0) break;
+                    if (!(fits = feed1(&s, NULL, b))) break;
+                }
+                rest = !fits ? REST_NONE : q == v->lens[t] ? REST_STAYS : REST_CLOSES;
+                if (rest == REST_CLOSES && !st_strmap_get(&suffixes, v->bytes[t] + q, v->lens[t] - q, &id)) {
+                    id = v->n_suf++;
+                    v->suf_bytes[id] = v->bytes[t] + q;
+                    v->suf_lens[id] = v->lens[t] - q;
+                    if (st_strmap_put(&suffixes, v->bytes[t] + q, v->lens[t] - q, id) < 0) {
+                        st_strmap_free(&suffixes);
+                        st_gram_vocab_free(v);
+                        return st_error_set(err, ST_ERR_NOMEM, "out of memory for the grammar's token suffixes");
+                    }
+                }
+            }
+            const int64_t i = v->hex[m - 1].n++;
+            v->hex[m - 1].tok[i] = (int32_t)t;
+            v->hex[m - 1].val[i] = (uint16_t)val;
+            v->hex[m - 1].rest[i] = (uint8_t)rest;
+            v->hex[m - 1].suffix[i] = (int32_t)id;
         }
         /* inside a string, per context: a token that does not close the string stays inside
          * it, so whether it fits does not depend on the containers (one run decides); one that
@@ -656,6 +711,12 @@ void st_gram_vocab_free(st_gram_vocab *v) {
     free(v->same);
     free(v->bytes);
     free(v->lens);
+    for (int m = 0; m < 4; m++) {
+        free(v->hex[m].tok);
+        free(v->hex[m].val);
+        free(v->hex[m].rest);
+        free(v->hex[m].suffix);
+    }
     for (int k = 0; k < N_SCTX; k++) {
         free(v->sctx[k].safe);
         free(v->sctx[k].hard);
@@ -693,6 +754,47 @@ static int64_t popcount_words(const uint32_t *m, size_t n) {
     return c;
 }
 
+/* inside a \\u escape (not a matched key): the tokens that start with the digits it needs;
+ * the code unit they complete decides, then what follows as any string text */
+static int64_t hex_mask(st_gram_vocab *v, const st_gram_schema *sc, const st_gram_state *g, uint32_t *mask) {
+    const int m = 4 - g->lit_pos, low = g->lit;
+    memset(mask, 0, v->words * sizeof *mask);
+    int suffixes_run = 0;
+    for (int64_t i = 0; i < v->hex[m - 1].n; i++) {
+        const int32_t t = v->hex[m - 1].tok[i];
+        const int rest = v->hex[m - 1].rest[i];
+        int fits;
+        if (rest == REST_INSIDE) {
+            fits = 1; /* more digits to come */
+        } else {
+            const unsigned u = ((unsigned)g->unit << (4 * m) | v->hex[m - 1].val[i]) & 0xffffu;
+            if (low ? u < 0xDC00 || u > 0xDFFF : u == 0 || (u >= 0xDC00 && u <= 0xDFFF)) continue;
+            if (!low && u >= 0xD800 && u <= 0xDBFF) { /* a high surrogate: its pair must follow */
+                st_gram_state s;
+                copy_live(&s, g);
+                fits = st_gram_feed(&s, sc, v->bytes[t], v->lens[t]);
+            } else if (rest == REST_STAYS) {
+                fits = 1;
+            } else if (rest == REST_CLOSES) {
+                if (!suffixes_run) { /* the suffixes from here, once */
+                    for (int64_t k = 0; k < v->n_suf; k++) {
+                        st_gram_state s;
+                        copy_live(&s, g);
+                        s.sub = S_PLAIN, s.utf8_need = 0, s.unit = 0;
+                        v->suf_fits[k] = (uint8_t)st_gram_feed(&s, sc, v->suf_bytes[k], v->suf_lens[k]);
+                    }
+                    suffixes_run = 1;
+                }
+                fits = v->suf_fits[v->hex[m - 1].suffix[i]];
+            } else {
+                fits = 0;
+            }
+        }
+        if (fits) mask[t / 32] |= 1u << (t % 32);
+    }
+    return popcount_words(mask, v->words);
+}
+
 int64_t st_gram_mask(st_gram_vocab *v, const st_gram_schema *sc, const st_gram_state *g, uint32_t *mask) {
     const int k = string_ctx_of(sc, g);
     if (k >= 0) {
@@ -712,6 +814,8 @@ int64_t st_gram_mask(st_gram_vocab *v, const st_gram_schema *sc, const st_gram_s
             if (v->suf_fits[suf[i]]) mask[hard[i] / 32] |= 1u << (hard[i] % 32);
         return popcount_words(mask, v->words);
     }
+    if (g->phase == P_STRING && g->sub == S_HEX && !(g->str_key && sc && g->depth && g->stack[g->depth - 1].node >= 0))
+        return hex_mask(v, sc, g, mask);
     memset(mask, 0, v->words * sizeof *mask);
     v->n_set = 0;
     if (g->phase != P_DONE) walk(v, sc, 0, g, mask);
