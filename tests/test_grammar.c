@@ -137,6 +137,16 @@ static void test_random_documents(void) {
 
 /* ---- masks over a real vocabulary ---- */
 
+/* every token's byte length (0: none), for drawing short tokens */
+static uint32_t *token_lengths(const st_tokenizer *tok, int64_t V) {
+    uint32_t *l = calloc((size_t)V, sizeof *l);
+    for (int64_t t = 0; l && t < V && t < st_tok_vocab_size(tok); t++) {
+        size_t n = 0;
+        if (st_tok_token_bytes(tok, (int32_t)t, &n)) l[t] = (uint32_t)n;
+    }
+    return l;
+}
+
 static void test_masks(void) {
     char path[512];
     snprintf(path, sizeof path, "%s/tokenizers/qwen3/tokenizer.json", tap_data_dir());
@@ -155,6 +165,7 @@ static void test_masks(void) {
     const size_t W = st_gram_mask_words(v);
     uint32_t *mask = malloc(W * sizeof *mask);
     int32_t *allowed = malloc((size_t)V * sizeof *allowed);
+    uint32_t *tlen = token_lengths(tok, V);
     rng r = {12345};
     int replies = 0, complete = 0, parsed = 0, objects = 0, agree = 1, special_ok = 1;
     double mask_s = 0;
@@ -171,8 +182,8 @@ static void test_masks(void) {
             mask_s += st_now_s() - a;
             masks++;
             int64_t na = 0, short_n = 0;
-            for (int64_t t = 0; t < V; t++)
-                if (mask[t / 32] >> (t % 32) & 1u) allowed[na++] = (int32_t)t;
+            for (size_t w = 0; w < W; w++)
+                for (uint32_t bits = mask[w]; bits; bits &= bits - 1) allowed[na++] = (int32_t)(w * 32 + (size_t)__builtin_ctz(bits));
             if (na != count || na == 0) {
                 agree = 0;
                 break;
@@ -186,11 +197,8 @@ static void test_masks(void) {
                 if ((st_tok_is_added(tok, t) || t >= st_tok_vocab_size(tok)) && (mask[t / 32] >> (t % 32) & 1u)) special_ok = 0;
             }
             /* half the time a short token, so that strings and containers close */
-            for (int64_t i = 0; i < na; i++) {
-                size_t len = 0;
-                st_tok_token_bytes(tok, allowed[i], &len);
-                if (len <= 2) allowed[short_n++] = allowed[i];
-            }
+            for (int64_t i = 0; i < na; i++)
+                if (tlen[allowed[i]] <= 2) allowed[short_n++] = allowed[i];
             const int32_t t = below(&r, 2) && short_n ? allowed[below(&r, (int)short_n)] : allowed[below(&r, (int)na)];
             size_t len = 0;
             const char *b = st_tok_token_bytes(tok, t, &len);
@@ -246,6 +254,7 @@ static void test_masks(void) {
     free(walked);
     free(mask);
     free(allowed);
+    free(tlen);
     st_gram_vocab_free(v);
     st_tok_free(tok);
 }
@@ -435,6 +444,7 @@ static void test_schema_replies(const char *schema_text, const char *what) {
     const size_t W = st_gram_mask_words(v);
     uint32_t *mask = malloc(W * sizeof *mask);
     int32_t *allowed = malloc((size_t)V * sizeof *allowed);
+    uint32_t *tlen = token_lengths(tok, V);
     rng r = {777};
     int complete = 0, good = 0, agree = 1, replies = 0;
     double worst = 0;
@@ -451,8 +461,8 @@ static void test_schema_replies(const char *schema_text, const char *what) {
             worst = dt > worst ? dt : worst;
 
             int64_t na = 0, short_n = 0;
-            for (int64_t t = 0; t < V; t++)
-                if (mask[t / 32] >> (t % 32) & 1u) allowed[na++] = (int32_t)t;
+            for (size_t w = 0; w < W; w++)
+                for (uint32_t bits = mask[w]; bits; bits &= bits - 1) allowed[na++] = (int32_t)(w * 32 + (size_t)__builtin_ctz(bits));
             if (na != count || na == 0) {
                 printf("# %s: %lld allowed (count %lld) after '%.*s'\n", what, (long long)na, (long long)count, (int)n, text);
                 agree = 0;
@@ -463,11 +473,8 @@ static void test_schema_replies(const char *schema_text, const char *what) {
                 st_gram_state s = g;
                 if (st_gram_advance(v, sc, &s, t) != (int)(mask[t / 32] >> (t % 32) & 1u)) agree = 0;
             }
-            for (int64_t i = 0; i < na; i++) {
-                size_t len = 0;
-                st_tok_token_bytes(tok, allowed[i], &len);
-                if (len <= 2) allowed[short_n++] = allowed[i];
-            }
+            for (int64_t i = 0; i < na; i++)
+                if (tlen[allowed[i]] <= 2) allowed[short_n++] = allowed[i];
             const int32_t t = below(&r, 4) && short_n ? allowed[below(&r, (int)short_n)] : allowed[below(&r, (int)na)];
             size_t len = 0;
             const char *b = st_tok_token_bytes(tok, t, &len);
@@ -490,6 +497,7 @@ static void test_schema_replies(const char *schema_text, const char *what) {
     json_decref(schema_json);
     free(mask);
     free(allowed);
+    free(tlen);
     st_gram_schema_free(sc);
     st_gram_vocab_free(v);
     st_tok_free(tok);
