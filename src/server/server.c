@@ -253,6 +253,18 @@ static int connection_limit(int wanted) {
     return (int)room;
 }
 
+/* every stream ends with the shutdown's error event; its parked connection wakes */
+static void abort_streams(srv *s) {
+    pthread_mutex_lock(&s->streams_mu);
+    for (stream *x = s->streams; x; x = x->next) {
+        pthread_mutex_lock(&x->mu);
+        x->aborted = 1;
+        srv_wake(x);
+        pthread_mutex_unlock(&x->mu);
+    }
+    pthread_mutex_unlock(&s->streams_mu);
+}
+
 st_status st_server_run(const st_server_params *p, volatile sig_atomic_t *stop, st_error *err) {
     if (p->api_key && !*p->api_key)
         return st_error_set(err, ST_ERR_ARG, "the API key is empty (an unset variable?): give a key, or no --api-key");
@@ -356,14 +368,7 @@ out:
     atomic_store(&s->stopping, 1);
     /* the streams first: their clients get the error event now, even while a step (a long
      * prefill, a collective waiting for a lost rank) keeps the scheduler thread */
-    pthread_mutex_lock(&s->streams_mu);
-    for (stream *x = s->streams; x; x = x->next) {
-        pthread_mutex_lock(&x->mu);
-        x->aborted = 1;
-        srv_wake(x);
-        pthread_mutex_unlock(&x->mu);
-    }
-    pthread_mutex_unlock(&s->streams_mu);
+    abort_streams(s);
     if (s->d) usleep(200 * 1000);
     if (s->sched) st_sched_shutdown(s->sched);
     if (s->sched_started) pthread_join(s->sched_thread, NULL);
@@ -378,15 +383,7 @@ out:
         atomic_fetch_sub(&s->preparing, 1);
         srv_stream_unref(s->prep_ring[s->prep_head]);
     }
-    /* wake every parked connection (streams made since) so it can end */
-    pthread_mutex_lock(&s->streams_mu);
-    for (stream *x = s->streams; x; x = x->next) {
-        pthread_mutex_lock(&x->mu);
-        x->aborted = 1;
-        srv_wake(x);
-        pthread_mutex_unlock(&x->mu);
-    }
-    pthread_mutex_unlock(&s->streams_mu);
+    abort_streams(s); /* and those made since: every parked connection wakes and ends */
     if (s->d) {
         usleep(100 * 1000);
         MHD_stop_daemon(s->d);
