@@ -9,6 +9,7 @@
 
 #include "core/clock.h"
 #include "grammar/grammar.h"
+#include "server/toolcall.h"
 #include "tap.h"
 
 static int whole(st_gram_mode mode, const char *s) {
@@ -503,6 +504,133 @@ static void test_schema_replies(const char *schema_text, const char *what) {
     st_tok_free(tok);
 }
 
+/* ---- forced tool calls (Qwen3.5's XML format) ---- */
+
+static const char *const tools_json =
+    "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\",\"properties\":{"
+    "\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":7},\"units\":{\"enum\":[\"c\",\"f\"]}},"
+    "\"required\":[\"city\",\"days\"]}}},{\"type\":\"function\",\"function\":{\"name\":\"get_time\",\"parameters\":{\"type\":"
+    "\"object\",\"properties\":{\"zone\":{\"type\":\"string\"}}}}}]";
+
+static int call_takes(const st_gram_schema *sc, const char *doc) {
+    st_gram_state g;
+    st_gram_init(&g, ST_GRAM_TOOL_CALL);
+    return st_gram_feed(&g, sc, doc, strlen(doc)) && st_gram_done(&g);
+}
+
+static void test_tool_calls(void) {
+    st_gram_schema *all = NULL, *one = NULL;
+    st_error err = {0};
+    if (!CHECK(st_gram_tools_compile(tools_json, strlen(tools_json), NULL, &all, &err) == ST_OK &&
+                   st_gram_tools_compile(tools_json, strlen(tools_json), "get_time", &one, &err) == ST_OK,
+               "tools compile for a forced call, all of them or one named (%s)", err.msg))
+        return;
+    const char *w = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n"
+                    "</parameter>\n</function>\n</tool_call>";
+    const char *multi = "<tool_call>\n<function=get_weather>\n<parameter=units>\n\"f\"\n</parameter>\n<parameter=days>\n7\n"
+                        "</parameter>\n<parameter=city>\nLine 1\nLine </para 2\n</parameter>\n</function>\n</tool_call>";
+    const char *t = "<tool_call>\n<function=get_time>\n</function>\n</tool_call>";
+    CHECK(call_takes(all, w) && call_takes(all, multi) && call_takes(all, t) && call_takes(one, t),
+          "calls are taken: text and JSON parameters in any order, multi-line text, no parameters");
+    CHECK(!call_takes(all, "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>") &&
+              !call_takes(all, "<tool_call>\n<function=get_wind>\n</function>\n</tool_call>") &&
+              !call_takes(one, w) &&
+              !call_takes(all, "<tool_call>\n<function=get_weather>\n<parameter=days>\n9\n</parameter>\n<parameter=city>\nx\n"
+                               "</parameter>\n</function>\n</tool_call>") &&
+              !call_takes(all, "<tool_call>\n<function=get_time>\n<parameter=zone>\nA\n</parameter>\n<parameter=zone>\nB\n"
+                               "</parameter>\n</function>\n</tool_call>") &&
+              !call_takes(all, "hello <tool_call>"),
+          "and refused: a required parameter missing, an unknown function, one not named, a value outside its schema, "
+          "a parameter twice, text before the call");
+    st_gram_schema *x = NULL;
+    CHECK(st_gram_tools_compile(tools_json, strlen(tools_json), "nope", &x, &err) != ST_OK && strstr(err.msg, "'nope'"),
+          "naming a function the tools lack is refused: %s", err.msg);
+    /* random calls drawn from the masks over the qwen3 tokenizer (its <tool_call> tokens) */
+    char path[512];
+    snprintf(path, sizeof path, "%s/tokenizers/qwen3/tokenizer.json", tap_data_dir());
+    st_tokenizer *tok = NULL;
+    st_gram_vocab *v = NULL;
+    if (st_tok_load(path, &tok, &err) != ST_OK || st_gram_vocab_create(tok, st_tok_vocab_size(tok), &v, &err) != ST_OK) {
+        CHECK(0, "tool calls: set-up (%s)", err.msg);
+        st_tok_free(tok);
+        st_gram_schema_free(all);
+        st_gram_schema_free(one);
+        return;
+    }
+    const int64_t V = st_tok_vocab_size(tok);
+    const size_t W = st_gram_mask_words(v);
+    uint32_t *mask = malloc(W * sizeof *mask);
+    int32_t *allowed = malloc((size_t)V * sizeof *allowed);
+    uint32_t *tlen = token_lengths(tok, V);
+    json_t *tools = json_loads(tools_json, 0, NULL);
+    rng r = {4242};
+    int complete = 0, good = 0, agree = 1, used_token = 0;
+    const int32_t open_id = st_tok_token_to_id(tok, "<tool_call>", 11);
+    for (int rep = 0; rep < 20; rep++) {
+        st_gram_state g;
+        st_gram_init(&g, ST_GRAM_TOOL_CALL);
+        char text[16384];
+        size_t n = 0;
+        for (int step = 0; step < 400 && !st_gram_done(&g); step++) {
+            const int64_t count = st_gram_mask(v, all, &g, mask);
+            int64_t na = 0, short_n = 0;
+            for (size_t wd = 0; wd < W; wd++)
+                for (uint32_t bits = mask[wd]; bits; bits &= bits - 1) allowed[na++] = (int32_t)(wd * 32 + (size_t)__builtin_ctz(bits));
+            if (na != count || na == 0) {
+                printf("# tool call: %lld allowed after '%.*s'\n", (long long)na, (int)n, text);
+                agree = 0;
+                break;
+            }
+            for (int k = 0; k < 200; k++) {
+                const int32_t q = (int32_t)below(&r, (int)V);
+                st_gram_state s = g;
+                if (st_gram_advance(v, all, &s, q) != (int)(mask[q / 32] >> (q % 32) & 1u)) agree = 0;
+            }
+            used_token |= step == 0 && (mask[open_id / 32] >> (open_id % 32) & 1u);
+            for (int64_t i = 0; i < na; i++)
+                if (tlen[allowed[i]] <= 2) allowed[short_n++] = allowed[i];
+            const int32_t tk = below(&r, 4) && short_n ? allowed[below(&r, (int)short_n)] : allowed[below(&r, (int)na)];
+            size_t len = 0;
+            const char *b = st_tok_token_bytes(tok, tk, &len);
+            if (!st_gram_advance(v, all, &g, tk)) {
+                agree = 0;
+                break;
+            }
+            if (n + len < sizeof text) memcpy(text + n, b, len), n += len;
+        }
+        if (!st_gram_done(&g)) continue;
+        complete++;
+        st_tool_calls tc;
+        memset(&tc, 0, sizeof tc);
+        int ok = st_toolcall_parse(text, n, tools, &tc) && tc.n == 1;
+        if (ok) {
+            json_t *args = json_loads(tc.calls[0].arguments, 0, NULL);
+            if (!strcmp(tc.calls[0].name, "get_weather")) {
+                json_t *d = json_object_get(args, "days"), *u = json_object_get(args, "units");
+                ok = json_is_string(json_object_get(args, "city")) && json_is_integer(d) && json_integer_value(d) >= 1 &&
+                     json_integer_value(d) <= 7 && (!u || (json_is_string(u) && strchr("cf", json_string_value(u)[0])));
+            } else {
+                ok = !strcmp(tc.calls[0].name, "get_time") && json_is_object(args);
+            }
+            json_decref(args);
+        }
+        if (ok) good++;
+        else printf("# not a valid call: %.*s\n", (int)n, text);
+        st_tool_calls_free(&tc);
+    }
+    CHECK(agree && used_token, "tool calls: mask bits equal feeding the tokens, never empty; <tool_call> (an added token) is allowed to open");
+    CHECK(complete >= 5 && good == complete,
+          "%d random calls completed; each parses as one call of an offered tool with arguments its schema accepts", complete);
+    json_decref(tools);
+    free(mask);
+    free(allowed);
+    free(tlen);
+    st_gram_vocab_free(v);
+    st_tok_free(tok);
+    st_gram_schema_free(all);
+    st_gram_schema_free(one);
+}
+
 int main(void) {
     test_documents();
     test_random_documents();
@@ -510,5 +638,6 @@ int main(void) {
     test_schema_documents();
     test_schema_replies(schema_a, "the flat schema");
     test_schema_replies(schema_list, "the recursive schema");
+    test_tool_calls();
     return tap_done();
 }

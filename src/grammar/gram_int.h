@@ -52,7 +52,25 @@ typedef struct gram_lit {
     uint32_t off, len; /* compact JSON: pool[off, off + len) */
 } gram_lit;
 
+/* A tool-call grammar's functions (Qwen3.5's XML call format) */
+typedef struct gram_param {
+    uint32_t off, len; /* its name, raw: pool[off, off + len) */
+    int32_t node;      /* its value's schema node (a JSON value), or GRAM_TEXT */
+} gram_param;
+
+#define GRAM_TEXT (-6) /* a string parameter: its value is raw text */
+
+typedef struct gram_fn {
+    uint32_t off, len;     /* its name, raw */
+    int32_t param0, n_params;
+    uint64_t required;     /* bit i: params[param0 + i] must be given */
+} gram_fn;
+
 struct st_gram_schema {
+    gram_fn *fns;      /* a tool-call grammar's, else NULL; owned */
+    int32_t n_fns;
+    gram_param *params; /* owned */
+    int32_t n_params;
     gram_node *nodes;  /* [n_nodes]; node 0 the root; owned */
     int32_t n_nodes;
     gram_prop *props;  /* owned */

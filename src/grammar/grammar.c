@@ -23,7 +23,21 @@ enum {
     P_LITERAL,      /* inside true, false or null */
     P_ENUM,         /* inside one of an enum's values (cand, cpos) */
     P_DONE,         /* the value is complete */
+    /* a tool call (ST_GRAM_TOOL_CALL) */
+    X_START,        /* whitespace, then the call */
+    X_LIT,          /* a fixed text (lit: XL_*, lit_pos) */
+    X_FNAME,        /* a function's name (cand, cpos) */
+    X_AFTER,        /* after the function line or a parameter: '<' */
+    X_AFTER2,       /* "<p" (another parameter) or "</" (the end) */
+    X_PNAME,        /* a parameter's name (cand, cpos) */
+    X_TEXT,         /* a text value (cpos: how much of "\n</parameter>" is matched) */
 };
+/* the fixed texts of a tool call */
+enum { XL_OPEN = 0, XL_FN_NL, XL_VALUE_NL, XL_PCLOSE, XL_PCLOSE_NL, XL_POPEN, XL_END };
+static const char *const xlits[] = {"<tool_call>\n<function=", "\n", "\n", "\n</parameter>\n", "\n", "<parameter=",
+                                    "</function>\n</tool_call>"};
+#define TEXT_END "\n</parameter>"
+#define TEXT_END_LEN 13
 enum { S_PLAIN = 0, S_ESC, S_HEX, S_SURR_BS, S_SURR_U }; /* S_SURR_*: a low surrogate's "\u" due */
 enum { N_MINUS = 0, N_ZERO, N_INT, N_DOT, N_FRAC, N_E, N_ESIGN, N_EXP };
 /* the range of a string's next UTF-8 continuation byte */
@@ -38,8 +52,9 @@ static const char *const literals[3] = {"true", "false", "null"};
 void st_gram_init(st_gram_state *g, st_gram_mode mode) {
     memset(g, 0, offsetof(st_gram_state, stack));
     g->mode = (uint8_t)mode;
-    g->phase = P_VALUE;
+    g->phase = mode == ST_GRAM_TOOL_CALL ? X_START : P_VALUE;
     g->vnode = mode == ST_GRAM_JSON_SCHEMA ? 0 : GRAM_ANY;
+    g->fn = g->param = -1;
 }
 
 int st_gram_done(const st_gram_state *g) { return g->phase == P_DONE; }
@@ -88,7 +103,9 @@ static int array_may_grow(const st_gram_schema *sc, const st_gram_frame *f) {
 /* a value ended: its container's next phase */
 static void value_done(st_gram_state *g) {
     st_gram_frame *f = top(g);
-    if (!f) {
+    if (!f && g->mode == ST_GRAM_TOOL_CALL) { /* a parameter's JSON value: its closing tag */
+        g->phase = X_LIT, g->lit = XL_PCLOSE, g->lit_pos = 0;
+    } else if (!f) {
         g->phase = P_DONE;
     } else if (f->object) {
         g->phase = P_COMMA_OBJ;
@@ -388,6 +405,142 @@ static int enum_byte(st_gram_state *g, const st_gram_schema *sc, unsigned char b
     return ended ? 2 : 0; /* a number value that is complete: the byte belongs to what follows */
 }
 
+static int feed1(st_gram_state *g, const st_gram_schema *sc, unsigned char b);
+
+/* a byte of UTF-8 text (a text parameter's value): 1 allowed */
+static int text_utf8(st_gram_state *g, unsigned char b) {
+    if (g->utf8_need) {
+        static const unsigned char lo[] = {0x80, 0xA0, 0x80, 0x90, 0x80}, hi[] = {0xBF, 0xBF, 0x9F, 0xBF, 0x8F};
+        if (b < lo[g->lit] || b > hi[g->lit]) return 0;
+        g->utf8_need--;
+        g->lit = U8_ANY;
+        return 1;
+    }
+    if (b < 0x20) return b == '\n' || b == '\t' || b == '\r';
+    if (b < 0x80) return 1;
+    if (b >= 0xC2 && b <= 0xDF) g->utf8_need = 1, g->lit = U8_ANY;
+    else if (b == 0xE0) g->utf8_need = 2, g->lit = U8_A0_BF;
+    else if (b == 0xED) g->utf8_need = 2, g->lit = U8_80_9F;
+    else if (b >= 0xE1 && b <= 0xEF) g->utf8_need = 2, g->lit = U8_ANY;
+    else if (b == 0xF0) g->utf8_need = 3, g->lit = U8_90_BF;
+    else if (b >= 0xF1 && b <= 0xF3) g->utf8_need = 3, g->lit = U8_ANY;
+    else if (b == 0xF4) g->utf8_need = 3, g->lit = U8_80_8F;
+    else return 0;
+    return 1;
+}
+
+/* the function or parameter whose name is matched so far (cand, cpos) and ends here: its
+ * index, or -1 */
+static int name_done(const st_gram_schema *sc, const st_gram_state *g, int params) {
+    const gram_fn *f = params ? &sc->fns[g->fn] : NULL;
+    const int n = params ? f->n_params : sc->n_fns;
+    for (int i = 0; i < n && i < 64; i++) {
+        const uint32_t len = params ? sc->params[f->param0 + i].len : sc->fns[i].len;
+        if ((g->cand >> i & 1) && len == g->cpos) return i;
+    }
+    return -1;
+}
+
+static void name_byte(const st_gram_schema *sc, st_gram_state *g, int params, unsigned char b) {
+    const gram_fn *f = params ? &sc->fns[g->fn] : NULL;
+    const int n = params ? f->n_params : sc->n_fns;
+    uint64_t c = 0;
+    for (int i = 0; i < n && i < 64; i++) {
+        const uint32_t off = params ? sc->params[f->param0 + i].off : sc->fns[i].off;
+        const uint32_t len = params ? sc->params[f->param0 + i].len : sc->fns[i].len;
+        if ((g->cand >> i & 1) && g->cpos < len && (unsigned char)sc->pool[off + g->cpos] == b) c |= 1ull << i;
+    }
+    g->cand = c;
+    g->cpos++;
+}
+
+static uint64_t all_bits(int n) { return n >= 64 ? ~0ull : (1ull << n) - 1; }
+
+/* a byte of a tool call outside its JSON values */
+static int tool_byte(st_gram_state *g, const st_gram_schema *sc, unsigned char b) {
+    if (!sc || !sc->fns) return 0;
+    switch (g->phase) {
+    case X_START:
+        if (is_ws(b)) {
+            if (g->ws >= ST_GRAM_MAX_WS) return 0;
+            g->ws++;
+            return 1;
+        }
+        g->phase = X_LIT, g->lit = XL_OPEN, g->lit_pos = 0;
+        return tool_byte(g, sc, b);
+    case X_LIT: {
+        const char *l = xlits[g->lit];
+        if ((unsigned char)l[g->lit_pos] != b) return 0;
+        if (l[++g->lit_pos]) return 1;
+        switch (g->lit) { /* the text is complete: what follows it */
+        case XL_OPEN:
+            g->phase = X_FNAME, g->cand = all_bits(sc->n_fns), g->cpos = 0;
+            break;
+        case XL_FN_NL:
+        case XL_PCLOSE:
+        case XL_PCLOSE_NL: g->phase = X_AFTER; break;
+        case XL_VALUE_NL: {
+            const int32_t node = sc->params[sc->fns[g->fn].param0 + g->param].node;
+            if (node == GRAM_TEXT) {
+                g->phase = X_TEXT, g->cpos = 0, g->utf8_need = 0;
+            } else {
+                g->phase = P_VALUE, g->vnode = (int16_t)node, g->depth = 0, g->ws = 0;
+            }
+            break;
+        }
+        case XL_POPEN:
+            g->phase = X_PNAME, g->cand = all_bits(sc->fns[g->fn].n_params) & ~g->pseen, g->cpos = 0;
+            break;
+        case XL_END: g->phase = P_DONE; break;
+        }
+        return 1;
+    }
+    case X_FNAME:
+    case X_PNAME: {
+        const int params = g->phase == X_PNAME;
+        if (b == '>') {
+            const int i = name_done(sc, g, params);
+            if (i < 0) return 0;
+            if (params) {
+                g->param = (int16_t)i;
+                g->pseen |= 1ull << i;
+                g->phase = X_LIT, g->lit = XL_VALUE_NL, g->lit_pos = 0;
+            } else {
+                g->fn = (int16_t)i;
+                g->pseen = 0;
+                g->phase = X_LIT, g->lit = XL_FN_NL, g->lit_pos = 0;
+            }
+            return 1;
+        }
+        name_byte(sc, g, params, b);
+        return g->cand != 0;
+    }
+    case X_AFTER:
+        if (b != '<') return 0;
+        g->phase = X_AFTER2;
+        return 1;
+    case X_AFTER2: {
+        const gram_fn *f = &sc->fns[g->fn];
+        if (b == 'p' && (all_bits(f->n_params) & ~g->pseen)) {
+            g->phase = X_LIT, g->lit = XL_POPEN, g->lit_pos = 2;
+            return 1;
+        }
+        if (b == '/' && (f->required & ~g->pseen) == 0) {
+            g->phase = X_LIT, g->lit = XL_END, g->lit_pos = 2;
+            return 1;
+        }
+        return 0;
+    }
+    case X_TEXT:
+        if (!text_utf8(g, b)) return 0;
+        if ((unsigned char)TEXT_END[g->cpos] == b) g->cpos++;
+        else g->cpos = b == '\n' ? 1 : 0;
+        if (g->cpos == TEXT_END_LEN) g->phase = X_LIT, g->lit = XL_PCLOSE_NL, g->lit_pos = 0;
+        return 1;
+    default: return 0;
+    }
+}
+
 /* one byte: 1 allowed (g advanced), 0 not */
 static int feed1(st_gram_state *g, const st_gram_schema *sc, unsigned char b) {
     if (g->phase == P_STRING) return string_byte(g, sc, b);
@@ -405,7 +558,9 @@ static int feed1(st_gram_state *g, const st_gram_schema *sc, unsigned char b) {
             g->ws = 1;
             return 1;
         }
+        if (g->phase >= X_START) return tool_byte(g, sc, b);
     }
+    if (g->phase >= X_START) return tool_byte(g, sc, b);
     if (is_ws(b)) {
         if (g->phase == P_DONE || g->ws >= ST_GRAM_MAX_WS) return 0;
         g->ws++;
@@ -552,6 +707,13 @@ struct st_gram_vocab {
     uint8_t *suf_fits;      /* [n_suf] scratch of st_gram_mask; owned */
     int64_t n_suf;
     int64_t n_set;          /* the walk's count */
+    int32_t added[64];      /* added tokens that are not special (<tool_call>, ...): only a
+                               tool call may use them; their bytes stay in bytes[] */
+    int n_added;
+    uint32_t *text_safe;    /* [words] tokens a text value takes from a character boundary
+                               with nothing of its end tag matched: no newline; owned */
+    int32_t *text_nl;       /* [n_text_nl] the other text tokens (they have a newline); owned */
+    int64_t n_text_nl;
 };
 
 static int32_t child_of(st_gram_vocab *v, int32_t node, uint8_t b, int make) {
@@ -595,11 +757,22 @@ st_status st_gram_vocab_create(const st_tokenizer *tok, int64_t vocab_size, st_g
     for (int64_t t = 0; ok && t < vocab_size && t < tv; t++) {
         size_t len = 0;
         const char *b = st_tok_token_bytes(tok, (int32_t)t, &len);
-        if (!b || len == 0 || st_tok_is_added(tok, (int32_t)t)) continue;
+        if (!b || len == 0 || st_tok_is_special(tok, (int32_t)t)) continue;
+        if (st_tok_is_added(tok, (int32_t)t)) { /* kept apart: not in the trie */
+            if (v->n_added < 64) {
+                v->added[v->n_added++] = (int32_t)t;
+                v->bytes[t] = b;
+                v->lens[t] = (uint32_t)len;
+            }
+            continue;
+        }
         v->bytes[t] = b;
         v->lens[t] = (uint32_t)len;
         total += len;
     }
+    v->text_safe = ok ? calloc(v->words, sizeof *v->text_safe) : NULL;
+    v->text_nl = ok ? malloc((size_t)vocab_size * sizeof *v->text_nl) : NULL;
+    ok = ok && v->text_safe && v->text_nl;
     v->nodes = ok ? malloc(total * sizeof *v->nodes) : NULL;
     v->suf_bytes = ok ? malloc((size_t)vocab_size * sizeof *v->suf_bytes) : NULL;
     v->suf_lens = ok ? malloc((size_t)vocab_size * sizeof *v->suf_lens) : NULL;
@@ -612,9 +785,24 @@ st_status st_gram_vocab_create(const st_tokenizer *tok, int64_t vocab_size, st_g
     }
     v->nodes[0] = (trie_node){-1, -1, -1, 0};
     v->n_nodes = 1;
+    for (int64_t t = 0; t < vocab_size; t++) v->same[t] = -1;
+    for (int i = 0; i < v->n_added; i++) { /* their bytes are kept, but they are not in the trie */
+        v->bytes[v->added[i]] = NULL;
+    }
     for (int64_t t = 0; t < vocab_size; t++) {
-        v->same[t] = -1;
         if (!v->bytes[t]) continue;
+        { /* a text value's tokens */
+            st_gram_state s;
+            st_gram_init(&s, ST_GRAM_TOOL_CALL);
+            s.phase = X_TEXT;
+            int fits = 1, nl = 0;
+            for (uint32_t i = 0; i < v->lens[t] && fits; i++) {
+                nl |= v->bytes[t][i] == '\n';
+                fits = text_utf8(&s, (unsigned char)v->bytes[t][i]);
+            }
+            if (fits && !nl) v->text_safe[t / 32] |= 1u << (t % 32);
+            else if (fits) v->text_nl[v->n_text_nl++] = (int32_t)t;
+        }
         int32_t n = 0;
         for (uint32_t i = 0; i < v->lens[t]; i++) n = child_of(v, n, (uint8_t)v->bytes[t][i], 1);
         if (v->nodes[n].token < 0) {
@@ -701,6 +889,11 @@ st_status st_gram_vocab_create(const st_tokenizer *tok, int64_t vocab_size, st_g
         if (x) v->sctx[k].suffix = x;
     }
     st_strmap_free(&suffixes);
+    for (int i = 0; i < v->n_added; i++) { /* the added tokens' bytes, for tool calls */
+        size_t len = 0;
+        v->bytes[v->added[i]] = st_tok_token_bytes(tok, v->added[i], &len);
+        v->lens[v->added[i]] = (uint32_t)len;
+    }
     *out = v;
     return ST_OK;
 }
@@ -711,6 +904,8 @@ void st_gram_vocab_free(st_gram_vocab *v) {
     free(v->same);
     free(v->bytes);
     free(v->lens);
+    free(v->text_safe);
+    free(v->text_nl);
     for (int m = 0; m < 4; m++) {
         free(v->hex[m].tok);
         free(v->hex[m].val);
@@ -795,7 +990,35 @@ static int64_t hex_mask(st_gram_vocab *v, const st_gram_schema *sc, const st_gra
     return popcount_words(mask, v->words);
 }
 
+static int64_t mask_of(st_gram_vocab *v, const st_gram_schema *sc, const st_gram_state *g, uint32_t *mask);
+
 int64_t st_gram_mask(st_gram_vocab *v, const st_gram_schema *sc, const st_gram_state *g, uint32_t *mask) {
+    int64_t n = mask_of(v, sc, g, mask);
+    if (g->mode == ST_GRAM_TOOL_CALL && g->phase >= X_START && g->phase != X_TEXT) /* <tool_call> and its kin, where they fit */
+        for (int i = 0; i < v->n_added; i++) {
+            const int32_t t = v->added[i];
+            st_gram_state s;
+            copy_live(&s, g);
+            if (!(mask[t / 32] >> (t % 32) & 1u) && st_gram_feed(&s, sc, v->bytes[t], v->lens[t])) {
+                mask[t / 32] |= 1u << (t % 32);
+                n++;
+            }
+        }
+    return n;
+}
+
+static int64_t mask_of(st_gram_vocab *v, const st_gram_schema *sc, const st_gram_state *g, uint32_t *mask) {
+    if (g->phase == X_TEXT && g->cpos == 0 && g->utf8_need == 0) {
+        /* text without a newline at once; the tokens with one run from here */
+        memcpy(mask, v->text_safe, v->words * sizeof *mask);
+        for (int64_t i = 0; i < v->n_text_nl; i++) {
+            const int32_t t = v->text_nl[i];
+            st_gram_state s;
+            copy_live(&s, g);
+            if (st_gram_feed(&s, sc, v->bytes[t], v->lens[t])) mask[t / 32] |= 1u << (t % 32);
+        }
+        return popcount_words(mask, v->words);
+    }
     const int k = string_ctx_of(sc, g);
     if (k >= 0) {
         /* the context-independent tokens at once; those that close the string by their
@@ -824,6 +1047,8 @@ int64_t st_gram_mask(st_gram_vocab *v, const st_gram_schema *sc, const st_gram_s
 
 int st_gram_advance(const st_gram_vocab *v, const st_gram_schema *sc, st_gram_state *g, int32_t t) {
     if (t < 0 || t >= v->V || !v->bytes[t]) return 0;
+    for (int i = 0; i < v->n_added; i++) /* only between a tool call's parts */
+        if (v->added[i] == t && (g->mode != ST_GRAM_TOOL_CALL || g->phase < X_START || g->phase == X_TEXT)) return 0;
     return st_gram_feed(g, sc, v->bytes[t], v->lens[t]);
 }
 

@@ -35,6 +35,9 @@ typedef enum st_gram_mode {
     ST_GRAM_JSON_OBJECT = 1, /* response_format json_object: one JSON object */
     ST_GRAM_JSON_VALUE = 2,  /* any JSON value */
     ST_GRAM_JSON_SCHEMA = 3, /* a value a compiled JSON schema accepts */
+    ST_GRAM_TOOL_CALL = 4,   /* one call of a compiled tool set, in Qwen3.5's XML format:
+                                <tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n
+                                ...</function>\n</tool_call> */
 } st_gram_mode;
 
 /* A JSON schema compiled for the automaton (immutable; any thread may read it). */
@@ -47,6 +50,12 @@ typedef struct st_gram_schema st_gram_schema;
  * when strict, and is ignored otherwise (as OpenAI does). ST_ERR_ARG naming the problem. */
 st_status st_gram_schema_compile(const char *json, size_t len, int strict, st_gram_schema **out, st_error *err);
 void st_gram_schema_free(st_gram_schema *s);
+
+/* Compile a request's tools (the OpenAI 'tools' array as JSON text) for ST_GRAM_TOOL_CALL:
+ * every function, or only the one named `only` (tool_choice naming a function). A parameter
+ * whose schema is a string is raw text between the tags; any other is a JSON value its schema
+ * accepts (compiled as not strict). ST_ERR_ARG naming the problem. */
+st_status st_gram_tools_compile(const char *tools_json, size_t len, const char *only, st_gram_schema **out, st_error *err);
 
 /* One container on the automaton's stack. */
 typedef struct st_gram_frame {
@@ -73,6 +82,9 @@ typedef struct st_gram_state {
     uint16_t cpos;     /* bytes of a key or enum value matched so far */
     uint64_t cand;     /* the properties (a key) or enum values still matching */
     int64_t acc;       /* the integer's digits so far */
+    int16_t fn;        /* a tool call's function (ST_GRAM_TOOL_CALL), */
+    int16_t param;     /* the parameter whose value is read, */
+    uint64_t pseen;    /* and the parameters given */
     st_gram_frame stack[ST_GRAM_MAX_DEPTH]; /* last: only [0, depth) is live */
 } st_gram_state;
 

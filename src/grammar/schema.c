@@ -399,6 +399,31 @@ static int32_t pick(const compiler *c, int32_t id, unsigned char b, int depth) {
     return found;
 }
 
+/* every anyOf's dispatch table by first byte */
+static void finish(compiler *cp) {
+    int32_t n_any = 0;
+    for (int32_t i = 0; !cp->failed && i < cp->s->n_nodes; i++) n_any += cp->s->nodes[i].kind == GK_ANYOF;
+    if (!cp->failed && n_any) {
+        cp->s->dispatch = malloc((size_t)n_any * 256 * sizeof *cp->s->dispatch);
+        if (!cp->s->dispatch) fail(cp, "out of memory%s", NULL);
+    }
+    for (int32_t i = 0; !cp->failed && i < cp->s->n_nodes; i++) {
+        gram_node *n = &cp->s->nodes[i];
+        if (n->kind != GK_ANYOF) continue;
+        n->disp = cp->s->n_disp++;
+        for (int b = 0; b < 256 && !cp->failed; b++) {
+            const int32_t to = pick(cp, i, (unsigned char)b, 0);
+            if (to == -5) {
+                char what[8];
+                snprintf(what, sizeof what, "%c", b);
+                fail(cp, "'anyOf' / 'oneOf' / a list of types: two alternatives start with '%s' (two objects, say), "
+                         "which strand cannot tell apart yet", what);
+            }
+            cp->s->dispatch[(size_t)n->disp * 256 + (size_t)b] = to;
+        }
+    }
+}
+
 st_status st_gram_schema_compile(const char *json, size_t len, int strict, st_gram_schema **out, st_error *err) {
     *out = NULL;
     json_error_t je;
@@ -427,28 +452,7 @@ st_status st_gram_schema_compile(const char *json, size_t len, int strict, st_gr
     const int32_t root_id = add_anyof(&c, fwd, 1);
     const int32_t body = root_id >= 0 ? compile(&c, root, 0) : -100;
     if (!c.failed) c.alt_ids[c.alt_first[root_id]] = body;
-    /* every anyOf's dispatch by first byte */
-    int32_t n_any = 0;
-    for (int32_t i = 0; !c.failed && i < c.s->n_nodes; i++) n_any += c.s->nodes[i].kind == GK_ANYOF;
-    if (!c.failed && n_any) {
-        c.s->dispatch = malloc((size_t)n_any * 256 * sizeof *c.s->dispatch);
-        if (!c.s->dispatch) fail(&c, "out of memory%s", NULL);
-    }
-    for (int32_t i = 0; !c.failed && i < c.s->n_nodes; i++) {
-        gram_node *n = &c.s->nodes[i];
-        if (n->kind != GK_ANYOF) continue;
-        n->disp = c.s->n_disp++;
-        for (int b = 0; b < 256 && !c.failed; b++) {
-            const int32_t to = pick(&c, i, (unsigned char)b, 0);
-            if (to == -5) {
-                char what[8];
-                snprintf(what, sizeof what, "%c", b);
-                fail(&c, "'anyOf' / 'oneOf' / a list of types: two alternatives start with '%s' (two objects, say), "
-                         "which strand cannot tell apart yet", what);
-            }
-            c.s->dispatch[(size_t)n->disp * 256 + (size_t)b] = to;
-        }
-    }
+    finish(&c);
     free(c.alt_ids);
     free(c.alt_first);
     free(c.alt_count);
@@ -462,8 +466,125 @@ st_status st_gram_schema_compile(const char *json, size_t len, int strict, st_gr
     return ST_OK;
 }
 
+/* a parameter's value: raw text for a plain string schema, else a JSON value */
+static int32_t param_node(compiler *c, json_t *ps) {
+    json_t *ty = json_object_get(ps, "type");
+    if (json_is_string(ty) && !strcmp(json_string_value(ty), "string") && !json_object_get(ps, "enum") &&
+        !json_object_get(ps, "const"))
+        return GRAM_TEXT;
+    return compile(c, ps, 1);
+}
+
+st_status st_gram_tools_compile(const char *tools_json, size_t len, const char *only, st_gram_schema **out, st_error *err) {
+    *out = NULL;
+    json_error_t je;
+    json_t *tools = json_loadb(tools_json, len, 0, &je);
+    if (!json_is_array(tools) || json_array_size(tools) == 0) {
+        json_decref(tools);
+        return st_error_set(err, ST_ERR_ARG, "a forced tool call needs a non-empty 'tools' list");
+    }
+    compiler c;
+    memset(&c, 0, sizeof c);
+    c.err = err;
+    c.s = calloc(1, sizeof *c.s);
+    const size_t nt = json_array_size(tools);
+    if (c.s) {
+        c.s->fns = calloc(nt, sizeof *c.s->fns);
+        c.s->params = calloc(nt * 64 + 1, sizeof *c.s->params);
+    }
+    if (!c.s || !c.s->fns || !c.s->params) fail(&c, "out of memory%s", NULL);
+    if (nt > 64) fail(&c, "a forced tool call chooses among at most %s tools", "64");
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) {
+        if (c.failed) break;
+        json_t *fn = json_object_get(t, "function");
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        if (!name || !*name) {
+            fail(&c, "a tool without a function name%s", NULL);
+            break;
+        }
+        if (only && strcmp(only, name) != 0) continue;
+        if (strchr(name, '>') || strchr(name, '\n')) {
+            fail(&c, "the function name '%s' cannot be written in a call", name);
+            break;
+        }
+        json_t *pa = json_object_get(fn, "parameters");
+        json_t *props = json_object_get(pa, "properties"), *req = json_object_get(pa, "required");
+        if (props && !json_is_object(props)) {
+            fail(&c, "the parameters of '%s' must have 'properties' as an object", name);
+            break;
+        }
+        if (json_object_size(props) > 64) {
+            fail(&c, "'%s' has more than 64 parameters", name);
+            break;
+        }
+        free(c.defs); /* the function's own $defs */
+        c.defs = NULL;
+        c.n_defs = 0;
+        json_t *defs = json_object_get(pa, "$defs");
+        if (!defs) defs = json_object_get(pa, "definitions");
+        if (json_is_object(defs)) {
+            c.defs = calloc(json_object_size(defs) + 1, sizeof *c.defs);
+            const char *k;
+            json_t *v;
+            if (c.defs) json_object_foreach(defs, k, v) c.defs[c.n_defs++] = (def_entry){k, v, -4};
+        }
+        gram_fn *f = &c.s->fns[c.s->n_fns++];
+        const int64_t off = pool_put(&c, name, strlen(name));
+        if (off < 0) break;
+        f->off = (uint32_t)off, f->len = (uint32_t)strlen(name);
+        f->param0 = c.s->n_params;
+        const char *k;
+        json_t *v;
+        json_object_foreach(props, k, v) {
+            if (strchr(k, '>') || strchr(k, '\n')) {
+                fail(&c, "the parameter name '%s' cannot be written in a call", k);
+                break;
+            }
+            gram_param *p = &c.s->params[c.s->n_params];
+            const int64_t po = pool_put(&c, k, strlen(k));
+            if (po < 0) break;
+            p->off = (uint32_t)po, p->len = (uint32_t)strlen(k);
+            p->node = param_node(&c, v);
+            if (c.failed) break;
+            c.s->n_params++;
+            f->n_params++;
+        }
+        size_t ri;
+        json_array_foreach(req, ri, v) {
+            const char *rn = json_string_value(v);
+            int found = -1;
+            for (int j = 0; rn && j < f->n_params; j++) {
+                const gram_param *p = &c.s->params[f->param0 + j];
+                if (p->len == strlen(rn) && !memcmp(c.s->pool + p->off, rn, p->len)) found = j;
+            }
+            if (found < 0) {
+                fail(&c, "'required' names '%s', which is not among the function's parameters", rn ? rn : "?");
+                break;
+            }
+            f->required |= 1ull << found;
+        }
+    }
+    if (!c.failed && c.s->n_fns == 0) fail(&c, "tool_choice names '%s', which 'tools' does not hold", only ? only : "?");
+    if (!c.failed) finish(&c);
+    free(c.alt_ids);
+    free(c.alt_first);
+    free(c.alt_count);
+    free(c.defs);
+    json_decref(tools);
+    if (c.failed) {
+        st_gram_schema_free(c.s);
+        return ST_ERR_ARG;
+    }
+    *out = c.s;
+    return ST_OK;
+}
+
 void st_gram_schema_free(st_gram_schema *s) {
     if (!s) return;
+    free(s->fns);
+    free(s->params);
     free(s->nodes);
     free(s->props);
     free(s->lits);
