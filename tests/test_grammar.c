@@ -527,7 +527,7 @@ static void test_tool_calls(void) {
         return;
     const char *w = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n"
                     "</parameter>\n</function>\n</tool_call>";
-    const char *multi = "<tool_call>\n<function=get_weather>\n<parameter=units>\n\"f\"\n</parameter>\n<parameter=days>\n7\n"
+    const char *multi = "<tool_call>\n<function=get_weather>\n<parameter=units>\nf\n</parameter>\n<parameter=days>\n7\n"
                         "</parameter>\n<parameter=city>\nLine 1\nLine </para 2\n</parameter>\n</function>\n</tool_call>";
     const char *t = "<tool_call>\n<function=get_time>\n</function>\n</tool_call>";
     CHECK(call_takes(all, w) && call_takes(all, multi) && call_takes(all, t) && call_takes(one, t),
@@ -539,9 +539,14 @@ static void test_tool_calls(void) {
                                "</parameter>\n</function>\n</tool_call>") &&
               !call_takes(all, "<tool_call>\n<function=get_time>\n<parameter=zone>\nA\n</parameter>\n<parameter=zone>\nB\n"
                                "</parameter>\n</function>\n</tool_call>") &&
-              !call_takes(all, "hello <tool_call>"),
+              !call_takes(all, "hello <tool_call>") &&
+              !call_takes(all, "<tool_call>\n<function=get_weather>\n<parameter=units>\n\"f\"\n</parameter>\n<parameter=days>\n7\n"
+                               "</parameter>\n<parameter=city>\nx\n</parameter>\n</function>\n</tool_call>") &&
+              !call_takes(all, "<tool_call>\n<function=get_weather>\n<parameter=days>\n 7\n</parameter>\n<parameter=city>\nx\n"
+                               "</parameter>\n</function>\n</tool_call>"),
           "and refused: a required parameter missing, an unknown function, one not named, a value outside its schema, "
-          "a parameter twice, text before the call");
+          "a parameter twice, text before the call, a text enum quoted, a value after whitespace (as the call parser "
+          "reads them: text raw, other types as JSON)");
     st_gram_schema *x = NULL;
     CHECK(st_gram_tools_compile(tools_json, strlen(tools_json), "nope", &x, &err) != ST_OK && strstr(err.msg, "'nope'"),
           "naming a function the tools lack is refused: %s", err.msg);

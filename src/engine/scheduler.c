@@ -501,10 +501,10 @@ st_status st_sched_submit(st_sched *s, const int32_t *prompt, int64_t n_prompt,
                             s->p.max_seqs < ST_MAX_CHOICES ? s->p.max_seqs : ST_MAX_CHOICES);
     if ((p->n_stop || p->split_reasoning) && !s->tok)
         return st_error_set(err, ST_ERR_ARG, "stop strings and reasoning need a tokenizer");
-    if (p->json_mode < 0 || p->json_mode > ST_GRAM_JSON_SCHEMA)
+    if (p->json_mode < 0 || p->json_mode > ST_GRAM_TOOL_CALL)
         return st_error_set(err, ST_ERR_ARG, "json_mode %d is not a grammar mode", p->json_mode);
-    if ((p->json_mode == ST_GRAM_JSON_SCHEMA) != (p->json_schema != NULL))
-        return st_error_set(err, ST_ERR_ARG, "a schema goes with json_mode ST_GRAM_JSON_SCHEMA, and only with it");
+    if ((p->json_mode == ST_GRAM_JSON_SCHEMA || p->json_mode == ST_GRAM_TOOL_CALL) != (p->json_schema != NULL))
+        return st_error_set(err, ST_ERR_ARG, "a compiled schema goes with json_mode ST_GRAM_JSON_SCHEMA or ST_GRAM_TOOL_CALL, and only with them");
     if (p->json_mode) {
         if (!s->tok) return st_error_set(err, ST_ERR_ARG, "JSON output needs a tokenizer");
         pthread_mutex_lock(&s->mu);

@@ -483,8 +483,8 @@ static int tool_byte(st_gram_state *g, const st_gram_schema *sc, unsigned char b
             const int32_t node = sc->params[sc->fns[g->fn].param0 + g->param].node;
             if (node == GRAM_TEXT) {
                 g->phase = X_TEXT, g->cpos = 0, g->utf8_need = 0;
-            } else {
-                g->phase = P_VALUE, g->vnode = (int16_t)node, g->depth = 0, g->ws = 0;
+            } else { /* the value starts at once: a whitespace run is full already */
+                g->phase = P_VALUE, g->vnode = (int16_t)node, g->depth = 0, g->ws = ST_GRAM_MAX_WS;
             }
             break;
         }

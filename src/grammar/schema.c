@@ -466,13 +466,47 @@ st_status st_gram_schema_compile(const char *json, size_t len, int strict, st_gr
     return ST_OK;
 }
 
-/* a parameter's value: raw text for a plain string schema, else a JSON value */
+/* A parameter's value as the call parser (server/toolcall.c) reads it: by the schema's type
+ * (a name, or a list's first that is not null), JSON for any type but string, raw text
+ * otherwise; an enum or const read as text is one of its values written raw. */
 static int32_t param_node(compiler *c, json_t *ps) {
     json_t *ty = json_object_get(ps, "type");
-    if (json_is_string(ty) && !strcmp(json_string_value(ty), "string") && !json_object_get(ps, "enum") &&
-        !json_object_get(ps, "const"))
-        return GRAM_TEXT;
-    return compile(c, ps, 1);
+    const char *type = json_string_value(ty);
+    if (json_is_array(ty)) {
+        size_t i;
+        json_t *x;
+        json_array_foreach(ty, i, x) if (json_is_string(x) && strcmp(json_string_value(x), "null") != 0) {
+            type = json_string_value(x);
+            break;
+        }
+    }
+    if (type && strcmp(type, "string") != 0) return compile(c, ps, 1);
+    json_t *en = json_object_get(ps, "enum"), *cn = json_object_get(ps, "const");
+    if (!en && !cn) return GRAM_TEXT;
+    const size_t n = en ? json_array_size(en) : 1;
+    if (n == 0 || n > ST_GRAM_MAX_LITS) return fail(c, "a parameter's enum must list 1 to %s values", "64");
+    int32_t id = new_node(c, GK_ENUM);
+    if (id < 0) return id;
+    const int32_t l0 = c->s->n_lits;
+    if (grow((void **)&c->s->lits, &c->cap_lits, l0 + (int32_t)n, sizeof *c->s->lits)) return fail(c, "out of memory%s", NULL);
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = en ? json_array_get(en, i) : cn;
+        char *dump = json_is_string(v) ? NULL : json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+        const char *t = json_is_string(v) ? json_string_value(v) : dump;
+        const size_t len = json_is_string(v) ? json_string_length(v) : (dump ? strlen(dump) : 0);
+        if (!t || len == 0 || memchr(t, '\n', len)) {
+            free(dump);
+            return fail(c, "a parameter's enum value cannot be written in a call (empty, or a newline)%s", NULL);
+        }
+        const int64_t off = pool_put(c, t, len);
+        free(dump);
+        if (off < 0) return (int32_t)off;
+        c->s->lits[l0 + (int32_t)i] = (gram_lit){(uint32_t)off, (uint32_t)len};
+    }
+    c->s->n_lits += (int32_t)n;
+    c->s->nodes[id].lit0 = l0;
+    c->s->nodes[id].n_lits = (int32_t)n;
+    return id;
 }
 
 st_status st_gram_tools_compile(const char *tools_json, size_t len, const char *only, st_gram_schema **out, st_error *err) {

@@ -404,10 +404,19 @@ static int parse_messages(json_t *msgs, st_oai_request *r, const st_oai_defaults
 
 static int parse_tools(json_t *root, st_oai_request *r, st_oai_error *e) {
     json_t *tools = json_object_get(root, "tools"), *choice = json_object_get(root, "tool_choice");
+    const char *forced = NULL; /* "": any offered tool; else the function's name */
     if (choice && !json_is_null(choice)) {
-        if (json_is_string(choice) && !strcmp(json_string_value(choice), "none")) return 0;
-        if (!json_is_string(choice) || strcmp(json_string_value(choice), "auto") != 0)
-            return BAD(e, "tool_choice", "tool_choice must be \"auto\" or \"none\" (forcing a tool call is not supported)");
+        const char *cs = json_string_value(choice);
+        json_t *cf = json_is_object(choice) ? json_object_get(choice, "function") : NULL;
+        if (cs && !strcmp(cs, "none")) return 0;
+        if (cs && !strcmp(cs, "required")) forced = "";
+        else if (json_is_object(choice) && json_is_string(json_object_get(cf, "name")))
+            forced = json_string_value(json_object_get(cf, "name"));
+        else if (!cs || strcmp(cs, "auto") != 0)
+            return BAD(e, "tool_choice",
+                       "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+        if (forced && (!json_is_array(tools) || json_array_size(tools) == 0))
+            return BAD(e, "tool_choice", "tool_choice forces a call, but 'tools' offers none");
     }
     if (!tools || json_is_null(tools)) return 0;
     if (!json_is_array(tools)) return BAD(e, "tools", "'tools' must be an array");
@@ -424,6 +433,17 @@ static int parse_tools(json_t *root, st_oai_request *r, st_oai_error *e) {
             return BAD(e, "tools", "tools[%zu].function.parameters must be an object", i);
     }
     if (json_array_size(tools)) r->tools = json_incref(tools);
+    if (forced) { /* the reply is one call, by constrained decoding (grammar/grammar.h) */
+        char *text = json_dumps(tools, JSON_COMPACT);
+        if (!text) return BAD(e, "tools", "out of memory");
+        st_error err = {0};
+        st_gram_schema *sc = NULL;
+        const st_status st = st_gram_tools_compile(text, strlen(text), *forced ? forced : NULL, &sc, &err);
+        free(text);
+        if (st != ST_OK) return BAD(e, "tool_choice", "%s", err.msg);
+        r->params.json_mode = ST_GRAM_TOOL_CALL;
+        r->params.json_schema = sc;
+    }
     return 0;
 }
 
@@ -496,6 +516,8 @@ static int parse_response_format(json_t *root, st_oai_request *r, st_oai_error *
     const char *t = json_is_string(ty) ? json_string_value(ty) : NULL;
     if (!t) return BAD(e, "response_format", "'response_format' must be an object with a 'type'");
     if (!strcmp(t, "text")) return 0;
+    if (r->params.json_mode == ST_GRAM_TOOL_CALL)
+        return BAD(e, "response_format", "a JSON response_format and a forced tool call cannot go together");
     if (!strcmp(t, "json_object")) {
         r->params.json_mode = ST_GRAM_JSON_OBJECT;
         return 0;

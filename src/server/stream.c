@@ -434,7 +434,7 @@ static void finish_choice(stream *st, int i) {
             if (st_toolcall_parse(c->tool_hold.p, c->tool_hold.n, st->req.tools, &tc)) {
                 json_t *delta = json_pack("{s:o}", "tool_calls", tool_calls_json(s, &tc, 1));
                 sse_data(st, chunk(st, chat_choice(i, delta, NULL, NULL)));
-                fin = "tool_calls";
+                if (c->finish == ST_FINISH_STOP) fin = "tool_calls"; /* a call cut by max_tokens stays "length" */
                 st_tool_calls_free(&tc);
             } else {
                 json_t *delta = json_pack("{s:s%}", "content", c->tool_hold.p, c->tool_hold.n);
@@ -625,7 +625,7 @@ static json_t *final_choice(stream *st, int i, int index) {
         if (calls) {
             json_object_set_new(msg, "content", tc.content ? json_string(tc.content) : json_null());
             json_object_set_new(msg, "tool_calls", tool_calls_json(s, &tc, 0));
-            fin = "tool_calls";
+            if (c->finish == ST_FINISH_STOP) fin = "tool_calls"; /* a call cut by max_tokens stays "length" */
             st_tool_calls_free(&tc);
         } else {
             json_object_set_new(msg, "content", json_stringn(c->content_all.p ? c->content_all.p : "", c->content_all.n));

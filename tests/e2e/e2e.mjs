@@ -441,6 +441,44 @@ await attempt('response_format json_object', async () => {
     'a strict schema with a keyword strand cannot follow: a 400 naming the keyword', bad.json);
 });
 
+await attempt('tool_choice forces a call', async () => {
+  // the vision server: a random tiny model with a full context (the tools' prompt is long)
+  // parameters a random model closes quickly (a free text value would run to max_tokens: test_grammar covers those)
+  const tools = [
+    { type: 'function', function: { name: 'get_weather', parameters: { type: 'object', properties: {
+      metric: { type: 'boolean' }, days: { type: 'integer', minimum: 1, maximum: 7 } }, required: ['metric', 'days'] } } },
+    { type: 'function', function: { name: 'get_time', parameters: { type: 'object', properties: { zone: { enum: ['utc', 'local'] } } } } },
+  ];
+  const req = { model: 'vision', messages: user('weather?'), tools, tool_choice: 'required', max_tokens: 200, seed: 1, reasoning_effort: 'none' };
+  let good = 0, n = 0;
+  for (const seed of [1, 2, 3]) {
+    const r = await vision.chat.completions.create({ ...req, seed });
+    const c = r.choices[0], call = c.message.tool_calls && c.message.tool_calls[0];
+    n++;
+    let args = null;
+    try { args = JSON.parse(call.function.arguments); } catch { /* not JSON */ }
+    if (c.finish_reason === 'tool_calls' && call && args &&
+        ((call.function.name === 'get_weather' && typeof args.metric === 'boolean' && Number.isInteger(args.days) && args.days >= 1 && args.days <= 7) ||
+         (call.function.name === 'get_time' && (args.zone === undefined || args.zone === 'utc' || args.zone === 'local')))) good++;
+    else console.log('# not a valid call:', JSON.stringify(c).slice(0, 400));
+  }
+  check(good === n, `tool_choice "required": ${good} of ${n} replies are one call of an offered tool with valid arguments (finish tool_calls)`);
+  const named = await vision.chat.completions.create({ ...req, tool_choice: { type: 'function', function: { name: 'get_time' } } });
+  const nc = named.choices[0].message.tool_calls;
+  check(named.choices[0].finish_reason === 'tool_calls' && nc && nc.length === 1 && nc[0].function.name === 'get_time',
+    'tool_choice naming get_time: a call of get_time', named.choices[0]);
+  const s = await vision.chat.completions.create({ ...req, stream: true });
+  let name = '', fin = null;
+  for await (const c of s) {
+    const d = c.choices[0]?.delta;
+    if (d?.tool_calls) name += d.tool_calls[0].function?.name ?? '';
+    fin = c.choices[0]?.finish_reason ?? fin;
+  }
+  check(['get_weather', 'get_time'].includes(name) && fin === 'tool_calls', 'streamed, the call arrives as a tool_calls delta', { name, fin });
+  const bad = await raw(process.env.VISION_URL, '/v1/chat/completions', { body: JSON.stringify({ ...req, tool_choice: { type: 'function', function: { name: 'nope' } } }) });
+  check(bad.status === 400 && isError(bad.json) && bad.json.error.param === 'tool_choice', 'a tool_choice naming no offered tool: a 400', bad.json);
+});
+
 await attempt('error inside a stream', async () => {
   const r = await fetch(S + '/v1/chat/completions', { method: 'POST', headers: { 'Content-Type': 'application/json' },
     body: JSON.stringify({ messages: user('doomed'), max_tokens: 20000, stream: true, reasoning_effort: 'none', ignore_eos: true }) });
