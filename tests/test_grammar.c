@@ -319,13 +319,15 @@ static int valid(json_t *v, json_t *sc, json_t *defs) {
     if (!strcmp(t, "object")) {
         if (!json_is_object(v)) return 0;
         json_t *props = json_object_get(sc, "properties"), *req = json_object_get(sc, "required"), *e;
+        json_t *extra = json_object_get(sc, "additionalProperties");
         size_t i;
         json_array_foreach(req, i, e) if (!json_object_get(v, json_string_value(e))) return 0;
         const char *k;
         json_object_foreach(v, k, e) {
             json_t *ps = json_object_get(props, k);
             if (ps && !valid(e, ps, defs)) return 0;
-            if (!ps && json_is_false(json_object_get(sc, "additionalProperties"))) return 0;
+            if (!ps && json_is_false(extra)) return 0;
+            if (!ps && json_is_object(extra) && !valid(e, extra, defs)) return 0;
         }
         return 1;
     }
@@ -425,7 +427,7 @@ static void test_schema_documents(void) {
 }
 
 /* replies drawn from a schema's masks: each completed one parses and validates */
-static void test_schema_replies(const char *schema_text, const char *what) {
+static void test_schema_replies(const char *schema_text, const char *what, int reps, int min_complete) {
     char path[512];
     snprintf(path, sizeof path, "%s/tokenizers/qwen3/tokenizer.json", tap_data_dir());
     st_tokenizer *tok = NULL;
@@ -449,7 +451,7 @@ static void test_schema_replies(const char *schema_text, const char *what) {
     rng r = {777};
     int complete = 0, good = 0, agree = 1, replies = 0;
     double worst = 0;
-    for (int rep = 0; rep < 30; rep++) {
+    for (int rep = 0; rep < reps; rep++) {
         st_gram_state g;
         st_gram_init(&g, ST_GRAM_JSON_SCHEMA);
         char text[16384];
@@ -493,7 +495,7 @@ static void test_schema_replies(const char *schema_text, const char *what) {
         json_decref(j);
     }
     CHECK(agree, "%s: every mask bit sampled equals feeding the token; no mask is ever empty (no dead end)", what);
-    CHECK(complete >= 5 && good == complete, "%s: %d of %d random replies completed, each parses and satisfies the schema (slowest mask %.0f us)",
+    CHECK(complete >= min_complete && good == complete, "%s: %d of %d random replies completed, each parses and satisfies the schema (slowest mask %.0f us)",
           what, complete, replies, worst * 1e6);
     json_decref(schema_json);
     free(mask);
@@ -502,6 +504,92 @@ static void test_schema_replies(const char *schema_text, const char *what) {
     st_gram_schema_free(sc);
     st_gram_vocab_free(v);
     st_tok_free(tok);
+}
+
+/* ---- random schemas ---- */
+
+static void put_s(char *b, size_t *n, size_t cap, const char *t) { put(b, n, cap, t); }
+
+/* a random schema of the subset (depth-limited), as JSON text */
+static void random_schema(rng *r, char *b, size_t *n, size_t cap, int depth) {
+    const int k = depth >= 3 ? below(r, 6) : below(r, 9);
+    char tmp[160];
+    switch (k) {
+    case 0: put_s(b, n, cap, "{\"type\":\"string\"}"); break;
+    case 1: put_s(b, n, cap, "{\"type\":\"boolean\"}"); break;
+    case 2: put_s(b, n, cap, "{\"type\":\"number\"}"); break;
+    case 3: {
+        const int lo = below(r, 40) - 20, hi = lo + below(r, 300);
+        snprintf(tmp, sizeof tmp, "{\"type\":\"integer\",\"minimum\":%d,\"maximum\":%d}", lo, hi);
+        put_s(b, n, cap, tmp);
+        break;
+    }
+    case 4: put_s(b, n, cap, below(r, 2) ? "{\"enum\":[\"red\",\"green\",12,null,true]}" : "{\"enum\":[1,10,100,\"x\"]}"); break;
+    case 5: put_s(b, n, cap, below(r, 2) ? "{\"type\":[\"integer\",\"null\"]}" : "{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]}"); break;
+    case 6:
+    case 7: {
+        static const char *const names[] = {"a", "bb", "name", "n\\u00e9", "x_1", "count"};
+        const int np = 1 + below(r, 4);
+        put_s(b, n, cap, "{\"type\":\"object\",\"properties\":{");
+        int used[6] = {0}, got = 0;
+        char req[128] = "";
+        for (int i = 0; i < np; i++) {
+            int j = below(r, 6);
+            if (used[j]) continue;
+            used[j] = 1;
+            snprintf(tmp, sizeof tmp, "%s\"%s\":", got ? "," : "", names[j]);
+            put_s(b, n, cap, tmp);
+            random_schema(r, b, n, cap, depth + 1);
+            if (below(r, 2)) {
+                size_t l = strlen(req);
+                snprintf(req + l, sizeof req - l, "%s\"%s\"", l ? "," : "", names[j]);
+            }
+            got++;
+        }
+        snprintf(tmp, sizeof tmp, "},\"required\":[%s],\"additionalProperties\":false}", req); /* open objects: below */
+        put_s(b, n, cap, tmp);
+        break;
+    }
+    default: {
+        const int mn = below(r, 3), mx = mn + below(r, 4);
+        put_s(b, n, cap, "{\"type\":\"array\",\"items\":");
+        random_schema(r, b, n, cap, depth + 1);
+        snprintf(tmp, sizeof tmp, ",\"minItems\":%d,\"maxItems\":%d}", mn, mx);
+        put_s(b, n, cap, tmp);
+    }
+    }
+}
+
+static void test_random_schemas(void) {
+    rng r = {0xfeedface12345ull};
+    int compiled = 0, ok = 1;
+    for (int i = 0; i < 8; i++) {
+        char text[8192];
+        size_t n = 0;
+        random_schema(&r, text, &n, sizeof text - 1, 0);
+        text[n] = 0;
+        json_t *j = json_loads(text, 0, NULL);
+        if (!j) {
+            printf("# a random schema that is not JSON: %s\n", text);
+            ok = 0;
+            continue;
+        }
+        json_decref(j);
+        char what[64];
+        snprintf(what, sizeof what, "random schema %d", i);
+        const int before = tap_failed;
+        test_schema_replies(text, what, 10, 1);
+        if (tap_failed != before) {
+            printf("# the schema: %s\n", text);
+            ok = 0;
+        }
+        compiled++;
+    }
+    CHECK(ok && compiled == 8, "%d random schemas: every reply drawn from the masks parses and satisfies its schema", compiled);
+    /* an open object: other keys take booleans, a key that is a property takes its schema */
+    test_schema_replies("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":3,\"maximum\":4}},"
+                        "\"additionalProperties\":{\"type\":\"boolean\"}}",
+                        "an open object", 12, 3);
 }
 
 /* ---- forced tool calls (Qwen3.5's XML format) ---- */
@@ -641,8 +729,9 @@ int main(void) {
     test_random_documents();
     test_masks();
     test_schema_documents();
-    test_schema_replies(schema_a, "the flat schema");
-    test_schema_replies(schema_list, "the recursive schema");
+    test_schema_replies(schema_a, "the flat schema", 30, 5);
+    test_schema_replies(schema_list, "the recursive schema", 30, 5);
     test_tool_calls();
+    test_random_schemas();
     return tap_done();
 }

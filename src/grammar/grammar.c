@@ -653,9 +653,14 @@ static void string_ctx_state(int k, st_gram_state *s) {
 
 /* the context of g's string, or -1 (a key matched against properties, a \u escape, not a
  * string) */
+/* a key matched against a schema's properties */
+static int matched_key(const st_gram_schema *sc, const st_gram_state *g) {
+    return g->phase == P_STRING && g->str_key && sc && g->depth && g->stack[g->depth - 1].node >= 0;
+}
+
 static int string_ctx_of(const st_gram_schema *sc, const st_gram_state *g) {
     if (g->phase != P_STRING) return -1;
-    if (g->str_key && sc && g->depth && g->stack[g->depth - 1].node >= 0) return -1;
+    if (matched_key(sc, g) && !g->key_free) return -1; /* only the properties' names: the walk prunes */
     if (g->sub == S_ESC) return 8;
     if (g->sub != S_PLAIN) return -1;
     switch (g->utf8_need) {
@@ -1024,6 +1029,16 @@ static int64_t mask_of(st_gram_vocab *v, const st_gram_schema *sc, const st_gram
         /* the context-independent tokens at once; those that close the string by their
          * suffix, each distinct suffix run once from here */
         memcpy(mask, v->sctx[k].safe, v->words * sizeof *mask);
+        if (matched_key(sc, g)) { /* a key any text may be: what precedes the quote picks the
+                                     property, so each closing token runs whole */
+            for (int64_t i = 0; i < v->sctx[k].n_hard; i++) {
+                const int32_t t = v->sctx[k].hard[i];
+                st_gram_state s;
+                copy_live(&s, g);
+                if (st_gram_feed(&s, sc, v->bytes[t], v->lens[t])) mask[t / 32] |= 1u << (t % 32);
+            }
+            return popcount_words(mask, v->words);
+        }
         if (v->sctx[k].n_hard) {
             for (int64_t i = 0; i < v->n_suf; i++) {
                 st_gram_state s;
@@ -1037,8 +1052,7 @@ static int64_t mask_of(st_gram_vocab *v, const st_gram_schema *sc, const st_gram
             if (v->suf_fits[suf[i]]) mask[hard[i] / 32] |= 1u << (hard[i] % 32);
         return popcount_words(mask, v->words);
     }
-    if (g->phase == P_STRING && g->sub == S_HEX && !(g->str_key && sc && g->depth && g->stack[g->depth - 1].node >= 0))
-        return hex_mask(v, sc, g, mask);
+    if (g->phase == P_STRING && g->sub == S_HEX && !matched_key(sc, g)) return hex_mask(v, sc, g, mask);
     memset(mask, 0, v->words * sizeof *mask);
     v->n_set = 0;
     if (g->phase != P_DONE) walk(v, sc, 0, g, mask);
