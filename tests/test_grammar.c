@@ -297,7 +297,13 @@ static int valid(json_t *v, json_t *sc, json_t *defs) {
     }
     const char *t = json_string_value(ty);
     if (!t) return 1;
-    if (!strcmp(t, "string")) return json_is_string(v);
+    if (!strcmp(t, "string")) {
+        if (!json_is_string(v)) return 0;
+        json_t *mn = json_object_get(sc, "minLength"), *mx = json_object_get(sc, "maxLength");
+        long chars = 0;
+        for (const unsigned char *p = (const unsigned char *)json_string_value(v); *p; p++) chars += (*p & 0xc0) != 0x80;
+        return (!mn || chars >= json_integer_value(mn)) && (!mx || chars <= json_integer_value(mx));
+    }
     if (!strcmp(t, "boolean")) return json_is_boolean(v);
     if (!strcmp(t, "null")) return json_is_null(v);
     if (!strcmp(t, "number")) return json_is_number(v);
@@ -413,6 +419,13 @@ static void test_schema_documents(void) {
         st_gram_schema_free(x);
     }
     CHECK(all, "%zu schemas strand cannot follow are refused, each naming why", sizeof bad / sizeof bad[0]);
+    st_gram_schema *ls = NULL;
+    const char *len_schema = "{\"type\":\"string\",\"minLength\":2,\"maxLength\":4}";
+    CHECK(st_gram_schema_compile(len_schema, strlen(len_schema), 1, &ls, &err) == ST_OK && takes(ls, "\"ab\"") &&
+              takes(ls, "\"\xc3\xa9\\n\\u00e9\\ud83d\\ude00\"") && !takes(ls, "\"a\"") && !takes(ls, "\"abcde\"") &&
+              !takes(ls, "\"\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\""),
+          "minLength / maxLength count characters (a UTF-8 sequence, an escape, a surrogate pair: one each)");
+    st_gram_schema_free(ls);
     st_gram_schema *ek = NULL;
     const char *empty_key = "{\"type\":\"object\",\"properties\":{\"\":{\"type\":\"integer\"}},\"required\":[\"\"]}";
     CHECK(st_gram_schema_compile(empty_key, strlen(empty_key), 1, &ek, &err) == ST_OK && takes(ek, "{\"\":1}") &&
@@ -586,6 +599,11 @@ static void test_random_schemas(void) {
         compiled++;
     }
     CHECK(ok && compiled == 8, "%d random schemas: every reply drawn from the masks parses and satisfies its schema", compiled);
+    /* bounded strings take the string masks filtered by each token's characters */
+    test_schema_replies("{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\",\"minLength\":3,\"maxLength\":12},"
+                        "\"t\":{\"type\":\"array\",\"items\":{\"type\":\"string\",\"maxLength\":2}}},\"required\":[\"s\",\"t\"],"
+                        "\"additionalProperties\":false}",
+                        "bounded strings", 12, 5);
     /* an open object: other keys take booleans, a key that is a property takes its schema */
     test_schema_replies("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":3,\"maximum\":4}},"
                         "\"additionalProperties\":{\"type\":\"boolean\"}}",

@@ -32,7 +32,7 @@ typedef struct gram_node {
     int32_t prop0, n_props; /* props[prop0 .. prop0 + n_props) */
     uint64_t required;      /* bit i: props[prop0 + i] must be given */
     int32_t extra;          /* other keys' values' node; -2: no other keys */
-    /* GK_ARRAY */
+    /* GK_ARRAY; GK_STRING: min_items / max_items are its minLength / maxLength */
     int32_t items;
     int64_t min_items, max_items;
     /* GK_INTEGER */

@@ -181,6 +181,7 @@ static int value_start(st_gram_state *g, const st_gram_schema *sc, unsigned char
         g->phase = P_STRING;
         g->str_key = 0;
         g->utf8_need = 0;
+        g->slen = 0;
         return 1;
     case 't':
     case 'f':
@@ -254,9 +255,16 @@ static int string_byte(st_gram_state *g, const st_gram_schema *sc, unsigned char
                 if (!matching) g->vnode = GRAM_ANY;
                 g->phase = P_COLON;
             } else {
+                const gram_node *n = node_of(sc, g->vnode);
+                if (n && n->kind == GK_STRING && (int64_t)g->slen < n->min_items) return 0; /* minLength */
                 value_done(g);
             }
             return 1;
+        }
+        if (b >= 0x20 && !g->str_key) { /* a character starts: maxLength */
+            const gram_node *n = node_of(sc, g->vnode);
+            if (n && n->kind == GK_STRING && (int64_t)g->slen >= n->max_items) return 0;
+            if (g->slen < UINT32_MAX) g->slen++;
         }
         if (b == '\\') {
             g->sub = S_ESC;
@@ -658,8 +666,15 @@ static int matched_key(const st_gram_schema *sc, const st_gram_state *g) {
     return g->phase == P_STRING && g->str_key && sc && g->depth && g->stack[g->depth - 1].node >= 0;
 }
 
+/* a string value with a length bound */
+static int bounded_string(const st_gram_schema *sc, const st_gram_state *g) {
+    const gram_node *n = g->phase == P_STRING && !g->str_key ? node_of(sc, g->vnode) : NULL;
+    return n && n->kind == GK_STRING && (n->min_items > 0 || n->max_items < INT64_MAX);
+}
+
 static int string_ctx_of(const st_gram_schema *sc, const st_gram_state *g) {
     if (g->phase != P_STRING) return -1;
+    if (bounded_string(sc, g) && (g->sub != S_PLAIN || g->utf8_need)) return -1; /* (rare) the walk */
     if (matched_key(sc, g) && !g->key_free) return -1; /* only the properties' names: the walk prunes */
     if (g->sub == S_ESC) return 8;
     if (g->sub != S_PLAIN) return -1;
@@ -712,6 +727,8 @@ struct st_gram_vocab {
     uint8_t *suf_fits;      /* [n_suf] scratch of st_gram_mask; owned */
     int64_t n_suf;
     int64_t n_set;          /* the walk's count */
+    uint16_t *nchars;       /* [V] the characters a token adds inside a string from a character
+                               boundary (one it begins counts); owned */
     int32_t added[64];      /* added tokens that are not special (<tool_call>, ...): only a
                                tool call may use them; their bytes stay in bytes[] */
     int n_added;
@@ -775,6 +792,8 @@ st_status st_gram_vocab_create(const st_tokenizer *tok, int64_t vocab_size, st_g
         v->lens[t] = (uint32_t)len;
         total += len;
     }
+    v->nchars = ok ? calloc((size_t)vocab_size, sizeof *v->nchars) : NULL;
+    ok = ok && v->nchars;
     v->text_safe = ok ? calloc(v->words, sizeof *v->text_safe) : NULL;
     v->text_nl = ok ? malloc((size_t)vocab_size * sizeof *v->text_nl) : NULL;
     ok = ok && v->text_safe && v->text_nl;
@@ -870,6 +889,7 @@ st_status st_gram_vocab_create(const st_tokenizer *tok, int64_t vocab_size, st_g
             if (!fits) continue; /* never fits there */
             if (q == v->lens[t]) {
                 v->sctx[k].safe[t / 32] |= 1u << (t % 32);
+                if (k == 0) v->nchars[t] = (uint16_t)(s.slen > UINT16_MAX ? UINT16_MAX : s.slen);
                 continue;
             }
             int64_t id;
@@ -911,6 +931,7 @@ void st_gram_vocab_free(st_gram_vocab *v) {
     free(v->lens);
     free(v->text_safe);
     free(v->text_nl);
+    free(v->nchars);
     for (int m = 0; m < 4; m++) {
         free(v->hex[m].tok);
         free(v->hex[m].val);
@@ -1028,6 +1049,22 @@ static int64_t mask_of(st_gram_vocab *v, const st_gram_schema *sc, const st_gram
     if (k >= 0) {
         /* the context-independent tokens at once; those that close the string by their
          * suffix, each distinct suffix run once from here */
+        if (bounded_string(sc, g)) { /* k == 0: the tokens that stay inside, by their characters */
+            const int64_t room = node_of(sc, g->vnode)->max_items - (int64_t)g->slen;
+            memset(mask, 0, v->words * sizeof *mask);
+            for (size_t w = 0; w < v->words; w++)
+                for (uint32_t bits = v->sctx[0].safe[w]; bits; bits &= bits - 1) {
+                    const size_t t = w * 32 + (size_t)__builtin_ctz(bits);
+                    if ((int64_t)v->nchars[t] <= room) mask[w] |= 1u << (t % 32);
+                }
+            for (int64_t i = 0; i < v->sctx[0].n_hard; i++) { /* closing ones run whole */
+                const int32_t t = v->sctx[0].hard[i];
+                st_gram_state s;
+                copy_live(&s, g);
+                if (st_gram_feed(&s, sc, v->bytes[t], v->lens[t])) mask[t / 32] |= 1u << (t % 32);
+            }
+            return popcount_words(mask, v->words);
+        }
         memcpy(mask, v->sctx[k].safe, v->words * sizeof *mask);
         if (matched_key(sc, g)) { /* a key any text may be: what precedes the quote picks the
                                      property, so each closing token runs whole */
@@ -1052,7 +1089,8 @@ static int64_t mask_of(st_gram_vocab *v, const st_gram_schema *sc, const st_gram
             if (v->suf_fits[suf[i]]) mask[hard[i] / 32] |= 1u << (hard[i] % 32);
         return popcount_words(mask, v->words);
     }
-    if (g->phase == P_STRING && g->sub == S_HEX && !matched_key(sc, g)) return hex_mask(v, sc, g, mask);
+    if (g->phase == P_STRING && g->sub == S_HEX && !matched_key(sc, g) && !bounded_string(sc, g))
+        return hex_mask(v, sc, g, mask); /* (what follows an escape in a bounded string counts: the walk) */
     memset(mask, 0, v->words * sizeof *mask);
     v->n_set = 0;
     if (g->phase != P_DONE) walk(v, sc, 0, g, mask);

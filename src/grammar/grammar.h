@@ -45,7 +45,8 @@ typedef struct st_gram_schema st_gram_schema;
 
 /* Compile the schema in json[len] (the subset: type (a name or a list), properties,
  * required, additionalProperties, items, minItems, maxItems, enum, const, anyOf, oneOf,
- * $ref to #/$defs/NAME or #/definitions/NAME; integers' minimum and maximum; title,
+ * $ref to #/$defs/NAME or #/definitions/NAME; integers' minimum and maximum; strings'
+ * minLength and maxLength (characters: code points); title,
  * description, default and $schema are read past). Another keyword is an error naming it
  * when strict, and is ignored otherwise (as OpenAI does). ST_ERR_ARG naming the problem. */
 st_status st_gram_schema_compile(const char *json, size_t len, int strict, st_gram_schema **out, st_error *err);
@@ -82,6 +83,7 @@ typedef struct st_gram_state {
     uint16_t cpos;     /* bytes of a key or enum value matched so far */
     uint64_t cand;     /* the properties (a key) or enum values still matching */
     int64_t acc;       /* the integer's digits so far */
+    uint32_t slen;     /* characters of the string value being read (minLength, maxLength) */
     int16_t fn;        /* a tool call's function (ST_GRAM_TOOL_CALL), */
     int16_t param;     /* the parameter whose value is read, */
     uint64_t pseen;    /* and the parameters given */

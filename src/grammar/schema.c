@@ -213,6 +213,15 @@ static int32_t compile_typed(compiler *c, json_t *sc, const char *type, int nest
     if (kind < 0) return fail(c, "'type' '%s' is not a JSON schema type", type);
     int32_t id = new_node(c, kind);
     if (id < 0) return id;
+    if (kind == GK_STRING) {
+        gram_node *n = &c->s->nodes[id];
+        json_t *mn = json_object_get(sc, "minLength"), *mx = json_object_get(sc, "maxLength");
+        if (mn && (!json_is_integer(mn) || json_integer_value(mn) < 0)) return fail(c, "'minLength' must be a count%s", NULL);
+        if (mx && (!json_is_integer(mx) || json_integer_value(mx) < 0)) return fail(c, "'maxLength' must be a count%s", NULL);
+        if (mn) n->min_items = json_integer_value(mn);
+        if (mx) n->max_items = json_integer_value(mx);
+        if (n->min_items > n->max_items) return fail(c, "'minLength' exceeds 'maxLength'%s", NULL);
+    }
     if (kind == GK_INTEGER) {
         gram_node *n = &c->s->nodes[id];
         if (int_bound(c, sc, "minimum", 0, 0, n) || int_bound(c, sc, "maximum", 0, 1, n) ||
@@ -225,6 +234,7 @@ static int32_t compile_typed(compiler *c, json_t *sc, const char *type, int nest
         if (kind == GK_INTEGER && (!strcmp(k, "minimum") || !strcmp(k, "maximum") || !strcmp(k, "exclusiveMinimum") ||
                                    !strcmp(k, "exclusiveMaximum")))
             continue;
+        if (kind == GK_STRING && (!strcmp(k, "minLength") || !strcmp(k, "maxLength"))) continue;
         if (c->strict) {
             char what[160];
             snprintf(what, sizeof what, "the %s keyword '%s' is not supported", type, k);
