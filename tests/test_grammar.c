@@ -306,7 +306,14 @@ static int valid(json_t *v, json_t *sc, json_t *defs) {
     }
     if (!strcmp(t, "boolean")) return json_is_boolean(v);
     if (!strcmp(t, "null")) return json_is_null(v);
-    if (!strcmp(t, "number")) return json_is_number(v);
+    if (!strcmp(t, "number")) {
+        if (!json_is_number(v)) return 0;
+        const double x = json_number_value(v);
+        json_t *mn = json_object_get(sc, "minimum"), *mx = json_object_get(sc, "maximum");
+        json_t *xmn = json_object_get(sc, "exclusiveMinimum"), *xmx = json_object_get(sc, "exclusiveMaximum");
+        return (!mn || x >= json_number_value(mn)) && (!mx || x <= json_number_value(mx)) &&
+               (!xmn || x > json_number_value(xmn)) && (!xmx || x < json_number_value(xmx));
+    }
     if (!strcmp(t, "integer")) {
         json_t *mn = json_object_get(sc, "minimum"), *mx = json_object_get(sc, "maximum");
         return json_is_integer(v) && (!mn || json_integer_value(v) >= json_integer_value(mn)) &&
@@ -426,6 +433,13 @@ static void test_schema_documents(void) {
               !takes(ls, "\"\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\""),
           "minLength / maxLength count characters (a UTF-8 sequence, an escape, a surrogate pair: one each)");
     st_gram_schema_free(ls);
+    st_gram_schema *nb = NULL;
+    const char *num_schema = "{\"type\":\"number\",\"minimum\":0.1,\"exclusiveMaximum\":1.25}";
+    CHECK(st_gram_schema_compile(num_schema, strlen(num_schema), 1, &nb, &err) == ST_OK && takes(nb, "0.5 ") &&
+              takes(nb, "1.2499 ") && takes(nb, "0.10 ") && !takes(nb, "1.25 ") && !takes(nb, "0 ") && !takes(nb, "-0.5 ") &&
+              !takes(nb, "1e0 ") && !takes(nb, "2 "),
+          "a bounded number stays in its bounds (an exclusive end refused), written without an exponent");
+    st_gram_schema_free(nb);
     st_gram_schema *ek = NULL;
     const char *empty_key = "{\"type\":\"object\",\"properties\":{\"\":{\"type\":\"integer\"}},\"required\":[\"\"]}";
     CHECK(st_gram_schema_compile(empty_key, strlen(empty_key), 1, &ek, &err) == ST_OK && takes(ek, "{\"\":1}") &&
@@ -604,6 +618,8 @@ static void test_random_schemas(void) {
                         "\"t\":{\"type\":\"array\",\"items\":{\"type\":\"string\",\"maxLength\":2}}},\"required\":[\"s\",\"t\"],"
                         "\"additionalProperties\":false}",
                         "bounded strings", 12, 5);
+    test_schema_replies("{\"type\":\"array\",\"items\":{\"type\":\"number\",\"minimum\":-2.5,\"maximum\":0.75},\"maxItems\":4}",
+                        "bounded numbers", 12, 5);
     /* an open object: other keys take booleans, a key that is a property takes its schema */
     test_schema_replies("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":3,\"maximum\":4}},"
                         "\"additionalProperties\":{\"type\":\"boolean\"}}",

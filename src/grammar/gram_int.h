@@ -38,6 +38,9 @@ typedef struct gram_node {
     /* GK_INTEGER */
     int has_min, has_max;
     int64_t min, max;
+    /* GK_NUMBER (has_min / has_max): its bounds, and whether they are exclusive */
+    double dmin, dmax;
+    int min_excl, max_excl;
     /* GK_ENUM */
     int32_t lit0, n_lits;   /* lits[lit0 .. lit0 + n_lits) */
     /* GK_ANYOF: the node a value starting with byte b takes: dispatch[disp * 256 + b] (-3:

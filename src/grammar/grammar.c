@@ -137,6 +137,8 @@ static int int_in_range(const gram_node *n, int64_t acc, int neg) {
     return (!n->has_min || v >= n->min) && (!n->has_max || v <= n->max);
 }
 
+static int num_int_feasible(const gram_node *n, int64_t acc, int neg, int d);
+
 /* the first byte of a value */
 static int value_start(st_gram_state *g, const st_gram_schema *sc, unsigned char b) {
     if (g->mode == ST_GRAM_JSON_OBJECT && g->depth == 0 && b != '{') return 0;
@@ -195,6 +197,10 @@ static int value_start(st_gram_state *g, const st_gram_schema *sc, unsigned char
         if (b != '-' && !is_digit(b)) return 0;
         if (kind != GK_ANY && kind != GK_NUMBER && kind != GK_INTEGER) return 0;
         if (kind == GK_INTEGER && b == '-' && n->has_min && n->min > 0) return 0; /* no value <= 0 fits */
+        if (kind == GK_NUMBER && (n->has_min || n->has_max)) {
+            if (b == '-' ? n->has_min && (n->min_excl ? n->dmin >= 0 : n->dmin > 0) : !num_int_feasible(n, b - '0', 0, 1))
+                return 0;
+        }
         g->phase = P_NUMBER;
         g->neg = b == '-';
         g->acc = b == '-' ? 0 : b - '0';
@@ -320,15 +326,52 @@ static int string_byte(st_gram_state *g, const st_gram_schema *sc, unsigned char
     return 0;
 }
 
+/* A bounded number's reachable values: [lo, hi) with more digits to come (negated: (-hi,
+ * -lo]) against its bounds; `exact`: only lo itself (the number ends here). */
+static int num_reach(const gram_node *n, double lo, double hi, int neg, int exact) {
+    if (neg) {
+        const double t = -hi;
+        hi = -lo, lo = t;
+    }
+    if (exact) {
+        const double v = neg ? hi : lo;
+        return (!n->has_min || (n->min_excl ? v > n->dmin : v >= n->dmin)) &&
+               (!n->has_max || (n->max_excl ? v < n->dmax : v <= n->dmax));
+    }
+    /* the open end of the interval is never reached, the closed one is */
+    const int lo_open = neg, hi_open = !neg;
+    const int above_min = !n->has_min || (hi_open || n->min_excl ? hi > n->dmin : hi >= n->dmin);
+    const int below_max = !n->has_max || (lo_open || n->max_excl ? lo < n->dmax : lo <= n->dmax);
+    return above_min && below_max;
+}
+
+static double pow10i(int k) {
+    double p = 1;
+    while (k-- > 0) p *= 10;
+    return p;
+}
+
+/* the integer part acc (d digits) may still become a number inside the bounds */
+static int num_int_feasible(const gram_node *n, int64_t acc, int neg, int d) {
+    for (int k = 0; d + k <= MAX_INT_DIGITS; k++) {
+        const double p = pow10i(k);
+        if (num_reach(n, (double)acc * p, ((double)acc + 1) * p, neg, 0)) return 1;
+        if (acc == 0) break;
+    }
+    return 0;
+}
+
 /* a byte inside a number: 1 taken, 0 rejected, 2 the number ended before it */
 static int number_byte(st_gram_state *g, const st_gram_schema *sc, unsigned char b) {
     const gram_node *n = node_of(sc, g->vnode);
     const int integer = n && n->kind == GK_INTEGER;
+    const int bounded = n && n->kind == GK_NUMBER && (n->has_min || n->has_max); /* no exponent then */
     const int e = b == 'e' || b == 'E';
     switch (g->sub) {
     case N_MINUS:
         if (!is_digit(b)) return 0;
         g->sub = b == '0' ? N_ZERO : N_INT, g->lit_pos = 1, g->acc = b - '0';
+        if (bounded) return num_int_feasible(n, g->acc, 1, 1);
         return !integer || int_feasible(n, g->acc, 1, 1);
     case N_ZERO:
     case N_INT:
@@ -336,11 +379,15 @@ static int number_byte(st_gram_state *g, const st_gram_schema *sc, unsigned char
             if (g->lit_pos >= MAX_INT_DIGITS) return 0;
             g->lit_pos++;
             g->acc = g->acc * 10 + (b - '0');
+            if (bounded) return num_int_feasible(n, g->acc, g->neg, g->lit_pos);
             return !integer || int_feasible(n, g->acc, g->neg, g->lit_pos);
         }
         if ((b == '.' || e) && integer) return 0;
+        if (e && bounded) return 0;
         if (b == '.') {
+            if (bounded && !num_reach(n, (double)g->acc, (double)g->acc + 1, g->neg, 0)) return 0;
             g->sub = N_DOT;
+            g->frac = 0;
             return 1;
         }
         if (e) {
@@ -348,20 +395,28 @@ static int number_byte(st_gram_state *g, const st_gram_schema *sc, unsigned char
             return 1;
         }
         if (integer && !int_in_range(n, g->acc, g->neg)) return 0;
+        if (bounded && !num_reach(n, (double)g->acc, 0, g->neg, 1)) return 0;
         return 2;
     case N_DOT:
-        if (!is_digit(b)) return 0;
-        g->sub = N_FRAC, g->lit_pos = 1;
-        return 1;
     case N_FRAC:
         if (is_digit(b)) {
-            if (g->lit_pos >= MAX_FRAC_DIGITS) return 0;
-            g->lit_pos++;
-            return 1;
+            if (g->sub == N_FRAC && g->lit_pos >= MAX_FRAC_DIGITS) return 0;
+            g->lit_pos = g->sub == N_DOT ? 1 : g->lit_pos + 1;
+            g->sub = N_FRAC;
+            if (!bounded) return 1;
+            g->frac = g->frac * 10 + (b - '0');
+            const double scale = pow10i(g->lit_pos), x = (double)g->acc + (double)g->frac / scale;
+            return num_reach(n, x, x + 1 / scale, g->neg, 0);
         }
+        if (g->sub == N_DOT) return 0;
         if (e) {
+            if (bounded) return 0;
             g->sub = N_E;
             return 1;
+        }
+        if (bounded) {
+            const double x = (double)g->acc + (double)g->frac / pow10i(g->lit_pos);
+            if (!num_reach(n, x, 0, g->neg, 1)) return 0;
         }
         return 2;
     case N_E:

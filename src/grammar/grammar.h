@@ -46,7 +46,8 @@ typedef struct st_gram_schema st_gram_schema;
 /* Compile the schema in json[len] (the subset: type (a name or a list), properties,
  * required, additionalProperties, items, minItems, maxItems, enum, const, anyOf, oneOf,
  * $ref to #/$defs/NAME or #/definitions/NAME; integers' minimum and maximum; strings'
- * minLength and maxLength (characters: code points); title,
+ * minLength and maxLength (characters: code points); numbers' minimum and maximum (and
+ * the exclusive ones: such a number is written without an exponent); title,
  * description, default and $schema are read past). Another keyword is an error naming it
  * when strict, and is ignored otherwise (as OpenAI does). ST_ERR_ARG naming the problem. */
 st_status st_gram_schema_compile(const char *json, size_t len, int strict, st_gram_schema **out, st_error *err);
@@ -82,7 +83,8 @@ typedef struct st_gram_state {
     int16_t vnode;     /* the schema node of the value expected or being read (-1: any) */
     uint16_t cpos;     /* bytes of a key or enum value matched so far */
     uint64_t cand;     /* the properties (a key) or enum values still matching */
-    int64_t acc;       /* the integer's digits so far */
+    int64_t acc;       /* the integer's digits so far (a number's integer part) */
+    int64_t frac;      /* a bounded number's fraction digits so far (lit_pos of them) */
     uint32_t slen;     /* characters of the string value being read (minLength, maxLength) */
     int16_t fn;        /* a tool call's function (ST_GRAM_TOOL_CALL), */
     int16_t param;     /* the parameter whose value is read, */

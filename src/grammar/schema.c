@@ -222,6 +222,21 @@ static int32_t compile_typed(compiler *c, json_t *sc, const char *type, int nest
         if (mx) n->max_items = json_integer_value(mx);
         if (n->min_items > n->max_items) return fail(c, "'minLength' exceeds 'maxLength'%s", NULL);
     }
+    if (kind == GK_NUMBER) {
+        gram_node *n = &c->s->nodes[id];
+        static const char *const keys[4] = {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"};
+        for (int i = 0; i < 4; i++) {
+            json_t *bv = json_object_get(sc, keys[i]);
+            if (!bv) continue;
+            if (!json_is_number(bv)) return fail(c, "'%s' must be a number", keys[i]);
+            const double x = json_number_value(bv);
+            if (!(x <= 9e14 && x >= -9e14)) return fail(c, "'%s' is beyond the numbers strand writes (15 digits)", keys[i]);
+            if (i < 2 && (!n->has_min || x > n->dmin || (x == n->dmin && i == 1))) n->dmin = x, n->has_min = 1, n->min_excl = i == 1;
+            if (i >= 2 && (!n->has_max || x < n->dmax || (x == n->dmax && i == 3))) n->dmax = x, n->has_max = 1, n->max_excl = i == 3;
+        }
+        if (n->has_min && n->has_max && (n->dmin > n->dmax || (n->dmin == n->dmax && (n->min_excl || n->max_excl))))
+            return fail(c, "no number lies between the minimum and the maximum%s", NULL);
+    }
     if (kind == GK_INTEGER) {
         gram_node *n = &c->s->nodes[id];
         if (int_bound(c, sc, "minimum", 0, 0, n) || int_bound(c, sc, "maximum", 0, 1, n) ||
@@ -235,6 +250,9 @@ static int32_t compile_typed(compiler *c, json_t *sc, const char *type, int nest
                                    !strcmp(k, "exclusiveMaximum")))
             continue;
         if (kind == GK_STRING && (!strcmp(k, "minLength") || !strcmp(k, "maxLength"))) continue;
+        if (kind == GK_NUMBER && (!strcmp(k, "minimum") || !strcmp(k, "maximum") || !strcmp(k, "exclusiveMinimum") ||
+                                  !strcmp(k, "exclusiveMaximum")))
+            continue;
         if (c->strict) {
             char what[160];
             snprintf(what, sizeof what, "the %s keyword '%s' is not supported", type, k);
