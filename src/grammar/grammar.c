@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/strmap.h"
+#include "core/utf8.h"
 #include "grammar/gram_int.h"
 
 /* what the next byte may be */
@@ -243,16 +244,33 @@ static int key_byte(st_gram_state *g, const st_gram_schema *sc, unsigned char b)
     return c != 0 || g->key_free;
 }
 
+/* A UTF-8 lead byte (core/utf8.h): the continuation bytes it needs and the first one's
+ * range (U8_*) into g; 0 when b cannot begin a sequence. */
+static int utf8_lead(st_gram_state *g, unsigned char b) {
+    uint8_t lo, hi;
+    int len;
+    if (!st_utf8_lead(b, &lo, &hi, &len)) return 0;
+    g->utf8_need = (uint8_t)(len - 1);
+    g->lit = lo == 0xA0 ? U8_A0_BF : hi == 0x9F ? U8_80_9F : lo == 0x90 ? U8_90_BF : hi == 0x8F ? U8_80_8F : U8_ANY;
+    return 1;
+}
+
+/* a continuation byte, inside the range due */
+static int utf8_cont(st_gram_state *g, unsigned char b) {
+    static const unsigned char lo[] = {0x80, 0xA0, 0x80, 0x90, 0x80}, hi[] = {0xBF, 0xBF, 0x9F, 0xBF, 0x8F};
+    if (b < lo[g->lit] || b > hi[g->lit]) return 0;
+    g->utf8_need--;
+    g->lit = U8_ANY;
+    return 1;
+}
+
 /* a byte inside a string */
 static int string_byte(st_gram_state *g, const st_gram_schema *sc, unsigned char b) {
     const int matching = g->str_key && sc && node_of(sc, top(g)->node);
     switch (g->sub) {
     case S_PLAIN:
         if (g->utf8_need) {
-            static const unsigned char lo[] = {0x80, 0xA0, 0x80, 0x90, 0x80}, hi[] = {0xBF, 0xBF, 0x9F, 0xBF, 0x8F};
-            if (b < lo[g->lit] || b > hi[g->lit]) return 0;
-            g->utf8_need--;
-            g->lit = U8_ANY;
+            if (!utf8_cont(g, b)) return 0;
             return !matching || key_byte(g, sc, b);
         }
         if (b == '"') {
@@ -277,16 +295,7 @@ static int string_byte(st_gram_state *g, const st_gram_schema *sc, unsigned char
             return !matching || key_byte(g, sc, b);
         }
         if (b < 0x20) return 0;
-        if (b >= 0x80) { /* a UTF-8 lead byte: how many continuation bytes, and the first one's range */
-            if (b >= 0xC2 && b <= 0xDF) g->utf8_need = 1, g->lit = U8_ANY;
-            else if (b == 0xE0) g->utf8_need = 2, g->lit = U8_A0_BF;
-            else if (b == 0xED) g->utf8_need = 2, g->lit = U8_80_9F;
-            else if (b >= 0xE1 && b <= 0xEF) g->utf8_need = 2, g->lit = U8_ANY;
-            else if (b == 0xF0) g->utf8_need = 3, g->lit = U8_90_BF;
-            else if (b >= 0xF1 && b <= 0xF3) g->utf8_need = 3, g->lit = U8_ANY;
-            else if (b == 0xF4) g->utf8_need = 3, g->lit = U8_80_8F;
-            else return 0;
-        }
+        if (b >= 0x80 && !utf8_lead(g, b)) return 0;
         return !matching || key_byte(g, sc, b);
     case S_ESC:
         if (b == 'u') {
@@ -472,24 +481,9 @@ static int feed1(st_gram_state *g, const st_gram_schema *sc, unsigned char b);
 
 /* a byte of UTF-8 text (a text parameter's value): 1 allowed */
 static int text_utf8(st_gram_state *g, unsigned char b) {
-    if (g->utf8_need) {
-        static const unsigned char lo[] = {0x80, 0xA0, 0x80, 0x90, 0x80}, hi[] = {0xBF, 0xBF, 0x9F, 0xBF, 0x8F};
-        if (b < lo[g->lit] || b > hi[g->lit]) return 0;
-        g->utf8_need--;
-        g->lit = U8_ANY;
-        return 1;
-    }
+    if (g->utf8_need) return utf8_cont(g, b);
     if (b < 0x20) return b == '\n' || b == '\t' || b == '\r';
-    if (b < 0x80) return 1;
-    if (b >= 0xC2 && b <= 0xDF) g->utf8_need = 1, g->lit = U8_ANY;
-    else if (b == 0xE0) g->utf8_need = 2, g->lit = U8_A0_BF;
-    else if (b == 0xED) g->utf8_need = 2, g->lit = U8_80_9F;
-    else if (b >= 0xE1 && b <= 0xEF) g->utf8_need = 2, g->lit = U8_ANY;
-    else if (b == 0xF0) g->utf8_need = 3, g->lit = U8_90_BF;
-    else if (b >= 0xF1 && b <= 0xF3) g->utf8_need = 3, g->lit = U8_ANY;
-    else if (b == 0xF4) g->utf8_need = 3, g->lit = U8_80_8F;
-    else return 0;
-    return 1;
+    return b < 0x80 || utf8_lead(g, b);
 }
 
 /* the function or parameter whose name is matched so far (cand, cpos) and ends here: its
