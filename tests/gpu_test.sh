@@ -72,6 +72,14 @@ b=$("$S" generate --device cuda -m $D/fixtures/tiny-b --ids 1,2,3,4,5 -n 16 2>"$
 if [ -n "$a" ] && [ "$a" = "$b" ]; then ok "strand generate --device cuda: the CPU's 16 greedy tokens ($b)"
 else nok "generate --device cuda gave '$b', the CPU '$a' ($(head -c 300 "$T/gerr"))"; fi
 
+# images: the tower on the CPU, the language model with M-RoPE on the GPU (tiny-vl's two-image prompt)
+VL=$D/fixtures/tiny-vl
+VL_GREEDY="441 276 108 559 521 463 387 697 64 1008 695 207" # golden.safetensors mm.greedy
+v=$("$S" generate --device cuda -m $VL --ids 5,6,7,1002,1000,1000,1000,1000,1003,8,9,1002,1000,1000,1000,1000,1000,1003,10,11,12 \
+    --image $VL/images/img0.png --image $VL/images/img2.png -n 12 2>"$T/verr")
+if [ "$v" = "$VL_GREEDY" ]; then ok "images on the GPU (M-RoPE): tiny-vl's two-image prompt gives the reference's 12 greedy tokens"
+else nok "images on the GPU: '$v', the reference '$VL_GREEDY' ($(head -c 300 "$T/verr"))"; fi
+
 p1=$("$S" perplexity --device cpu -m models/tiny-fortune --text-file models/tiny-fortune/heldout.txt --json 2>/dev/null | grep -o '"perplexity": *[0-9.]*' | grep -o '[0-9.]*$')
 p2=$("$S" perplexity --device cuda -m models/tiny-fortune --text-file models/tiny-fortune/heldout.txt --json 2>"$T/perr" | grep -o '"perplexity": *[0-9.]*' | grep -o '[0-9.]*$')
 if [ -n "$p1" ] && [ -n "$p2" ] && awk -v a="$p1" -v b="$p2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d / a < 1e-4) }'; then

@@ -408,12 +408,3 @@ const st_quant_override *st_config_quant_override(const st_config *c, const char
     return NULL;
 }
 
-int st_config_mrope_axis(const st_config *c, int k) {
-    const int *sec = c->mrope_section;
-    if (c->mrope_interleaved) {
-        if (k % 3 == 1 && k < 3 * sec[1]) return 1;
-        if (k % 3 == 2 && k < 3 * sec[2]) return 2;
-        return 0;
-    }
-    return k < sec[0] ? 0 : k < sec[0] + sec[1] ? 1 : 2;
-}

@@ -88,7 +88,15 @@ st_status st_config_load(const char *dir, st_config *cfg, st_error *err);
 
 /* The M-RoPE axis (0 t, 1 h, 2 w) of rotary frequency k < rope_dim / 2 (spec/vision.md 7.5):
  * interleaved t h w t h w ... (h and w while their sections last), else in sections. */
-int st_config_mrope_axis(const st_config *c, int k);
+static inline int st_config_mrope_axis(const st_config *c, int k) {
+    const int *sec = c->mrope_section;
+    if (c->mrope_interleaved) {
+        if (k % 3 == 1 && k < 3 * sec[1]) return 1;
+        if (k % 3 == 2 && k < 3 * sec[2]) return 2;
+        return 0;
+    }
+    return k < sec[0] ? 0 : k < sec[0] + sec[1] ? 1 : 2;
+}
 /* Parse config JSON text (for tests and fuzzing); `label` names it in messages. */
 st_status st_config_parse(const char *json, size_t len, const char *label, st_config *cfg,
                           st_error *err);

@@ -155,13 +155,11 @@ static st_status load_all(srv *s, st_error *err) {
         s->ct = NULL;
     }
     s->think_split = st_tok_token_to_id(s->tok, "</think>", 8) >= 0;
-    /* images: the tower on the CPU backend (M-RoPE is not on the GPU yet) */
+    /* images: the tower on the CPU (whichever backend runs the language model) */
     snprintf(s->no_images, sizeof s->no_images, "this model takes no images");
     if (s->m->cfg.has_vision && s->m->cfg.image_token_id >= 0) {
         st_error verr = {0};
-        if (strcmp(s->backend->ops->name, "cpu") != 0)
-            snprintf(s->no_images, sizeof s->no_images, "images are served on the CPU backend only for now (--device cpu)");
-        else if (st_vision_load(s->p.model_dir, st_kernels_best(), &s->vt, &verr) != ST_OK ||
+        if (st_vision_load(s->p.model_dir, st_kernels_best(), &s->vt, &verr) != ST_OK ||
                  st_vision_pp_load(s->p.model_dir, &s->pp, &verr) != ST_OK ||
                  st_vision_set_threads(s->vt, s->p.device.cpu.n_threads > 0 ? s->p.device.cpu.n_threads
                                                                               : st_default_threads(), &verr) != ST_OK) {

@@ -71,6 +71,7 @@ typedef struct cuda_backend {
     cu_mat *experts;        /* [n_layers][3][E] host, owned */
     cu_mat embed, lm_head;
     const float *final_norm, *inv_freq;
+    const int32_t *rope_axis;   /* [rope_dim / 2] the M-RoPE axis (t, h, w) of each frequency */
     /* shapes (world 1) */
     int64_t d, V, cd, kd, vd, I;
     int nh, nkv, hd, Hk, Hv, Dk, Dv, K, E, topk, norm_topk, rope_dim;
@@ -204,6 +205,10 @@ static void put_model(uploader *u, const st_model *m, float *conv_tmp) {
     for (int i = 0; i < c->rope_dim / 2; i++)
         inv[i] = (float)(1.0 / pow(c->rope_theta, (double)(2 * i) / (double)c->rope_dim));
     b->inv_freq = put_vec(u, inv, (size_t)(c->rope_dim / 2));
+    int32_t axis[512];
+    ST_ASSERT(c->rope_dim / 2 <= 512);
+    for (int i = 0; i < c->rope_dim / 2; i++) axis[i] = st_config_mrope_axis(c, i);
+    b->rope_axis = put(u, axis, (size_t)(c->rope_dim / 2) * sizeof(int32_t));
     for (int li = 0; li < c->n_layers; li++) {
         const st_layer *L = &m->layers[li];
         cl_layer *o = &b->layers[li];
@@ -439,7 +444,7 @@ static int64_t xs_tokens(int64_t max_tokens) { return max_tokens < 16 ? 16 : max
 
 /* where each part of the plan sits in its staging (bytes from the start) */
 typedef struct plan_layout {
-    size_t tokens, item_t0, pos0, slot, block_t0, blocks, tok_item, rows, total;
+    size_t tokens, item_t0, pos0, slot, block_t0, blocks, tok_item, rows, mrope, total;
 } plan_layout;
 
 /* an op of the forward pass, as called (kind and arguments) */
@@ -515,6 +520,7 @@ static plan_layout layout_of(const st_ctx_params *p, int64_t cap_blocks) {
     l.blocks = at, at += align8((size_t)cap_blocks * 4 + 4);
     l.tok_item = at, at += align8(T * 4);
     l.rows = at, at += align8(T * 4);
+    l.mrope = at, at += align8(T * 12);
     l.total = at;
     return l;
 }
@@ -666,8 +672,6 @@ static void graph_begin(cuda_ctx *c, const st_step_plan *pl);
 
 static st_status cuda_step_begin(st_bctx *base, const st_step_plan *pl, st_error *err) {
     cuda_ctx *c = (cuda_ctx *)base;
-    if (pl->mrope)
-        return fail(err, ST_ERR_UNSUPPORTED, "the CUDA backend has no M-RoPE yet (prompts with images): use --device cpu");
     cudaSetDevice(c->b->device);
     c->first_error = cudaSuccess;
     c->hp = pl;
@@ -683,13 +687,17 @@ static st_status cuda_step_begin(st_bctx *base, const st_step_plan *pl, st_error
     memcpy(h + l.slot, pl->slot, (size_t)n * 4);
     memcpy(h + l.block_t0, pl->block_t0, (size_t)(n + 1) * 8);
     if (nb) memcpy(h + l.blocks, pl->blocks, (size_t)nb * 4);
-    int32_t *ti = (int32_t *)(h + l.tok_item), *rows = (int32_t *)(h + l.rows);
+    int32_t *ti = (int32_t *)(h + l.tok_item), *rows = (int32_t *)(h + l.rows), *m3 = (int32_t *)(h + l.mrope);
+    /* every token's (t, h, w) rotary positions: the plan's (M-RoPE), else its position on every axis */
+    if (pl->mrope) memcpy(m3, pl->mrope, (size_t)pl->n_tokens * 12);
     int64_t nr = 0;
     c->max_item_tokens = 0;
     for (int i = 0; i < n; i++) {
         const int64_t t0 = pl->item_t0[i], t1 = pl->item_t0[i + 1];
         if (t1 - t0 > c->max_item_tokens) c->max_item_tokens = t1 - t0;
         for (int64_t t = t0; t < t1; t++) ti[t] = i;
+        if (!pl->mrope)
+            for (int64_t t = t0; t < t1; t++) m3[3 * t] = m3[3 * t + 1] = m3[3 * t + 2] = (int32_t)(pl->pos0[i] + t - t0);
         if (pl->logits[i] == ST_LOGITS_ALL)
             for (int64_t t = t0; t < t1; t++) rows[nr++] = (int32_t)t;
         else if (pl->logits[i] == ST_LOGITS_LAST)
@@ -706,7 +714,8 @@ static st_status cuda_step_begin(st_bctx *base, const st_step_plan *pl, st_error
                         .block_t0 = (const int64_t *)(d + l.block_t0),
                         .blocks = (const int32_t *)(d + l.blocks),
                         .tok_item = (const int32_t *)(d + l.tok_item),
-                        .rows = (const int32_t *)(d + l.rows)};
+                        .rows = (const int32_t *)(d + l.rows),
+                        .mrope = (const int32_t *)(d + l.mrope)};
     /* a sequence's first step starts from zero state */
     for (int i = 0; i < n; i++) {
         if (pl->pos0[i] != 0) continue;
@@ -805,7 +814,7 @@ static cu_attn_args attn_args(cuda_ctx *c, int layer) {
     const cuda_backend *b = c->b;
     const cl_layer *L = &b->layers[layer];
     cu_attn_args a = {.q = c->p1, .k = c->p2, .v = c->p3, .mix = c->mix, .q_norm = L->q_norm, .k_norm = L->k_norm,
-                      .inv_freq = b->inv_freq, .nh = b->nh, .nkv = b->nkv, .hd = b->hd, .rope_dim = b->rope_dim,
+                      .inv_freq = b->inv_freq, .rope_axis = b->rope_axis, .nh = b->nh, .nkv = b->nkv, .hd = b->hd, .rope_dim = b->rope_dim,
                       .li = L->kind_index, .eps = b->eps};
     return a;
 }

@@ -42,6 +42,7 @@ typedef struct cu_plan {
     const int32_t *blocks;
     const int32_t *tok_item; /* [T] the item of each token */
     const int32_t *rows;     /* [n_logit_rows] the token rows that get logits */
+    const int32_t *mrope;    /* [T][3] each token's (t, h, w) rotary positions */
 } cu_plan;
 
 /* The KV pool: [n_blocks][n_full][2][nkv][block_size][hd] of f32 or bf16. */
@@ -122,6 +123,7 @@ typedef struct cu_attn_args {
     const float *v;
     float *mix;
     const float *q_norm, *k_norm, *inv_freq;
+    const int32_t *rope_axis; /* [rope_dim / 2] which of the token's 3 positions each frequency turns by */
     int nh, nkv, hd, rope_dim, li;
     float eps;
 } cu_attn_args;

@@ -1343,7 +1343,7 @@ __global__ void k_attn_prep(cu_plan p, cu_attn_args a, cu_kv kv) {
     const int it = p.tok_item[t];
     const int64_t pos = p.pos0[it] + (t - p.item_t0[it]);
     for (int i = threadIdx.x; i < a.rope_dim / 2; i += blockDim.x) {
-        const float ang = (float)pos * a.inv_freq[i];
+        const float ang = (float)(int64_t)p.mrope[t * 3 + a.rope_axis[i]] * a.inv_freq[i]; /* M-RoPE */
         cs[i] = cosf(ang);
         sn[i] = sinf(ang);
     }
