@@ -107,7 +107,13 @@ typedef struct uploader {
     cudaError_t err;
     int synthetic;     /* matrices are made on the device (st_model_synthetic) */
     uint64_t key;      /* the next synthetic matrix's seed */
+    uint8_t *stage[2]; /* pinned staging [UP_STAGE] each (NULL: plain copies) */
+    cudaStream_t stream;
+    cudaEvent_t done[2];
+    int turn;
 } uploader;
+
+#define UP_STAGE ((size_t)64 << 20)
 
 /* room for bytes in the block, filled on the device (a synthetic matrix's part) */
 static void *put_synth(uploader *u, size_t n, size_t elem, int kind, float a) {
@@ -118,12 +124,34 @@ static void *put_synth(uploader *u, size_t n, size_t elem, int kind, float a) {
     return u->b->weights + at;
 }
 
+static void up_note(uploader *u, cudaError_t e) {
+    if (e != cudaSuccess && u->err == cudaSuccess) u->err = e;
+}
+
+/* host bytes to the device through two pinned staging buffers: the copy of one buffer from
+ * the (mapped) checkpoint overlaps the transfer of the other */
+static void upload(uploader *u, uint8_t *dst, const uint8_t *src, size_t bytes) {
+    if (!u->stage[0]) {
+        up_note(u, cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+        return;
+    }
+    while (bytes) {
+        const size_t n = bytes < UP_STAGE ? bytes : UP_STAGE;
+        const int i = u->turn;
+        up_note(u, cudaEventSynchronize(u->done[i])); /* its previous transfer is over */
+        memcpy(u->stage[i], src, n);
+        up_note(u, cudaMemcpyAsync(dst, u->stage[i], n, cudaMemcpyHostToDevice, u->stream));
+        up_note(u, cudaEventRecord(u->done[i], u->stream));
+        u->turn ^= 1;
+        dst += n, src += n, bytes -= n;
+    }
+}
+
 static const void *put(uploader *u, const void *host, size_t bytes) {
     const size_t at = u->at;
     u->at += align256(bytes);
     if (!u->copy || !bytes) return u->copy ? u->b->weights + at : NULL;
-    cudaError_t e = cudaMemcpy(u->b->weights + at, host, bytes, cudaMemcpyHostToDevice);
-    if (e != cudaSuccess && u->err == cudaSuccess) u->err = e;
+    upload(u, u->b->weights + at, (const uint8_t *)host, bytes);
     return u->b->weights + at;
 }
 
@@ -352,7 +380,7 @@ static st_status cuda_create(const st_model *m, const st_cuda_params *p, const s
         cuda_destroy(&b->base);
         return fail(err, ST_ERR_NOMEM, "out of memory");
     }
-    uploader u = {b, 0, 0, cudaSuccess, m->synthetic, m->synth_seed};
+    uploader u = {.b = b, .err = cudaSuccess, .synthetic = m->synthetic, .key = m->synth_seed};
     put_model(&u, m, tmp);
     b->weight_bytes = u.at;
     st_status st = dev_alloc(b, b->weight_bytes, (void **)&b->weights, err);
@@ -360,8 +388,32 @@ static st_status cuda_create(const st_model *m, const st_cuda_params *p, const s
     if (st == ST_OK) {
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
-        u = (uploader){b, 1, 0, cudaSuccess, m->synthetic, m->synth_seed};
+        u = (uploader){.b = b, .copy = 1, .err = cudaSuccess, .synthetic = m->synthetic, .key = m->synth_seed};
+        /* pinned staging when the host grants it (else plain, slower copies) */
+        int staged = !m->synthetic && cudaStreamCreateWithFlags(&u.stream, cudaStreamNonBlocking) == cudaSuccess;
+        for (int i = 0; i < 2 && staged; i++)
+            staged = cudaMallocHost((void **)&u.stage[i], UP_STAGE) == cudaSuccess &&
+                     cudaEventCreateWithFlags(&u.done[i], cudaEventDisableTiming) == cudaSuccess;
+        if (!staged) {
+            for (int i = 0; i < 2; i++) {
+                if (u.stage[i]) cudaFreeHost(u.stage[i]);
+                if (u.done[i]) cudaEventDestroy(u.done[i]);
+                u.stage[i] = NULL;
+                u.done[i] = NULL;
+            }
+            cudaGetLastError();
+        } else {
+            for (int i = 0; i < 2; i++) cudaEventRecord(u.done[i], u.stream);
+        }
         put_model(&u, m, tmp);
+        if (u.stream) {
+            up_note(&u, cudaStreamSynchronize(u.stream));
+            cudaStreamDestroy(u.stream);
+        }
+        for (int i = 0; i < 2; i++) {
+            if (u.stage[i]) cudaFreeHost(u.stage[i]);
+            if (u.done[i]) cudaEventDestroy(u.done[i]);
+        }
         if (m->synthetic) {
             cudaError_t se = cudaDeviceSynchronize();
             if (se == cudaSuccess) se = cudaGetLastError();
