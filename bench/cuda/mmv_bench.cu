@@ -8,6 +8,7 @@
  * (src/backend/cuda/kernels.cu), so it measures the code strand runs.
  *
  *   build/mmv_bench [reps]
+ *   build/mmv_bench sweep [reps]     k_gemm's tile shapes at 32 to 2,048 tokens
  */
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -49,7 +50,98 @@ struct shape {
 enum { V_MMV, V_MMA, V_FMA, V_READ, NV };
 static const char *vname[NV] = {"mmv/gemm", "tiled k_mma", "row fma", "read"};
 
+/* ---- `mmv_bench sweep`: k_gemm's tile shapes side by side, at the token counts of batched
+ * decode and prefill, each checked against the backend's own choice bit for bit ---- */
+struct gemm_cfg {
+    const char *name;
+    void (*launch)(cu_stream, mm_group, const uint16_t *, int64_t, int64_t);
+    void (*attr)(void);
+};
+#define GEMM_CFG(MTW, NT, WR, P)                                                                               \
+    {#MTW "," #NT "," #WR, launch_gemm_p<MTW, NT, WR, P>, gemm_attr<MTW, NT, WR, P>}
+static const gemm_cfg cfg1[] = {GEMM_CFG(4, 4, 2, 1), GEMM_CFG(1, 4, 4, 1), GEMM_CFG(2, 4, 4, 1),
+                                GEMM_CFG(2, 8, 8, 1), GEMM_CFG(2, 8, 4, 1), GEMM_CFG(1, 8, 8, 1)};
+static const gemm_cfg cfg3[] = {GEMM_CFG(4, 4, 2, 3), GEMM_CFG(1, 4, 4, 3), GEMM_CFG(2, 4, 4, 3),
+                                GEMM_CFG(2, 8, 8, 3), GEMM_CFG(2, 8, 4, 3), GEMM_CFG(1, 8, 8, 3)};
+enum { NCFG = sizeof cfg1 / sizeof cfg1[0] };
+
+static int sweep(int reps) {
+    cudaStream_t s;
+    CK(cudaStreamCreate(&s));
+    cu_mm_init();
+    for (int i = 0; i < NCFG; i++) cfg1[i].attr(), cfg3[i].attr();
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    const struct { const char *name; int64_t rows, cols; } shapes[] = {
+        {"gate+up", 34816, 5120}, {"down", 5120, 17408}, {"gdn in", 16512, 5120}, {"out/o", 5120, 6144}, {"attn qkv", 14336, 5120}};
+    const int64_t Ts[] = {32, 64, 128, 512, 2048};
+    const int64_t TM = 2048;
+    printf("k_gemm tile shapes (MTW,NT,WR: rows 16*MTW*WR, tokens 8*NT*(8/WR)); GB/s of weights | TFLOP/s; * differs in a bit\n");
+    printf("%-9s %5s %2s", "shape", "T", "P");
+    for (int i = 0; i < NCFG; i++) printf(" %15s", cfg1[i].name);
+    printf("\n");
+    for (const auto &sh : shapes) {
+        const size_t bytes = (size_t)sh.rows * sh.cols * 2, tbytes = cu_tiled_elems(sh.rows, sh.cols) * 2;
+        uint16_t *wd, *wt, *xs;
+        float *x, *y, *yref;
+        CK(cudaMalloc(&wd, bytes));
+        CK(cudaMalloc(&wt, tbytes));
+        cu_synth_fill(s, wd, bytes / 2, CU_SYNTH_BF16, 99, 0.05f);
+        cu_tile_bf16(s, wd, sh.rows, sh.cols, wt);
+        CK(cudaMalloc(&x, TM * sh.cols * 4));
+        CK(cudaMalloc(&xs, cu_split_elems(TM, sh.cols) * 2));
+        CK(cudaMalloc(&y, TM * sh.rows * 4));
+        CK(cudaMalloc(&yref, TM * sh.rows * 4));
+        {
+            std::vector<float> hx(TM * sh.cols);
+            srand(11);
+            for (auto &v : hx) v = (float)rand() / RAND_MAX * 2.0f - 1.0f;
+            CK(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
+        }
+        const cu_mm_scratch sc = {xs, TM};
+        const cu_mat w = {CU_FMT_BF16_TILED, 0, 0, 0, sh.rows, sh.cols, wt, NULL, NULL};
+        for (int64_t T : Ts)
+            for (int P = 1; P <= 3; P += 2) {
+                printf("%-9s %5lld %2d", sh.name, (long long)T, P);
+                cu_matmul(s, &w, x, sh.cols, T, yref, sh.rows, P == 3 ? CU_MM_EXACT : CU_MM_BF16, &sc);
+                const int64_t ldxs = tiled_steps(sh.cols) * 32;
+                launch_split(s, x, sh.cols, T, sh.cols, xs, ldxs, P);
+                mm_group g;
+                g.n = 1, g.w[0] = w, g.y[0] = y, g.ldy[0] = sh.rows, g.blk0[0] = 0;
+                for (int i = 0; i < NCFG; i++) {
+                    const gemm_cfg &c = P == 3 ? cfg3[i] : cfg1[i];
+                    CK(cudaMemsetAsync(y, 0xff, T * sh.rows * 4, s));
+                    c.launch(s, g, xs, ldxs, T);
+                    CK(cudaGetLastError());
+                    std::vector<float> a(T * sh.rows), b(T * sh.rows);
+                    CK(cudaMemcpy(a.data(), y, a.size() * 4, cudaMemcpyDeviceToHost));
+                    CK(cudaMemcpy(b.data(), yref, b.size() * 4, cudaMemcpyDeviceToHost));
+                    const bool same = !memcmp(a.data(), b.data(), a.size() * 4);
+                    for (int r = 0; r < 2; r++) c.launch(s, g, xs, ldxs, T);
+                    CK(cudaEventRecord(e0, s));
+                    for (int r = 0; r < reps; r++) c.launch(s, g, xs, ldxs, T);
+                    CK(cudaEventRecord(e1, s));
+                    CK(cudaEventSynchronize(e1));
+                    float ms;
+                    CK(cudaEventElapsedTime(&ms, e0, e1));
+                    const double sec = ms * 1e-3 / reps;
+                    printf(" %7.0f|%5.0f%s", bytes / sec / 1e9, 2.0 * sh.rows * sh.cols * T / sec / 1e12, same ? " " : "*");
+                }
+                printf("\n");
+            }
+        CK(cudaFree(wd));
+        CK(cudaFree(wt));
+        CK(cudaFree(x));
+        CK(cudaFree(xs));
+        CK(cudaFree(y));
+        CK(cudaFree(yref));
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "sweep")) return sweep(argc > 2 ? atoi(argv[2]) : 10);
     const int reps = argc > 1 ? atoi(argv[1]) : 20;
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));

@@ -155,6 +155,13 @@ static const void *put(uploader *u, const void *host, size_t bytes) {
     return u->b->weights + at;
 }
 
+/* room for bytes in the block, filled later (NULL while sizing) */
+static void *put_room(uploader *u, size_t bytes) {
+    const size_t at = u->at;
+    u->at += align256(bytes);
+    return u->copy ? u->b->weights + at : NULL;
+}
+
 static const float *put_vec(uploader *u, const float *v, size_t n) { return v ? put(u, v, n * sizeof(float)) : NULL; }
 
 /* a bf16 matrix, tiled: through the device staging (row-major) into its place */
@@ -166,13 +173,33 @@ static const void *put_tiled(uploader *u, const void *host, int64_t rows, int64_
     if (raw > b->stage_bytes) b->stage_bytes = raw;
     if (!u->copy) return NULL;
     uint16_t *dst = (uint16_t *)(b->weights + at);
-    cudaError_t e = cudaMemcpy(b->stage, host, raw, cudaMemcpyHostToDevice);
-    if (e == cudaSuccess) {
-        cu_tile_bf16(NULL, b->stage, rows, cols, dst);
-        e = cudaGetLastError();
-    }
-    if (e != cudaSuccess && u->err == cudaSuccess) u->err = e;
+    upload(u, (uint8_t *)b->stage, (const uint8_t *)host, raw); /* on u->stream, as the tiling */
+    cu_tile_bf16(u->stream, b->stage, rows, cols, dst);
+    up_note(u, cudaGetLastError());
     return dst;
+}
+
+/* an MLX 4- or 8-bit matrix, Q tiled (cu_q_tileable): values, scales and biases through the
+ * device staging into their places */
+static void put_qtiled(uploader *u, const st_matrix *w, cu_mat *out) {
+    cuda_backend *b = u->b;
+    const size_t es = dtype_size(w->sdtype), db = (size_t)w->rows * (size_t)(w->cols * w->bits / 8);
+    const size_t sb = (size_t)w->rows * (size_t)(w->cols / w->group) * es, raw = db + 2 * sb;
+    const size_t gb = cu_qtiled_groups(w->rows, w->cols, w->group) * es;
+    out->fmt = CU_FMT_Q_TILED;
+    out->data = put_room(u, cu_qtiled_bytes(w->rows, w->cols, w->bits));
+    out->scales = put_room(u, gb);
+    out->biases = put_room(u, gb);
+    if (w->cols > b->tiled_cols) b->tiled_cols = w->cols;
+    if (raw > b->stage_bytes) b->stage_bytes = raw;
+    if (!u->copy) return;
+    uint8_t *st = (uint8_t *)b->stage;
+    upload(u, st, (const uint8_t *)w->data, db);
+    upload(u, st + db, (const uint8_t *)w->scales, sb);
+    upload(u, st + db + sb, (const uint8_t *)w->biases, sb);
+    cu_tile_q(u->stream, st, st + db, st + db + sb, (int)es, w->rows, w->cols, w->bits, w->group, (void *)out->data,
+              (void *)out->scales, (void *)out->biases);
+    up_note(u, cudaGetLastError());
 }
 
 static void put_mat(uploader *u, const st_matrix *w, cu_mat *out) {
@@ -189,8 +216,15 @@ static void put_mat(uploader *u, const st_matrix *w, cu_mat *out) {
             out->bits = w->bits;
             out->group = w->group;
             out->sdtype = ST_DTYPE_BF16;
-            const size_t ng = (size_t)w->rows * (size_t)(w->cols / w->group);
-            out->data = put_synth(u, n * (size_t)w->bits / 32, 4, CU_SYNTH_WORDS, 0);
+            const int qt = tiled && cu_q_tileable(w->bits, w->group, w->cols);
+            const size_t ng = qt ? cu_qtiled_groups(w->rows, w->cols, w->group)
+                                 : (size_t)w->rows * (size_t)(w->cols / w->group);
+            if (qt) {
+                out->fmt = CU_FMT_Q_TILED;
+                if (w->cols > u->b->tiled_cols) u->b->tiled_cols = w->cols;
+            }
+            out->data = put_synth(u, qt ? cu_qtiled_bytes(w->rows, w->cols, w->bits) / 4 : n * (size_t)w->bits / 32,
+                                  4, CU_SYNTH_WORDS, 0);
             out->scales = put_synth(u, ng, 2, CU_SYNTH_BF16_CONST, 2 * half / (float)((1 << w->bits) - 1));
             out->biases = put_synth(u, ng, 2, CU_SYNTH_BF16_CONST, -half);
         } else if (tiled) {
@@ -204,7 +238,12 @@ static void put_mat(uploader *u, const st_matrix *w, cu_mat *out) {
         return;
     }
     if (!w->data) return;
-    if (w->fmt == ST_WFMT_AFFINE) {
+    if (w->fmt == ST_WFMT_AFFINE && tiled && cu_q_tileable(w->bits, w->group, w->cols)) {
+        out->bits = w->bits;
+        out->group = w->group;
+        out->sdtype = (int)w->sdtype;
+        put_qtiled(u, w, out);
+    } else if (w->fmt == ST_WFMT_AFFINE) {
         out->bits = w->bits;
         out->group = w->group;
         out->sdtype = (int)w->sdtype;
@@ -428,8 +467,8 @@ static st_status cuda_create(const st_model *m, const st_cuda_params *p, const s
         b->stage = NULL;
     }
     if (st == ST_OK && m->n_linear && cu_gdn_prepare(b->Dk, b->Dv) != 0)
-        st = fail(err, ST_ERR_UNSUPPORTED, "CUDA: the device cannot hold a %dx%d delta-rule state in shared memory",
-                  b->Dv, b->Dk);
+        st = fail(err, ST_ERR_UNSUPPORTED, "CUDA: a %dx%d delta-rule state head is not supported (key dims even and at most 256, value dims even)",
+                  b->Dk, b->Dv);
     free(tmp);
     if (st != ST_OK) {
         cuda_destroy(&b->base);
@@ -867,7 +906,8 @@ static cu_attn_args attn_args(cuda_ctx *c, int layer) {
     const cl_layer *L = &b->layers[layer];
     cu_attn_args a = {.q = c->p1, .k = c->p2, .v = c->p3, .mix = c->mix, .q_norm = L->q_norm, .k_norm = L->k_norm,
                       .inv_freq = b->inv_freq, .rope_axis = b->rope_axis, .nh = b->nh, .nkv = b->nkv, .hd = b->hd, .rope_dim = b->rope_dim,
-                      .li = L->kind_index, .eps = b->eps};
+                      .li = L->kind_index, .eps = b->eps,
+                      .parts = b->mm_mode == CU_MM_EXACT ? 3 : b->mm_mode == CU_MM_BF16 ? 1 : 0};
     return a;
 }
 

@@ -17,16 +17,17 @@ extern "C" {
 
 typedef struct CUstream_st *cu_stream; /* = cudaStream_t */
 
-/* A weight matrix in device memory: contiguous rows, or bf16 tiled for the tensor cores. */
-enum { CU_FMT_BF16_TILED = 4 }; /* a cu_mat.fmt beside st_wformat's: see kernels.cu */
+/* A weight matrix in device memory: contiguous rows, or tiled for the tensor cores (bf16;
+ * MLX 4- and 8-bit kept packed). */
+enum { CU_FMT_BF16_TILED = 4, CU_FMT_Q_TILED = 5 }; /* cu_mat.fmts beside st_wformat's: see kernels.cu */
 typedef struct cu_mat {
     int fmt;               /* st_wformat: 0 f32, 1 f16, 2 bf16, 3 MLX affine; or CU_FMT_BF16_TILED */
     int sdtype;            /* affine scales/biases: st_dtype 0 f32, 1 f16, 2 bf16 */
     int bits, group;       /* affine */
     int64_t rows, cols;
     const void *data;      /* dense [rows][cols]; affine uint32 [rows][cols*bits/32]; tiled
-                              cu_tiled_elems(rows, cols) bf16 */
-    const void *scales;    /* affine [rows][cols/group] */
+                              cu_tiled_elems(rows, cols) bf16; Q tiled cu_qtiled_bytes */
+    const void *scales;    /* affine [rows][cols/group]; Q tiled cu_qtiled_groups of sdtype */
     const void *biases;
 } cu_mat;
 
@@ -87,6 +88,15 @@ static inline size_t cu_split_elems(int64_t T, int64_t cols) { return (size_t)(3
  * (src and dst in device memory) */
 size_t cu_tiled_elems(int64_t rows, int64_t cols);
 void cu_tile_bf16(cu_stream s, const uint16_t *src, int64_t rows, int64_t cols, uint16_t *dst);
+/* MLX affine, Q tiled (CU_FMT_Q_TILED; 4 or 8 bits, groups of 32, 64, 96 or 128 columns:
+ * cu_q_tileable): the bytes of the values and the elements of the scales (and of the biases);
+ * the tiling of a stored matrix (data [rows][cols*bits/8], scales and biases [rows][cols/group]
+ * of es bytes; all in device memory). The scratch is required for these (cu_matmul's sc). */
+int cu_q_tileable(int bits, int group, int64_t cols);
+size_t cu_qtiled_bytes(int64_t rows, int64_t cols, int bits);
+size_t cu_qtiled_groups(int64_t rows, int64_t cols, int group);
+void cu_tile_q(cu_stream s, const void *data, const void *scales, const void *biases, int es, int64_t rows,
+               int64_t cols, int bits, int group, void *ddata, void *dscales, void *dbiases);
 /* g[t*ld + i] = silu(g) * u[t*ld + i], i < n; xs: the result also split (as cu_add_norm's) */
 void cu_silu_mul(cu_stream s, float *g, const float *u, int64_t T, int64_t n, int64_t ld, uint16_t *xs,
                  int parts);
@@ -94,7 +104,7 @@ void cu_gather_rows(cu_stream s, const float *src, int64_t d, const int32_t *row
                     float *dst);
 
 /* Gated DeltaNet of one layer: conv + SiLU over the item's tokens (state [K-1][cd] per slot,
- * slot stride conv_stride floats), L2 norms of q and k, the per-step delta rule (state
+ * slot stride conv_stride floats), L2 norms of q and k (in place in qkv), the per-step delta rule (state
  * [Hv][Dk][Dv] per slot on the device, stride rec_stride), the gated norm; mix [T][Hv*Dv]. */
 typedef struct cu_gdn_args {
     float *qkv;              /* P1 [T][cd] */
@@ -111,8 +121,7 @@ typedef struct cu_gdn_args {
     float eps;
 } cu_gdn_args;
 void cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int max_item_tokens);
-/* Once per process and shape, before cu_gdn: the shared memory its state needs; -1 when the
- * device cannot give it. */
+/* Once per shape, before cu_gdn: 0 when cu_gdn takes these head dims, -1 when not. */
 int cu_gdn_prepare(int Dk, int Dv);
 
 /* Attention of one layer: q/k norm and RoPE (P1 [T][nh][q|gate][hd], P2 [T][nkv][hd]),
@@ -125,6 +134,8 @@ typedef struct cu_attn_args {
     const float *q_norm, *k_norm, *inv_freq;
     const int32_t *rope_axis; /* [rope_dim / 2] which of the token's 3 positions each frequency turns by */
     int nh, nkv, hd, rope_dim, li;
+    int parts; /* the products' operands as bf16 parts on the tensor cores: 3 (exact), 1 (bf16);
+                  0 (or head dims not a multiple of 16): fp32 CUDA cores */
     float eps;
 } cu_attn_args;
 void cu_attn_prep(cu_stream s, const cu_plan *p, const cu_attn_args *a, const cu_kv *kv);

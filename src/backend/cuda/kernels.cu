@@ -6,6 +6,7 @@
  * the key dimension; attention by query, over positions in order. No kernel's result for a
  * token depends on the other tokens of the launch.
  */
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -122,10 +123,26 @@ __global__ void k_embed_tiled(cu_mat w, const int32_t *tokens, float *x) {
     for (int64_t c = threadIdx.x; c < w.cols; c += blockDim.x) x[t * w.cols + c] = bf16f(d[tiled_at(w.cols, row, c)]);
 }
 
+/* row r, column c of a Q tiled matrix (see k_qmv), as k_embed<3> makes it */
+__global__ void k_embed_q(cu_mat w, const int32_t *tokens, float *x) {
+    pdl_wait();
+    const int64_t t = blockIdx.x, r = tokens[t], m = r / 16, rr = r % 16, nsteps = w.cols / 32, ng = w.cols / w.group;
+    const uint8_t *d = (const uint8_t *)w.data;
+    for (int64_t c = threadIdx.x; c < w.cols; c += blockDim.x) {
+        const int64_t k = c / 32, L = 4 * (rr % 8) + (c % 32) / 8, e = c % 8;
+        const int64_t q = (m * nsteps + k) * 64 + L * 2 + rr / 8;
+        const uint32_t v = w.bits == 8 ? d[q * 8 + e]
+                                       : (*(const uint32_t *)(d + q * 4) >> ((e & 1) * 16 + (e >> 1) * 4)) & 15u;
+        const int64_t gi = (m * ng + c / w.group) * 16 + rr;
+        x[t * w.cols + c] = fmaf(load_s(w.scales, w.sdtype, gi), (float)v, load_s(w.biases, w.sdtype, gi));
+    }
+}
+
 extern "C" void cu_embed(cu_stream s, const cu_mat *emb, const int32_t *tokens, int64_t T, float *x) {
     if (T <= 0) return;
     switch (emb->fmt) {
     case CU_FMT_BF16_TILED: launch_pdl(k_embed_tiled, dim3((unsigned)T), dim3(256), 0, s, *emb, tokens, x); break;
+    case CU_FMT_Q_TILED: launch_pdl(k_embed_q, dim3((unsigned)T), dim3(256), 0, s, *emb, tokens, x); break;
     case 0: k_embed<0><<<(unsigned)T, 256, 0, s>>>(*emb, tokens, x); break;
     case 1: k_embed<1><<<(unsigned)T, 256, 0, s>>>(*emb, tokens, x); break;
     case 2: k_embed<2><<<(unsigned)T, 256, 0, s>>>(*emb, tokens, x); break;
@@ -794,6 +811,211 @@ __global__ void __launch_bounds__(32 * MM_S) k_mma(mm_group grp, const float *x,
     }
 }
 
+/* ---- MLX affine 4- and 8-bit on tensor cores: k_qmv ----
+ * The packed values stay packed, re-laid at upload as the bf16 tiles are (CU_FMT_Q_TILED,
+ * cu_tile_q): tile m, step k holds 32 lane chunks of 2 * bits bytes, lane 4g + t's columns
+ * 32k + 8t .. + 7 of row 16m + g, then of row 16m + g + 8. 8-bit: the 8 bytes as stored;
+ * 4-bit: the 8 nibbles of columns c0..c7 at bits c0 0, c1 16, c2 4, c3 20, c4 8, c5 24, c6 12,
+ * c7 28, so that one shift and one mask make the bf16 pair of two neighbours. Scales and
+ * biases: [tile][group][16 rows], as stored (f32, f16 or bf16).
+ * An integer value q is exact in bf16, so on the tensor cores a group g of a row gives
+ *   y += s_g * (sum_c q_c x_c) + b_g * (sum_c x_c)
+ * both sums exact products accumulated in fp32 (the second by an MMA with a matrix of ones),
+ * x in the same bf16 parts as the bf16 kernels (3: fp32-grade; 1: bf16). A block takes one
+ * tile and up to 16 tokens; its S warps take the groups in turn (warp s: groups s, s + S, ...)
+ * and their partial sums are added in warp order: the order is fixed by the shape alone, for
+ * any token count (more than 16 tokens: the same kernel on slices of 16). */
+extern "C" size_t cu_qtiled_bytes(int64_t rows, int64_t cols, int bits) {
+    return (size_t)tiled_tiles(rows) * (size_t)(cols / 32) * 64 * (size_t)bits;
+}
+extern "C" size_t cu_qtiled_groups(int64_t rows, int64_t cols, int group) {
+    return (size_t)tiled_tiles(rows) * (size_t)(cols / group) * 16;
+}
+
+/* a thread per destination chunk (8 columns of a row): src [rows][cols * bits / 8] */
+__global__ void k_tile_q(const uint8_t *src, int64_t rows, int64_t cols, int bits, uint8_t *dst) {
+    const int64_t nsteps = cols / 32, nq = tiled_tiles(rows) * nsteps * 64, rb = cols * bits / 8;
+    for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < nq; q += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t mk = q / 64, m = mk / nsteps, k = mk % nsteps;
+        const int L = (int)(q % 64) / 2, half = (int)(q % 2);
+        const int64_t r = 16 * m + 8 * half + (L >> 2), c = 32 * k + 8 * (L & 3);
+        if (bits == 8) {
+            uint2 v = make_uint2(0, 0);
+            if (r < rows) v = *(const uint2 *)(src + r * rb + c);
+            *(uint2 *)(dst + q * 8) = v;
+        } else {
+            uint32_t v = r < rows ? *(const uint32_t *)(src + r * rb + c / 2) : 0u, o = 0;
+#pragma unroll
+            for (int e = 0; e < 8; e++) o |= ((v >> (4 * e)) & 15u) << ((e & 1) * 16 + (e >> 1) * 4);
+            *(uint32_t *)(dst + q * 4) = o;
+        }
+    }
+}
+
+/* a thread per (tile, group, row): src [rows][cols / group] of es bytes */
+__global__ void k_tile_groups(const uint8_t *src, int64_t rows, int64_t ng, int es, uint8_t *dst) {
+    const int64_t nq = tiled_tiles(rows) * ng * 16;
+    for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < nq; q += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t mj = q / 16, m = mj / ng, j = mj % ng, r = 16 * m + q % 16;
+        for (int b = 0; b < es; b++) dst[q * es + b] = r < rows ? src[(r * ng + j) * es + b] : 0;
+    }
+}
+
+extern "C" void cu_tile_q(cu_stream s, const void *data, const void *scales, const void *biases, int es, int64_t rows,
+                          int64_t cols, int bits, int group, void *ddata, void *dscales, void *dbiases) {
+    if (rows <= 0 || cols <= 0) return;
+    k_tile_q<<<4096, 256, 0, s>>>((const uint8_t *)data, rows, cols, bits, (uint8_t *)ddata);
+    k_tile_groups<<<1024, 256, 0, s>>>((const uint8_t *)scales, rows, cols / group, es, (uint8_t *)dscales);
+    k_tile_groups<<<1024, 256, 0, s>>>((const uint8_t *)biases, rows, cols / group, es, (uint8_t *)dbiases);
+}
+
+/* bf16 pairs of the values of one step's chunk: a[0..3] the first MMA's A registers, a[4..7]
+ * the second's (k_mmv's fragment order) */
+template <int BITS>
+__device__ __forceinline__ void q_frag(const uint4 &v, uint32_t (&a)[8]) {
+    if (BITS == 8) {
+        /* q as fp32 by 2^23 + q less 2^23 (exact), its high half the bf16 */
+        auto pr = [](uint32_t w, int b) {
+            const float f0 = __uint_as_float(__byte_perm(w, 0x4b000000u, 0x7440 + b)) - 8388608.0f;
+            const float f1 = __uint_as_float(__byte_perm(w, 0x4b000000u, 0x7441 + b)) - 8388608.0f;
+            return __byte_perm(__float_as_uint(f0), __float_as_uint(f1), 0x7632);
+        };
+        /* v.x, v.y: row g's columns 0-3, 4-7; v.z, v.w: row g + 8's */
+        a[0] = pr(v.x, 0), a[1] = pr(v.z, 0), a[2] = pr(v.x, 2), a[3] = pr(v.z, 2);
+        a[4] = pr(v.y, 0), a[5] = pr(v.w, 0), a[6] = pr(v.y, 2), a[7] = pr(v.w, 2);
+    } else {
+        /* 0x4300 | n is the bf16 128 + n; less 128 (exact) */
+        auto pr = [](uint32_t w, int sh) {
+            const uint32_t u = ((w >> sh) & 0x000f000fu) | 0x43004300u;
+            __nv_bfloat162 b = *(const __nv_bfloat162 *)&u;
+            b = __hsub2(b, __floats2bfloat162_rn(128.0f, 128.0f));
+            return *(const uint32_t *)&b;
+        };
+        /* v.x: row g's columns, v.y: row g + 8's */
+        a[0] = pr(v.x, 0), a[1] = pr(v.y, 0), a[2] = pr(v.x, 4), a[3] = pr(v.y, 4);
+        a[4] = pr(v.x, 8), a[5] = pr(v.y, 8), a[6] = pr(v.x, 12), a[7] = pr(v.y, 12);
+    }
+}
+
+template <int BITS>
+__device__ __forceinline__ uint4 q_load(const uint8_t *p) {
+    if (BITS == 8) return ldg_stream((const uint16_t *)p);
+    uint2 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return make_uint4(v.x, v.y, 0, 0);
+}
+
+__device__ __forceinline__ float group_at(const void *p, int dt, int64_t i) { return load_s(p, dt, i); }
+
+/* A block: one tile, BT tokens; the columns of its NTC token tiles of 8 hold the tokens' bf16
+ * parts side by side (column n: token n / P, part n % P), so that a token alone takes one MMA
+ * per part of the step, not one per part of each; each column's sums are its own, and the
+ * parts of a token are added at the end, with the warps' partial sums, in a fixed order. GS:
+ * the steps of a group (its columns / 32). Two groups of values (and their scales and biases)
+ * are in flight a warp. */
+template <int P, int NTC, int BITS, int GS, int MM_S>
+__global__ void __launch_bounds__(32 * MM_S, NTC <= 2 ? 3 : 2)
+    k_qmv(mm_group grp, const uint16_t *xs, int64_t ldxs, int64_t T) {
+    constexpr int BT = 8 * NTC / P; /* tokens a block */
+    __shared__ float red[MM_S][NTC * 128];
+    const mm_pick pk = mm_select(grp);
+    const cu_mat &w = pk.w;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int64_t nsteps = w.cols / 32, ng = w.cols / w.group, m = pk.blk;
+    const int64_t tb0 = (int64_t)blockIdx.y * BT, pstride = T * ldxs;
+    const int64_t ni = warp < ng ? (ng - warp + MM_S - 1) / MM_S : 0; /* this warp's groups */
+    constexpr int CB = 2 * BITS;                                      /* a lane's bytes a step */
+    const uint8_t *pa = (const uint8_t *)w.data + m * nsteps * 32 * CB + lane * CB;
+    const uint16_t *pb[NTC]; /* this lane's column g of each token tile: its token's part */
+    bool bin[NTC];
+#pragma unroll
+    for (int j = 0; j < NTC; j++) {
+        const int n = 8 * j + g;
+        const int64_t tok = tb0 + n / P;
+        bin[j] = n / P < BT && tok < T;
+        pb[j] = xs + (int64_t)(n % P) * pstride + (bin[j] ? tok : 0) * ldxs + 8 * t;
+    }
+    const uint32_t one2 = 0x3f803f80u; /* bf16 1.0, 1.0 */
+    float acc[NTC][4];
+#pragma unroll
+    for (int j = 0; j < NTC; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    uint4 nx[2][GS];
+    float nsb[2][4]; /* scale of rows g, g + 8, bias of rows g, g + 8 */
+    auto fetch = [&](int sl, int64_t gi) {
+        const int64_t gj = warp + gi * MM_S, k0 = gj * GS, q = (m * ng + gj) * 16 + g;
+#pragma unroll
+        for (int u = 0; u < GS; u++) nx[sl][u] = q_load<BITS>(pa + (k0 + u) * 32 * CB);
+        nsb[sl][0] = load_s(w.scales, w.sdtype, q);
+        nsb[sl][1] = load_s(w.scales, w.sdtype, q + 8);
+        nsb[sl][2] = load_s(w.biases, w.sdtype, q);
+        nsb[sl][3] = load_s(w.biases, w.sdtype, q + 8);
+    };
+    if (ni > 0) fetch(0, 0);
+    if (ni > 1) fetch(1, 1);
+    pdl_wait(); /* the activations are the predecessor's */
+    for (int64_t i0 = 0; i0 < ni; i0 += 2) {
+#pragma unroll
+        for (int sl = 0; sl < 2; sl++) {
+            const int64_t i = i0 + sl;
+            if (i >= ni) break;
+            const int64_t k0 = (warp + i * MM_S) * GS;
+            uint4 cur[GS];
+#pragma unroll
+            for (int u = 0; u < GS; u++) cur[u] = nx[sl][u];
+            const float s0 = nsb[sl][0], s1 = nsb[sl][1], b0 = nsb[sl][2], b1 = nsb[sl][3];
+            if (i + 2 < ni) fetch(sl, i + 2);
+            float ga[NTC][4], xa[NTC][4];
+#pragma unroll
+            for (int j = 0; j < NTC; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) ga[j][e] = xa[j][e] = 0.0f;
+#pragma unroll
+            for (int u = 0; u < GS; u++) {
+                uint32_t a[8];
+                q_frag<BITS>(cur[u], a);
+#pragma unroll
+                for (int j = 0; j < NTC; j++) {
+                    const uint4 b = bin[j] ? *(const uint4 *)(pb[j] + (k0 + u) * 32) : make_uint4(0, 0, 0, 0);
+                    mma_bf16(ga[j], a[0], a[1], a[2], a[3], b.x, b.y);
+                    mma_bf16(xa[j], one2, one2, one2, one2, b.x, b.y);
+                    mma_bf16(ga[j], a[4], a[5], a[6], a[7], b.z, b.w);
+                    mma_bf16(xa[j], one2, one2, one2, one2, b.z, b.w);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < NTC; j++) {
+                acc[j][0] = fmaf(b0, xa[j][0], fmaf(s0, ga[j][0], acc[j][0]));
+                acc[j][1] = fmaf(b0, xa[j][1], fmaf(s0, ga[j][1], acc[j][1]));
+                acc[j][2] = fmaf(b1, xa[j][2], fmaf(s1, ga[j][2], acc[j][2]));
+                acc[j][3] = fmaf(b1, xa[j][3], fmaf(s1, ga[j][3], acc[j][3]));
+            }
+        }
+    }
+    /* red[warp][tile j][row][column]; then each (token, row): warps in order, a warp's parts in order */
+#pragma unroll
+    for (int j = 0; j < NTC; j++) {
+        float *o = red[warp] + j * 128;
+        o[g * 8 + 2 * t] = acc[j][0];
+        o[g * 8 + 2 * t + 1] = acc[j][1];
+        o[(g + 8) * 8 + 2 * t] = acc[j][2];
+        o[(g + 8) * 8 + 2 * t + 1] = acc[j][3];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < BT * 16; i += blockDim.x) {
+        const int tl = i / 16, row = i % 16;
+        const int64_t r = m * 16 + row, tok = tb0 + tl;
+        if (r >= w.rows || tok >= T) continue;
+        float sum = 0.0f;
+        for (int q = 0; q < MM_S; q++)
+#pragma unroll
+            for (int p = 0; p < P; p++) {
+                const int n = tl * P + p;
+                sum += red[q][(n / 8) * 128 + row * 8 + n % 8];
+            }
+        pk.y[tok * pk.ldy + r] = sum;
+    }
+}
+
 /* ---- many tokens: k_gemm ----
  * The same sums as k_mmv's, in the same order, for a block tile of TILES row tiles by BN
  * tokens, the weights read once per tile of tokens instead of once per 16 tokens. k_mmv's
@@ -1011,12 +1233,15 @@ static void launch_gemm_p(cu_stream s, mm_group g, const uint16_t *xs, int64_t l
     launch_pdl(k_gemm<MTW, NT, WR, P>, grid, dim3(32 * GEMM_WARPS), G::SMEM, s, g, xs, ldxs, T);
 }
 
-/* the tile shapes: 128 rows by 128 tokens, or 64 by 64 where the big one leaves SMs idle */
+/* the tile shapes (measured with `mmv_bench sweep` on the 27B shapes): 128 rows by 128 tokens;
+ * or, for up to 64 tokens (128 in exact mode), 128 rows by 64 tokens where there are at least
+ * 100 such row tiles (14-38% faster than 64 by 64 there), else 64 by 64 */
 template <int P>
 static void launch_gemm_shape(cu_stream s, const mm_group &g, const uint16_t *xs, int64_t ldxs, int64_t T) {
     mm_group c = g;
-    const int64_t big = group_blocks(&c, 8) * ((T + 127) / 128);
-    if (T >= 128 && big >= 2 * 132) launch_gemm_p<4, 4, 2, P>(s, g, xs, ldxs, T);
+    const int64_t tiles128 = group_blocks(&c, 8), big = tiles128 * ((T + 127) / 128);
+    if (T <= (P == 3 ? 128 : 64) && tiles128 >= 100) launch_gemm_p<1, 8, 8, P>(s, g, xs, ldxs, T);
+    else if (T >= 128 && big >= 2 * 132) launch_gemm_p<4, 4, 2, P>(s, g, xs, ldxs, T);
     else launch_gemm_p<1, 4, 4, P>(s, g, xs, ldxs, T);
 }
 
@@ -1043,6 +1268,8 @@ static void gemm_attr() {
 }
 
 extern "C" void cu_mm_init(void) {
+    gemm_attr<1, 8, 8, 1>();
+    gemm_attr<1, 8, 8, 3>();
     gemm_attr<4, 4, 2, 1>();
     gemm_attr<4, 4, 2, 3>();
     gemm_attr<1, 4, 4, 1>();
@@ -1065,6 +1292,49 @@ static void launch_tiled(cu_stream s, mm_group g, const float *x, int64_t ldx, i
     else if (T <= 16) launch_mma_p<1, 2, MM_SPLITS>(s, g, x, ldx, T, parts);
     else if (T <= 32) launch_mma_p<1, 4, MM_SPLITS>(s, g, x, ldx, T, parts);
     else launch_mma_p<2, 8, MM_SPLITS>(s, g, x, ldx, T, parts);
+}
+
+template <int P, int NTC, int BITS>
+static void launch_qmv_b(cu_stream s, const mm_group &g, int64_t nblk, const uint16_t *xs, int64_t ldxs, int64_t n) {
+    const dim3 grid((unsigned)nblk, (unsigned)((n + 8 * NTC / P - 1) / (8 * NTC / P)));
+    const dim3 blk(32 * MM_SPLITS);
+    switch (g.w[0].group / 32) {
+    case 1: launch_pdl(k_qmv<P, NTC, BITS, 1, MM_SPLITS>, grid, blk, 0, s, g, xs, ldxs, n); break;
+    case 2: launch_pdl(k_qmv<P, NTC, BITS, 2, MM_SPLITS>, grid, blk, 0, s, g, xs, ldxs, n); break;
+    default: launch_pdl(k_qmv<P, NTC, BITS, 4, MM_SPLITS>, grid, blk, 0, s, g, xs, ldxs, n); break;
+    }
+}
+
+template <int P, int NTC>
+static void launch_qmv_p(cu_stream s, mm_group g, const uint16_t *xs, int64_t ldxs, int64_t n) {
+    const int64_t nblk = group_blocks(&g, 1);
+    if (g.w[0].bits == 8) launch_qmv_b<P, NTC, 8>(s, g, nblk, xs, ldxs, n);
+    else launch_qmv_b<P, NTC, 4>(s, g, nblk, xs, ldxs, n);
+}
+
+/* MLX tiled matrices (one width, bits and group): split (unless xs holds x already), then
+ * k_qmv, in slices of the scratch's tokens */
+static void launch_qtiled(cu_stream s, mm_group g, const float *x, int64_t ldx, int64_t T, int parts,
+                          const cu_mm_scratch *sc, int xs_ready) {
+    const int64_t cols = g.w[0].cols, ldxs = tiled_steps(cols) * 32, slice = T <= 16 ? T : sc->xs_tokens;
+    for (int64_t t0 = 0; t0 < T; t0 += slice) {
+        const int64_t n = T - t0 < slice ? T - t0 : slice;
+        mm_group gs = g;
+        for (int i = 0; i < g.n; i++) gs.y[i] = g.y[i] + t0 * g.ldy[i];
+        if (!(xs_ready && T <= 16)) launch_split(s, x + t0 * ldx, ldx, n, cols, sc->xs, ldxs, parts);
+        if (parts == 1) {
+            if (n <= 8) launch_qmv_p<1, 1>(s, gs, sc->xs, ldxs, n);
+            else launch_qmv_p<1, 2>(s, gs, sc->xs, ldxs, n);
+        } else {
+            if (n <= 2) launch_qmv_p<3, 1>(s, gs, sc->xs, ldxs, n);
+            else if (n <= 8) launch_qmv_p<3, 3>(s, gs, sc->xs, ldxs, n);
+            else launch_qmv_p<3, 6>(s, gs, sc->xs, ldxs, n);
+        }
+    }
+}
+
+extern "C" int cu_q_tileable(int bits, int group, int64_t cols) {
+    return (bits == 4 || bits == 8) && (group == 32 || group == 64 || group == 128) && cols % group == 0;
 }
 
 /* the kernel a matrix takes (one for every token count) */
@@ -1110,22 +1380,27 @@ extern "C" void cu_matmul_group(cu_stream s, int n, const cu_mat *const *w, floa
     const int parts = mode == CU_MM_BF16 ? 1 : 3;
     mm_group g;
     g.n = 0;
+    auto flush = [&]() {
+        if (g.n == 0) return;
+        if (g.w[0].fmt == CU_FMT_Q_TILED) launch_qtiled(s, g, x, ldx, T, parts, sc, xs_ready);
+        else launch_tiled(s, g, x, ldx, T, parts, sc, xs_ready);
+        g.n = 0;
+    };
     for (int i = 0; i < n; i++) {
         if (w[i]->rows <= 0) continue;
-        if (w[i]->fmt != CU_FMT_BF16_TILED) {
+        if (w[i]->fmt != CU_FMT_BF16_TILED && w[i]->fmt != CU_FMT_Q_TILED) {
             matmul_one(s, w[i], x, ldx, T, y[i], ldy[i]);
             continue;
         }
-        if (g.n > 0 && g.w[0].cols != w[i]->cols) { /* one launch per width */
-            launch_tiled(s, g, x, ldx, T, parts, sc, xs_ready);
-            g.n = 0;
-        }
+        if (g.n > 0 && (g.w[0].fmt != w[i]->fmt || g.w[0].cols != w[i]->cols || g.w[0].bits != w[i]->bits ||
+                        g.w[0].group != w[i]->group))
+            flush(); /* one launch per kind and width */
         g.w[g.n] = *w[i];
         g.y[g.n] = y[i];
         g.ldy[g.n] = ldy[i];
         g.n++;
     }
-    if (g.n > 0) launch_tiled(s, g, x, ldx, T, parts, sc, xs_ready);
+    flush();
 }
 
 extern "C" void cu_matmul(cu_stream s, const cu_mat *w, const float *x, int64_t ldx, int64_t T, float *y,
@@ -1136,8 +1411,11 @@ extern "C" void cu_matmul(cu_stream s, const cu_mat *w, const float *x, int64_t 
 /* ---------------------------------------------------------------------------------------- */
 /* Gated DeltaNet */
 
-/* causal depthwise conv + SiLU: a thread per (item, channel), the item's tokens in order */
-__global__ void k_gdn_conv(cu_plan p, cu_gdn_args a) {
+/* causal depthwise conv + SiLU: a thread per (item, channel), the item's tokens in order
+ * (K = 4, Qwen3.5's width: the window in registers, the inputs of 8 tokens loaded at once) */
+#define CONV_THREADS 64
+#define CONV_U 8
+__global__ void __launch_bounds__(CONV_THREADS) k_gdn_conv(cu_plan p, cu_gdn_args a) {
     pdl_wait();
     const int it = blockIdx.x;
     const int64_t ch = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
@@ -1145,21 +1423,28 @@ __global__ void k_gdn_conv(cu_plan p, cu_gdn_args a) {
     const int64_t t0 = p.item_t0[it], n = p.item_t0[it + 1] - t0;
     float *st = a.conv_state + (size_t)p.slot[it] * a.conv_stride;
     const int K = a.K;
-    if (K == 4) { /* Qwen3.5's width: the window in registers, one read and one write of the state */
+    if (K == 4) {
         float sv[3], tap[4];
 #pragma unroll
         for (int j = 0; j < 3; j++) sv[j] = st[j * a.cd + ch];
 #pragma unroll
         for (int j = 0; j < 4; j++) tap[j] = a.conv_t[j * a.cd + ch];
-        for (int64_t i = 0; i < n; i++) {
-            float *m = a.qkv + (t0 + i) * a.cd + ch;
-            const float mv = *m;
-            float acc = 0.0f;
+        float *col = a.qkv + t0 * a.cd + ch;
+        for (int64_t i = 0; i < n; i += CONV_U) {
+            const int c = n - i < CONV_U ? (int)(n - i) : CONV_U;
+            float mv[CONV_U];
 #pragma unroll
-            for (int j = 0; j < 3; j++) acc += tap[j] * sv[j];
-            acc += tap[3] * mv;
-            sv[0] = sv[1], sv[1] = sv[2], sv[2] = mv;
-            *m = acc / (1.0f + expf(-acc));
+            for (int u = 0; u < CONV_U; u++) mv[u] = u < c ? col[(i + u) * a.cd] : 0.0f;
+#pragma unroll
+            for (int u = 0; u < CONV_U; u++) {
+                if (u >= c) break;
+                float acc = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 3; j++) acc += tap[j] * sv[j];
+                acc += tap[3] * mv[u];
+                sv[0] = sv[1], sv[1] = sv[2], sv[2] = mv[u];
+                col[(i + u) * a.cd] = acc / (1.0f + expf(-acc));
+            }
         }
 #pragma unroll
         for (int j = 0; j < 3; j++) st[j * a.cd + ch] = sv[j];
@@ -1177,95 +1462,108 @@ __global__ void k_gdn_conv(cu_plan p, cu_gdn_args a) {
     }
 }
 
-/* the delta rule, per step, with the L2 norms of its q and k heads: a block per (item, value
- * head, 32 state columns), a lane per column (the columns of a head are independent: each has
- * its own error and output) and a warp per GDN_ROWS rows of the key dimension, which stay in
- * its registers over the item's steps. Per step the warps' partial dot products are added in
- * warp order. The device keeps each head's state as [Dk][Dv], so loads and stores are
- * coalesced. The norms: warp 0, columns lane, lane + 32, ... then a butterfly. */
-#define GDN_COLS 32
-#define GDN_ROWS 16
-__global__ void __launch_bounds__(1024) k_gdn_recur(cu_plan p, cu_gdn_args a) {
+/* the L2 norms of every token's q and k heads, in place (q also by 1 / sqrt(Dk)): a warp per
+ * (token, key head); columns lane, lane + 32, ... then a butterfly */
+__global__ void k_gdn_qknorm(cu_gdn_args a) {
     pdl_wait();
-    extern __shared__ float sh[]; /* qs [Dk], ks [Dk], red [2][warps][32], nrm [2] */
-    const int it = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const int i = blockIdx.z * GDN_COLS + lane, Dk = a.Dk, Dv = a.Dv, g = h / (a.Hv / a.Hk), j0 = w * GDN_ROWS;
-    float *qs = sh, *ks = sh + Dk, *red = ks + Dk, *nrm = red + 2 * nw * 32;
+    const int64_t t = blockIdx.x;
+    const int g = blockIdx.y, lane = threadIdx.x;
+    for (int which = 0; which < 2; which++) {
+        float *v = a.qkv + t * a.cd + (which ? a.kd : 0) + (int64_t)g * a.Dk;
+        float ss = 0.0f;
+        for (int j = lane; j < a.Dk; j += 32) ss += v[j] * v[j];
+        ss = warp_sum(ss);
+        const float r = (which ? 1.0f : 1.0f / sqrtf((float)a.Dk)) / sqrtf(ss + 1e-6f);
+        for (int j = lane; j < a.Dk; j += 32) v[j] *= r;
+    }
+}
+
+/* The delta rule, per step, on the normed q and k: a block per (item, value head, 32 state
+ * columns), a warp per 8 columns (the columns of a head are independent: each has its own
+ * error and output). Lane 4a + b holds columns 2b, 2b + 1 of the warp's 8 for the key rows
+ * a*RP .. a*RP + RP - 1, in registers over the item's steps (RP = Dk / 8 rounded up). A
+ * column's dot products (the error k.S, the output q.S) are summed over the lane's rows in
+ * order (even and odd rows apart, then added), then over a by a butterfly (lanes 4, 8, 16
+ * apart): an order fixed by the shape alone. The device keeps each head's state as
+ * [Dk][Dv]; four lanes read a row's 8 columns as one 32-byte run. The next token's inputs
+ * are loaded while a step runs. */
+#define GDN_WARPS 4
+template <int RP>
+__global__ void __launch_bounds__(32 * GDN_WARPS) k_gdn_recur(cu_plan p, cu_gdn_args a) {
+    pdl_wait();
+    const int it = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int ra = lane >> 2, Dk = a.Dk, Dv = a.Dv, g = h / (a.Hv / a.Hk), r0 = ra * RP;
+    const int i0 = (blockIdx.z * GDN_WARPS + w) * 8 + 2 * (lane & 3); /* this lane's columns i0, i0 + 1 */
+    const bool on = i0 < Dv;                                          /* Dv is even */
     float *Sg = a.rec_state + (size_t)p.slot[it] * a.rec_stride + (size_t)h * Dv * Dk;
-    const bool on = i < Dv;
-    float S[GDN_ROWS];
+    float S0[RP], S1[RP];
 #pragma unroll
-    for (int r = 0; r < GDN_ROWS; r++) S[r] = on && j0 + r < Dk ? Sg[(size_t)(j0 + r) * Dv + i] : 0.0f;
+    for (int m = 0; m < RP; m++) {
+        float2 v = make_float2(0.0f, 0.0f);
+        if (on && r0 + m < Dk) v = *(const float2 *)(Sg + (size_t)(r0 + m) * Dv + i0);
+        S0[m] = v.x, S1[m] = v.y;
+    }
     const int64_t t0 = p.item_t0[it], n = p.item_t0[it + 1] - t0;
-    /* the next token's inputs, loaded while this one's step runs (blockDim.x >= Dk) */
-    float nq = 0.0f, nk = 0.0f, nb = 0.0f, na = 0.0f, nv = 0.0f;
+    const float dtb = a.dt_bias[h], nea = a.neg_exp_a[h];
+    float nq[RP], nk[RP], nb = 0.0f, na = 0.0f;
+    float2 nv = make_float2(0.0f, 0.0f);
     auto fetch = [&](int64_t t) {
         const float *row = a.qkv + t * a.cd;
-        if ((int)threadIdx.x < Dk) {
-            nq = row[(int64_t)g * Dk + threadIdx.x];
-            nk = row[a.kd + (int64_t)g * Dk + threadIdx.x];
+        const float *qh = row + (int64_t)g * Dk + r0, *kh = row + a.kd + (int64_t)g * Dk + r0;
+#pragma unroll
+        for (int m = 0; m < RP; m++) {
+            nq[m] = r0 + m < Dk ? qh[m] : 0.0f;
+            nk[m] = r0 + m < Dk ? kh[m] : 0.0f;
         }
+        if (on) nv = *(const float2 *)(row + 2 * a.kd + (int64_t)h * Dv + i0);
         nb = a.b[t * a.Hv + h];
         na = a.a[t * a.Hv + h];
-        nv = on ? row[2 * a.kd + (int64_t)h * Dv + i] : 0.0f;
     };
     if (n > 0) fetch(t0);
     for (int64_t s = 0; s < n; s++) {
         const int64_t t = t0 + s;
-        __syncthreads();
-        if ((int)threadIdx.x < Dk) {
-            qs[threadIdx.x] = nq;
-            ks[threadIdx.x] = nk;
-        }
-        const float bt = nb, at = na, v = nv;
+        float q[RP], k[RP];
+#pragma unroll
+        for (int m = 0; m < RP; m++) q[m] = nq[m], k[m] = nk[m];
+        const float2 v = nv;
+        const float bt = nb, at = na;
         if (s + 1 < n) fetch(t + 1);
-        __syncthreads();
-        if (w == 0) /* q's norm, then k's */
-            for (int which = 0; which < 2; which++) {
-                const float *v = which ? ks : qs;
-                float ss = 0.0f;
-                for (int j = lane; j < Dk; j += 32) ss += v[j] * v[j];
-                ss = warp_sum(ss);
-                const float scale = which ? 1.0f : 1.0f / sqrtf((float)Dk);
-                if (lane == 0) nrm[which] = scale / sqrtf(ss + 1e-6f);
-            }
-        __syncthreads();
-        const float rq = nrm[0], rk = nrm[1];
         const float beta = sigmoidf_(bt);
-        const float alpha = expf(a.neg_exp_a[h] * softplusf_(at + a.dt_bias[h]));
-        float e = 0.0f;
+        const float alpha = expf(nea * softplusf_(at + dtb));
+        float e[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}}; /* [column][even/odd rows] */
 #pragma unroll
-        for (int r = 0; r < GDN_ROWS; r++)
-            if (j0 + r < Dk) {
-                const float x = S[r] * alpha;
-                S[r] = x;
-                e += x * (ks[j0 + r] * rk);
-            }
-        red[w * 32 + lane] = e;
-        __syncthreads();
-        e = 0.0f;
-        for (int q = 0; q < nw; q++) e += red[q * 32 + lane];
-        const float delta = beta * (v - e);
-        float o = 0.0f;
-#pragma unroll
-        for (int r = 0; r < GDN_ROWS; r++)
-            if (j0 + r < Dk) {
-                const float x = S[r] + delta * (ks[j0 + r] * rk);
-                S[r] = x;
-                o += x * (qs[j0 + r] * rq);
-            }
-        red[(nw + w) * 32 + lane] = o;
-        __syncthreads();
-        if (w == 0 && on) {
-            o = 0.0f;
-            for (int q = 0; q < nw; q++) o += red[(nw + q) * 32 + lane];
-            a.mix[t * a.vd + (int64_t)h * Dv + i] = o;
+        for (int m = 0; m < RP; m++) {
+            S0[m] *= alpha;
+            S1[m] *= alpha;
+            e[0][m & 1] = fmaf(S0[m], k[m], e[0][m & 1]);
+            e[1][m & 1] = fmaf(S1[m], k[m], e[1][m & 1]);
         }
-    }
-    if (on)
+        float e0 = e[0][0] + e[0][1], e1 = e[1][0] + e[1][1];
 #pragma unroll
-        for (int r = 0; r < GDN_ROWS; r++)
-            if (j0 + r < Dk) Sg[(size_t)(j0 + r) * Dv + i] = S[r];
+        for (int o = 4; o < 32; o <<= 1) {
+            e0 += __shfl_xor_sync(FULL, e0, o);
+            e1 += __shfl_xor_sync(FULL, e1, o);
+        }
+        const float d0 = beta * (v.x - e0), d1 = beta * (v.y - e1);
+        float o2[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+#pragma unroll
+        for (int m = 0; m < RP; m++) {
+            S0[m] = fmaf(d0, k[m], S0[m]);
+            S1[m] = fmaf(d1, k[m], S1[m]);
+            o2[0][m & 1] = fmaf(S0[m], q[m], o2[0][m & 1]);
+            o2[1][m & 1] = fmaf(S1[m], q[m], o2[1][m & 1]);
+        }
+        float o0 = o2[0][0] + o2[0][1], o1 = o2[1][0] + o2[1][1];
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1) {
+            o0 += __shfl_xor_sync(FULL, o0, o);
+            o1 += __shfl_xor_sync(FULL, o1, o);
+        }
+        if (ra == 0 && on) *(float2 *)(a.mix + t * a.vd + (int64_t)h * Dv + i0) = make_float2(o0, o1);
+    }
+#pragma unroll
+    for (int m = 0; m < RP; m++)
+        if (on && r0 + m < Dk) *(float2 *)(Sg + (size_t)(r0 + m) * Dv + i0) = make_float2(S0[m], S1[m]);
 }
 
 /* gated RMSNorm: norm(o) * w * silu(z), a warp per (token, value head) */
@@ -1282,27 +1580,32 @@ __global__ void k_gdn_gnorm(cu_gdn_args a) {
     for (int r = threadIdx.x; r < a.Dv; r += 32) o[r] = o[r] * rs * a.norm_w[r] * siluf_(z[r]);
 }
 
-static int gdn_warps(int Dk) { return (Dk + GDN_ROWS - 1) / GDN_ROWS; }
-static size_t gdn_shm(int Dk) { return ((size_t)2 * Dk + 2 * (size_t)gdn_warps(Dk) * 32 + 2) * sizeof(float); }
+/* the rows a lane of k_gdn_recur holds (Dk / 8 rounded up to a kernel's), 0: none */
+static int gdn_rows(int Dk) {
+    const int r = (Dk + 7) / 8;
+    return r <= 2 ? 2 : r <= 4 ? 4 : r <= 8 ? 8 : r <= 16 ? 16 : r <= 32 ? 32 : 0;
+}
 
 extern "C" void cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int max_item_tokens) {
     (void)max_item_tokens;
     if (p->n_tokens <= 0) return;
-    dim3 gc((unsigned)p->n_items, (unsigned)((a->cd + 127) / 128));
-    launch_pdl(k_gdn_conv, gc, dim3(128), 0, s, *p, *a);
-    dim3 gr((unsigned)p->n_items, (unsigned)a->Hv, (unsigned)((a->Dv + GDN_COLS - 1) / GDN_COLS));
-    launch_pdl(k_gdn_recur, gr, dim3(32 * gdn_warps(a->Dk)), gdn_shm(a->Dk), s, *p, *a);
+    dim3 gc((unsigned)p->n_items, (unsigned)((a->cd + CONV_THREADS - 1) / CONV_THREADS));
+    launch_pdl(k_gdn_conv, gc, dim3(CONV_THREADS), 0, s, *p, *a);
+    launch_pdl(k_gdn_qknorm, dim3((unsigned)p->n_tokens, (unsigned)a->Hk), dim3(32), 0, s, *a);
+    dim3 gr((unsigned)p->n_items, (unsigned)a->Hv, (unsigned)((a->Dv + 8 * GDN_WARPS - 1) / (8 * GDN_WARPS)));
+    switch (gdn_rows(a->Dk)) {
+    case 2: launch_pdl(k_gdn_recur<2>, gr, dim3(32 * GDN_WARPS), 0, s, *p, *a); break;
+    case 4: launch_pdl(k_gdn_recur<4>, gr, dim3(32 * GDN_WARPS), 0, s, *p, *a); break;
+    case 8: launch_pdl(k_gdn_recur<8>, gr, dim3(32 * GDN_WARPS), 0, s, *p, *a); break;
+    case 16: launch_pdl(k_gdn_recur<16>, gr, dim3(32 * GDN_WARPS), 0, s, *p, *a); break;
+    default: launch_pdl(k_gdn_recur<32>, gr, dim3(32 * GDN_WARPS), 0, s, *p, *a); break;
+    }
     dim3 gn((unsigned)p->n_tokens, (unsigned)a->Hv);
     launch_pdl(k_gdn_gnorm, gn, dim3(32), 0, s, *a);
 }
 
-extern "C" int cu_gdn_prepare(int Dk, int Dv) {
-    (void)Dv;
-    if (gdn_warps(Dk) > 32) return -1; /* at most 1024 threads */
-    const size_t shm = gdn_shm(Dk);
-    if (shm <= 48 * 1024) return 0;
-    return cudaFuncSetAttribute(k_gdn_recur, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm) == cudaSuccess ? 0 : -1;
-}
+/* key dims at most 256 (a lane's registers hold 32 rows); key and value dims even (float2 loads) */
+extern "C" int cu_gdn_prepare(int Dk, int Dv) { return Dk >= 2 && Dk % 2 == 0 && gdn_rows(Dk) > 0 && Dv % 2 == 0 ? 0 : -1; }
 
 /* ---------------------------------------------------------------------------------------- */
 /* attention */
@@ -1410,6 +1713,20 @@ static size_t att_smem(const cu_attn_args *a) {
     return ATT_Q * 8 + ((size_t)a->hd * ATT_QS + (size_t)a->hd * (ATT_CH + 1) + ATT_Q * ATT_CH + 4 * ATT_Q) * 4;
 }
 
+/* the tile of block k: the k-th of the step's tiles, items in order, ceil(n_i / qt) each */
+__device__ __forceinline__ int att_tile(const cu_plan &p, int qt, int64_t *t0, int64_t *nt) {
+    int64_t k = blockIdx.x;
+    for (int i = 0; i < p.n_items; i++) {
+        const int64_t n = p.item_t0[i + 1] - p.item_t0[i], tiles = (n + qt - 1) / qt;
+        if (k < tiles) {
+            *t0 = p.item_t0[i] + k * qt, *nt = n - k * qt < qt ? n - k * qt : qt;
+            return i;
+        }
+        k -= tiles;
+    }
+    return -1;
+}
+
 __global__ void __launch_bounds__(ATT_THREADS, 1) k_attention(cu_plan p, cu_attn_args a, cu_kv kv, int qt) {
     pdl_wait();
     extern __shared__ int64_t sh64[];
@@ -1417,20 +1734,8 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) k_attention(cu_plan p, cu_attn
     int64_t *qpos = sh64;
     float *qT = (float *)(sh64 + ATT_Q), *kvb = qT + hd * ATT_QS, *wt = kvb + hd * (ATT_CH + 1), *sm_m = wt + ATT_Q * ATT_CH;
     float *sm_l = sm_m + ATT_Q, *sm_a = sm_l + ATT_Q, *sm_b = sm_a + ATT_Q;
-    /* the tile: the k-th of the step's tiles, items in order, ceil(n_i / qt) each */
-    int it = -1;
     int64_t t0 = 0, nt = 0;
-    {
-        int64_t k = blockIdx.x;
-        for (int i = 0; i < p.n_items; i++) {
-            const int64_t n = p.item_t0[i + 1] - p.item_t0[i], tiles = (n + qt - 1) / qt;
-            if (k < tiles) {
-                it = i, t0 = p.item_t0[i] + k * qt, nt = n - k * qt < qt ? n - k * qt : qt;
-                break;
-            }
-            k -= tiles;
-        }
-    }
+    const int it = att_tile(p, qt, &t0, &nt);
     if (it < 0) return;
     const int Q = (int)nt * G;
     const int64_t pos_first = p.pos0[it] + (t0 - p.item_t0[it]), pos_last = pos_first + nt - 1;
@@ -1545,17 +1850,291 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) k_attention(cu_plan p, cu_attn
             }
 }
 
+/* ---- attention on the tensor cores: k_attn_tc ----
+ * k_attention's tiles, chunks, masks and merges, with its two products on the tensor cores:
+ * the chunk's scores^T [position][query] = K Q^T and its output^T [dim][query] = V^T W^T
+ * (mma m16n8k16; a column is one query's own sums). The operands as bf16 parts: the scaled
+ * queries and the weights w in QP parts, K and V in KP (3 from an fp32 pool, 1 from a bf16
+ * pool or in bf16 mode); of the part products, those of parts i + j <= 2 are summed (with
+ * 3 and 3 the rest is below fp32's rounding), larger first, every k step in order, into one
+ * fp32 accumulator. A query's arithmetic is fixed by the chunking alone, as in k_attention:
+ * the same bits alone (decode, which takes this kernel too) and in any tile or batch. */
+#define ATC_PAD 8 /* bf16 of padding a shared row: a fragment's 8 rows fall in distinct banks */
+
+static size_t atc_smem(int hd, int qp, int kp) {
+    const size_t qs = (size_t)hd + ATC_PAD, vs = ATT_CH + ATC_PAD;
+    const size_t kv = (size_t)ATT_CH * qs > (size_t)hd * vs ? (size_t)ATT_CH * qs : (size_t)hd * vs;
+    return ATT_Q * 8 + 4 * ATT_Q * 4 + (size_t)ATT_Q * (ATT_CH + 1) * 4 +
+           2 * ((size_t)qp * ATT_Q * qs + (size_t)qp * ATT_Q * vs + (size_t)kp * kv);
+}
+
+/* 8 consecutive pool elements (hd is a multiple of 16, rows start 32-byte aligned) */
+__device__ __forceinline__ void kv_load8(const cu_kv &kv, size_t i, float (&v)[8]) {
+    if (kv.bf16) {
+        const uint4 u = *(const uint4 *)((const uint16_t *)kv.base + i);
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) v[2 * k] = __uint_as_float(w[k] << 16), v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+    } else {
+        const float4 x = *(const float4 *)((const float *)kv.base + i), y = *(const float4 *)((const float *)kv.base + i + 4);
+        v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z, v[7] = y.w;
+    }
+}
+
+/* 8 floats as NP bf16 parts, 8 a uint4 */
+template <int NP>
+__device__ __forceinline__ void split8(const float (&v)[8], uint4 (&o)[NP]) {
+    float r[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) r[k] = v[k];
+#pragma unroll
+    for (int q = 0; q < NP; q++) {
+        uint16_t hh[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            hh[k] = f2bf16(r[k]);
+            r[k] -= bf16f(hh[k]);
+        }
+        o[q] = make_uint4(pack2(hh[0], hh[1]), pack2(hh[2], hh[3]), pack2(hh[4], hh[5]), pack2(hh[6], hh[7]));
+    }
+}
+
+/* the part products of one k step into d: A parts a[KP][4], B parts b[QP][2], i + j <= 2 */
+template <int QP, int KP>
+__device__ __forceinline__ void atc_mma(float (&d)[4], const uint32_t (&a)[KP][4], const uint32_t (&b)[QP][2]) {
+#pragma unroll
+    for (int sum = 0; sum < 3; sum++)
+#pragma unroll
+        for (int i = 0; i <= sum; i++) {
+            const int j = sum - i;
+            if (i < QP && j < KP) mma_bf16(d, a[j][0], a[j][1], a[j][2], a[j][3], b[i][0], b[i][1]);
+        }
+}
+
+template <int QP, int KP>
+__global__ void __launch_bounds__(ATT_THREADS, 1) k_attn_tc(cu_plan p, cu_attn_args a, cu_kv kv, int qt) {
+    pdl_wait();
+    extern __shared__ int64_t sh64[];
+    const int hd = a.hd, G = a.nh / a.nkv, h = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3, QS = hd + ATC_PAD, VS = ATT_CH + ATC_PAD, H8 = hd / 8;
+    int64_t *qpos = sh64;
+    float *sm_m = (float *)(sh64 + ATT_Q), *sm_l = sm_m + ATT_Q, *sm_a = sm_l + ATT_Q, *sm_b = sm_a + ATT_Q;
+    float *st = sm_b + ATT_Q;                                 /* scores [ATT_Q][ATT_CH + 1] */
+    uint16_t *qs = (uint16_t *)(st + ATT_Q * (ATT_CH + 1));   /* queries [QP][ATT_Q][QS] */
+    uint16_t *ws = qs + QP * ATT_Q * QS;                      /* weights [QP][ATT_Q][VS] */
+    uint16_t *kvs = ws + QP * ATT_Q * VS;                     /* K [KP][ATT_CH][QS], then V^T [KP][hd][VS] */
+    const int kvstride = ATT_CH * QS > hd * VS ? ATT_CH * QS : hd * VS;
+    int64_t t0 = 0, nt = 0;
+    const int it = att_tile(p, qt, &t0, &nt);
+    if (it < 0) return;
+    const int Q = (int)nt * G, nqt = (Q + 7) / 8;
+    const int64_t pos_first = p.pos0[it] + (t0 - p.item_t0[it]), pos_last = pos_first + nt - 1;
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int i = tid; i < ATT_Q * H8; i += ATT_THREADS) {
+        const int qi = i / H8, e0 = (i % H8) * 8;
+        float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        if (qi < Q) {
+            const float *src = a.q + (t0 + qi / G) * 2 * a.nh * hd + (int64_t)(h * G + qi % G) * 2 * hd + e0;
+#pragma unroll
+            for (int k = 0; k < 8; k++) v[k] = __fmul_rn(src[k], scale);
+        }
+        uint4 o[QP];
+        split8<QP>(v, o);
+#pragma unroll
+        for (int q = 0; q < QP; q++) *(uint4 *)(qs + q * ATT_Q * QS + qi * QS + e0) = o[q];
+    }
+    if (tid < ATT_Q) {
+        sm_m[tid] = -INFINITY;
+        sm_l[tid] = 0.0f;
+        qpos[tid] = pos_first + (tid < Q ? tid / G : 0);
+    }
+    const bool pv = 32 * warp < hd; /* this warp's dims 32 warp .. + 31 of the output */
+    float o[2][6][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int n = 0; n < 6; n++) o[mi][n][0] = o[mi][n][1] = o[mi][n][2] = o[mi][n][3] = 0.0f;
+    for (int64_t c0 = 0; c0 <= pos_last; c0 += ATT_CH) {
+        __syncthreads(); /* the previous chunk's V^T and weights are read */
+        for (int i = tid; i < ATT_CH * H8; i += ATT_THREADS) {
+            const int r = i / H8, e0 = (i % H8) * 8;
+            const int64_t pq = c0 + r;
+            float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            if (pq <= pos_last) kv_load8(kv, kv_index(kv, p, it, a.li, 0, h, pq) + e0, v);
+            uint4 o4[KP];
+            split8<KP>(v, o4);
+#pragma unroll
+            for (int q = 0; q < KP; q++) *(uint4 *)(kvs + q * kvstride + r * QS + e0) = o4[q];
+        }
+        __syncthreads();
+        { /* scores: warp w takes position tile w % 4 and query tiles (w / 4) * 3 .. + 2 */
+            const int mt = warp & 3, n0 = (warp >> 2) * 3;
+            float sc[3][4];
+#pragma unroll
+            for (int n = 0; n < 3; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+            if (n0 < nqt) {
+                for (int ks = 0; ks < hd / 16; ks++) {
+                    uint32_t af[KP][4];
+#pragma unroll
+                    for (int j = 0; j < KP; j++) {
+                        const uint16_t *kb = kvs + j * kvstride + (mt * 16 + g) * QS + ks * 16 + 2 * t;
+                        af[j][0] = *(const uint32_t *)kb, af[j][1] = *(const uint32_t *)(kb + 8 * QS);
+                        af[j][2] = *(const uint32_t *)(kb + 8), af[j][3] = *(const uint32_t *)(kb + 8 * QS + 8);
+                    }
+#pragma unroll
+                    for (int n = 0; n < 3; n++) {
+                        if (n0 + n >= nqt) break;
+                        uint32_t bf[QP][2];
+#pragma unroll
+                        for (int i = 0; i < QP; i++) {
+                            const uint16_t *qb = qs + i * ATT_Q * QS + ((n0 + n) * 8 + g) * QS + ks * 16 + 2 * t;
+                            bf[i][0] = *(const uint32_t *)qb, bf[i][1] = *(const uint32_t *)(qb + 8);
+                        }
+                        atc_mma<QP, KP>(sc[n], af, bf);
+                    }
+                }
+#pragma unroll
+                for (int n = 0; n < 3; n++) {
+                    if (n0 + n >= nqt) break;
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int pr = mt * 16 + g + (e >= 2 ? 8 : 0), qi = (n0 + n) * 8 + 2 * t + (e & 1);
+                        st[qi * (ATT_CH + 1) + pr] = c0 + pr <= qpos[qi] ? sc[n][e] : -INFINITY;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+        /* V^T as parts, [part][dim][position]: a thread two positions by 8 dims (a warp's
+         * threads the 32 position pairs of 8 dims: their stores fall in distinct banks) */
+        for (int i = tid; i < (ATT_CH / 2) * H8; i += ATT_THREADS) {
+            const int pr = (i % (ATT_CH / 2)) * 2, e0 = (i / (ATT_CH / 2)) * 8;
+            const int64_t pq = c0 + pr;
+            float v0[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, v1[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            if (pq <= pos_last) kv_load8(kv, kv_index(kv, p, it, a.li, 1, h, pq) + e0, v0);
+            if (pq + 1 <= pos_last) kv_load8(kv, kv_index(kv, p, it, a.li, 1, h, pq + 1) + e0, v1);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                float x0 = v0[k], x1 = v1[k];
+#pragma unroll
+                for (int q = 0; q < KP; q++) {
+                    const uint16_t h0 = f2bf16(x0), h1 = f2bf16(x1);
+                    *(uint32_t *)(kvs + q * kvstride + (e0 + k) * VS + pr) = pack2(h0, h1);
+                    x0 -= bf16f(h0), x1 -= bf16f(h1);
+                }
+            }
+        }
+        /* each query's chunk weights (as parts), sum and merge factors: a warp a query */
+        for (int q = warp; q < Q; q += ATT_THREADS / 32)
+            if (c0 <= qpos[q]) {
+                const float *w = st + q * (ATT_CH + 1);
+                const float x0 = w[lane], x1 = w[lane + 32];
+                float mc = fmaxf(x0, x1);
+                for (int off = 16; off > 0; off >>= 1) mc = fmaxf(mc, __shfl_xor_sync(FULL, mc, off));
+                const float e0 = c0 + lane <= qpos[q] ? expf(x0 - mc) : 0.0f;
+                const float e1 = c0 + lane + 32 <= qpos[q] ? expf(x1 - mc) : 0.0f;
+                float r0 = e0, r1 = e1;
+#pragma unroll
+                for (int i = 0; i < QP; i++) {
+                    const uint16_t h0 = f2bf16(r0), h1 = f2bf16(r1);
+                    ws[i * ATT_Q * VS + q * VS + lane] = h0;
+                    ws[i * ATT_Q * VS + q * VS + lane + 32] = h1;
+                    r0 -= bf16f(h0), r1 -= bf16f(h1);
+                }
+                const float lc = warp_sum(__fadd_rn(e0, e1));
+                if (lane == 0) {
+                    const float m = sm_m[q], mn = fmaxf(m, mc), ca = expf(m - mn), cb = expf(mc - mn);
+                    sm_l[q] = __fmaf_rn(sm_l[q], ca, __fmul_rn(lc, cb));
+                    sm_m[q] = mn;
+                    sm_a[q] = ca;
+                    sm_b[q] = cb;
+                }
+            }
+        __syncthreads();
+        if (pv) { /* the chunk's output for this warp's 32 dims and every query tile, then the merge */
+            float oc[2][6][4];
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                for (int n = 0; n < 6; n++) oc[mi][n][0] = oc[mi][n][1] = oc[mi][n][2] = oc[mi][n][3] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < ATT_CH / 16; ks++) {
+                uint32_t av[2][KP][4];
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                    for (int j = 0; j < KP; j++) {
+                        const uint16_t *vb = kvs + j * kvstride + (32 * warp + 16 * mi + g) * VS + ks * 16 + 2 * t;
+                        const bool in = 32 * warp + 16 * mi < hd;
+                        av[mi][j][0] = in ? *(const uint32_t *)vb : 0u, av[mi][j][1] = in ? *(const uint32_t *)(vb + 8 * VS) : 0u;
+                        av[mi][j][2] = in ? *(const uint32_t *)(vb + 8) : 0u, av[mi][j][3] = in ? *(const uint32_t *)(vb + 8 * VS + 8) : 0u;
+                    }
+#pragma unroll
+                for (int n = 0; n < 6; n++) {
+                    if (n >= nqt) break;
+                    uint32_t bw[QP][2];
+#pragma unroll
+                    for (int i = 0; i < QP; i++) {
+                        const uint16_t *wb = ws + i * ATT_Q * VS + (n * 8 + g) * VS + ks * 16 + 2 * t;
+                        bw[i][0] = *(const uint32_t *)wb, bw[i][1] = *(const uint32_t *)(wb + 8);
+                    }
+#pragma unroll
+                    for (int mi = 0; mi < 2; mi++) atc_mma<QP, KP>(oc[mi][n], av[mi], bw);
+                }
+            }
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                for (int n = 0; n < 6; n++) {
+                    if (n >= nqt) break;
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int qi = n * 8 + 2 * t + (e & 1);
+                        if (qi < Q && c0 <= qpos[qi]) o[mi][n][e] = __fmaf_rn(o[mi][n][e], sm_a[qi], __fmul_rn(oc[mi][n][e], sm_b[qi]));
+                    }
+                }
+        }
+    }
+    __syncthreads();
+    if (pv)
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+            for (int n = 0; n < 6; n++) {
+                if (n >= nqt) break;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int dim = 32 * warp + 16 * mi + g + (e >= 2 ? 8 : 0), qi = n * 8 + 2 * t + (e & 1);
+                    if (qi >= Q || dim >= hd) continue;
+                    const int64_t tt = t0 + qi / G;
+                    const int j = h * G + qi % G;
+                    const float gate = a.q[tt * 2 * a.nh * hd + (int64_t)j * 2 * hd + hd + dim];
+                    a.mix[tt * a.nh * hd + (int64_t)j * hd + dim] = __fmul_rn(__fmul_rn(o[mi][n][e], 1.0f / sm_l[qi]), sigmoidf_(gate));
+                }
+            }
+}
+
 extern "C" void cu_attention(cu_stream s, const cu_plan *p, const cu_attn_args *a, const cu_kv *kv) {
     if (p->n_tokens <= 0) return;
     const int qt = att_tokens(a);
     dim3 grid((unsigned)((p->n_tokens + qt - 1) / qt + p->n_items), (unsigned)a->nkv);
-    launch_pdl(k_attention, grid, dim3(ATT_THREADS), att_smem(a), s, *p, *a, *kv, qt);
+    const dim3 blk(ATT_THREADS);
+    const int parts = a->hd % 16 == 0 ? a->parts : 0;
+    if (parts == 3 && !kv->bf16) launch_pdl(k_attn_tc<3, 3>, grid, blk, atc_smem(a->hd, 3, 3), s, *p, *a, *kv, qt);
+    else if (parts == 3) launch_pdl(k_attn_tc<3, 1>, grid, blk, atc_smem(a->hd, 3, 1), s, *p, *a, *kv, qt);
+    else if (parts == 1) launch_pdl(k_attn_tc<1, 1>, grid, blk, atc_smem(a->hd, 1, 1), s, *p, *a, *kv, qt);
+    else launch_pdl(k_attention, grid, blk, att_smem(a), s, *p, *a, *kv, qt);
 }
 
-extern "C" int cu_attention_fits(int nh, int nkv, int hd) { return nkv > 0 && nh % nkv == 0 && nh / nkv <= ATT_Q && hd <= ATT_THREADS; }
+extern "C" int cu_attention_fits(int nh, int nkv, int hd) {
+    return nkv > 0 && nh % nkv == 0 && nh / nkv <= ATT_Q && hd <= ATT_THREADS;
+}
 
 extern "C" void cu_attention_init(int hd) {
     cu_attn_args a = {};
     a.hd = hd;
     cudaFuncSetAttribute(k_attention, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)att_smem(&a));
+    cudaFuncSetAttribute(k_attn_tc<3, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)atc_smem(hd, 3, 3));
+    cudaFuncSetAttribute(k_attn_tc<3, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)atc_smem(hd, 3, 1));
+    cudaFuncSetAttribute(k_attn_tc<1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)atc_smem(hd, 1, 1));
 }
