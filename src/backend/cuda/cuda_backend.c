@@ -467,7 +467,7 @@ static st_status cuda_create(const st_model *m, const st_cuda_params *p, const s
         b->stage = NULL;
     }
     if (st == ST_OK && m->n_linear && cu_gdn_prepare(b->Dk, b->Dv) != 0)
-        st = fail(err, ST_ERR_UNSUPPORTED, "CUDA: a %dx%d delta-rule state head is not supported (key dims even and at most 256, value dims even)",
+        st = fail(err, ST_ERR_UNSUPPORTED, "CUDA: a %dx%d delta-rule state head is not supported (key and value dims multiples of 4, key dims at most 256)",
                   b->Dk, b->Dv);
     free(tmp);
     if (st != ST_OK) {

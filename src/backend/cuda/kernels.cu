@@ -1485,16 +1485,30 @@ __global__ void k_gdn_qknorm(cu_gdn_args a) {
  * column's dot products (the error k.S, the output q.S) are summed over the lane's rows in
  * order (even and odd rows apart, then added), then over a by a butterfly (lanes 4, 8, 16
  * apart): an order fixed by the shape alone. The device keeps each head's state as
- * [Dk][Dv]; four lanes read a row's 8 columns as one 32-byte run. The next token's inputs
- * are loaded while a step runs. */
+ * [Dk][Dv]; four lanes read a row's 8 columns as one 32-byte run. The steps' inputs (q, k,
+ * the block's v columns, b, a) come through shared memory in chunks of GDN_CHUNK tokens,
+ * the next chunk copied (cp.async) while this one's steps run; each token's beta and decay
+ * are made there by one thread, before the chunk's steps. */
 #define GDN_WARPS 4
+#define GDN_CHUNK 16
+/* floats a token's inputs take in shared memory: q [Dk], k [Dk], v [32], b, a, padding to 4 */
+__host__ __device__ __forceinline__ int gdn_token_floats(int Dk) { return 2 * Dk + 8 * GDN_WARPS + 4; }
+
+__device__ __forceinline__ void cp_async_4(void *smem, const void *gmem) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(sa), "l"(gmem));
+}
+
 template <int RP>
 __global__ void __launch_bounds__(32 * GDN_WARPS) k_gdn_recur(cu_plan p, cu_gdn_args a) {
     pdl_wait();
-    const int it = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const int ra = lane >> 2, Dk = a.Dk, Dv = a.Dv, g = h / (a.Hv / a.Hk), r0 = ra * RP;
-    const int i0 = (blockIdx.z * GDN_WARPS + w) * 8 + 2 * (lane & 3); /* this lane's columns i0, i0 + 1 */
-    const bool on = i0 < Dv;                                          /* Dv is even */
+    extern __shared__ float4 gsh4[];
+    float *gsh = (float *)gsh4; /* [2][GDN_CHUNK][gdn_token_floats(Dk)] */
+    const int it = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    const int ra = lane >> 2, Dk = a.Dk, Dv = a.Dv, g = h / (a.Hv / a.Hk), r0 = ra * RP, TS = gdn_token_floats(Dk);
+    const int c0 = blockIdx.z * 8 * GDN_WARPS;           /* the block's first column */
+    const int i0 = c0 + w * 8 + 2 * (lane & 3);          /* this lane's columns i0, i0 + 1 */
+    const bool on = i0 < Dv;                             /* Dv is a multiple of 4 */
     float *Sg = a.rec_state + (size_t)p.slot[it] * a.rec_stride + (size_t)h * Dv * Dk;
     float S0[RP], S1[RP];
 #pragma unroll
@@ -1503,64 +1517,88 @@ __global__ void __launch_bounds__(32 * GDN_WARPS) k_gdn_recur(cu_plan p, cu_gdn_
         if (on && r0 + m < Dk) v = *(const float2 *)(Sg + (size_t)(r0 + m) * Dv + i0);
         S0[m] = v.x, S1[m] = v.y;
     }
-    const int64_t t0 = p.item_t0[it], n = p.item_t0[it + 1] - t0;
+    const int64_t t0 = p.item_t0[it], n = p.item_t0[it + 1] - t0, nch = (n + GDN_CHUNK - 1) / GDN_CHUNK;
     const float dtb = a.dt_bias[h], nea = a.neg_exp_a[h];
-    float nq[RP], nk[RP], nb = 0.0f, na = 0.0f;
-    float2 nv = make_float2(0.0f, 0.0f);
-    auto fetch = [&](int64_t t) {
-        const float *row = a.qkv + t * a.cd;
-        const float *qh = row + (int64_t)g * Dk + r0, *kh = row + a.kd + (int64_t)g * Dk + r0;
-#pragma unroll
-        for (int m = 0; m < RP; m++) {
-            nq[m] = r0 + m < Dk ? qh[m] : 0.0f;
-            nk[m] = r0 + m < Dk ? kh[m] : 0.0f;
+    /* chunk c's inputs into buffer c & 1: q and k as 16-byte pieces, v likewise, b and a as words */
+    auto issue = [&](int64_t c) {
+        float *buf = gsh + (c & 1) * GDN_CHUNK * TS;
+        const int64_t tc = t0 + c * GDN_CHUNK;
+        const int nu = n - c * GDN_CHUNK < GDN_CHUNK ? (int)(n - c * GDN_CHUNK) : GDN_CHUNK;
+        const int qk4 = 2 * Dk / 4;
+        for (int i = tid; i < nu * qk4; i += 32 * GDN_WARPS) {
+            const int u = i / qk4, f = i % qk4, which = f >= Dk / 4, e = (f % (Dk / 4)) * 4;
+            cp_async16(buf + u * TS + which * Dk + e, a.qkv + (tc + u) * a.cd + (which ? a.kd : 0) + (int64_t)g * Dk + e, 16);
         }
-        if (on) nv = *(const float2 *)(row + 2 * a.kd + (int64_t)h * Dv + i0);
-        nb = a.b[t * a.Hv + h];
-        na = a.a[t * a.Hv + h];
+        for (int i = tid; i < nu * 2 * GDN_WARPS; i += 32 * GDN_WARPS) {
+            const int u = i / (2 * GDN_WARPS), col = c0 + (i % (2 * GDN_WARPS)) * 4;
+            if (col < Dv) cp_async16(buf + u * TS + 2 * Dk + (col - c0), a.qkv + (tc + u) * a.cd + 2 * a.kd + (int64_t)h * Dv + col, 16);
+        }
+        for (int i = tid; i < 2 * nu; i += 32 * GDN_WARPS) {
+            const int u = i / 2;
+            cp_async_4(buf + u * TS + 2 * Dk + 8 * GDN_WARPS + (i & 1), ((i & 1) ? a.a : a.b) + (tc + u) * a.Hv + h);
+        }
     };
-    if (n > 0) fetch(t0);
-    for (int64_t s = 0; s < n; s++) {
-        const int64_t t = t0 + s;
-        float q[RP], k[RP];
-#pragma unroll
-        for (int m = 0; m < RP; m++) q[m] = nq[m], k[m] = nk[m];
-        const float2 v = nv;
-        const float bt = nb, at = na;
-        if (s + 1 < n) fetch(t + 1);
-        const float beta = sigmoidf_(bt);
-        const float alpha = expf(nea * softplusf_(at + dtb));
-        float e[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}}; /* [column][even/odd rows] */
-#pragma unroll
-        for (int m = 0; m < RP; m++) {
-            S0[m] *= alpha;
-            S1[m] *= alpha;
-            e[0][m & 1] = fmaf(S0[m], k[m], e[0][m & 1]);
-            e[1][m & 1] = fmaf(S1[m], k[m], e[1][m & 1]);
+    if (nch > 0) issue(0);
+    cp_async_commit();
+    for (int64_t c = 0; c < nch; c++) {
+        __syncthreads(); /* every warp is done with the buffer chunk c + 1 fills */
+        if (c + 1 < nch) issue(c + 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads(); /* chunk c is in */
+        float *buf = gsh + (c & 1) * GDN_CHUNK * TS;
+        const int nu = n - c * GDN_CHUNK < GDN_CHUNK ? (int)(n - c * GDN_CHUNK) : GDN_CHUNK;
+        if (tid < nu) { /* b, a into beta and the decay alpha, off the steps' chain */
+            float *ba = buf + tid * TS + 2 * Dk + 8 * GDN_WARPS;
+            const float bt = ba[0], at = ba[1];
+            ba[0] = sigmoidf_(bt);
+            ba[1] = expf(nea * softplusf_(at + dtb));
         }
-        float e0 = e[0][0] + e[0][1], e1 = e[1][0] + e[1][1];
+        __syncthreads();
+        for (int u = 0; u < nu; u++) {
+            const float *tk = buf + u * TS;
+            const int64_t t = t0 + c * GDN_CHUNK + u;
+            float q[RP], k[RP];
 #pragma unroll
-        for (int o = 4; o < 32; o <<= 1) {
-            e0 += __shfl_xor_sync(FULL, e0, o);
-            e1 += __shfl_xor_sync(FULL, e1, o);
-        }
-        const float d0 = beta * (v.x - e0), d1 = beta * (v.y - e1);
-        float o2[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+            for (int m = 0; m < RP; m++) {
+                q[m] = r0 + m < Dk ? tk[r0 + m] : 0.0f;
+                k[m] = r0 + m < Dk ? tk[Dk + r0 + m] : 0.0f;
+            }
+            const float2 v = on ? *(const float2 *)(tk + 2 * Dk + (i0 - c0)) : make_float2(0.0f, 0.0f);
+            const float beta = tk[2 * Dk + 8 * GDN_WARPS], alpha = tk[2 * Dk + 8 * GDN_WARPS + 1];
+            float e[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}}; /* [column][even/odd rows] */
 #pragma unroll
-        for (int m = 0; m < RP; m++) {
-            S0[m] = fmaf(d0, k[m], S0[m]);
-            S1[m] = fmaf(d1, k[m], S1[m]);
-            o2[0][m & 1] = fmaf(S0[m], q[m], o2[0][m & 1]);
-            o2[1][m & 1] = fmaf(S1[m], q[m], o2[1][m & 1]);
-        }
-        float o0 = o2[0][0] + o2[0][1], o1 = o2[1][0] + o2[1][1];
+            for (int m = 0; m < RP; m++) {
+                S0[m] *= alpha;
+                S1[m] *= alpha;
+                e[0][m & 1] = fmaf(S0[m], k[m], e[0][m & 1]);
+                e[1][m & 1] = fmaf(S1[m], k[m], e[1][m & 1]);
+            }
+            float e0 = e[0][0] + e[0][1], e1 = e[1][0] + e[1][1];
 #pragma unroll
-        for (int o = 4; o < 32; o <<= 1) {
-            o0 += __shfl_xor_sync(FULL, o0, o);
-            o1 += __shfl_xor_sync(FULL, o1, o);
+            for (int o = 4; o < 32; o <<= 1) {
+                e0 += __shfl_xor_sync(FULL, e0, o);
+                e1 += __shfl_xor_sync(FULL, e1, o);
+            }
+            const float d0 = beta * (v.x - e0), d1 = beta * (v.y - e1);
+            float o2[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+#pragma unroll
+            for (int m = 0; m < RP; m++) {
+                S0[m] = fmaf(d0, k[m], S0[m]);
+                S1[m] = fmaf(d1, k[m], S1[m]);
+                o2[0][m & 1] = fmaf(S0[m], q[m], o2[0][m & 1]);
+                o2[1][m & 1] = fmaf(S1[m], q[m], o2[1][m & 1]);
+            }
+            float o0 = o2[0][0] + o2[0][1], o1 = o2[1][0] + o2[1][1];
+#pragma unroll
+            for (int o = 4; o < 32; o <<= 1) {
+                o0 += __shfl_xor_sync(FULL, o0, o);
+                o1 += __shfl_xor_sync(FULL, o1, o);
+            }
+            if (ra == 0 && on) *(float2 *)(a.mix + t * a.vd + (int64_t)h * Dv + i0) = make_float2(o0, o1);
         }
-        if (ra == 0 && on) *(float2 *)(a.mix + t * a.vd + (int64_t)h * Dv + i0) = make_float2(o0, o1);
     }
+    cp_async_wait<0>();
 #pragma unroll
     for (int m = 0; m < RP; m++)
         if (on && r0 + m < Dk) *(float2 *)(Sg + (size_t)(r0 + m) * Dv + i0) = make_float2(S0[m], S1[m]);
@@ -1580,6 +1618,8 @@ __global__ void k_gdn_gnorm(cu_gdn_args a) {
     for (int r = threadIdx.x; r < a.Dv; r += 32) o[r] = o[r] * rs * a.norm_w[r] * siluf_(z[r]);
 }
 
+static size_t gdn_smem(int Dk) { return (size_t)2 * GDN_CHUNK * gdn_token_floats(Dk) * sizeof(float); }
+
 /* the rows a lane of k_gdn_recur holds (Dk / 8 rounded up to a kernel's), 0: none */
 static int gdn_rows(int Dk) {
     const int r = (Dk + 7) / 8;
@@ -1593,19 +1633,29 @@ extern "C" void cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int 
     launch_pdl(k_gdn_conv, gc, dim3(CONV_THREADS), 0, s, *p, *a);
     launch_pdl(k_gdn_qknorm, dim3((unsigned)p->n_tokens, (unsigned)a->Hk), dim3(32), 0, s, *a);
     dim3 gr((unsigned)p->n_items, (unsigned)a->Hv, (unsigned)((a->Dv + 8 * GDN_WARPS - 1) / (8 * GDN_WARPS)));
+    const size_t shm = gdn_smem(a->Dk);
     switch (gdn_rows(a->Dk)) {
-    case 2: launch_pdl(k_gdn_recur<2>, gr, dim3(32 * GDN_WARPS), 0, s, *p, *a); break;
-    case 4: launch_pdl(k_gdn_recur<4>, gr, dim3(32 * GDN_WARPS), 0, s, *p, *a); break;
-    case 8: launch_pdl(k_gdn_recur<8>, gr, dim3(32 * GDN_WARPS), 0, s, *p, *a); break;
-    case 16: launch_pdl(k_gdn_recur<16>, gr, dim3(32 * GDN_WARPS), 0, s, *p, *a); break;
-    default: launch_pdl(k_gdn_recur<32>, gr, dim3(32 * GDN_WARPS), 0, s, *p, *a); break;
+    case 2: launch_pdl(k_gdn_recur<2>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a); break;
+    case 4: launch_pdl(k_gdn_recur<4>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a); break;
+    case 8: launch_pdl(k_gdn_recur<8>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a); break;
+    case 16: launch_pdl(k_gdn_recur<16>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a); break;
+    default: launch_pdl(k_gdn_recur<32>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a); break;
     }
     dim3 gn((unsigned)p->n_tokens, (unsigned)a->Hv);
     launch_pdl(k_gdn_gnorm, gn, dim3(32), 0, s, *a);
 }
 
-/* key dims at most 256 (a lane's registers hold 32 rows); key and value dims even (float2 loads) */
-extern "C" int cu_gdn_prepare(int Dk, int Dv) { return Dk >= 2 && Dk % 2 == 0 && gdn_rows(Dk) > 0 && Dv % 2 == 0 ? 0 : -1; }
+/* key dims at most 256 (a lane's registers hold 32 rows); key and value dims multiples of 4
+ * (16-byte copies); the shared memory of the largest kernel allowed */
+extern "C" int cu_gdn_prepare(int Dk, int Dv) {
+    if (Dk < 4 || Dk % 4 != 0 || gdn_rows(Dk) == 0 || Dv < 4 || Dv % 4 != 0) return -1;
+    const int shm = (int)gdn_smem(Dk);
+    cudaFuncSetAttribute(k_gdn_recur<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, shm);
+    cudaFuncSetAttribute(k_gdn_recur<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, shm);
+    cudaFuncSetAttribute(k_gdn_recur<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, shm);
+    cudaFuncSetAttribute(k_gdn_recur<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, shm);
+    return cudaFuncSetAttribute(k_gdn_recur<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, shm) == cudaSuccess ? 0 : -1;
+}
 
 /* ---------------------------------------------------------------------------------------- */
 /* attention */
@@ -1857,14 +1907,16 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) k_attention(cu_plan p, cu_attn
  * queries and the weights w in QP parts, K and V in KP (3 from an fp32 pool, 1 from a bf16
  * pool or in bf16 mode); of the part products, those of parts i + j <= 2 are summed (with
  * 3 and 3 the rest is below fp32's rounding), larger first, every k step in order, into one
- * fp32 accumulator. A query's arithmetic is fixed by the chunking alone, as in k_attention:
+ * fp32 accumulator. The loops over k steps stay loops: unrolled, the kernel outgrew the
+ * instruction cache (Nsight Compute: 7 of 12 cycles an instruction stalled on fetch). A query's arithmetic is fixed by the chunking alone, as in k_attention:
  * the same bits alone (decode, which takes this kernel too) and in any tile or batch. */
 #define ATC_PAD 8 /* bf16 of padding a shared row: a fragment's 8 rows fall in distinct banks */
+#define ATC_KI (ATT_CH * (ATT_THREADS / 8) / ATT_THREADS) /* a thread's 8-element pieces of a chunk's K, at most */
 
 static size_t atc_smem(int hd, int qp, int kp) {
     const size_t qs = (size_t)hd + ATC_PAD, vs = ATT_CH + ATC_PAD;
     const size_t kv = (size_t)ATT_CH * qs > (size_t)hd * vs ? (size_t)ATT_CH * qs : (size_t)hd * vs;
-    return ATT_Q * 8 + 4 * ATT_Q * 4 + (size_t)ATT_Q * (ATT_CH + 1) * 4 +
+    return ATT_Q * 8 + ATT_CH * 8 + 4 * ATT_Q * 4 + (size_t)ATT_Q * (ATT_CH + 1) * 4 +
            2 * ((size_t)qp * ATT_Q * qs + (size_t)qp * ATT_Q * vs + (size_t)kp * kv);
 }
 
@@ -1881,6 +1933,16 @@ __device__ __forceinline__ void kv_load8(const cu_kv &kv, size_t i, float (&v)[8
     }
 }
 
+/* two floats rounded to bf16 (nearest even) as one word, a the low half; and the residuals
+ * a - bf16(a), b - bf16(b) (exact) in place: one part of a split */
+__device__ __forceinline__ uint32_t bf2_part(float &a, float &b) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    const uint32_t w = *(const uint32_t *)&h;
+    a -= __uint_as_float(w << 16);
+    b -= __uint_as_float(w & 0xffff0000u);
+    return w;
+}
+
 /* 8 floats as NP bf16 parts, 8 a uint4 */
 template <int NP>
 __device__ __forceinline__ void split8(const float (&v)[8], uint4 (&o)[NP]) {
@@ -1889,13 +1951,8 @@ __device__ __forceinline__ void split8(const float (&v)[8], uint4 (&o)[NP]) {
     for (int k = 0; k < 8; k++) r[k] = v[k];
 #pragma unroll
     for (int q = 0; q < NP; q++) {
-        uint16_t hh[8];
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            hh[k] = f2bf16(r[k]);
-            r[k] -= bf16f(hh[k]);
-        }
-        o[q] = make_uint4(pack2(hh[0], hh[1]), pack2(hh[2], hh[3]), pack2(hh[4], hh[5]), pack2(hh[6], hh[7]));
+        const uint32_t w0 = bf2_part(r[0], r[1]), w1 = bf2_part(r[2], r[3]), w2 = bf2_part(r[4], r[5]), w3 = bf2_part(r[6], r[7]);
+        o[q] = make_uint4(w0, w1, w2, w3);
     }
 }
 
@@ -1917,8 +1974,8 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) k_attn_tc(cu_plan p, cu_attn_a
     extern __shared__ int64_t sh64[];
     const int hd = a.hd, G = a.nh / a.nkv, h = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3, QS = hd + ATC_PAD, VS = ATT_CH + ATC_PAD, H8 = hd / 8;
-    int64_t *qpos = sh64;
-    float *sm_m = (float *)(sh64 + ATT_Q), *sm_l = sm_m + ATT_Q, *sm_a = sm_l + ATT_Q, *sm_b = sm_a + ATT_Q;
+    int64_t *qpos = sh64, *krow = sh64 + ATT_Q; /* krow: the chunk's K rows in the pool (V: + vstep) */
+    float *sm_m = (float *)(krow + ATT_CH), *sm_l = sm_m + ATT_Q, *sm_a = sm_l + ATT_Q, *sm_b = sm_a + ATT_Q;
     float *st = sm_b + ATT_Q;                                 /* scores [ATT_Q][ATT_CH + 1] */
     uint16_t *qs = (uint16_t *)(st + ATT_Q * (ATT_CH + 1));   /* queries [QP][ATT_Q][QS] */
     uint16_t *ws = qs + QP * ATT_Q * QS;                      /* weights [QP][ATT_Q][VS] */
@@ -1954,17 +2011,29 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) k_attn_tc(cu_plan p, cu_attn_a
     for (int mi = 0; mi < 2; mi++)
 #pragma unroll
         for (int n = 0; n < 6; n++) o[mi][n][0] = o[mi][n][1] = o[mi][n][2] = o[mi][n][3] = 0.0f;
+    const int64_t vstep = (int64_t)kv.nkv * kv.block_size * hd; /* a V row from its K row */
     for (int64_t c0 = 0; c0 <= pos_last; c0 += ATT_CH) {
-        __syncthreads(); /* the previous chunk's V^T and weights are read */
-        for (int i = tid; i < ATT_CH * H8; i += ATT_THREADS) {
-            const int r = i / H8, e0 = (i % H8) * 8;
-            const int64_t pq = c0 + r;
-            float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-            if (pq <= pos_last) kv_load8(kv, kv_index(kv, p, it, a.li, 0, h, pq) + e0, v);
-            uint4 o4[KP];
-            split8<KP>(v, o4);
+        __syncthreads(); /* the previous chunk's V^T, weights and rows are read */
+        if (tid < ATT_CH) krow[tid] = c0 + tid <= pos_last ? (int64_t)kv_index(kv, p, it, a.li, 0, h, c0 + tid) : -1;
+        __syncthreads();
+        { /* K rows as parts, [part][position][dim]: every load in flight before the first store */
+            float v[ATC_KI][8];
 #pragma unroll
-            for (int q = 0; q < KP; q++) *(uint4 *)(kvs + q * kvstride + r * QS + e0) = o4[q];
+            for (int k = 0; k < ATC_KI; k++) {
+                const int i = tid + k * ATT_THREADS, r = i / H8, e0 = (i % H8) * 8;
+#pragma unroll
+                for (int e = 0; e < 8; e++) v[k][e] = 0.0f;
+                if (i < ATT_CH * H8 && krow[r] >= 0) kv_load8(kv, (size_t)krow[r] + e0, v[k]);
+            }
+#pragma unroll
+            for (int k = 0; k < ATC_KI; k++) {
+                const int i = tid + k * ATT_THREADS, r = i / H8, e0 = (i % H8) * 8;
+                if (i >= ATT_CH * H8) break;
+                uint4 o4[KP];
+                split8<KP>(v[k], o4);
+#pragma unroll
+                for (int q = 0; q < KP; q++) *(uint4 *)(kvs + q * kvstride + r * QS + e0) = o4[q];
+            }
         }
         __syncthreads();
         { /* scores: warp w takes position tile w % 4 and query tiles (w / 4) * 3 .. + 2 */
@@ -1973,6 +2042,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) k_attn_tc(cu_plan p, cu_attn_a
 #pragma unroll
             for (int n = 0; n < 3; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
             if (n0 < nqt) {
+#pragma unroll 1
                 for (int ks = 0; ks < hd / 16; ks++) {
                     uint32_t af[KP][4];
 #pragma unroll
@@ -2007,20 +2077,27 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) k_attn_tc(cu_plan p, cu_attn_a
         __syncthreads();
         /* V^T as parts, [part][dim][position]: a thread two positions by 8 dims (a warp's
          * threads the 32 position pairs of 8 dims: their stores fall in distinct banks) */
-        for (int i = tid; i < (ATT_CH / 2) * H8; i += ATT_THREADS) {
-            const int pr = (i % (ATT_CH / 2)) * 2, e0 = (i / (ATT_CH / 2)) * 8;
-            const int64_t pq = c0 + pr;
-            float v0[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, v1[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-            if (pq <= pos_last) kv_load8(kv, kv_index(kv, p, it, a.li, 1, h, pq) + e0, v0);
-            if (pq + 1 <= pos_last) kv_load8(kv, kv_index(kv, p, it, a.li, 1, h, pq + 1) + e0, v1);
+        {
+            float v[ATC_KI / 2][2][8];
 #pragma unroll
-            for (int k = 0; k < 8; k++) {
-                float x0 = v0[k], x1 = v1[k];
+            for (int k = 0; k < ATC_KI / 2; k++) {
+                const int i = tid + k * ATT_THREADS, pr = (i % (ATT_CH / 2)) * 2, e0 = (i / (ATT_CH / 2)) * 8;
 #pragma unroll
-                for (int q = 0; q < KP; q++) {
-                    const uint16_t h0 = f2bf16(x0), h1 = f2bf16(x1);
-                    *(uint32_t *)(kvs + q * kvstride + (e0 + k) * VS + pr) = pack2(h0, h1);
-                    x0 -= bf16f(h0), x1 -= bf16f(h1);
+                for (int u = 0; u < 2; u++) {
+#pragma unroll
+                    for (int e = 0; e < 8; e++) v[k][u][e] = 0.0f;
+                    if (i < (ATT_CH / 2) * H8 && krow[pr + u] >= 0) kv_load8(kv, (size_t)(krow[pr + u] + vstep) + e0, v[k][u]);
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < ATC_KI / 2; k++) {
+                const int i = tid + k * ATT_THREADS, pr = (i % (ATT_CH / 2)) * 2, e0 = (i / (ATT_CH / 2)) * 8;
+                if (i >= (ATT_CH / 2) * H8) break;
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    float x0 = v[k][0][e], x1 = v[k][1][e];
+#pragma unroll
+                    for (int q = 0; q < KP; q++) *(uint32_t *)(kvs + q * kvstride + (e0 + e) * VS + pr) = bf2_part(x0, x1);
                 }
             }
         }
@@ -2057,7 +2134,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) k_attn_tc(cu_plan p, cu_attn_a
             for (int mi = 0; mi < 2; mi++)
 #pragma unroll
                 for (int n = 0; n < 6; n++) oc[mi][n][0] = oc[mi][n][1] = oc[mi][n][2] = oc[mi][n][3] = 0.0f;
-#pragma unroll
+#pragma unroll 1 /* the kernel's code stays within the instruction cache */
             for (int ks = 0; ks < ATT_CH / 16; ks++) {
                 uint32_t av[2][KP][4];
 #pragma unroll
@@ -2096,6 +2173,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) k_attn_tc(cu_plan p, cu_attn_a
         }
     }
     __syncthreads();
+    float *ot = (float *)qs; /* the outputs before the gate, [ATT_Q][hd]: qs, ws and kvs (free now) hold them */
     if (pv)
 #pragma unroll
         for (int mi = 0; mi < 2; mi++)
@@ -2105,13 +2183,16 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) k_attn_tc(cu_plan p, cu_attn_a
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int dim = 32 * warp + 16 * mi + g + (e >= 2 ? 8 : 0), qi = n * 8 + 2 * t + (e & 1);
-                    if (qi >= Q || dim >= hd) continue;
-                    const int64_t tt = t0 + qi / G;
-                    const int j = h * G + qi % G;
-                    const float gate = a.q[tt * 2 * a.nh * hd + (int64_t)j * 2 * hd + hd + dim];
-                    a.mix[tt * a.nh * hd + (int64_t)j * hd + dim] = __fmul_rn(__fmul_rn(o[mi][n][e], 1.0f / sm_l[qi]), sigmoidf_(gate));
+                    if (qi < Q && dim < hd) ot[qi * hd + dim] = o[mi][n][e];
                 }
             }
+    __syncthreads();
+    for (int i = tid; i < Q * hd; i += ATT_THREADS) {
+        const int qi = i / hd, dim = i % hd, j = h * G + qi % G;
+        const int64_t tt = t0 + qi / G;
+        const float gate = a.q[tt * 2 * a.nh * hd + (int64_t)j * 2 * hd + hd + dim];
+        a.mix[tt * a.nh * hd + (int64_t)j * hd + dim] = __fmul_rn(__fmul_rn(ot[i], 1.0f / sm_l[qi]), sigmoidf_(gate));
+    }
 }
 
 extern "C" void cu_attention(cu_stream s, const cu_plan *p, const cu_attn_args *a, const cu_kv *kv) {
