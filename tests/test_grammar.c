@@ -758,6 +758,193 @@ static void test_tool_calls(void) {
     st_gram_schema_free(one);
 }
 
+/* ---- GBNF grammars ---- */
+
+static st_gram_schema *gbnf(const char *text, st_error *err) {
+    st_gram_schema *sc = NULL;
+    memset(err, 0, sizeof *err);
+    return st_gram_gbnf_compile(text, strlen(text), &sc, err) == ST_OK ? sc : NULL;
+}
+
+/* 2: the whole text is a sentence; 1: it feeds but is no sentence yet; 0: it is refused */
+static int gb_reads(const st_gram_schema *sc, const char *text) {
+    st_gram_state g;
+    st_gram_init(&g, ST_GRAM_GBNF);
+    st_gram_begin(&g, sc);
+    if (!st_gram_feed(&g, sc, text, strlen(text))) return 0;
+    return st_gram_may_end(&g) ? 2 : 1;
+}
+
+static void test_gbnf_documents(void) {
+    static const struct {
+        const char *grammar, *what; /* what: a word of the error expected */
+    } bad[] = {
+        {"", "no rules"},
+        {"root ::= item", "'item' is used but never defined"},
+        {"item ::= \"a\"", "no rule 'root'"},
+        {"root ::= root \"a\" | \"b\"", "'root' is left-recursive"},
+        {"root ::= a\na ::= b \"x\"\nb ::= root | \"y\"", "left-recursive"},
+        {"root ::= e root \"x\" | \"y\"\ne ::= \"\"", "left-recursive"},
+        {"root ::= ( root \"x\" )* \"y\"", "left-recursive"},
+        {"root ::= \"abc", "literal is not closed"},
+        {"root ::= [a-", "not closed"},
+        {"root ::= [z-a]", "backwards"},
+        {"root ::= \"a\"{2000}", "over 1000"},
+        {"root ::= \"a\"{3,1}", "below its minimum"},
+        {"root ::= ( \"a\" ", "')' is expected"},
+        {"root ::= \"a\" )", "unmatched ')'"},
+        {"root ::= \"a\"\nroot ::= \"b\"", "defined twice"},
+        {"root ::= \"\\q\"", "unknown escape"},
+        {"root ::= @", "unexpected '@'"},
+        {"root = \"a\"", "rule definition"},
+    };
+    int ok_bad = 1;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        st_error err;
+        st_gram_schema *sc = gbnf(bad[i].grammar, &err);
+        if (sc || !strstr(err.msg, bad[i].what)) {
+            printf("# grammar '%s': %s (want '%s')\n", bad[i].grammar, sc ? "compiled" : err.msg, bad[i].what);
+            ok_bad = 0;
+        }
+        st_gram_schema_free(sc);
+    }
+    CHECK(ok_bad, "GBNF: %zu bad grammars are refused with a message naming the problem (undefined rule, no root, left recursion, syntax)",
+          sizeof bad / sizeof bad[0]);
+    static const struct {
+        const char *grammar, *text;
+        int want;
+    } cases[] = {
+        {"root ::= \"yes\" | \"no\"", "yes", 2},
+        {"root ::= \"yes\" | \"no\"", "no", 2},
+        {"root ::= \"yes\" | \"no\"", "ye", 1},
+        {"root ::= \"yes\" | \"no\"", "yess", 0},
+        {"root ::= \"yes\" | \"no\"", "maybe", 0},
+        {"root ::= [a-z]+ (\",\" [a-z]+)*", "ab,cd,e", 2},
+        {"root ::= [a-z]+ (\",\" [a-z]+)*", "ab,", 1},
+        {"root ::= [a-z]+ (\",\" [a-z]+)*", "Ab", 0},
+        {"root ::= num{2,3}\nnum ::= [0-9]", "12", 2},
+        {"root ::= num{2,3}\nnum ::= [0-9]", "123", 2},
+        {"root ::= num{2,3}\nnum ::= [0-9]", "1", 1},
+        {"root ::= num{2,3}\nnum ::= [0-9]", "1234", 0},
+        {"root ::= \"a\"{2,}", "aaaaa", 2},
+        {"root ::= \"a\"{2,}", "a", 1},
+        {"root ::= \"a\" root | \"\"", "", 2},
+        {"root ::= \"a\" root | \"\"", "aaa", 2},
+        {"root ::= [^\\n]* \"\\n\"", "h\xc3\xa9llo\n", 2},
+        {"root ::= [^\\n]* \"\\n\"", "h\xc3\xa9llo", 1},
+        {"root ::= [^\\n]* \"\\n\"", "a\nb", 0},
+        {"root ::= \"\xc3\xa9\" [\\u4e00-\\u9fff]", "\xc3\xa9\xe4\xb8\xad", 2},
+        {"root ::= .? \"x\"", "x", 2},
+        {"root ::= .? \"x\"", "\xf0\x9f\x98\x80x", 2},
+        {"root ::= .? \"x\"", "\xc3(", 0},  /* not UTF-8 */
+        {"root ::= .? \"x\"", "\xc0\x80x", 0}, /* overlong */
+        {"root ::= (\"ab\" | \"c\")* \"!\"", "abcab!", 2},
+        {"root ::= (\"ab\" | \"c\")* \"!\"", "ac!", 0},
+        {"# a list\nroot ::= item (\", \" item)*   # items\nitem ::= \"[\" root \"]\" | [0-9]+\n", "1, [2, [3]], 45", 2},
+        {"root ::= item (\", \" item)*\nitem ::= \"[\" root \"]\" | [0-9]+", "1, [2", 1},
+        {"root ::= [\\x41-\\x43]+", "ABCA", 2},
+        {"root ::= \"\\\"\" [^\"]* \"\\\"\"", "\"hi\"", 2},
+    };
+    int ok = 1;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        st_error err;
+        st_gram_schema *sc = gbnf(cases[i].grammar, &err);
+        const int got = sc ? gb_reads(sc, cases[i].text) : -1;
+        if (got != cases[i].want) {
+            printf("# grammar '%s', text '%s': %d, want %d (%s)\n", cases[i].grammar, cases[i].text, got, cases[i].want, err.msg);
+            ok = 0;
+        }
+        st_gram_schema_free(sc);
+    }
+    CHECK(ok, "GBNF: %zu texts are sentences, prefixes or refused as the grammar says (repetition counts, groups, classes, UTF-8)",
+          sizeof cases / sizeof cases[0]);
+    /* the end: a sentence nothing may follow is done; one that may go on only may end */
+    st_error err;
+    st_gram_schema *a = gbnf("root ::= \"yes\"", &err), *b = gbnf("root ::= \"a\"+", &err);
+    st_gram_state g, h;
+    st_gram_init(&g, ST_GRAM_GBNF);
+    st_gram_init(&h, ST_GRAM_GBNF);
+    int ends = a && b && st_gram_feed(&g, a, "yes", 3) && st_gram_done(&g) && st_gram_may_end(&g) &&
+               st_gram_feed(&h, b, "aa", 2) && !st_gram_done(&h) && st_gram_may_end(&h);
+    CHECK(ends, "GBNF: 'yes' under root ::= \"yes\" is done; 'aa' under root ::= \"a\"+ may end and is not done");
+    st_gram_schema_free(a);
+    st_gram_schema_free(b);
+}
+
+/* random replies drawn from the masks over the qwen3 tokenizer: every mask bit sampled equals
+ * feeding the token, and a reply ended where the grammar may end is a sentence from scratch */
+static void test_gbnf_replies(const char *grammar, const char *what, int reps) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/tokenizers/qwen3/tokenizer.json", tap_data_dir());
+    st_tokenizer *tok = NULL;
+    st_gram_vocab *v = NULL;
+    st_error err = {0};
+    st_gram_schema *sc = NULL;
+    if (st_tok_load(path, &tok, &err) != ST_OK || st_gram_vocab_create(tok, st_tok_vocab_size(tok), &v, &err) != ST_OK ||
+        !(sc = gbnf(grammar, &err))) {
+        CHECK(0, "%s: set-up (%s)", what, err.msg);
+        st_gram_vocab_free(v);
+        st_tok_free(tok);
+        return;
+    }
+    const int64_t V = st_tok_vocab_size(tok);
+    const size_t W = st_gram_mask_words(v);
+    uint32_t *mask = malloc(W * sizeof *mask);
+    int32_t *allowed = malloc((size_t)V * sizeof *allowed);
+    rng r = {4242};
+    int agree = 1, ended = 0, good = 0;
+    double worst = 0;
+    for (int rep = 0; rep < reps; rep++) {
+        st_gram_state g;
+        st_gram_init(&g, ST_GRAM_GBNF);
+        st_gram_begin(&g, sc);
+        char text[4096];
+        size_t n = 0;
+        for (int step = 0; step < 60 && !st_gram_done(&g); step++) {
+            if (st_gram_may_end(&g) && below(&r, 4) == 0) break; /* the model's end of sequence */
+            const double t0 = st_now_s();
+            const int64_t count = st_gram_mask(v, sc, &g, mask);
+            const double dt = st_now_s() - t0;
+            worst = dt > worst ? dt : worst;
+            int64_t na = 0;
+            for (size_t w = 0; w < W; w++)
+                for (uint32_t bits = mask[w]; bits; bits &= bits - 1) allowed[na++] = (int32_t)(w * 32 + (size_t)__builtin_ctz(bits));
+            if (na != count || (na == 0 && !st_gram_may_end(&g))) {
+                printf("# %s: %lld allowed (count %lld) after '%.*s'\n", what, (long long)na, (long long)count, (int)n, text);
+                agree = 0;
+                break;
+            }
+            if (na == 0) break;
+            for (int k = 0; k < 100; k++) {
+                const int32_t t = (int32_t)below(&r, (int)V);
+                st_gram_state s = g;
+                if (st_gram_advance(v, sc, &s, t) != (int)(mask[t / 32] >> (t % 32) & 1u)) agree = 0;
+            }
+            const int32_t t = allowed[below(&r, (int)na)];
+            size_t len = 0;
+            const char *b = st_tok_token_bytes(tok, t, &len);
+            if (!st_gram_advance(v, sc, &g, t)) {
+                agree = 0;
+                break;
+            }
+            if (n + len < sizeof text) memcpy(text + n, b, len), n += len;
+        }
+        if (!st_gram_may_end(&g)) continue;
+        ended++;
+        text[n < sizeof text ? n : sizeof text - 1] = 0;
+        if (gb_reads(sc, text) == 2) good++;
+        else printf("# %s: '%s' is no sentence from scratch\n", what, text);
+    }
+    CHECK(agree, "%s: every mask bit sampled equals feeding the token; no mask is empty where the reply may not end", what);
+    CHECK(ended >= reps / 3 && good == ended, "%s: %d of %d random replies ended where the grammar may end, each a sentence read from scratch (slowest mask %.1f ms)",
+          what, ended, reps, worst * 1e3);
+    free(mask);
+    free(allowed);
+    st_gram_schema_free(sc);
+    st_gram_vocab_free(v);
+    st_tok_free(tok);
+}
+
 int main(void) {
     test_documents();
     test_random_documents();
@@ -767,5 +954,9 @@ int main(void) {
     test_schema_replies(schema_list, "the recursive schema", 30, 5);
     test_tool_calls();
     test_random_schemas();
+    test_gbnf_documents();
+    test_gbnf_replies("root ::= \"The answer is \" (\"yes\" | \"no\") \".\"", "GBNF yes/no", 20);
+    test_gbnf_replies("root ::= item (\", \" item)*\nitem ::= \"[\" root \"]\" | [0-9]{1,4} | [a-z]+", "GBNF nested lists", 20);
+    test_gbnf_replies("root ::= [^\\n]* \"\\n\"", "GBNF free text to a newline", 3);
     return tap_done();
 }

@@ -501,10 +501,11 @@ st_status st_sched_submit(st_sched *s, const int32_t *prompt, int64_t n_prompt,
                             s->p.max_seqs < ST_MAX_CHOICES ? s->p.max_seqs : ST_MAX_CHOICES);
     if ((p->n_stop || p->split_reasoning) && !s->tok)
         return st_error_set(err, ST_ERR_ARG, "stop strings and reasoning need a tokenizer");
-    if (p->json_mode < 0 || p->json_mode > ST_GRAM_TOOL_CALL)
+    if (p->json_mode < 0 || p->json_mode > ST_GRAM_GBNF)
         return st_error_set(err, ST_ERR_ARG, "json_mode %d is not a grammar mode", p->json_mode);
-    if ((p->json_mode == ST_GRAM_JSON_SCHEMA || p->json_mode == ST_GRAM_TOOL_CALL) != (p->json_schema != NULL))
-        return st_error_set(err, ST_ERR_ARG, "a compiled schema goes with json_mode ST_GRAM_JSON_SCHEMA or ST_GRAM_TOOL_CALL, and only with them");
+    if ((p->json_mode == ST_GRAM_JSON_SCHEMA || p->json_mode == ST_GRAM_TOOL_CALL || p->json_mode == ST_GRAM_GBNF) !=
+        (p->json_schema != NULL))
+        return st_error_set(err, ST_ERR_ARG, "a compiled schema goes with json_mode ST_GRAM_JSON_SCHEMA, ST_GRAM_TOOL_CALL or ST_GRAM_GBNF, and only with them");
     if (p->json_mode) {
         if (!s->tok) return st_error_set(err, ST_ERR_ARG, "JSON output needs a tokenizer");
         pthread_mutex_lock(&s->mu);
@@ -884,6 +885,7 @@ static int admit(st_sched *s) {
         c->r = r;
         c->gram_on = r->p.json_mode != 0;
         st_gram_init(&c->gram, (st_gram_mode)r->p.json_mode);
+        st_gram_begin(&c->gram, r->schema);
         memcpy(c->hist, r->prompt, (size_t)r->n_prompt * sizeof *c->hist);
         c->n_hist = c->n_prompt = r->n_prompt;
         free(r->prompt);
@@ -928,9 +930,16 @@ static void on_logits(st_sched *s, rec *c, float *logits) {
     }
     /* JSON output: only tokens that keep the reply inside the grammar (after any reasoning) */
     const int constrain = c->gram_on && !(c->tx && st_textout_in_reasoning(c->tx));
+    const int may_end = constrain && c->gram.mode == ST_GRAM_GBNF && !r->p.ignore_eos && st_gram_may_end(&c->gram);
     if (constrain) {
-        if (st_gram_mask(s->gram, r->schema, &c->gram, s->gram_mask) == 0) {
-            snprintf(c->error, sizeof c->error, "no token continues the JSON reply");
+        int64_t n = st_gram_mask(s->gram, r->schema, &c->gram, s->gram_mask);
+        if (may_end) /* a GBNF sentence may end: the end-of-sequence tokens too */
+            for (int i = 0; i < s->m->cfg.n_eos; i++) {
+                const int32_t e = s->m->cfg.eos_ids[i];
+                if (e >= 0 && e < s->m->cfg.vocab_size) s->gram_mask[e / 32] |= 1u << (e % 32), n++;
+            }
+        if (n == 0) {
+            snprintf(c->error, sizeof c->error, "no token continues the constrained reply");
             finish_rec(s, c, ST_FINISH_ERROR, c->error);
             return;
         }
@@ -940,8 +949,9 @@ static void on_logits(st_sched *s, rec *c, float *logits) {
     st_logprobs *lp = want_lp || r->p.sum_logprobs ? &c->lp : NULL;
     int32_t t = st_sampler_sample(s->sampler, &r->p.sampling, &c->ss, logits, c->hist,
                                   c->n_prompt, c->n_hist, want_lp ? r->p.logprobs : 0, lp);
-    if (constrain && !st_gram_advance(s->gram, r->schema, &c->gram, t)) { /* the mask let only such tokens through */
-        snprintf(c->error, sizeof c->error, "token %d does not continue the JSON reply (a bug)", t);
+    if (constrain && !(may_end && is_stop_token(s, c, t)) && !st_gram_advance(s->gram, r->schema, &c->gram, t)) {
+        /* the mask let only such tokens through */
+        snprintf(c->error, sizeof c->error, "token %d does not continue the constrained reply (a bug)", t);
         finish_rec(s, c, ST_FINISH_ERROR, c->error);
         return;
     }

@@ -94,10 +94,13 @@ typedef struct st_req_params {
     const struct st_req_images *images; /* a prompt holding images (copied at submit; the
                                scheduler must take images); NULL: text */
     int json_mode;          /* st_gram_mode (grammar/grammar.h): the reply after any reasoning
-                               is one JSON object (or value, or a value json_schema accepts) by
-                               constrained decoding, and ends when it is complete; 0: free
-                               text. Needs a tokenizer. */
-    struct st_gram_schema *json_schema; /* ST_GRAM_JSON_SCHEMA: the compiled schema. A submit
+                               is one JSON object (or value, or a value json_schema accepts, or
+                               a tool call, or text a GBNF grammar accepts) by constrained
+                               decoding, and ends when it is complete (GBNF: the model's end of
+                               sequence is allowed where a sentence may end); 0: free text.
+                               Needs a tokenizer. */
+    struct st_gram_schema *json_schema; /* ST_GRAM_JSON_SCHEMA, _TOOL_CALL, _GBNF: the compiled
+                               schema, tools or grammar. A submit
                                that succeeds takes it (the request frees it); a refused one
                                leaves it to the caller. */
 } st_req_params;

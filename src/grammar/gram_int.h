@@ -69,7 +69,37 @@ typedef struct gram_fn {
     uint64_t required;     /* bit i: params[param0 + i] must be given */
 } gram_fn;
 
+/* A GBNF grammar (gbnf.c): rule r's elements start at el[rule[r]]: its alternatives one after
+ * another, GB_ALT between them, GB_END after the last. */
+enum { GB_CHAR = 0, GB_REF = 1, GB_ALT = 2, GB_END = 3 };
+typedef struct gb_el {
+    uint8_t kind;   /* GB_* */
+    uint8_t neg;    /* GB_CHAR: the code points outside its ranges */
+    uint16_t n_rng; /* GB_CHAR: its ranges rng[2 * a ..] (lo, hi inclusive), n_rng of them */
+    uint32_t a;     /* GB_CHAR: the first range; GB_REF: the rule */
+} gb_el;
+
+typedef struct gram_gbnf {
+    gb_el *el;      /* [n_el]; owned */
+    int32_t n_el;
+    uint32_t *rng;  /* [2 * n_rng]; owned */
+    int32_t n_rng;
+    int32_t *rule;  /* [n_rules] each rule's first element; owned */
+    int32_t n_rules;
+    int32_t root;
+    uint64_t hash;  /* of all the above: masks of the same grammar are shared (never 0) */
+} gram_gbnf;
+
+void st_gram_gbnf_free(gram_gbnf *G);
+void st_gram_gbnf_start(const gram_gbnf *G, st_gram_gbnf *s);
+/* one byte of the reply: 1 when some stack takes it (s advanced), 0 when none (s undefined) */
+int st_gram_gbnf_feed1(const gram_gbnf *G, st_gram_gbnf *s, unsigned char b);
+int st_gram_gbnf_accepting(const st_gram_gbnf *s); /* the text so far is a sentence */
+int st_gram_gbnf_more(const st_gram_gbnf *s);      /* and it may go on */
+void st_gram_gbnf_copy(st_gram_gbnf *dst, const st_gram_gbnf *src); /* the live part */
+
 struct st_gram_schema {
+    gram_gbnf *gb;     /* a GBNF grammar's (ST_GRAM_GBNF), else NULL; owned */
     gram_fn *fns;      /* a tool-call grammar's, else NULL; owned */
     int32_t n_fns;
     gram_param *params; /* owned */

@@ -56,9 +56,21 @@ void st_gram_init(st_gram_state *g, st_gram_mode mode) {
     g->phase = mode == ST_GRAM_TOOL_CALL ? X_START : P_VALUE;
     g->vnode = mode == ST_GRAM_JSON_SCHEMA ? 0 : GRAM_ANY;
     g->fn = g->param = -1;
+    memset(&g->gb, 0, offsetof(st_gram_gbnf, cells));
 }
 
-int st_gram_done(const st_gram_state *g) { return g->phase == P_DONE; }
+void st_gram_begin(st_gram_state *g, const st_gram_schema *sc) {
+    if (g->mode == ST_GRAM_GBNF && sc && sc->gb && !g->gb.started) st_gram_gbnf_start(sc->gb, &g->gb);
+}
+
+int st_gram_done(const st_gram_state *g) {
+    if (g->mode == ST_GRAM_GBNF) return g->gb.started && !st_gram_gbnf_more(&g->gb);
+    return g->phase == P_DONE;
+}
+
+int st_gram_may_end(const st_gram_state *g) {
+    return g->mode == ST_GRAM_GBNF ? st_gram_gbnf_accepting(&g->gb) : st_gram_done(g);
+}
 
 /* the live part of a state (the stack above depth is never read before it is written) */
 static void copy_live(st_gram_state *dst, const st_gram_state *src) {
@@ -687,6 +699,12 @@ static int feed1(st_gram_state *g, const st_gram_schema *sc, unsigned char b) {
 }
 
 int st_gram_feed(st_gram_state *g, const st_gram_schema *sc, const char *bytes, size_t n) {
+    if (g->mode == ST_GRAM_GBNF) {
+        if (!sc || !sc->gb) return 0;
+        for (size_t i = 0; i < n; i++)
+            if (!st_gram_gbnf_feed1(sc->gb, &g->gb, (unsigned char)bytes[i])) return 0;
+        return 1;
+    }
     for (size_t i = 0; i < n; i++)
         if (!feed1(g, sc, (unsigned char)bytes[i])) return 0;
     return 1;
@@ -741,6 +759,8 @@ typedef struct trie_node {
     uint8_t byte;
 } trie_node;
 
+#define GB_CACHE 8
+
 struct st_gram_vocab {
     int64_t V;              /* the model's vocabulary (mask bits) */
     size_t words;
@@ -785,6 +805,16 @@ struct st_gram_vocab {
                                with nothing of its end tag matched: no newline; owned */
     int32_t *text_nl;       /* [n_text_nl] the other text tokens (they have a newline); owned */
     int64_t n_text_nl;
+    /* GBNF masks of recent match states (a grammar's reading often comes back to the same
+     * state: free text, repetitions), least recently used replaced */
+    struct {
+        uint64_t grammar;     /* its grammar's hash (0: empty) */
+        st_gram_gbnf state;   /* the live part */
+        uint32_t *mask;       /* [words]; owned */
+        int64_t n;
+        uint64_t used;
+    } gbc[GB_CACHE];
+    uint64_t gb_tick;
 };
 
 static int32_t child_of(st_gram_vocab *v, int32_t node, uint8_t b, int make) {
@@ -843,6 +873,7 @@ st_status st_gram_vocab_create(const st_tokenizer *tok, int64_t vocab_size, st_g
     }
     v->nchars = ok ? calloc((size_t)vocab_size, sizeof *v->nchars) : NULL;
     ok = ok && v->nchars;
+    for (int i = 0; i < GB_CACHE && ok; i++) ok = (v->gbc[i].mask = malloc(v->words * sizeof *v->gbc[i].mask)) != NULL;
     v->text_safe = ok ? calloc(v->words, sizeof *v->text_safe) : NULL;
     v->text_nl = ok ? malloc((size_t)vocab_size * sizeof *v->text_nl) : NULL;
     ok = ok && v->text_safe && v->text_nl;
@@ -995,6 +1026,7 @@ void st_gram_vocab_free(st_gram_vocab *v) {
     free(v->suf_bytes);
     free(v->suf_lens);
     free(v->suf_fits);
+    for (int i = 0; i < GB_CACHE; i++) free(v->gbc[i].mask);
     free(v);
 }
 
@@ -1067,7 +1099,77 @@ static int64_t hex_mask(st_gram_vocab *v, const st_gram_schema *sc, const st_gra
 
 static int64_t mask_of(st_gram_vocab *v, const st_gram_schema *sc, const st_gram_state *g, uint32_t *mask);
 
+/* GBNF: every token under node's children from the match s (the path to node fed) */
+static void walk_gb(st_gram_vocab *v, const gram_gbnf *G, int32_t node, const st_gram_gbnf *s, uint32_t *mask) {
+    for (int32_t c = v->nodes[node].first_child; c >= 0; c = v->nodes[c].next_sibling) {
+        st_gram_gbnf t;
+        st_gram_gbnf_copy(&t, s);
+        if (!st_gram_gbnf_feed1(G, &t, v->nodes[c].byte)) continue;
+        if (v->nodes[c].token >= 0) set_tokens(v, v->nodes[c].token, mask);
+        if (v->nodes[c].first_child >= 0) walk_gb(v, G, c, &t, mask);
+    }
+}
+
+/* the same match, the bounds' flag aside */
+static int gb_same(const st_gram_gbnf *a, const st_gram_gbnf *b) {
+    return a->n == b->n && a->need == b->need && a->cp == b->cp && a->lo == b->lo &&
+           !memcmp(a->off, b->off, (size_t)(a->n + 1) * sizeof a->off[0]) &&
+           !memcmp(a->cells, b->cells, (size_t)a->off[a->n] * sizeof a->cells[0]);
+}
+
+static int64_t gbnf_walk_mask(st_gram_vocab *v, const gram_gbnf *G, const st_gram_gbnf *sp, uint32_t *mask);
+
+static int64_t gbnf_mask(st_gram_vocab *v, const gram_gbnf *G, const st_gram_state *g, uint32_t *mask) {
+    st_gram_gbnf s;
+    if (g->gb.started) st_gram_gbnf_copy(&s, &g->gb);
+    else st_gram_gbnf_start(G, &s);
+    int oldest = 0;
+    for (int i = 0; i < GB_CACHE; i++) {
+        if (v->gbc[i].grammar == G->hash && gb_same(&v->gbc[i].state, &s)) {
+            v->gbc[i].used = ++v->gb_tick;
+            memcpy(mask, v->gbc[i].mask, v->words * sizeof *mask);
+            return v->gbc[i].n;
+        }
+        if (v->gbc[i].used < v->gbc[oldest].used) oldest = i;
+    }
+    const int64_t n = gbnf_walk_mask(v, G, &s, mask);
+    v->gbc[oldest].grammar = G->hash;
+    st_gram_gbnf_copy(&v->gbc[oldest].state, &s);
+    memcpy(v->gbc[oldest].mask, mask, v->words * sizeof *mask);
+    v->gbc[oldest].n = n;
+    v->gbc[oldest].used = ++v->gb_tick;
+    return n;
+}
+
+/* the trie walked from the match s, then the added tokens one by one */
+static int64_t gbnf_walk_mask(st_gram_vocab *v, const gram_gbnf *G, const st_gram_gbnf *sp, uint32_t *mask) {
+    st_gram_gbnf s;
+    st_gram_gbnf_copy(&s, sp);
+    memset(mask, 0, v->words * sizeof *mask);
+    v->n_set = 0;
+    walk_gb(v, G, 0, &s, mask);
+    for (int i = 0; i < v->n_added; i++) { /* added tokens are text like any other here */
+        const int32_t t = v->added[i];
+        st_gram_gbnf u;
+        st_gram_gbnf_copy(&u, &s);
+        int fits = !(mask[t / 32] >> (t % 32) & 1u);
+        for (uint32_t k = 0; fits && k < v->lens[t]; k++) fits = st_gram_gbnf_feed1(G, &u, (unsigned char)v->bytes[t][k]);
+        if (fits) {
+            mask[t / 32] |= 1u << (t % 32);
+            v->n_set++;
+        }
+    }
+    return v->n_set;
+}
+
 int64_t st_gram_mask(st_gram_vocab *v, const st_gram_schema *sc, const st_gram_state *g, uint32_t *mask) {
+    if (g->mode == ST_GRAM_GBNF) {
+        if (!sc || !sc->gb) {
+            memset(mask, 0, v->words * sizeof *mask);
+            return 0;
+        }
+        return gbnf_mask(v, sc->gb, g, mask);
+    }
     int64_t n = mask_of(v, sc, g, mask);
     if (g->mode == ST_GRAM_TOOL_CALL && g->phase >= X_START && g->phase != X_TEXT) /* <tool_call> and its kin, where they fit */
         for (int i = 0; i < v->n_added; i++) {
@@ -1148,7 +1250,7 @@ static int64_t mask_of(st_gram_vocab *v, const st_gram_schema *sc, const st_gram
 
 int st_gram_advance(const st_gram_vocab *v, const st_gram_schema *sc, st_gram_state *g, int32_t t) {
     if (t < 0 || t >= v->V || !v->bytes[t]) return 0;
-    for (int i = 0; i < v->n_added; i++) /* only between a tool call's parts */
+    for (int i = 0; i < v->n_added && g->mode != ST_GRAM_GBNF; i++) /* only between a tool call's parts */
         if (v->added[i] == t && (g->mode != ST_GRAM_TOOL_CALL || g->phase < X_START || g->phase == X_TEXT)) return 0;
     return st_gram_feed(g, sc, v->bytes[t], v->lens[t]);
 }

@@ -38,6 +38,7 @@ typedef enum st_gram_mode {
     ST_GRAM_TOOL_CALL = 4,   /* one call of a compiled tool set, in Qwen3.5's XML format:
                                 <tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n
                                 ...</function>\n</tool_call> */
+    ST_GRAM_GBNF = 5,        /* text a GBNF grammar accepts (st_gram_gbnf_compile) */
 } st_gram_mode;
 
 /* A JSON schema compiled for the automaton (immutable; any thread may read it). */
@@ -58,6 +59,28 @@ void st_gram_schema_free(st_gram_schema *s);
  * whose schema is a string is raw text between the tags; any other is a JSON value its schema
  * accepts (compiled as not strict). ST_ERR_ARG naming the problem. */
 st_status st_gram_tools_compile(const char *tools_json, size_t len, const char *only, st_gram_schema **out, st_error *err);
+
+/* Compile a GBNF grammar (llama.cpp's format, as llama-server's 'grammar' field takes it):
+ * rules NAME ::= alternatives, the start rule 'root'; literals "..." and classes [...] / [^...]
+ * with escapes (\n \r \t \\ \" \xHH \uHHHH \UHHHHHHHH), '.' (any character), groups
+ * ( ... ), postfix * + ? {m} {m,} {m,n} (counts up to 1000), # comments. An undefined rule,
+ * left recursion or a syntax error is ST_ERR_ARG naming it (and the byte offset). The result
+ * is a schema for ST_GRAM_GBNF. */
+st_status st_gram_gbnf_compile(const char *text, size_t len, st_gram_schema **out, st_error *err);
+
+/* A GBNF match in progress: a set of stacks of element positions (gbnf.c); what does not fit
+ * the bounds is dropped (the rest still only accepts what the grammar does). */
+#define ST_GRAM_GB_STACKS 32
+#define ST_GRAM_GB_DEPTH 48
+#define ST_GRAM_GB_CELLS 512
+typedef struct st_gram_gbnf {
+    uint8_t started, n;   /* the set is made; its stacks */
+    uint8_t need;         /* UTF-8 continuation bytes the character being read still needs */
+    uint8_t dropped;      /* a way was dropped at a bound */
+    uint32_t cp, lo;      /* that character's bits so far; its least value (no overlong forms) */
+    uint16_t off[ST_GRAM_GB_STACKS + 1]; /* stack i: cells[off[i], off[i + 1]), its top last */
+    uint16_t cells[ST_GRAM_GB_CELLS];    /* last: only [0, off[n]) is live */
+} st_gram_gbnf;
 
 /* One container on the automaton's stack. */
 typedef struct st_gram_frame {
@@ -89,14 +112,21 @@ typedef struct st_gram_state {
     int16_t fn;        /* a tool call's function (ST_GRAM_TOOL_CALL), */
     int16_t param;     /* the parameter whose value is read, */
     uint64_t pseen;    /* and the parameters given */
-    st_gram_frame stack[ST_GRAM_MAX_DEPTH]; /* last: only [0, depth) is live */
+    st_gram_frame stack[ST_GRAM_MAX_DEPTH]; /* only [0, depth) is live */
+    st_gram_gbnf gb;   /* ST_GRAM_GBNF's (the JSON modes never read it) */
 } st_gram_state;
 
 void st_gram_init(st_gram_state *g, st_gram_mode mode);
+/* After st_gram_init, with the request's schema: ST_GRAM_GBNF makes its start set (feeding and
+ * masking make it too when it is not made yet); the other modes need nothing. */
+void st_gram_begin(st_gram_state *g, const st_gram_schema *sc);
+/* ST_GRAM_GBNF: 1 when the reply may end here (the text so far is a sentence; the model's
+ * end-of-sequence tokens are then allowed beside the mask). The JSON modes: st_gram_done. */
+int st_gram_may_end(const st_gram_state *g);
 /* Feed n bytes: 1 when every one is allowed (g advanced), 0 when one is not (g is then
  * undefined: feed a copy to try). sc: the schema of ST_GRAM_JSON_SCHEMA, else NULL. */
 int st_gram_feed(st_gram_state *g, const st_gram_schema *sc, const char *bytes, size_t n);
-/* 1 when the value is complete: the reply ends here. */
+/* 1 when the value is complete (GBNF: a sentence nothing may follow): the reply ends here. */
 int st_gram_done(const st_gram_state *g);
 
 typedef struct st_gram_vocab st_gram_vocab;

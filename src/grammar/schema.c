@@ -645,6 +645,7 @@ st_status st_gram_tools_compile(const char *tools_json, size_t len, const char *
 
 void st_gram_schema_free(st_gram_schema *s) {
     if (!s) return;
+    st_gram_gbnf_free(s->gb);
     free(s->fns);
     free(s->params);
     free(s->nodes);

@@ -544,6 +544,22 @@ static int parse_response_format(json_t *root, st_oai_request *r, st_oai_error *
     return BAD(e, "response_format", "response_format type '%s' is not one of text, json_object, json_schema", t);
 }
 
+/* grammar: a GBNF grammar (as llama-server takes it) the reply must match */
+static int parse_grammar(json_t *root, st_oai_request *r, st_oai_error *e) {
+    json_t *gr = json_object_get(root, "grammar");
+    if (!gr || json_is_null(gr)) return 0;
+    if (!json_is_string(gr)) return BAD(e, "grammar", "'grammar' must be a string (a GBNF grammar)");
+    if (r->params.json_mode)
+        return BAD(e, "grammar", "'grammar' cannot go with a JSON response_format or a forced tool call");
+    st_error err = {0};
+    st_gram_schema *sc = NULL;
+    if (st_gram_gbnf_compile(json_string_value(gr), json_string_length(gr), &sc, &err) != ST_OK)
+        return BAD(e, "grammar", "%s", err.msg);
+    r->params.json_schema = sc;
+    r->params.json_mode = ST_GRAM_GBNF;
+    return 0;
+}
+
 static int parse_chat(json_t *root, const st_oai_defaults *d, st_oai_request *r, st_oai_error *e) {
     static const char *legacy[] = {"functions", "function_call"};
     for (int i = 0; i < 2; i++) {
@@ -566,7 +582,7 @@ static int parse_chat(json_t *root, const st_oai_defaults *d, st_oai_request *r,
         if (!r->logprobs) return BAD(e, "top_logprobs", "'top_logprobs' requires 'logprobs': true");
         r->top_logprobs = (int)x;
     }
-    if (parse_response_format(root, r, e)) return -1;
+    if (parse_response_format(root, r, e) || parse_grammar(root, r, e)) return -1;
     /* template keywords: add_generation_prompt, thinking switches, chat_template_kwargs */
     r->kwargs = json_object();
     json_object_set_new(r->kwargs, "add_generation_prompt", json_true());
@@ -602,7 +618,7 @@ static int parse_chat(json_t *root, const st_oai_defaults *d, st_oai_request *r,
 }
 
 static int parse_completion(json_t *root, const st_oai_defaults *d, st_oai_request *r, st_oai_error *e) {
-    if (parse_response_format(root, r, e)) return -1;
+    if (parse_response_format(root, r, e) || parse_grammar(root, r, e)) return -1;
     json_t *p = json_object_get(root, "prompt");
     if (json_is_array(p) && json_array_size(p) == 1 && !json_is_integer(json_array_get(p, 0)))
         p = json_array_get(p, 0); /* ["text"] or [[1, 2, 3]] */

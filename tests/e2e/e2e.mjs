@@ -398,6 +398,28 @@ await attempt('queue, keep-alive, busy', async () => {
   check(rest.includes('"finish_reason":"length"') && rest.trimEnd().endsWith('data: [DONE]'), 'the queued request runs when the slot frees', rest.slice(-200));
 });
 
+await attempt('grammar (GBNF)', async () => {
+  const grammar = 'root ::= "The answer is " ("yes" | "no") "."';
+  const req = { model: 'random', messages: user('answer'), max_tokens: 60, seed: 7, reasoning_effort: 'none', grammar };
+  const r = await random.chat.completions.create(req);
+  const text = r.choices[0].message.content;
+  check(/^The answer is (yes|no)\.$/.test(text) && r.choices[0].finish_reason === 'stop',
+    'grammar: the reply is a sentence of the GBNF grammar and ends with it (finish stop)', r.choices[0]);
+  const s = await random.chat.completions.create({ ...req, stream: true });
+  let streamed = '';
+  for await (const c of s) streamed += c.choices[0]?.delta?.content ?? '';
+  check(streamed === text, 'streamed, the same sentence', { streamed, text });
+  const c = await random.completions.create({ model: 'random', prompt: 'Numbers:', max_tokens: 12, seed: 3,
+    grammar: 'root ::= [0-9]+ (", " [0-9]+)*' });
+  check(/^[0-9]+(, [0-9]+)*(, ?)?$/.test(c.choices[0].text), 'completions: the text stays inside the grammar (a list of numbers)', c.choices[0]);
+  let status = 0, msg = '';
+  try { await random.chat.completions.create({ ...req, grammar: 'root ::= item' }); } catch (e) { status = e.status; msg = String(e.message); }
+  check(status === 400 && msg.includes('never defined'), 'a grammar with an undefined rule: 400 naming the rule', { status, msg });
+  status = 0;
+  try { await random.chat.completions.create({ ...req, response_format: { type: 'json_object' } }); } catch (e) { status = e.status; msg = String(e.message); }
+  check(status === 400 && msg.includes('grammar'), 'a grammar beside a JSON response_format: 400', { status, msg });
+});
+
 await attempt('response_format json_object', async () => {
   const req = { model: 'random', messages: user('give json'), max_tokens: 200, seed: 2, reasoning_effort: 'none',
     response_format: { type: 'json_object' } };
