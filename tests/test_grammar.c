@@ -4,6 +4,7 @@
  * 151k tokens (each complete one parses with jansson, and a JSON-object reply is an object);
  * every mask bit equals feeding that token's bytes; the masks' cost. */
 #include <jansson.h>
+#include <regex.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -302,6 +303,14 @@ static int valid(json_t *v, json_t *sc, json_t *defs) {
         json_t *mn = json_object_get(sc, "minLength"), *mx = json_object_get(sc, "maxLength");
         long chars = 0;
         for (const unsigned char *p = (const unsigned char *)json_string_value(v); *p; p++) chars += (*p & 0xc0) != 0x80;
+        json_t *pt = json_object_get(sc, "pattern"); /* (the tests' patterns read the same in POSIX EREs) */
+        if (pt) {
+            regex_t rx;
+            if (regcomp(&rx, json_string_value(pt), REG_EXTENDED | REG_NOSUB)) return 0;
+            const int m = regexec(&rx, json_string_value(v), 0, NULL, 0) == 0;
+            regfree(&rx);
+            if (!m) return 0;
+        }
         return (!mn || chars >= json_integer_value(mn)) && (!mx || chars <= json_integer_value(mx));
     }
     if (!strcmp(t, "boolean")) return json_is_boolean(v);
@@ -406,7 +415,7 @@ static void test_schema_documents(void) {
         const char *says;
     } bad[] = {
         {"{\"type\":", 1, "not JSON"},
-        {"{\"type\":\"string\",\"pattern\":\"a+\"}", 1, "'pattern'"},
+        {"{\"type\":\"string\",\"format\":\"email\"}", 1, "'format'"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{}},\"required\":[\"b\"]}", 1, "'b'"},
         {"{\"$ref\":\"#/$defs/none\"}", 0, "'none'"},
         {"{\"anyOf\":[{\"type\":\"object\"},{\"type\":\"object\",\"properties\":{\"a\":{}}}]}", 0, "two alternatives"},
@@ -447,7 +456,7 @@ static void test_schema_documents(void) {
           "an empty property name works (the fuzz target found it reading past a null pool)");
     st_gram_schema_free(ek);
     st_gram_schema *lax = NULL;
-    const char *pat = "{\"type\":\"string\",\"pattern\":\"a+\",\"format\":\"email\"}";
+    const char *pat = "{\"type\":\"string\",\"pattern\":\"(?=a)\",\"format\":\"email\"}";
     CHECK(st_gram_schema_compile(pat, strlen(pat), 0, &lax, &err) == ST_OK && takes(lax, "\"b\""),
           "not strict, an unsupported keyword is ignored (as OpenAI does)");
     st_gram_schema_free(lax);
@@ -945,6 +954,65 @@ static void test_gbnf_replies(const char *grammar, const char *what, int reps) {
     st_tok_free(tok);
 }
 
+/* ---- JSON-schema patterns ---- */
+
+static const char *const schema_pat =
+    "{\"type\":\"object\",\"properties\":{\"code\":{\"type\":\"string\",\"pattern\":\"^[A-Z]{3}-[0-9]{2,4}$\"},"
+    "\"any\":{\"type\":\"string\",\"pattern\":\"[0-9]+\"},\"alt\":{\"type\":\"string\",\"pattern\":\"^(ab|cd)*x?$\"}},"
+    "\"required\":[\"code\",\"any\",\"alt\"],\"additionalProperties\":false}";
+
+static void test_patterns(void) {
+    static const struct {
+        const char *pattern, *doc;
+        int want;
+    } cases[] = {
+        {"^[A-Z]{3}-[0-9]{2,4}$", "\"ABC-12\"", 1},   {"^[A-Z]{3}-[0-9]{2,4}$", "\"ABC-12345\"", 0},
+        {"^[A-Z]{3}-[0-9]{2,4}$", "\"ABC-1\"", 0},    {"^[A-Z]{3}-[0-9]{2,4}$", "\"abc-12\"", 0},
+        {"^[A-Z]{3}-[0-9]{2,4}$", "\"\\u0041BC-12\"", 1}, /* an escape is its character */
+        {"[0-9]+", "\"x1y\"", 1},                     {"[0-9]+", "\"xy\"", 0},
+        {"^a\\\\.b$", "\"a.b\"", 1},                   {"^a\\\\.b$", "\"axb\"", 0},
+        {"^\\\\d{3}$", "\"123\"", 1},                  {"^\\\\d{3}$", "\"12a\"", 0},
+        {"^\\\\w+@\\\\w+$", "\"me@here\"", 1},         {"^[^@]+$", "\"a@b\"", 0},
+        {"^(ab|cd)*x?$", "\"abcdx\"", 1},              {"^(ab|cd)*x?$", "\"abc\"", 0},
+        {"^line\\\\nbreak$", "\"line\\nbreak\"", 1},  {"^.$", "\"\\ud83d\\ude00\"", 1}, /* a surrogate pair: one character */
+        {"^caf\\u00e9$", "\"caf\xc3\xa9\"", 1},
+    };
+    int ok = 1;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char schema[256];
+        snprintf(schema, sizeof schema, "{\"type\":\"string\",\"pattern\":\"%s\"}", cases[i].pattern);
+        st_gram_schema *sc = NULL;
+        st_error err = {0};
+        int got = -1;
+        if (st_gram_schema_compile(schema, strlen(schema), 1, &sc, &err) == ST_OK) got = takes(sc, cases[i].doc);
+        if (got != cases[i].want) {
+            printf("# pattern %s, document %s: %d, want %d (%s)\n", cases[i].pattern, cases[i].doc, got, cases[i].want, err.msg);
+            ok = 0;
+        }
+        st_gram_schema_free(sc);
+    }
+    CHECK(ok, "patterns: %zu strings match or not as the regular expression says (anchors, classes, \\d \\w, escapes, groups)",
+          sizeof cases / sizeof cases[0]);
+    static const char *const bad[] = {"(?=x)", "a\\\\1", "\\\\bword", "a^b", "(ab"};
+    int ok_bad = 1;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char schema[256];
+        snprintf(schema, sizeof schema, "{\"type\":\"string\",\"pattern\":\"%s\"}", bad[i]);
+        st_gram_schema *sc = NULL;
+        st_error err = {0};
+        const st_status strict = st_gram_schema_compile(schema, strlen(schema), 1, &sc, &err);
+        st_gram_schema_free(sc);
+        sc = NULL;
+        const st_status lax = st_gram_schema_compile(schema, strlen(schema), 0, &sc, &err);
+        if (strict == ST_OK || lax != ST_OK || takes(sc, "\"anything\"") != 1) {
+            printf("# pattern %s: strict %d lax %d\n", bad[i], strict, lax);
+            ok_bad = 0;
+        }
+        st_gram_schema_free(sc);
+    }
+    CHECK(ok_bad, "patterns beyond the subset (lookaround, backreference, \\b, inner anchors, an open group): a strict schema is refused naming 'pattern', a lax one ignores it");
+}
+
 int main(void) {
     test_documents();
     test_random_documents();
@@ -954,6 +1022,8 @@ int main(void) {
     test_schema_replies(schema_list, "the recursive schema", 30, 5);
     test_tool_calls();
     test_random_schemas();
+    test_patterns();
+    test_schema_replies(schema_pat, "the schema with patterns", 30, 5);
     test_gbnf_documents();
     test_gbnf_replies("root ::= \"The answer is \" (\"yes\" | \"no\") \".\"", "GBNF yes/no", 20);
     test_gbnf_replies("root ::= item (\", \" item)*\nitem ::= \"[\" root \"]\" | [0-9]{1,4} | [a-z]+", "GBNF nested lists", 20);

@@ -599,6 +599,13 @@ static int set_meets(const gram_gbnf *G, const gb_el *e, uint32_t lo, uint32_t h
     }
 }
 
+int st_gram_gbnf_takes_range(const gram_gbnf *G, const st_gram_gbnf *s, uint32_t lo, uint32_t hi) {
+    if (lo > hi) return 0;
+    for (int i = 0; i < s->n; i++)
+        if (s->off[i + 1] > s->off[i] && set_meets(G, &G->el[s->cells[s->off[i + 1] - 1]], lo, hi)) return 1;
+    return 0;
+}
+
 /* within a character: whether a stack may take some code point that starts with the bytes so far */
 static int prefix_fits(const gram_gbnf *G, const st_gram_gbnf *s) {
     const int bits = 6 * s->need;
@@ -645,4 +652,205 @@ int st_gram_gbnf_more(const st_gram_gbnf *s) {
 
 void st_gram_gbnf_copy(st_gram_gbnf *dst, const st_gram_gbnf *src) {
     memcpy(dst, src, offsetof(st_gram_gbnf, cells) + (size_t)src->off[src->n] * sizeof src->cells[0]);
+}
+
+/* ---- JSON-schema patterns: a regular expression as a GBNF grammar ----
+ * The subset (ECMA-262's, as JSON schemas write them): literals, '.', classes [...] / [^...],
+ * \d \w \s (and \D \W \S outside classes), escaped punctuation, \n \t \r \f \v \uHHHH, groups
+ * ( ) and (?: ), '|', * + ? {m} {m,} {m,n} (a lazy '?' after them is read past), '^' at the
+ * start and '$' at the end. A pattern matches anywhere in the string unless anchored, so the
+ * grammar is  root ::= .* ( R ) .*  with the unanchored sides. Lookarounds, backreferences,
+ * \b and anchors elsewhere are refused, naming them. */
+
+typedef struct sbuf {
+    char *p;
+    size_t n, cap;
+    int bad;
+} sbuf;
+
+static void sb_put(sbuf *b, const char *s, size_t n) {
+    if (b->bad) return;
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? 2 * b->cap : 256;
+        while (cap < b->n + n + 1) cap *= 2;
+        char *q = realloc(b->p, cap);
+        if (!q) {
+            b->bad = 1;
+            return;
+        }
+        b->p = q, b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
+
+/* one literal character (its bytes) as a GBNF literal */
+static void sb_lit(sbuf *b, const char *c, size_t n) {
+    char t[8];
+    if (n == 1 && ((unsigned char)c[0] < 0x20 || c[0] == 0x7f)) {
+        snprintf(t, sizeof t, "\"\\x%02x\"", (unsigned char)c[0]);
+        sb_str(b, t);
+        return;
+    }
+    sb_str(b, "\"");
+    if (n == 1 && (c[0] == '"' || c[0] == '\\')) sb_str(b, "\\");
+    sb_put(b, c, n);
+    sb_str(b, "\"");
+}
+
+static int utf8_len(unsigned char c) { return c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1; }
+
+static const char *class_of(char e) {
+    switch (e) {
+    case 'd': return "0-9";
+    case 'w': return "a-zA-Z0-9_";
+    case 's': return " \\t\\n\\r\\x0c\\x0b";
+    default: return NULL;
+    }
+}
+
+st_status gram_pattern_compile(const char *re, size_t len, gram_gbnf **out, st_error *err) {
+    *out = NULL;
+    sbuf b = {0};
+    size_t i = 0, end = len;
+    const int start_anchor = len > 0 && re[0] == '^';
+    if (start_anchor) i = 1;
+    int end_anchor = 0;
+    if (end > i && re[end - 1] == '$' && !(end >= 2 && re[end - 2] == '\\')) end_anchor = 1, end--;
+    sb_str(&b, start_anchor ? "root ::= (" : "root ::= .* (");
+    const char *why = NULL;
+    int depth = 0;
+    while (i < end && !why) {
+        const char c = re[i];
+        if (c != '|' && c != '*' && c != '+' && c != '?' && c != '{' && c != ')') sb_str(&b, " "); /* before an atom */
+        if (c == '\\') {
+            if (i + 1 >= end) {
+                why = "a trailing backslash";
+                break;
+            }
+            const char e = re[i + 1];
+            i += 2;
+            const char *cl = class_of((char)(e | 0x20));
+            if (cl) {
+                sb_str(&b, e >= 'a' ? "[" : "[^");
+                sb_str(&b, cl);
+                sb_str(&b, "]");
+            } else if (e == 'n' || e == 't' || e == 'r' || e == 'f' || e == 'v') {
+                const char v = e == 'n' ? '\n' : e == 't' ? '\t' : e == 'r' ? '\r' : e == 'f' ? '\f' : '\v';
+                sb_lit(&b, &v, 1);
+            } else if (e == 'u') {
+                if (i + 4 > end) {
+                    why = "a \\u escape without 4 hex digits";
+                    break;
+                }
+                sb_str(&b, "\"\\u");
+                sb_put(&b, re + i, 4);
+                sb_str(&b, "\"");
+                i += 4;
+            } else if ((e >= '0' && e <= '9') || e == 'b' || e == 'B' || e == 'k' || e == 'p' || e == 'P') {
+                why = e == 'b' || e == 'B' ? "a word boundary (\\b)" : "a backreference or property escape";
+            } else if ((unsigned char)e < 0x80) {
+                sb_lit(&b, &e, 1);
+            } else {
+                why = "an escaped non-ASCII character";
+            }
+        } else if (c == '[') {
+            size_t j = i + 1;
+            sb_str(&b, "[");
+            if (j < end && re[j] == '^') sb_str(&b, "^"), j++;
+            int first = 1;
+            while (j < end && (re[j] != ']' || first) && !why) {
+                first = 0;
+                if (re[j] == '\\' && j + 1 < end) {
+                    const char e = re[j + 1];
+                    const char *cl = class_of(e);
+                    if (cl) sb_str(&b, cl);
+                    else if (e >= 'A' && e <= 'Z' && class_of((char)(e | 0x20))) why = "\\D, \\W or \\S inside a class";
+                    else if (e == 'n' || e == 't' || e == 'r') {
+                        const char t[3] = {'\\', e, 0};
+                        sb_str(&b, t);
+                    } else if (e == 'u' && j + 6 <= end) {
+                        sb_str(&b, "\\u");
+                        sb_put(&b, re + j + 2, 4);
+                        j += 4;
+                    } else if ((unsigned char)e < 0x80 && !(e >= '0' && e <= '9')) {
+                        const char t[3] = {'\\', e, 0};
+                        if (e == '"' || e == '\\' || e == ']' || e == '-' || e == '^' || e == '[') sb_str(&b, t);
+                        else sb_put(&b, &e, 1);
+                    } else why = "an escape in a class";
+                    j += 2;
+                } else if (re[j] == '"') {
+                    sb_str(&b, "\\\"");
+                    j++;
+                } else if (re[j] == '[') {
+                    sb_str(&b, "\\[");
+                    j++;
+                } else {
+                    const int n = utf8_len((unsigned char)re[j]);
+                    sb_put(&b, re + j, (size_t)n);
+                    j += (size_t)n;
+                }
+            }
+            if (j >= end) why = why ? why : "a class that is not closed";
+            sb_str(&b, "]");
+            i = j + 1;
+        } else if (c == '(') {
+            if (i + 1 < end && re[i + 1] == '?') {
+                if (i + 2 < end && re[i + 2] == ':') i += 3;
+                else {
+                    why = "a lookaround or named group ((?...)";
+                    break;
+                }
+            } else i++;
+            depth++;
+            sb_str(&b, "(");
+        } else if (c == ')') {
+            if (--depth < 0) why = "an unmatched ')'";
+            sb_str(&b, ")");
+            i++;
+        } else if (c == '|' || c == '*' || c == '+' || c == '?') {
+            const char t[4] = {c == '|' ? ' ' : c, c == '|' ? '|' : 0, c == '|' ? ' ' : 0, 0}; /* a postfix right after its atom */
+            sb_str(&b, t);
+            i++;
+            if (c != '|' && i < end && re[i] == '?') i++; /* lazy: the same language */
+        } else if (c == '{') {
+            size_t j = i + 1;
+            while (j < end && ((re[j] >= '0' && re[j] <= '9') || re[j] == ',')) j++;
+            if (j < end && re[j] == '}' && j > i + 1) {
+                sb_put(&b, re + i, j - i + 1);
+                i = j + 1;
+                if (i < end && re[i] == '?') i++;
+            } else { /* a literal brace */
+                sb_lit(&b, "{", 1);
+                i++;
+            }
+        } else if (c == '.') {
+            sb_str(&b, "[^\\n\\r]");
+            i++;
+        } else if (c == '^' || c == '$') {
+            why = "an anchor ('^' or '$') inside the pattern";
+        } else {
+            const int n = utf8_len((unsigned char)c);
+            sb_lit(&b, re + i, i + (size_t)n <= end ? (size_t)n : end - i);
+            i += (size_t)n;
+        }
+    }
+    if (!why && depth) why = "a group that is not closed";
+    sb_str(&b, end_anchor ? ")" : ") .*");
+    if (b.bad) why = "out of memory";
+    if (why) {
+        free(b.p);
+        return st_error_set(err, ST_ERR_ARG, "'pattern': %s is not supported", why);
+    }
+    st_gram_schema *sc = NULL;
+    st_error e2 = {0};
+    const st_status st = st_gram_gbnf_compile(b.p, b.n, &sc, &e2);
+    free(b.p);
+    if (st != ST_OK) return st_error_set(err, ST_ERR_ARG, "'pattern' is not a regular expression strand reads (%s)", e2.msg);
+    *out = sc->gb;
+    sc->gb = NULL;
+    st_gram_schema_free(sc);
+    return ST_OK;
 }

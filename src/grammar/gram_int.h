@@ -32,7 +32,9 @@ typedef struct gram_node {
     int32_t prop0, n_props; /* props[prop0 .. prop0 + n_props) */
     uint64_t required;      /* bit i: props[prop0 + i] must be given */
     int32_t extra;          /* other keys' values' node; -2: no other keys */
-    /* GK_ARRAY; GK_STRING: min_items / max_items are its minLength / maxLength */
+    /* GK_ARRAY; GK_STRING: min_items / max_items are its minLength / maxLength; pat: its
+     * pattern's matcher pats[pat - 1] (0: none) */
+    int32_t pat;
     int32_t items;
     int64_t min_items, max_items;
     /* GK_INTEGER */
@@ -96,10 +98,17 @@ void st_gram_gbnf_start(const gram_gbnf *G, st_gram_gbnf *s);
 int st_gram_gbnf_feed1(const gram_gbnf *G, st_gram_gbnf *s, unsigned char b);
 int st_gram_gbnf_accepting(const st_gram_gbnf *s); /* the text so far is a sentence */
 int st_gram_gbnf_more(const st_gram_gbnf *s);      /* and it may go on */
+/* whether some stack takes a code point in [lo, hi] next (between characters) */
+int st_gram_gbnf_takes_range(const gram_gbnf *G, const st_gram_gbnf *s, uint32_t lo, uint32_t hi);
 void st_gram_gbnf_copy(st_gram_gbnf *dst, const st_gram_gbnf *src); /* the live part */
+/* a JSON schema's 'pattern' (a regular expression) as a grammar of the strings it matches
+ * (gbnf.c says which subset); ST_ERR_ARG naming what is not supported */
+st_status gram_pattern_compile(const char *re, size_t len, gram_gbnf **out, st_error *err);
 
 struct st_gram_schema {
     gram_gbnf *gb;     /* a GBNF grammar's (ST_GRAM_GBNF), else NULL; owned */
+    gram_gbnf **pats;  /* [n_pats] the strings' patterns; owned, each owned */
+    int32_t n_pats;
     gram_fn *fns;      /* a tool-call grammar's, else NULL; owned */
     int32_t n_fns;
     gram_param *params; /* owned */

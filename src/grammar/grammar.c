@@ -75,6 +75,7 @@ int st_gram_may_end(const st_gram_state *g) {
 /* the live part of a state (the stack above depth is never read before it is written) */
 static void copy_live(st_gram_state *dst, const st_gram_state *src) {
     memcpy(dst, src, offsetof(st_gram_state, stack) + (size_t)src->depth * sizeof src->stack[0]);
+    if (src->pat) st_gram_gbnf_copy(&dst->gb, &src->gb);
 }
 
 static int is_ws(unsigned char b) { return b == ' ' || b == '\t' || b == '\n' || b == '\r'; }
@@ -89,6 +90,49 @@ static int hex_value(unsigned char b) {
 static const gram_node *node_of(const st_gram_schema *sc, int n) { return sc && n >= 0 ? &sc->nodes[n] : NULL; }
 
 /* the container on top (NULL at the top level) */
+/* a pattern string's character (a code point an escape gave) to its matcher */
+static int pat_cp(st_gram_state *g, const st_gram_schema *sc, uint32_t cp) {
+    const gram_gbnf *G = sc->pats[node_of(sc, g->vnode)->pat - 1];
+    unsigned char u[4];
+    int n;
+    if (cp < 0x80) u[0] = (unsigned char)cp, n = 1;
+    else if (cp < 0x800) u[0] = (unsigned char)(0xC0 | cp >> 6), u[1] = (unsigned char)(0x80 | (cp & 63)), n = 2;
+    else if (cp < 0x10000)
+        u[0] = (unsigned char)(0xE0 | cp >> 12), u[1] = (unsigned char)(0x80 | (cp >> 6 & 63)), u[2] = (unsigned char)(0x80 | (cp & 63)), n = 3;
+    else
+        u[0] = (unsigned char)(0xF0 | cp >> 18), u[1] = (unsigned char)(0x80 | (cp >> 12 & 63)),
+        u[2] = (unsigned char)(0x80 | (cp >> 6 & 63)), u[3] = (unsigned char)(0x80 | (cp & 63)), n = 4;
+    for (int i = 0; i < n; i++)
+        if (!st_gram_gbnf_feed1(G, &g->gb, u[i])) return 0;
+    return 1;
+}
+
+/* a pattern string within a \u escape, k of its 4 digits read (unit u so far): whether a
+ * character the pattern takes next may still come of it (a high surrogate: the pair's) */
+static int pat_hex_fits(const st_gram_state *g, const st_gram_schema *sc, uint32_t u, int k) {
+    const gram_gbnf *G = sc->pats[node_of(sc, g->vnode)->pat - 1];
+    const int sh = 4 * (4 - k);
+    const uint32_t lo = u << sh, hi = lo | ((1u << sh) - 1);
+    if (g->lit) { /* the low half of a pair */
+        const uint32_t a = lo < 0xDC00 ? 0xDC00 : lo, b = hi > 0xDFFF ? 0xDFFF : hi;
+        const uint32_t base = 0x10000u + (((uint32_t)g->hi_surr - 0xD800u) << 10);
+        return a <= b && st_gram_gbnf_takes_range(G, &g->gb, base + (a - 0xDC00), base + (b - 0xDC00));
+    }
+    int ok = 0;
+    if (lo < 0xD800) ok |= st_gram_gbnf_takes_range(G, &g->gb, lo ? lo : 1, hi < 0xD7FF ? hi : 0xD7FF);
+    if (hi > 0xDFFF) ok |= st_gram_gbnf_takes_range(G, &g->gb, lo > 0xE000 ? lo : 0xE000, hi);
+    if (lo <= 0xDBFF && hi >= 0xD800) {
+        const uint32_t a = lo > 0xD800 ? lo : 0xD800, b = hi < 0xDBFF ? hi : 0xDBFF;
+        ok |= st_gram_gbnf_takes_range(G, &g->gb, 0x10000u + ((a - 0xD800u) << 10), 0x10000u + ((b - 0xD800u) << 10) + 0x3FF);
+    }
+    return ok;
+}
+
+/* a pattern string's raw byte (ASCII or UTF-8) to its matcher */
+static int pat_byte(st_gram_state *g, const st_gram_schema *sc, unsigned char b) {
+    return st_gram_gbnf_feed1(sc->pats[node_of(sc, g->vnode)->pat - 1], &g->gb, b);
+}
+
 static st_gram_frame *top(st_gram_state *g) { return g->depth ? &g->stack[g->depth - 1] : NULL; }
 
 /* an object may take another key: a property not yet given, or any key */
@@ -197,6 +241,11 @@ static int value_start(st_gram_state *g, const st_gram_schema *sc, unsigned char
         g->str_key = 0;
         g->utf8_need = 0;
         g->slen = 0;
+        g->pat = 0;
+        if (kind == GK_STRING && node_of(sc, g->vnode)->pat) {
+            g->pat = 1;
+            st_gram_gbnf_start(sc->pats[node_of(sc, g->vnode)->pat - 1], &g->gb);
+        }
         return 1;
     case 't':
     case 'f':
@@ -283,6 +332,7 @@ static int string_byte(st_gram_state *g, const st_gram_schema *sc, unsigned char
     case S_PLAIN:
         if (g->utf8_need) {
             if (!utf8_cont(g, b)) return 0;
+            if (g->pat && !pat_byte(g, sc, b)) return 0;
             return !matching || key_byte(g, sc, b);
         }
         if (b == '"') {
@@ -293,6 +343,8 @@ static int string_byte(st_gram_state *g, const st_gram_schema *sc, unsigned char
             } else {
                 const gram_node *n = node_of(sc, g->vnode);
                 if (n && n->kind == GK_STRING && (int64_t)g->slen < n->min_items) return 0; /* minLength */
+                if (g->pat && !st_gram_gbnf_accepting(&g->gb)) return 0; /* the pattern matches the whole */
+                g->pat = 0;
                 value_done(g);
             }
             return 1;
@@ -304,10 +356,13 @@ static int string_byte(st_gram_state *g, const st_gram_schema *sc, unsigned char
         }
         if (b == '\\') {
             g->sub = S_ESC;
+            if (g->pat && !st_gram_gbnf_takes_range(sc->pats[node_of(sc, g->vnode)->pat - 1], &g->gb, 1, 0x10FFFF))
+                return 0; /* the pattern takes no character here */
             return !matching || key_byte(g, sc, b);
         }
         if (b < 0x20) return 0;
         if (b >= 0x80 && !utf8_lead(g, b)) return 0;
+        if (g->pat && !pat_byte(g, sc, b)) return 0;
         return !matching || key_byte(g, sc, b);
     case S_ESC:
         if (b == 'u') {
@@ -315,6 +370,10 @@ static int string_byte(st_gram_state *g, const st_gram_schema *sc, unsigned char
         } else {
             if (!b || !strchr("\"\\/bfnrt", b)) return 0;
             g->sub = S_PLAIN;
+            if (g->pat) {
+                static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
+                if (!pat_cp(g, sc, (unsigned char)to[strchr(from, b) - from])) return 0;
+            }
         }
         return !matching || key_byte(g, sc, b);
     case S_HEX: {
@@ -323,17 +382,21 @@ static int string_byte(st_gram_state *g, const st_gram_schema *sc, unsigned char
         const unsigned u = (unsigned)g->unit << 4 | (unsigned)h;
         g->unit = (uint16_t)u;
         if (matching && !key_byte(g, sc, b)) return 0;
-        if (++g->lit_pos < 4) return 1;
+        if (++g->lit_pos < 4) return !g->pat || pat_hex_fits(g, sc, u, g->lit_pos);
         const int low = g->lit;
         g->unit = 0;
         if (low) { /* the second half of a pair */
             if (u < 0xDC00 || u > 0xDFFF) return 0;
             g->sub = S_PLAIN;
-            return 1;
+            return !g->pat || pat_cp(g, sc, 0x10000u + (((uint32_t)g->hi_surr - 0xD800u) << 10) + (u - 0xDC00u));
         }
         if (u == 0 || (u >= 0xDC00 && u <= 0xDFFF)) return 0; /* NUL, a lone low surrogate */
         g->sub = u >= 0xD800 && u <= 0xDBFF ? S_SURR_BS : S_PLAIN;
-        return 1;
+        if (g->sub == S_SURR_BS) {
+            g->hi_surr = (uint16_t)u;
+            return !g->pat || pat_hex_fits(g, sc, u, 4); /* the pairs it begins */
+        }
+        return !g->pat || pat_cp(g, sc, u);
     }
     case S_SURR_BS:
         if (b != '\\') return 0;
@@ -740,7 +803,7 @@ static int bounded_string(const st_gram_schema *sc, const st_gram_state *g) {
 }
 
 static int string_ctx_of(const st_gram_schema *sc, const st_gram_state *g) {
-    if (g->phase != P_STRING) return -1;
+    if (g->phase != P_STRING || g->pat) return -1; /* a pattern's string: the walk */
     if (bounded_string(sc, g) && (g->sub != S_PLAIN || g->utf8_need)) return -1; /* (rare) the walk */
     if (matched_key(sc, g) && !g->key_free) return -1; /* only the properties' names: the walk prunes */
     if (g->sub == S_ESC) return 8;
@@ -1240,7 +1303,7 @@ static int64_t mask_of(st_gram_vocab *v, const st_gram_schema *sc, const st_gram
             if (v->suf_fits[suf[i]]) mask[hard[i] / 32] |= 1u << (hard[i] % 32);
         return popcount_words(mask, v->words);
     }
-    if (g->phase == P_STRING && g->sub == S_HEX && !matched_key(sc, g) && !bounded_string(sc, g))
+    if (g->phase == P_STRING && g->sub == S_HEX && !matched_key(sc, g) && !bounded_string(sc, g) && !g->pat)
         return hex_mask(v, sc, g, mask); /* (what follows an escape in a bounded string counts: the walk) */
     memset(mask, 0, v->words * sizeof *mask);
     v->n_set = 0;

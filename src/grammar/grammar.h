@@ -47,7 +47,8 @@ typedef struct st_gram_schema st_gram_schema;
 /* Compile the schema in json[len] (the subset: type (a name or a list), properties,
  * required, additionalProperties, items, minItems, maxItems, enum, const, anyOf, oneOf,
  * $ref to #/$defs/NAME or #/definitions/NAME; integers' minimum and maximum; strings'
- * minLength and maxLength (characters: code points); numbers' minimum and maximum (and
+ * minLength and maxLength (characters: code points) and pattern (a regular expression:
+ * gbnf.c's subset); numbers' minimum and maximum (and
  * the exclusive ones: such a number is written without an exponent); title,
  * description, default and $schema are read past). Another keyword is an error naming it
  * when strict, and is ignored otherwise (as OpenAI does). ST_ERR_ARG naming the problem. */
@@ -112,8 +113,10 @@ typedef struct st_gram_state {
     int16_t fn;        /* a tool call's function (ST_GRAM_TOOL_CALL), */
     int16_t param;     /* the parameter whose value is read, */
     uint64_t pseen;    /* and the parameters given */
+    uint8_t pat;       /* the string value being read has a pattern: gb matches its characters */
+    uint16_t hi_surr;  /* a \u escape's high surrogate, while its low half is read */
     st_gram_frame stack[ST_GRAM_MAX_DEPTH]; /* only [0, depth) is live */
-    st_gram_gbnf gb;   /* ST_GRAM_GBNF's (the JSON modes never read it) */
+    st_gram_gbnf gb;   /* ST_GRAM_GBNF's; a JSON schema's pattern string's (while pat) */
 } st_gram_state;
 
 void st_gram_init(st_gram_state *g, st_gram_mode mode);

@@ -221,6 +221,24 @@ static int32_t compile_typed(compiler *c, json_t *sc, const char *type, int nest
         if (mn) n->min_items = json_integer_value(mn);
         if (mx) n->max_items = json_integer_value(mx);
         if (n->min_items > n->max_items) return fail(c, "'minLength' exceeds 'maxLength'%s", NULL);
+        json_t *pt = json_object_get(sc, "pattern");
+        if (pt && !json_is_string(pt)) return fail(c, "'pattern' must be a string%s", NULL);
+        if (pt) {
+            gram_gbnf *G = NULL;
+            st_error perr = {0};
+            if (gram_pattern_compile(json_string_value(pt), json_string_length(pt), &G, &perr) != ST_OK) {
+                if (c->strict) return fail(c, "%s", perr.msg);
+            } else {
+                gram_gbnf **ps = realloc(c->s->pats, (size_t)(c->s->n_pats + 1) * sizeof *ps);
+                if (!ps) {
+                    st_gram_gbnf_free(G);
+                    return fail(c, "out of memory%s", NULL);
+                }
+                c->s->pats = ps;
+                ps[c->s->n_pats++] = G;
+                c->s->nodes[id].pat = c->s->n_pats;
+            }
+        }
     }
     if (kind == GK_NUMBER) {
         gram_node *n = &c->s->nodes[id];
@@ -249,7 +267,7 @@ static int32_t compile_typed(compiler *c, json_t *sc, const char *type, int nest
         if (kind == GK_INTEGER && (!strcmp(k, "minimum") || !strcmp(k, "maximum") || !strcmp(k, "exclusiveMinimum") ||
                                    !strcmp(k, "exclusiveMaximum")))
             continue;
-        if (kind == GK_STRING && (!strcmp(k, "minLength") || !strcmp(k, "maxLength"))) continue;
+        if (kind == GK_STRING && (!strcmp(k, "minLength") || !strcmp(k, "maxLength") || !strcmp(k, "pattern"))) continue;
         if (kind == GK_NUMBER && (!strcmp(k, "minimum") || !strcmp(k, "maximum") || !strcmp(k, "exclusiveMinimum") ||
                                   !strcmp(k, "exclusiveMaximum")))
             continue;
@@ -646,6 +664,8 @@ st_status st_gram_tools_compile(const char *tools_json, size_t len, const char *
 void st_gram_schema_free(st_gram_schema *s) {
     if (!s) return;
     st_gram_gbnf_free(s->gb);
+    for (int32_t i = 0; i < s->n_pats; i++) st_gram_gbnf_free(s->pats[i]);
+    free(s->pats);
     free(s->fns);
     free(s->params);
     free(s->nodes);

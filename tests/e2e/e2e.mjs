@@ -458,9 +458,17 @@ await attempt('response_format json_object', async () => {
   const one = await random.chat.completions.create(sreq);
   check(st === one.choices[0].message.content, 'streamed, the same reply', { st, one: one.choices[0].message.content });
   const bad = await raw(R, '/v1/chat/completions', { body: JSON.stringify({ ...req, response_format: { type: 'json_schema',
-    json_schema: { name: 'x', strict: true, schema: { type: 'string', pattern: 'a+' } } } }) });
+    json_schema: { name: 'x', strict: true, schema: { type: 'string', pattern: '(?=a)b' } } } }) });
   check(bad.status === 400 && isError(bad.json) && bad.json.error.param === 'response_format' && /'pattern'/.test(bad.json.error.message),
     'a strict schema with a keyword strand cannot follow: a 400 naming the keyword', bad.json);
+  const preq = { model: 'random', messages: user('code'), max_tokens: 60, seed: 9, reasoning_effort: 'none',
+    response_format: { type: 'json_schema', json_schema: { name: 'code', strict: true, schema: { type: 'object',
+      properties: { code: { type: 'string', pattern: '^[A-Z]{2}-[0-9]{2}$' } }, required: ['code'], additionalProperties: false } } } };
+  const pr = await random.chat.completions.create(preq);
+  let po = null;
+  try { po = JSON.parse(pr.choices[0].message.content); } catch { /* not JSON */ }
+  check(pr.choices[0].finish_reason === 'stop' && po && /^[A-Z]{2}-[0-9]{2}$/.test(po.code),
+    'a string with a pattern: the reply\'s string matches it', pr.choices[0]);
 });
 
 await attempt('tool_choice forces a call', async () => {
