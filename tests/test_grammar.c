@@ -958,7 +958,7 @@ static void test_gbnf_replies(const char *grammar, const char *what, int reps) {
 
 static const char *const schema_pat =
     "{\"type\":\"object\",\"properties\":{\"code\":{\"type\":\"string\",\"pattern\":\"^[A-Z]{3}-[0-9]{2,4}$\"},"
-    "\"any\":{\"type\":\"string\",\"pattern\":\"[0-9]+\"},\"alt\":{\"type\":\"string\",\"pattern\":\"^(ab|cd)*x?$\"}},"
+    "\"any\":{\"type\":\"string\",\"pattern\":\"^[0-9]+(,[0-9]+)*$\"},\"alt\":{\"type\":\"string\",\"pattern\":\"^(ab|cd)*x?$\"}},"
     "\"required\":[\"code\",\"any\",\"alt\"],\"additionalProperties\":false}";
 
 static void test_patterns(void) {
