@@ -531,6 +531,15 @@ static void cuda_describe(const st_backend *base, char *buf, size_t cap) {
 #define LOGIT_CHUNK 64 /* logit rows computed per pass (the device buffer holds this many) */
 #define XS_TOKENS 2048 /* the split activations' tokens: longer products run in slices of this many */
 
+/* the widest product output (of the layers: the split products' partial sums) */
+static int64_t widest_out(const cuda_backend *b) {
+    int64_t w = b->d;
+    const int64_t o[] = {b->cd, 2 * (int64_t)b->nh * b->hd, b->I, b->vd, (int64_t)b->nkv * b->hd};
+    for (size_t i = 0; i < sizeof o / sizeof o[0]; i++)
+        if (o[i] > w) w = o[i];
+    return w;
+}
+
 static int64_t xs_tokens(int64_t max_tokens) { return max_tokens < 16 ? 16 : max_tokens > XS_TOKENS ? XS_TOKENS : max_tokens; }
 
 /* where each part of the plan sits in its staging (bytes from the start) */
@@ -563,7 +572,8 @@ typedef struct cuda_ctx {
     /* activations (device, fp32) */
     float *x, *xn, *out, *p1, *p2, *p3, *p4, *mix, *gath, *gout, *lg, *small;
     cu_mm_scratch mms; /* the tiled products' scratch: xs [cu_split_elems(xs_tokens(T),
-                          tiled_cols)] uint16, device, owned */
+                          tiled_cols)] uint16, part [cu_mm_part_elems(T, widest_out)] floats;
+                          device, owned */
     int xs_holds; /* the st_act buffer whose split xs holds now, or -1 */
     int64_t w1, w2, w3, wm;
     /* storage */
@@ -637,6 +647,7 @@ static void cuda_ctx_plan(const st_backend *base, const st_ctx_params *p, st_ctx
     const int64_t wm = b->vd > b->nh * b->hd ? b->vd : b->nh * b->hd;
     size_t floats = T * (size_t)(5 * b->d + w1 + w2 + w3 + b->Hv + wm + 2) + (size_t)LOGIT_CHUNK * (size_t)b->V;
     floats += (cu_split_elems(xs_tokens(p->max_tokens), b->tiled_cols) + 1) / 2;
+    floats += cu_mm_part_elems(p->max_tokens, widest_out(b));
     out->scratch_bytes = floats * sizeof(float) + 2 * layout_of(p, cap_blocks_of(b, p)).total +
                          T * (size_t)(b->E + 4 * b->topk + 2) * 4;
     out->total_bytes = (size_t)p->n_blocks * out->kv_block_bytes + (size_t)(p->n_slots + p->n_snapshots) * out->slot_bytes +
@@ -649,7 +660,7 @@ static void cuda_ctx_destroy(st_bctx *base) {
     cudaSetDevice(c->b->device);
     if (c->stream) cudaStreamSynchronize(c->stream);
     float *bufs[] = {c->x,   c->xn,   c->out, c->p1,   c->p2,   c->p3, c->p4, c->mix, c->gath,
-                     c->gout, c->lg, c->small, (float *)c->mms.xs, c->conv, c->rec, c->d_w};
+                     c->gout, c->lg, c->small, (float *)c->mms.xs, c->mms.part, c->conv, c->rec, c->d_w};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) cudaFree(bufs[i]);
     if (c->kv) cudaFree(c->kv);
@@ -703,8 +714,10 @@ static st_status cuda_ctx_create(st_backend *base, const st_ctx_params *p, st_bc
         {&c->p2, T * c->w2}, {&c->p3, T * c->w3}, {&c->p4, T * (b->Hv ? b->Hv : 1)}, {&c->mix, T * c->wm},
         {&c->gath, T * b->d}, {&c->gout, T * b->d}, {&c->lg, (int64_t)LOGIT_CHUNK * b->V}, {&c->small, 2 * T},
         {(float **)&c->mms.xs, (int64_t)(cu_split_elems(xs_tokens(T), b->tiled_cols) + 1) / 2},
+        {&c->mms.part, (int64_t)cu_mm_part_elems(T, widest_out(b))},
     };
     c->mms.xs_tokens = xs_tokens(T);
+    c->mms.part_elems = (int64_t)cu_mm_part_elems(T, widest_out(b));
     for (size_t i = 0; i < sizeof acts / sizeof acts[0] && st == ST_OK; i++) {
         st = dev_alloc(b, (size_t)acts[i].n * sizeof(float), (void **)acts[i].p, err);
         c->bytes += (size_t)acts[i].n * sizeof(float);

@@ -74,7 +74,16 @@ enum {
 typedef struct cu_mm_scratch {
     uint16_t *xs;
     int64_t xs_tokens;
+    /* k_gemm's partial sums where a product of up to 64 tokens is split over its summation
+     * classes (matrices of few rows: the device would be idle); NULL: never split */
+    float *part;
+    int64_t part_elems; /* cu_mm_part_elems of the most tokens and the widest output */
 } cu_mm_scratch;
+/* the floats part needs for products of up to `tokens` tokens and `rows` output rows */
+static inline size_t cu_mm_part_elems(int64_t tokens, int64_t rows) {
+    const int64_t t = tokens < 64 ? tokens : 64, r = rows < 132 * 128 ? rows : 132 * 128;
+    return (size_t)(8 * t * r);
+}
 /* once per device, before the first product */
 void cu_mm_init(void);
 void cu_matmul(cu_stream s, const cu_mat *w, const float *x, int64_t ldx, int64_t T, float *y,

@@ -88,6 +88,10 @@ __device__ float block_max(float v, float *red) {
 __device__ __forceinline__ void pdl_wait() {
 #if CU_PDL
     asm volatile("griddepcontrol.wait;" ::: "memory");
+    /* and let the successor's blocks start as this kernel's leave: they put their weight loads
+     * in flight in this kernel's tail, then wait (griddepcontrol.wait: until this grid is done
+     * and its writes are visible, so a successor waiting is a successor of every grid before) */
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 
@@ -561,6 +565,15 @@ __device__ __forceinline__ uint4 ldg_stream(const uint16_t *p) {
     return v;
 }
 
+/* cp.async: 16 bytes (bytes < 16: the rest zeros) global -> shared, in groups */
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int bytes) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa), "l"(gmem), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
 __device__ __forceinline__ uint32_t pack2(uint16_t lo, uint16_t hi) { return (uint32_t)lo | ((uint32_t)hi << 16); }
 
 /* the tiled layout */
@@ -617,19 +630,24 @@ struct mm_group {
     float *y[4];
     int64_t ldy[4];
     int64_t blk0[4];
+    /* k_gemm split over its summation classes (gridDim.z > 1): each class's partial sums
+     * [MM_SPLITS][T][rows] of matrix i at part + MM_SPLITS * T * prow[i] */
+    float *part;
+    int64_t prow[4];
 };
 
 struct mm_pick {
     cu_mat w;
     float *y;
     int64_t ldy, blk; /* the block's index within its matrix */
+    int i;            /* the matrix's */
 };
 
 __device__ __forceinline__ mm_pick mm_select_at(const mm_group &g, int64_t b) {
-    mm_pick o = {g.w[0], g.y[0], g.ldy[0], b};
+    mm_pick o = {g.w[0], g.y[0], g.ldy[0], b, 0};
 #pragma unroll
     for (int q = 1; q < 4; q++)
-        if (q < g.n && b >= g.blk0[q]) o = {g.w[q], g.y[q], g.ldy[q], b - g.blk0[q]};
+        if (q < g.n && b >= g.blk0[q]) o = {g.w[q], g.y[q], g.ldy[q], b - g.blk0[q], q};
     return o;
 }
 
@@ -911,9 +929,9 @@ __device__ __forceinline__ float group_at(const void *p, int dt, int64_t i) { re
  * parts side by side (column n: token n / P, part n % P), so that a token alone takes one MMA
  * per part of the step, not one per part of each; each column's sums are its own, and the
  * parts of a token are added at the end, with the warps' partial sums, in a fixed order. GS:
- * the steps of a group (its columns / 32). Two groups of values (and their scales and biases)
+ * the steps of a group (its columns / 32). R groups of values (and their scales and biases)
  * are in flight a warp. */
-template <int P, int NTC, int BITS, int GS, int MM_S>
+template <int P, int NTC, int BITS, int GS, int MM_S, int R>
 __global__ void __launch_bounds__(32 * MM_S, NTC <= 2 ? 3 : 2)
     k_qmv(mm_group grp, const uint16_t *xs, int64_t ldxs, int64_t T) {
     constexpr int BT = 8 * NTC / P; /* tokens a block */
@@ -939,8 +957,8 @@ __global__ void __launch_bounds__(32 * MM_S, NTC <= 2 ? 3 : 2)
     float acc[NTC][4];
 #pragma unroll
     for (int j = 0; j < NTC; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-    uint4 nx[2][GS];
-    float nsb[2][4]; /* scale of rows g, g + 8, bias of rows g, g + 8 */
+    uint4 nx[R][GS];
+    float nsb[R][4]; /* scale of rows g, g + 8, bias of rows g, g + 8 */
     auto fetch = [&](int sl, int64_t gi) {
         const int64_t gj = warp + gi * MM_S, k0 = gj * GS, q = (m * ng + gj) * 16 + g;
 #pragma unroll
@@ -950,12 +968,13 @@ __global__ void __launch_bounds__(32 * MM_S, NTC <= 2 ? 3 : 2)
         nsb[sl][2] = load_s(w.biases, w.sdtype, q);
         nsb[sl][3] = load_s(w.biases, w.sdtype, q + 8);
     };
-    if (ni > 0) fetch(0, 0);
-    if (ni > 1) fetch(1, 1);
-    pdl_wait(); /* the activations are the predecessor's */
-    for (int64_t i0 = 0; i0 < ni; i0 += 2) {
 #pragma unroll
-        for (int sl = 0; sl < 2; sl++) {
+    for (int sl = 0; sl < R; sl++)
+        if (ni > sl) fetch(sl, sl);
+    pdl_wait(); /* the activations are the predecessor's */
+    for (int64_t i0 = 0; i0 < ni; i0 += R) {
+#pragma unroll
+        for (int sl = 0; sl < R; sl++) {
             const int64_t i = i0 + sl;
             if (i >= ni) break;
             const int64_t k0 = (warp + i * MM_S) * GS;
@@ -963,7 +982,7 @@ __global__ void __launch_bounds__(32 * MM_S, NTC <= 2 ? 3 : 2)
 #pragma unroll
             for (int u = 0; u < GS; u++) cur[u] = nx[sl][u];
             const float s0 = nsb[sl][0], s1 = nsb[sl][1], b0 = nsb[sl][2], b1 = nsb[sl][3];
-            if (i + 2 < ni) fetch(sl, i + 2);
+            if (i + R < ni) fetch(sl, i + R);
             float ga[NTC][4], xa[NTC][4];
 #pragma unroll
             for (int j = 0; j < NTC; j++)
@@ -1016,6 +1035,159 @@ __global__ void __launch_bounds__(32 * MM_S, NTC <= 2 ? 3 : 2)
     }
 }
 
+/* ---- MLX 4- and 8-bit, up to 16 tokens, blocks that stay: k_qmvp ----
+ * k_qmv's sums in k_qmv's order (the same bits), from k_mmvp's resident blocks: block b takes
+ * tiles b, b + G, ...; each warp streams its groups of all its tiles (a group's GS steps of
+ * values and its 16 rows' scales and biases) through a ring of D groups in shared memory,
+ * filled by cp.async D - 1 groups ahead. A lane copies and reads its own values; four or
+ * eight lanes copy a group's scales and biases for all (read after a warp barrier).
+ * Shared memory: the ring [S][D][qmvp_slot bytes], then the partial sums [S][NTC * 128]. */
+template <int BITS, int GS>
+__host__ __device__ constexpr int qmvp_slot() { return GS * 32 * 2 * BITS + 128; } /* values; scales, biases: 64 bytes each at most */
+template <int NTC, int BITS, int GS, int D>
+__host__ __device__ constexpr size_t qmvp_smem() {
+    return (size_t)MM_SPLITS * D * qmvp_slot<BITS, GS>() + (size_t)MM_SPLITS * NTC * 128 * 4;
+}
+
+template <int P, int NTC, int BITS, int GS, int D, int MINB>
+__global__ void __launch_bounds__(32 * MM_SPLITS, MINB)
+    k_qmvp(mm_group grp, int64_t nblk, const uint16_t *xs, int64_t ldxs, int64_t T) {
+    constexpr int BT = 8 * NTC / P, CB = 2 * BITS, SLOT = qmvp_slot<BITS, GS>(), VB = GS * 32 * CB;
+    extern __shared__ uint4 smq[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    unsigned char *ring = (unsigned char *)smq + warp * D * SLOT;
+    float(*red)[NTC * 128] = (float(*)[NTC * 128])((unsigned char *)smq + MM_SPLITS * D * SLOT);
+    const int64_t nsteps = grp.w[0].cols / 32, ng = grp.w[0].cols / grp.w[0].group; /* one width, bits and group */
+    const int dt = grp.w[0].sdtype, es = dt == 0 ? 4 : 2;
+    const int64_t ni = warp < ng ? (ng - warp + MM_SPLITS - 1) / MM_SPLITS : 0; /* a tile's groups, this warp */
+    const unsigned ring_sa = (unsigned)__cvta_generic_to_shared(ring);
+    /* the producer: group pi of tile pb, this warp's; into slot ps */
+    int64_t pb = blockIdx.x, pi = 0;
+    int ps = 0;
+    mm_pick pq = {};
+    auto p_open = [&]() {
+        if (pb < nblk) pq = mm_select_at(grp, pb);
+    };
+    auto produce = [&]() {
+        if (ni > 0 && pb < nblk) {
+            const int64_t gj = warp + pi * MM_SPLITS, m = pq.blk;
+            const uint8_t *src = (const uint8_t *)pq.w.data + (m * nsteps + gj * GS) * 32 * CB + lane * CB;
+            const unsigned sa = ring_sa + (unsigned)(ps * SLOT + lane * CB);
+#pragma unroll
+            for (int u = 0; u < GS; u++) {
+                if (CB == 16)
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa + u * 32 * CB), "l"(src + u * 32 * CB)
+                                 : "memory");
+                else
+                    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(sa + u * 32 * CB), "l"(src + u * 32 * CB)
+                                 : "memory");
+            }
+            const int nch = es; /* 16 rows of es bytes: es chunks of 16 */
+            if (lane < 2 * nch) {
+                const int which = lane / nch, ch = lane % nch;
+                const uint8_t *ss = (const uint8_t *)(which ? pq.w.biases : pq.w.scales) + (m * ng + gj) * 16 * es + ch * 16;
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(ring_sa + (unsigned)(ps * SLOT + VB + which * 64 + ch * 16)),
+                             "l"(ss)
+                             : "memory");
+            }
+            if (++pi == ni) pi = 0, pb += gridDim.x, p_open();
+        }
+        cp_async_commit();
+        ps = ps + 1 == D ? 0 : ps + 1;
+    };
+    p_open();
+#pragma unroll
+    for (int d = 0; d < D - 1; d++) produce();
+    pdl_wait(); /* the activations are the predecessor's */
+    const uint16_t *pbx[NTC]; /* this lane's column g of each token tile: its token's part */
+    bool bin[NTC];
+#pragma unroll
+    for (int j = 0; j < NTC; j++) {
+        const int n = 8 * j + g;
+        const int64_t tok = n / P;
+        bin[j] = n / P < BT && tok < T;
+        pbx[j] = xs + (int64_t)(n % P) * (T * ldxs) + (bin[j] ? tok : 0) * ldxs + 8 * t;
+    }
+    const uint32_t one2 = 0x3f803f80u; /* bf16 1.0, 1.0 */
+    int cs = 0;
+    for (int64_t b = blockIdx.x; b < nblk; b += gridDim.x) {
+        const mm_pick pk = mm_select_at(grp, b);
+        const int64_t m = pk.blk;
+        float acc[NTC][4];
+#pragma unroll
+        for (int j = 0; j < NTC; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+        for (int64_t i = 0; i < ni; i++) {
+            cp_async_wait<D - 2>(); /* this group is in (this lane's copies) */
+            __syncwarp();           /* and the other lanes' (the scales) */
+            const unsigned char *sl = ring + cs * SLOT;
+            uint4 cur[GS];
+#pragma unroll
+            for (int u = 0; u < GS; u++) {
+                if (CB == 16) cur[u] = *(const uint4 *)(sl + u * 32 * CB + lane * CB);
+                else {
+                    const uint2 v = *(const uint2 *)(sl + u * 32 * CB + lane * CB);
+                    cur[u] = make_uint4(v.x, v.y, 0, 0);
+                }
+            }
+            const float s0 = load_s(sl + VB, dt, g), s1 = load_s(sl + VB, dt, g + 8);
+            const float b0 = load_s(sl + VB + 64, dt, g), b1 = load_s(sl + VB + 64, dt, g + 8);
+            __syncwarp(); /* every lane has read the slot before it refills */
+            cs = cs + 1 == D ? 0 : cs + 1;
+            produce(); /* into the slot read the group before */
+            const int64_t k0 = (warp + i * MM_SPLITS) * GS;
+            float ga[NTC][4], xa[NTC][4];
+#pragma unroll
+            for (int j = 0; j < NTC; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) ga[j][e] = xa[j][e] = 0.0f;
+#pragma unroll
+            for (int u = 0; u < GS; u++) {
+                uint32_t a[8];
+                q_frag<BITS>(cur[u], a);
+#pragma unroll
+                for (int j = 0; j < NTC; j++) {
+                    const uint4 bb = bin[j] ? *(const uint4 *)(pbx[j] + (k0 + u) * 32) : make_uint4(0, 0, 0, 0);
+                    mma_bf16(ga[j], a[0], a[1], a[2], a[3], bb.x, bb.y);
+                    mma_bf16(xa[j], one2, one2, one2, one2, bb.x, bb.y);
+                    mma_bf16(ga[j], a[4], a[5], a[6], a[7], bb.z, bb.w);
+                    mma_bf16(xa[j], one2, one2, one2, one2, bb.z, bb.w);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < NTC; j++) {
+                acc[j][0] = fmaf(b0, xa[j][0], fmaf(s0, ga[j][0], acc[j][0]));
+                acc[j][1] = fmaf(b0, xa[j][1], fmaf(s0, ga[j][1], acc[j][1]));
+                acc[j][2] = fmaf(b1, xa[j][2], fmaf(s1, ga[j][2], acc[j][2]));
+                acc[j][3] = fmaf(b1, xa[j][3], fmaf(s1, ga[j][3], acc[j][3]));
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < NTC; j++) {
+            float *o = red[warp] + j * 128;
+            o[g * 8 + 2 * t] = acc[j][0];
+            o[g * 8 + 2 * t + 1] = acc[j][1];
+            o[(g + 8) * 8 + 2 * t] = acc[j][2];
+            o[(g + 8) * 8 + 2 * t + 1] = acc[j][3];
+        }
+        __syncthreads();
+        for (int q = threadIdx.x; q < BT * 16; q += blockDim.x) {
+            const int tl = q / 16, row = q % 16;
+            const int64_t r = m * 16 + row, tok = tl;
+            if (r >= pk.w.rows || tok >= T) continue;
+            float sum = 0.0f;
+            for (int w = 0; w < MM_SPLITS; w++)
+#pragma unroll
+                for (int p = 0; p < P; p++) {
+                    const int n = tl * P + p;
+                    sum += red[w][(n / 8) * 128 + row * 8 + n % 8];
+                }
+            pk.y[tok * pk.ldy + r] = sum;
+        }
+        __syncthreads(); /* red is read before the next tile's sums go in */
+    }
+    cp_async_wait<0>();
+}
+
 /* ---- many tokens: k_gemm ----
  * The same sums as k_mmv's, in the same order, for a block tile of TILES row tiles by BN
  * tokens, the weights read once per tile of tokens instead of once per 16 tokens. k_mmv's
@@ -1032,13 +1204,129 @@ __global__ void __launch_bounds__(32 * MM_S, NTC <= 2 ? 3 : 2)
  * 64 bytes a token and part. */
 #define GEMM_WARPS 8
 
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int bytes) {
-    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa), "l"(gmem), "r"(bytes));
+
+/* ---- up to 16 tokens, blocks that stay: k_mmvp ----
+ * k_mmv's sums, the same MMAs on the same fragments in the same order (warp s: steps s,
+ * s + S, ...; the warps' partial sums added in warp order), so the same bits; but a launch has
+ * only as many blocks as stay resident (G), the tiles shared out evenly (block b: tiles b,
+ * b + G, ...), and each warp streams its steps of all its tiles through a ring of D steps in
+ * shared memory, filled by cp.async D - 1 steps ahead: the weights flow as a copy's do, and the
+ * next tile's are in flight while a tile's sums are added. A lane copies, and later reads, only
+ * its own fragment, so the ring needs no barrier. Shared memory: the ring [S][D][2][32] of 16
+ * bytes, then the partial sums [S][NT * 128] floats (mmvp_smem). */
+template <int NT, int D, int MT>
+__host__ __device__ constexpr size_t mmvp_smem() {
+    return (size_t)MM_SPLITS * D * MT * 1024 + (size_t)MM_SPLITS * MT * NT * 128 * 4;
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+/* MT: the tiles a block takes at once (their steps side by side in the ring; a warp's B
+ * fragments serve them all) */
+template <int P, int NT, int D, int MINB, int MT>
+__global__ void __launch_bounds__(32 * MM_SPLITS, MINB)
+    k_mmvp(mm_group grp, int64_t nblk, const uint16_t *xs, int64_t ldxs, int64_t T) {
+    extern __shared__ uint4 smv[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const uint4 *ring = smv + warp * D * MT * 64;
+    float(*red)[MT * NT * 128] = (float(*)[MT * NT * 128])(smv + MM_SPLITS * D * MT * 64);
+    const int64_t nsteps = tiled_steps(grp.w[0].cols), pstride = T * ldxs; /* one width a group */
+    const int64_t ni = warp < nsteps ? (nsteps - warp + MM_SPLITS - 1) / MM_SPLITS : 0; /* a tile's steps, this warp */
+    const unsigned ring_sa = (unsigned)__cvta_generic_to_shared(ring) + lane * 16;
+    /* the producer: step pi of block pb's tiles, this warp's; into slot ps */
+    int64_t pb = blockIdx.x, pi = 0;
+    int ps = 0, pn = 0; /* pn: the block's tiles inside its matrix */
+    const uint16_t *pa = NULL;
+    auto p_open = [&]() {
+        if (pb < nblk) {
+            const mm_pick q = mm_select_at(grp, pb);
+            const int64_t left = tiled_tiles(q.w.rows) - q.blk * MT;
+            pn = left < MT ? (int)left : MT;
+            pa = (const uint16_t *)q.w.data + (q.blk * MT * nsteps + warp) * 512 + 8 * lane;
+        }
+    };
+    auto produce = [&]() {
+        if (ni > 0 && pb < nblk) {
+            const uint16_t *src = pa + pi * (MM_SPLITS * 512);
+            const unsigned sa = ring_sa + (unsigned)ps * MT * 1024;
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+                if (m < pn) { /* past the matrix's last tile: rows never written */
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa + m * 1024), "l"(src + m * nsteps * 512)
+                                 : "memory");
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa + m * 1024 + 512),
+                                 "l"(src + m * nsteps * 512 + 256)
+                                 : "memory");
+                }
+            if (++pi == ni) pi = 0, pb += gridDim.x, p_open();
+        }
+        cp_async_commit();
+        ps = ps + 1 == D ? 0 : ps + 1;
+    };
+    p_open();
+#pragma unroll
+    for (int d = 0; d < D - 1; d++) produce();
+    pdl_wait(); /* the activations are the predecessor's */
+    const uint16_t *px = xs + 8 * t + warp * 32;
+    /* the activations of this warp's next step, loaded a step ahead (every tile has the same
+     * columns: after a tile's last step comes step 0 again) */
+    uint4 bn[NT][P];
+    auto load_x = [&](int64_t i) {
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            const int64_t n = 8 * j + g;
+#pragma unroll
+            for (int p = 0; p < P; p++)
+                bn[j][p] = n < T ? *(const uint4 *)(px + i * (MM_SPLITS * 32) + p * pstride + n * ldxs) : make_uint4(0, 0, 0, 0);
+        }
+    };
+    if (ni > 0) load_x(0);
+    int cs = 0;
+    for (int64_t b = blockIdx.x; b < nblk; b += gridDim.x) {
+        const mm_pick pk = mm_select_at(grp, b);
+        float acc[MT][NT][4];
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int j = 0; j < NT; j++) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.0f;
+        for (int64_t i = 0; i < ni; i++) {
+            cp_async_wait<D - 2>(); /* this step is in */
+            uint4 a[MT][2];
+#pragma unroll
+            for (int m = 0; m < MT; m++) a[m][0] = ring[(cs * MT + m) * 64 + lane], a[m][1] = ring[(cs * MT + m) * 64 + 32 + lane];
+            cs = cs + 1 == D ? 0 : cs + 1;
+            produce(); /* into the slot read the step before */
+            uint4 bx[NT][P];
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int p = 0; p < P; p++) bx[j][p] = bn[j][p];
+            load_x(i + 1 < ni ? i + 1 : 0);
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+#pragma unroll
+                for (int j = 0; j < NT; j++) mma_step<P>(acc[m][j], a[m][0], a[m][1], bx[j]);
+        }
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                float *o = red[warp] + (m * NT + j) * 128;
+                o[g * 8 + 2 * t] = acc[m][j][0];
+                o[g * 8 + 2 * t + 1] = acc[m][j][1];
+                o[(g + 8) * 8 + 2 * t] = acc[m][j][2];
+                o[(g + 8) * 8 + 2 * t + 1] = acc[m][j][3];
+            }
+        __syncthreads();
+        for (int q = threadIdx.x; q < MT * NT * 128; q += blockDim.x) {
+            const int m = q / (NT * 128), j = (q / 128) % NT, row = (q % 128) / 8, col = q % 8;
+            const int64_t r = (pk.blk * MT + m) * 16 + row, n = 8 * j + col;
+            float sum = 0.0f;
+            for (int s = 0; s < MM_SPLITS; s++) sum += red[s][q];
+            if (r < pk.w.rows && n < T) pk.y[n * pk.ldy + r] = sum;
+        }
+        __syncthreads(); /* red is read before the next tile's sums go in */
+    }
+    cp_async_wait<0>();
+}
 
 template <int MTW, int NT, int WR, int P>
 struct gemm_shape {
@@ -1051,10 +1339,13 @@ struct gemm_shape {
     static constexpr int STAGES = STAGE_U4 * 16 * 8 <= 128 * 1024 ? 8 : 192 * 1024 / (STAGE_U4 * 16);
     static_assert(STAGES >= 4, "steps go in pairs");
     static constexpr size_t SMEM = (size_t)STAGES * STAGE_U4 * 16;
+    /* blocks an SM: two where the accumulators leave the registers for it (one block of 8
+     * warps leaves the schedulers idle half the time: Nsight Compute, 64 tokens) */
+    static constexpr int MINB = P == 1 && MTW * NT <= 8 && 2 * (SMEM + 1024) <= 227 * 1024 ? 2 : 1;
 };
 
 template <int MTW, int NT, int WR, int P>
-__global__ void __launch_bounds__(32 * GEMM_WARPS, 1)
+__global__ void __launch_bounds__(32 * GEMM_WARPS, gemm_shape<MTW, NT, WR, P>::MINB)
     k_gemm(mm_group grp, const uint16_t *xs, int64_t ldxs, int64_t T) {
     typedef gemm_shape<MTW, NT, WR, P> G;
     extern __shared__ uint4 sm[];
@@ -1065,48 +1356,53 @@ __global__ void __launch_bounds__(32 * GEMM_WARPS, 1)
     const int64_t nsteps = tiled_steps(w.cols), ntiles = tiled_tiles(w.rows), m0 = pk.blk * G::TILES;
     const int64_t n0 = (int64_t)blockIdx.y * G::BN, pstride = T * ldxs;
     const int64_t q8 = nsteps / MM_SPLITS, r8 = nsteps % MM_SPLITS; /* class c has q8 + (c < r8) steps */
+    /* split (gridDim.z > 1): this block's classes c_lo .. c_hi - 1, their partial sums to grp.part */
+    const int kz = (int)gridDim.z, c_lo = (int)blockIdx.z * MM_SPLITS / kz, c_hi = ((int)blockIdx.z + 1) * MM_SPLITS / kz;
+    int nb = 0; /* its steps (a matrix has fewer than 2^31) */
+    for (int c = c_lo; c < c_hi; c++) nb += (int)(q8 + (c < r8));
     const uint16_t *wd = (const uint16_t *)w.data;
     /* this thread's copies of a step, fixed but for the step's column offset */
     constexpr int NA = G::A_U4 / (32 * GEMM_WARPS), NB = G::B_U4 / (32 * GEMM_WARPS);
     static_assert(G::A_U4 % (32 * GEMM_WARPS) == 0 && G::B_U4 % (32 * GEMM_WARPS) == 0, "whole rounds of copies");
-    int64_t a_off[NA];
-    int b_off[NB]; /* xs holds fewer than 2^31 elements (cu_split_elems of XS_TOKENS) */
-    unsigned in_mask = 0;
+    /* each copy's source at step 0 and its advance a step (0 for a copy past the matrix or
+     * the tokens: it reads nothing, src-size 0), fixed, so that a step's copies are a multiply
+     * and an add each */
+    const uint16_t *a_src[NA], *b_src[NB];
+    int a_mul[NA], b_mul[NB], a_sz[NA], b_sz[NB];
 #pragma unroll
     for (int c = 0; c < NA; c++) {
         const int q = tid + c * 32 * GEMM_WARPS;
         const int64_t m = m0 + q / 64;
-        a_off[c] = (m * nsteps) * 512 + (q % 64) * 8;
-        if (m < ntiles) in_mask |= 1u << c;
+        const bool in = m < ntiles;
+        a_src[c] = in ? wd + (m * nsteps) * 512 + (q % 64) * 8 : wd;
+        a_mul[c] = in ? 512 : 0, a_sz[c] = in ? 16 : 0;
     }
 #pragma unroll
     for (int c = 0; c < NB; c++) {
         const int q = tid + c * 32 * GEMM_WARPS;
         const int pp = q / (G::BN * 4), n = (q / 4) % G::BN, c4 = q % 4;
         const int64_t tok = n0 + n;
-        b_off[c] = (int)(pp * pstride + tok * ldxs + c4 * 8);
-        if (tok < T) in_mask |= 1u << (NA + c);
+        const bool in = tok < T;
+        b_src[c] = in ? xs + pp * pstride + tok * ldxs + c4 * 8 : xs;
+        b_mul[c] = in ? 32 : 0, b_sz[c] = in ? 16 : 0;
     }
     const unsigned sm_u32 = (unsigned)__cvta_generic_to_shared(sm);
     pdl_wait();
-    int64_t ic = 0, ik = 0, ks_i = 0; /* the next step to fetch: class ic, its ik-th, step ks_i */
-    int st_i = 0;                     /* and its stage */
+    int ic = c_lo, ik = 0, ks_i = c_lo; /* the next step to fetch: class ic, its ik-th, step ks_i */
+    int st_i = 0;                       /* and its stage */
+    const int q8i = (int)q8, r8i = (int)r8;
     auto issue = [&]() {
         const unsigned sa = sm_u32 + (unsigned)(st_i * G::STAGE_U4 + tid) * 16;
 #pragma unroll
-        for (int c = 0; c < NA; c++) {
-            const bool in = in_mask >> c & 1;
+        for (int c = 0; c < NA; c++)
             asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa + c * 32 * GEMM_WARPS * 16),
-                         "l"(in ? wd + a_off[c] + ks_i * 512 : wd), "r"(in ? 16 : 0));
-        }
+                         "l"(a_src[c] + ks_i * a_mul[c]), "r"(a_sz[c]));
 #pragma unroll
-        for (int c = 0; c < NB; c++) {
-            const bool in = in_mask >> (NA + c) & 1;
+        for (int c = 0; c < NB; c++)
             asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa + (G::A_U4 + c * 32 * GEMM_WARPS) * 16),
-                         "l"(in ? xs + b_off[c] + ks_i * 32 : xs), "r"(in ? 16 : 0));
-        }
+                         "l"(b_src[c] + ks_i * b_mul[c]), "r"(b_sz[c]));
         st_i = st_i + 1 == G::STAGES ? 0 : st_i + 1;
-        if (++ik == q8 + (ic < r8)) ic++, ik = 0, ks_i = ic;
+        if (++ik == q8i + (ic < r8i)) ic++, ik = 0, ks_i = ic;
         else ks_i += MM_SPLITS;
     };
     float acc[MTW][NT][4], sum[MTW][NT][4];
@@ -1119,22 +1415,22 @@ __global__ void __launch_bounds__(32 * GEMM_WARPS, 1)
     /* steps go in pairs: one wait and one barrier for two steps */
 #pragma unroll
     for (int i = 0; i < G::STAGES - 2; i++) {
-        if (i < nsteps) issue();
+        if (i < nb) issue();
         cp_async_commit();
     }
-    int64_t cc = 0, ck = 0; /* the step being summed: class cc, its ck-th */
-    int st_c = 0;           /* and its stage */
-    for (int64_t i0 = 0; i0 < nsteps; i0 += 2) {
+    int cc = c_lo, ck = 0; /* the step being summed: class cc, its ck-th */
+    int st_c = 0;              /* and its stage */
+    for (int i0 = 0; i0 < nb; i0 += 2) {
         cp_async_wait<G::STAGES - 4>();
         __syncthreads(); /* steps i0, i0 + 1 are in; every warp is done with the two before, whose stages refill */
 #pragma unroll
         for (int u = 0; u < 2; u++) {
-            if (i0 + G::STAGES - 2 + u < nsteps) issue();
+            if (i0 + G::STAGES - 2 + u < nb) issue();
             cp_async_commit();
         }
 #pragma unroll
         for (int u = 0; u < 2; u++) {
-            if (i0 + u >= nsteps) break;
+            if (i0 + u >= nb) break;
             const uint4 *sa = sm + st_c * G::STAGE_U4, *sb = sa + G::A_U4;
             st_c = st_c + 1 == G::STAGES ? 0 : st_c + 1;
             uint4 b[NT][P];
@@ -1159,18 +1455,34 @@ __global__ void __launch_bounds__(32 * GEMM_WARPS, 1)
                             if (hf == 0) mma_bf16(acc[m][j], a0.x, a1.x, a0.y, a1.y, bb.x, bb.y);
                             else mma_bf16(acc[m][j], a0.z, a1.z, a0.w, a1.w, bb.z, bb.w);
                         }
-            if (++ck == q8 + (cc < r8)) { /* the class is summed: into the total, in class order */
+            if (++ck == q8i + (cc < r8i)) { /* the class is summed: into the total, in class order */
+                if (kz > 1) {                 /* or its partial sums out, for k_gemm_sum */
+                    float *pp = grp.part + (int64_t)MM_SPLITS * T * grp.prow[pk.i] + cc * T * w.rows;
+#pragma unroll
+                    for (int m = 0; m < MTW; m++)
+#pragma unroll
+                        for (int j = 0; j < NT; j++)
+#pragma unroll
+                            for (int e = 0; e < 4; e++) {
+                                const int64_t r = (m0 + wm * MTW + m) * 16 + g + (e >= 2 ? 8 : 0);
+                                const int64_t n = n0 + wn * 8 * NT + 8 * j + 2 * t + (e & 1);
+                                if (r < w.rows && n < T) pp[n * w.rows + r] = acc[m][j][e];
+                                acc[m][j][e] = 0.0f;
+                            }
+                } else {
+#pragma unroll
+                    for (int m = 0; m < MTW; m++)
+#pragma unroll
+                        for (int j = 0; j < NT; j++)
+#pragma unroll
+                            for (int e = 0; e < 4; e++) sum[m][j][e] += acc[m][j][e], acc[m][j][e] = 0.0f;
+                }
                 cc++, ck = 0;
-#pragma unroll
-                for (int m = 0; m < MTW; m++)
-#pragma unroll
-                    for (int j = 0; j < NT; j++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) sum[m][j][e] += acc[m][j][e], acc[m][j][e] = 0.0f;
             }
         }
     }
     cp_async_wait<0>();
+    if (kz > 1) return;
     const bool empty = nsteps < MM_SPLITS; /* k_mmv adds its idle warps' zeros too (-0 + 0 = +0) */
 #pragma unroll
     for (int m = 0; m < MTW; m++)
@@ -1182,6 +1494,25 @@ __global__ void __launch_bounds__(32 * GEMM_WARPS, 1)
                 const int64_t n = n0 + wn * 8 * NT + 8 * j + 2 * t + (e & 1);
                 if (r < w.rows && n < T) pk.y[n * pk.ldy + r] = empty ? sum[m][j][e] + 0.0f : sum[m][j][e];
             }
+}
+
+/* k_gemm split: y = 0 + p_0 + p_1 + ... + p_{S-1}, the classes' partial sums in class order (k_gemm's
+ * and k_mmv's order, so the same bits); a thread per (matrix row over the group, token) */
+__global__ void k_gemm_sum(mm_group g, int64_t T, int64_t rows_all) {
+    pdl_wait();
+    const int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (q >= rows_all * T) return;
+    const int64_t n = q / rows_all;
+    int64_t r = q % rows_all;
+    int i = 0;
+    while (i + 1 < g.n && r >= g.prow[i + 1]) i++;
+    r -= g.prow[i];
+    const int64_t rows = g.w[i].rows;
+    const float *pp = g.part + (int64_t)MM_SPLITS * T * g.prow[i] + n * rows + r;
+    float sum = 0.0f;
+#pragma unroll
+    for (int c = 0; c < MM_SPLITS; c++) sum += pp[c * T * rows];
+    g.y[i][n * g.ldy[i] + r] = sum;
 }
 
 /* the group's block offsets for MT tiles a block; its blocks in all */
@@ -1218,6 +1549,39 @@ static void launch_mmv_s(cu_stream s, mm_group g, const uint16_t *xs, int64_t ld
 static void launch_tiled(cu_stream s, mm_group g, const float *x, int64_t ldx, int64_t T, int parts,
                          const cu_mm_scratch *sc, int xs_ready);
 
+/* k_mmvp's grid: as many blocks as stay resident (MINB an SM), fewer where the tiles then
+ * share out more evenly (every block takes ceil(tiles / slots) of them, but the last) */
+static unsigned mmvp_grid(int64_t nblk, int minb) {
+    int dev = 0, sms = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    const int64_t slots = (int64_t)(sms > 0 ? sms : 1) * minb, per = (nblk + slots - 1) / slots;
+    return (unsigned)((nblk + per - 1) / per);
+}
+
+template <int P, int NT, int D, int MINB, int MT = 1>
+static void launch_mmvp_p(cu_stream s, mm_group g, const uint16_t *xs, int64_t ldxs, int64_t T) {
+    const int64_t nblk = group_blocks(&g, MT);
+    launch_pdl(k_mmvp<P, NT, D, MINB, MT>, dim3(mmvp_grid(nblk, MINB)), dim3(32 * MM_SPLITS), mmvp_smem<NT, D, MT>(), s, g,
+               nblk, xs, ldxs, T);
+}
+
+template <int P, int NT, int D, int MINB, int MT = 1>
+static void mmvp_attr() {
+    static_assert(mmvp_smem<NT, D, MT>() * MINB + 1024 * MINB <= 227 * 1024, "MINB blocks fit an SM");
+    cudaFuncSetAttribute(k_mmvp<P, NT, D, MINB, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)mmvp_smem<NT, D, MT>());
+}
+
+/* the ring depths and residency the backend takes (bench/cuda/mmv_bench.cu compares others) */
+#define MMVP_D1 4
+#define MMVP_B1 4
+/* up to 8 tokens */
+static void launch_mmvp(cu_stream s, const mm_group &g, const uint16_t *xs, int64_t ldxs, int64_t T, int parts) {
+    if (parts == 1) launch_mmvp_p<1, 1, MMVP_D1, MMVP_B1>(s, g, xs, ldxs, T);
+    else launch_mmvp_p<3, 1, MMVP_D1, MMVP_B1>(s, g, xs, ldxs, T);
+}
+
 /* xs[p][n][c] = part p of x[n][c], n < T, c < ldxs (zeros past cols) */
 static void launch_split(cu_stream s, const float *x, int64_t ldx, int64_t T, int64_t cols, uint16_t *xs, int64_t ldxs,
                          int parts) {
@@ -1226,20 +1590,39 @@ static void launch_split(cu_stream s, const float *x, int64_t ldx, int64_t T, in
     else launch_pdl(k_split<3>, dim3(sb), dim3(256), 0, s, x, ldx, T, cols, xs, ldxs);
 }
 
+/* kz > 1: split over the summation classes (kz of 2, 4 or 8; the matrices at least MM_SPLITS
+ * steps wide, part holding MM_SPLITS * T * their rows floats), then k_gemm_sum */
 template <int MTW, int NT, int WR, int P>
-static void launch_gemm_p(cu_stream s, mm_group g, const uint16_t *xs, int64_t ldxs, int64_t T) {
+static void launch_gemm_p(cu_stream s, mm_group g, const uint16_t *xs, int64_t ldxs, int64_t T, int kz = 1,
+                          float *part = NULL) {
     typedef gemm_shape<MTW, NT, WR, P> G;
-    dim3 grid((unsigned)group_blocks(&g, G::TILES), (unsigned)((T + G::BN - 1) / G::BN));
+    int64_t rows_all = 0;
+    for (int i = 0; i < g.n; i++) g.prow[i] = rows_all, rows_all += g.w[i].rows;
+    g.part = part;
+    dim3 grid((unsigned)group_blocks(&g, G::TILES), (unsigned)((T + G::BN - 1) / G::BN), (unsigned)kz);
     launch_pdl(k_gemm<MTW, NT, WR, P>, grid, dim3(32 * GEMM_WARPS), G::SMEM, s, g, xs, ldxs, T);
+    if (kz > 1) launch_pdl(k_gemm_sum, dim3((unsigned)((rows_all * T + 255) / 256)), dim3(256), 0, s, g, T, rows_all);
 }
 
 /* the tile shapes (measured with `mmv_bench sweep` on the 27B shapes): 128 rows by 128 tokens;
  * or, for up to 64 tokens (128 in exact mode), 128 rows by 64 tokens where there are at least
  * 100 such row tiles (14-38% faster than 64 by 64 there), else 64 by 64 */
 template <int P>
-static void launch_gemm_shape(cu_stream s, const mm_group &g, const uint16_t *xs, int64_t ldxs, int64_t T) {
+static void launch_gemm_shape(cu_stream s, const mm_group &g, const uint16_t *xs, int64_t ldxs, int64_t T,
+                              const cu_mm_scratch *sc) {
     mm_group c = g;
     const int64_t tiles128 = group_blocks(&c, 8), big = tiles128 * ((T + 127) / 128);
+    int64_t rows_all = 0;
+    for (int i = 0; i < g.n; i++) rows_all += g.w[i].rows;
+    /* too few row tiles to fill the device at up to 64 tokens: split over the classes, so that
+     * there are at least 2 blocks an SM (132 SMs), where the scratch holds the partial sums */
+    int kz = 1;
+    while (kz < MM_SPLITS && tiles128 * kz < 2 * 132) kz *= 2;
+    if (T <= 64 && tiles128 < 100 && kz > 1 && tiled_steps(g.w[0].cols) >= MM_SPLITS && sc->part &&
+        (int64_t)MM_SPLITS * T * rows_all <= sc->part_elems) {
+        launch_gemm_p<1, 8, 8, P>(s, g, xs, ldxs, T, kz, sc->part);
+        return;
+    }
     if (T <= (P == 3 ? 128 : 64) && tiles128 >= 100) launch_gemm_p<1, 8, 8, P>(s, g, xs, ldxs, T);
     else if (T >= 128 && big >= 2 * 132) launch_gemm_p<4, 4, 2, P>(s, g, xs, ldxs, T);
     else launch_gemm_p<1, 4, 4, P>(s, g, xs, ldxs, T);
@@ -1256,8 +1639,8 @@ static void launch_gemm(cu_stream s, const mm_group &g, const float *x, int64_t 
         mm_group gs = g;
         for (int i = 0; i < g.n; i++) gs.y[i] = g.y[i] + t0 * g.ldy[i];
         launch_split(s, x + t0 * ldx, ldx, n, g.w[0].cols, sc->xs, ldxs, parts);
-        if (parts == 1) launch_gemm_shape<1>(s, gs, sc->xs, ldxs, n);
-        else launch_gemm_shape<3>(s, gs, sc->xs, ldxs, n);
+        if (parts == 1) launch_gemm_shape<1>(s, gs, sc->xs, ldxs, n, sc);
+        else launch_gemm_shape<3>(s, gs, sc->xs, ldxs, n, sc);
     }
 }
 
@@ -1267,7 +1650,11 @@ static void gemm_attr() {
                          (int)gemm_shape<MTW, NT, WR, P>::SMEM);
 }
 
+static void qmvp_init();
 extern "C" void cu_mm_init(void) {
+    qmvp_init();
+    mmvp_attr<1, 1, MMVP_D1, MMVP_B1>();
+    mmvp_attr<3, 1, MMVP_D1, MMVP_B1>();
     gemm_attr<1, 8, 8, 1>();
     gemm_attr<1, 8, 8, 3>();
     gemm_attr<4, 4, 2, 1>();
@@ -1285,7 +1672,12 @@ static void launch_tiled(cu_stream s, mm_group g, const float *x, int64_t ldx, i
     if (sc) {
         const int64_t ldxs = tiled_steps(g.w[0].cols) * 32;
         if (!xs_ready) launch_split(s, x, ldx, T, g.w[0].cols, sc->xs, ldxs, parts);
-        launch_mmv_s<MM_SPLITS>(s, g, sc->xs, ldxs, T, parts);
+        /* k_mmvp where it measured faster (`mmv_bench` on the H200, one 27B token's matrices:
+         * 15.8 against 16.6 ms in exact at 1 token, 14.0 against 15.8 ms in bf16; 15.5 against
+         * 16.2 at 8 tokens in bf16); beyond, its ring's shared memory leaves too little L1 for
+         * the activations (3 parts of them in exact), and k_mmv wins */
+        if (T <= (parts == 1 ? 8 : 2)) launch_mmvp(s, g, sc->xs, ldxs, T, parts);
+        else launch_mmv_s<MM_SPLITS>(s, g, sc->xs, ldxs, T, parts);
         return;
     }
     if (T <= 8) launch_mma_p<1, 1, MM_SPLITS>(s, g, x, ldx, T, parts);
@@ -1298,16 +1690,74 @@ template <int P, int NTC, int BITS>
 static void launch_qmv_b(cu_stream s, const mm_group &g, int64_t nblk, const uint16_t *xs, int64_t ldxs, int64_t n) {
     const dim3 grid((unsigned)nblk, (unsigned)((n + 8 * NTC / P - 1) / (8 * NTC / P)));
     const dim3 blk(32 * MM_SPLITS);
+    /* two groups in flight a warp (more spill registers) */
     switch (g.w[0].group / 32) {
-    case 1: launch_pdl(k_qmv<P, NTC, BITS, 1, MM_SPLITS>, grid, blk, 0, s, g, xs, ldxs, n); break;
-    case 2: launch_pdl(k_qmv<P, NTC, BITS, 2, MM_SPLITS>, grid, blk, 0, s, g, xs, ldxs, n); break;
-    default: launch_pdl(k_qmv<P, NTC, BITS, 4, MM_SPLITS>, grid, blk, 0, s, g, xs, ldxs, n); break;
+    case 1: launch_pdl(k_qmv<P, NTC, BITS, 1, MM_SPLITS, 2>, grid, blk, 0, s, g, xs, ldxs, n); break;
+    case 2: launch_pdl(k_qmv<P, NTC, BITS, 2, MM_SPLITS, 2>, grid, blk, 0, s, g, xs, ldxs, n); break;
+    default: launch_pdl(k_qmv<P, NTC, BITS, 4, MM_SPLITS, 2>, grid, blk, 0, s, g, xs, ldxs, n); break;
     }
+}
+
+/* k_qmvp: ring depth and residency by group width (the steps in flight a warp about 8) */
+/* blocks an SM: 3 (2 where 3 token tiles or more want the registers) */
+template <int NTC>
+static constexpr int qmvp_minb() { return NTC <= 2 ? 3 : 2; }
+template <int P, int NTC, int BITS, int GS>
+static constexpr int qmvp_depth() {
+    /* about 8 steps in flight a warp (4 at least), as deep as qmvp_minb blocks an SM allow */
+    constexpr int want = GS == 1 ? 10 : GS == 2 ? 5 : 3;
+    constexpr int fit = (int)((227 * 1024 / qmvp_minb<NTC>() - 1024 - MM_SPLITS * NTC * 128 * 4) / (MM_SPLITS * qmvp_slot<BITS, GS>()));
+    return want < fit ? want : fit;
+}
+template <int P, int NTC, int BITS, int GS>
+static void qmvp_attr() {
+    constexpr int D = qmvp_depth<P, NTC, BITS, GS>();
+    static_assert((qmvp_smem<NTC, BITS, GS, D>() + 1024) * qmvp_minb<NTC>() <= 227 * 1024, "the blocks fit an SM");
+    cudaFuncSetAttribute(k_qmvp<P, NTC, BITS, GS, D, qmvp_minb<NTC>()>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)qmvp_smem<NTC, BITS, GS, D>());
+}
+template <int P, int NTC, int BITS>
+static void qmvp_attr_b() {
+    qmvp_attr<P, NTC, BITS, 1>();
+    qmvp_attr<P, NTC, BITS, 2>();
+    qmvp_attr<P, NTC, BITS, 4>();
+}
+static void qmvp_init() {
+    qmvp_attr_b<1, 1, 8>(), qmvp_attr_b<1, 2, 8>(), qmvp_attr_b<3, 1, 8>(), qmvp_attr_b<3, 3, 8>(), qmvp_attr_b<3, 6, 8>();
+    qmvp_attr_b<1, 1, 4>(), qmvp_attr_b<1, 2, 4>(), qmvp_attr_b<3, 1, 4>(), qmvp_attr_b<3, 3, 4>(), qmvp_attr_b<3, 6, 4>();
+}
+
+template <int P, int NTC, int BITS, int GS>
+static void launch_qmvp_g(cu_stream s, const mm_group &g, int64_t nblk, const uint16_t *xs, int64_t ldxs, int64_t n) {
+    constexpr int D = qmvp_depth<P, NTC, BITS, GS>();
+    launch_pdl(k_qmvp<P, NTC, BITS, GS, D, qmvp_minb<NTC>()>, dim3(mmvp_grid(nblk, qmvp_minb<NTC>())), dim3(32 * MM_SPLITS),
+               qmvp_smem<NTC, BITS, GS, D>(), s, g, nblk, xs, ldxs, n);
+}
+
+/* whether k_qmvp takes the group: its cp.async copies need 16-byte aligned values, scales and biases */
+static bool qmvp_fits(const mm_group &g, int64_t n, int P, int NTC) {
+    if (n > 8 * NTC / P) return false;
+    for (int i = 0; i < g.n; i++)
+        if (((uintptr_t)g.w[i].data | (uintptr_t)g.w[i].scales | (uintptr_t)g.w[i].biases) & 15) return false;
+    return true;
 }
 
 template <int P, int NTC>
 static void launch_qmv_p(cu_stream s, mm_group g, const uint16_t *xs, int64_t ldxs, int64_t n) {
     const int64_t nblk = group_blocks(&g, 1);
+    if (qmvp_fits(g, n, P, NTC)) {
+        const int bits = g.w[0].bits, gs = g.w[0].group / 32;
+        if (bits == 8) {
+            if (gs == 1) launch_qmvp_g<P, NTC, 8, 1>(s, g, nblk, xs, ldxs, n);
+            else if (gs == 2) launch_qmvp_g<P, NTC, 8, 2>(s, g, nblk, xs, ldxs, n);
+            else launch_qmvp_g<P, NTC, 8, 4>(s, g, nblk, xs, ldxs, n);
+        } else {
+            if (gs == 1) launch_qmvp_g<P, NTC, 4, 1>(s, g, nblk, xs, ldxs, n);
+            else if (gs == 2) launch_qmvp_g<P, NTC, 4, 2>(s, g, nblk, xs, ldxs, n);
+            else launch_qmvp_g<P, NTC, 4, 4>(s, g, nblk, xs, ldxs, n);
+        }
+        return;
+    }
     if (g.w[0].bits == 8) launch_qmv_b<P, NTC, 8>(s, g, nblk, xs, ldxs, n);
     else launch_qmv_b<P, NTC, 4>(s, g, nblk, xs, ldxs, n);
 }
