@@ -8,7 +8,9 @@
  * (src/backend/cuda/kernels.cu), so it measures the code strand runs.
  *
  *   build/mmv_bench [reps]
- *   build/mmv_bench sweep [reps]     k_gemm's tile shapes at 32 to 2,048 tokens
+ *   build/mmv_bench sweep [reps]     k_gemm's tile shapes (and splits) at 32 to 2,048 tokens
+ *   build/mmv_bench q [reps]         MLX 8- and 4-bit: k_qmvp against k_qmv
+ *   build/mmv_bench prof R C T P     one product, for a profiler
  */
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -47,8 +49,31 @@ struct shape {
 
 /* the backend's paths: tiled with the split activations (k_mmv, up to 16 tokens), tiled
  * without (k_mma), row-major on CUDA cores, and the read ceiling */
-enum { V_MMV, V_MMA, V_FMA, V_READ, NV };
-static const char *vname[NV] = {"mmv/gemm", "tiled k_mma", "row fma", "read"};
+enum { V_MMV, V_OLD, V_P1, V_P2, V_P3, V_MMA, V_FMA, V_READ, NV };
+static const char *vname[NV] = {"mmv/gemm", "k_mmv", "mmvp 1 44/43", "mmvp 2 43/33", "mmvp 2 62/62", "tiled k_mma", "row fma", "read"};
+
+/* up to 16 tokens, on split activations: k_mmv and k_mmvp at other tiles a block (MT), ring depths
+ * and residencies ("mmvp MT D1B1/D2B2": D / MINB for up to 8 tokens, then for 16) */
+static void v_old(cu_stream s, const mm_group &g, const uint16_t *xs, int64_t ldxs, int64_t T, int parts) {
+    launch_mmv_s<MM_SPLITS>(s, g, xs, ldxs, T, parts);
+}
+template <int D1, int B1, int D2, int B2, int MT>
+static void v_mmvp(cu_stream s, const mm_group &g, const uint16_t *xs, int64_t ldxs, int64_t T, int parts) {
+    if (T <= 8) {
+        if (parts == 1) launch_mmvp_p<1, 1, D1, B1, MT>(s, g, xs, ldxs, T);
+        else launch_mmvp_p<3, 1, D1, B1, MT>(s, g, xs, ldxs, T);
+    } else {
+        if (parts == 1) launch_mmvp_p<1, 2, D2, B2, MT>(s, g, xs, ldxs, T);
+        else launch_mmvp_p<3, 2, D2, B2, MT>(s, g, xs, ldxs, T);
+    }
+}
+template <int D1, int B1, int D2, int B2, int MT>
+static void v_attr() {
+    mmvp_attr<1, 1, D1, B1, MT>();
+    mmvp_attr<3, 1, D1, B1, MT>();
+    mmvp_attr<1, 2, D2, B2, MT>();
+    mmvp_attr<3, 2, D2, B2, MT>();
+}
 
 /* ---- `mmv_bench sweep`: k_gemm's tile shapes side by side, at the token counts of batched
  * decode and prefill, each checked against the backend's own choice bit for bit ---- */
@@ -56,13 +81,21 @@ struct gemm_cfg {
     const char *name;
     void (*launch)(cu_stream, mm_group, const uint16_t *, int64_t, int64_t);
     void (*attr)(void);
+    int kz; /* split over the summation classes (up to 64 tokens) */
 };
-#define GEMM_CFG(MTW, NT, WR, P)                                                                               \
-    {#MTW "," #NT "," #WR, launch_gemm_p<MTW, NT, WR, P>, gemm_attr<MTW, NT, WR, P>}
-static const gemm_cfg cfg1[] = {GEMM_CFG(4, 4, 2, 1), GEMM_CFG(1, 4, 4, 1), GEMM_CFG(2, 4, 4, 1),
-                                GEMM_CFG(2, 8, 8, 1), GEMM_CFG(2, 8, 4, 1), GEMM_CFG(1, 8, 8, 1)};
-static const gemm_cfg cfg3[] = {GEMM_CFG(4, 4, 2, 3), GEMM_CFG(1, 4, 4, 3), GEMM_CFG(2, 4, 4, 3),
-                                GEMM_CFG(2, 8, 8, 3), GEMM_CFG(2, 8, 4, 3), GEMM_CFG(1, 8, 8, 3)};
+static float *sweep_part; /* the split configurations' partial sums */
+template <int MTW, int NT, int WR, int P, int KZ>
+static void cfg_launch(cu_stream s, mm_group g, const uint16_t *xs, int64_t ldxs, int64_t T) {
+    launch_gemm_p<MTW, NT, WR, P>(s, g, xs, ldxs, T, KZ, KZ > 1 ? sweep_part : NULL);
+}
+#define GEMM_CFG(MTW, NT, WR, P, KZ)                                                                           \
+    {#MTW "," #NT "," #WR "/" #KZ, cfg_launch<MTW, NT, WR, P, KZ>, gemm_attr<MTW, NT, WR, P>, KZ}
+static const gemm_cfg cfg1[] = {GEMM_CFG(4, 4, 2, 1, 1), GEMM_CFG(1, 4, 4, 1, 1), GEMM_CFG(2, 8, 8, 1, 1),
+                                GEMM_CFG(1, 8, 8, 1, 1), GEMM_CFG(1, 8, 8, 1, 2), GEMM_CFG(1, 8, 8, 1, 4),
+                                GEMM_CFG(1, 8, 8, 1, 8), GEMM_CFG(1, 4, 4, 1, 4), GEMM_CFG(1, 4, 4, 1, 8)};
+static const gemm_cfg cfg3[] = {GEMM_CFG(4, 4, 2, 3, 1), GEMM_CFG(1, 4, 4, 3, 1), GEMM_CFG(2, 8, 8, 3, 1),
+                                GEMM_CFG(1, 8, 8, 3, 1), GEMM_CFG(1, 8, 8, 3, 2), GEMM_CFG(1, 8, 8, 3, 4),
+                                GEMM_CFG(1, 8, 8, 3, 8), GEMM_CFG(1, 4, 4, 3, 4), GEMM_CFG(1, 4, 4, 3, 8)};
 enum { NCFG = sizeof cfg1 / sizeof cfg1[0] };
 
 static int sweep(int reps) {
@@ -70,6 +103,7 @@ static int sweep(int reps) {
     CK(cudaStreamCreate(&s));
     cu_mm_init();
     for (int i = 0; i < NCFG; i++) cfg1[i].attr(), cfg3[i].attr();
+    CK(cudaMalloc(&sweep_part, (size_t)MM_SPLITS * 64 * 34816 * 4));
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
@@ -111,6 +145,10 @@ static int sweep(int reps) {
                 g.n = 1, g.w[0] = w, g.y[0] = y, g.ldy[0] = sh.rows, g.blk0[0] = 0;
                 for (int i = 0; i < NCFG; i++) {
                     const gemm_cfg &c = P == 3 ? cfg3[i] : cfg1[i];
+                    if (c.kz > 1 && T > 64) {
+                        printf(" %15s", "");
+                        continue;
+                    }
                     CK(cudaMemsetAsync(y, 0xff, T * sh.rows * 4, s));
                     c.launch(s, g, xs, ldxs, T);
                     CK(cudaGetLastError());
@@ -140,8 +178,151 @@ static int sweep(int reps) {
     return 0;
 }
 
+/* ---- `mmv_bench q`: MLX 8- and 4-bit (groups of 64, bf16 scales) at 1, 4 and 16 tokens: the
+ * backend's path (k_qmvp up to 16 tokens) against k_qmv, bit for bit, GB/s of the bytes read
+ * (values, scales, biases), over a gigabyte of copies so that L2 holds none ---- */
+static int qbench(int reps) {
+    cudaStream_t s;
+    CK(cudaStreamCreate(&s));
+    cu_mm_init();
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    const struct { const char *name; int64_t rows, cols; int per_token; } shapes[] = {
+        {"mlp gate/up", 17408, 5120, 128}, {"mlp down", 5120, 17408, 64}, {"gdn qkv", 10240, 5120, 48},
+        {"gdn z", 6144, 5120, 48}, {"gdn out, attn o", 5120, 6144, 64}, {"attn q+gate", 12288, 5120, 16}};
+    const int64_t Ts[] = {1, 4, 16};
+    const int group = 64;
+    printf("MLX affine, groups of %d: GB/s of the bytes read; * the two differ in a bit\n", group);
+    printf("%-15s %4s %3s %2s %10s %10s\n", "shape", "bits", "T", "P", "k_qmvp", "k_qmv");
+    double tot[2][2][3][2] = {{{{0}}}}; /* [bits 8, 4][P 1, 3][T][kernel] */
+    for (int bi = 0; bi < 2; bi++) {
+        const int bits = bi ? 4 : 8;
+        for (const auto &sh : shapes) {
+            const size_t vb = cu_qtiled_bytes(sh.rows, sh.cols, bits), gn = cu_qtiled_groups(sh.rows, sh.cols, group);
+            const size_t bytes = vb + 2 * gn * 2;
+            const int copies = (int)((((size_t)1 << 30) + bytes - 1) / bytes);
+            std::vector<cu_mat> ws(copies);
+            for (int c = 0; c < copies; c++) {
+                void *d, *sc_, *bs;
+                CK(cudaMalloc(&d, vb));
+                CK(cudaMalloc(&sc_, gn * 2));
+                CK(cudaMalloc(&bs, gn * 2));
+                cu_synth_fill(s, d, vb / 4, CU_SYNTH_WORDS, 77 + c, 0.0f);
+                cu_synth_fill(s, sc_, gn, CU_SYNTH_BF16, 500 + c, 0.01f);
+                cu_synth_fill(s, bs, gn, CU_SYNTH_BF16, 900 + c, 0.01f);
+                ws[c] = {CU_FMT_Q_TILED, 2, bits, group, sh.rows, sh.cols, d, sc_, bs};
+            }
+            const int64_t TM = 16;
+            float *x, *y, *yref;
+            uint16_t *xs;
+            CK(cudaMalloc(&x, TM * sh.cols * 4));
+            CK(cudaMalloc(&xs, cu_split_elems(TM, sh.cols) * 2));
+            CK(cudaMalloc(&y, TM * sh.rows * 4));
+            CK(cudaMalloc(&yref, TM * sh.rows * 4));
+            {
+                std::vector<float> hx(TM * sh.cols);
+                srand(5);
+                for (auto &v : hx) v = (float)rand() / RAND_MAX * 2.0f - 1.0f;
+                CK(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
+            }
+            const cu_mm_scratch sc = {xs, TM, NULL, 0};
+            const int64_t ldxs = tiled_steps(sh.cols) * 32;
+            for (int ti = 0; ti < 3; ti++)
+                for (int P = 1; P <= 3; P += 2) {
+                    const int64_t T = Ts[ti];
+                    double sec[2];
+                    bool same = true;
+                    for (int k = 0; k < 2; k++) {
+                        auto launch = [&](int c) {
+                            if (k == 0) {
+                                cu_matmul(s, &ws[c], x, sh.cols, T, y, sh.rows, P == 3 ? CU_MM_EXACT : CU_MM_BF16, &sc);
+                                return;
+                            }
+                            mm_group g;
+                            g.n = 1, g.w[0] = ws[c], g.y[0] = y, g.ldy[0] = sh.rows, g.blk0[0] = 0;
+                            launch_split(s, x, sh.cols, T, sh.cols, xs, ldxs, P);
+                            const int64_t nblk = group_blocks(&g, 1);
+                            if (P == 1 && T <= 8) (bits == 8 ? launch_qmv_b<1, 1, 8> : launch_qmv_b<1, 1, 4>)(s, g, nblk, xs, ldxs, T);
+                            else if (P == 1) (bits == 8 ? launch_qmv_b<1, 2, 8> : launch_qmv_b<1, 2, 4>)(s, g, nblk, xs, ldxs, T);
+                            else if (T <= 2) (bits == 8 ? launch_qmv_b<3, 1, 8> : launch_qmv_b<3, 1, 4>)(s, g, nblk, xs, ldxs, T);
+                            else if (T <= 8) (bits == 8 ? launch_qmv_b<3, 3, 8> : launch_qmv_b<3, 3, 4>)(s, g, nblk, xs, ldxs, T);
+                            else (bits == 8 ? launch_qmv_b<3, 6, 8> : launch_qmv_b<3, 6, 4>)(s, g, nblk, xs, ldxs, T);
+                        };
+                        CK(cudaMemsetAsync(y, 0xff, TM * sh.rows * 4, s));
+                        launch(0);
+                        CK(cudaGetLastError());
+                        if (k == 0) CK(cudaMemcpyAsync(yref, y, T * sh.rows * 4, cudaMemcpyDeviceToDevice, s));
+                        else {
+                            std::vector<float> a(T * sh.rows), b(T * sh.rows);
+                            CK(cudaMemcpy(a.data(), y, a.size() * 4, cudaMemcpyDeviceToHost));
+                            CK(cudaMemcpy(b.data(), yref, b.size() * 4, cudaMemcpyDeviceToHost));
+                            same = !memcmp(a.data(), b.data(), a.size() * 4);
+                        }
+                        for (int i = 0; i < 3; i++) launch(i % copies);
+                        CK(cudaEventRecord(e0, s));
+                        for (int i = 0; i < reps; i++) launch(i % copies);
+                        CK(cudaEventRecord(e1, s));
+                        CK(cudaEventSynchronize(e1));
+                        float ms;
+                        CK(cudaEventElapsedTime(&ms, e0, e1));
+                        sec[k] = ms * 1e-3 / reps;
+                        tot[bi][P / 2][ti][k] += sec[k] * sh.per_token;
+                    }
+                    printf("%-15s %4d %3lld %2d %10.0f %10.0f%s\n", sh.name, bits, (long long)T, P, bytes / sec[0] / 1e9,
+                           bytes / sec[1] / 1e9, same ? "" : " *");
+                }
+            for (auto &w : ws) {
+                CK(cudaFree((void *)w.data));
+                CK(cudaFree((void *)w.scales));
+                CK(cudaFree((void *)w.biases));
+            }
+            CK(cudaFree(x));
+            CK(cudaFree(xs));
+            CK(cudaFree(y));
+            CK(cudaFree(yref));
+        }
+    }
+    printf("\none 27B token's matrices (these shapes), summed: ms, k_qmvp | k_qmv\n");
+    for (int bi = 0; bi < 2; bi++)
+        for (int pi = 0; pi < 2; pi++) {
+            printf("%d-bit P=%d", bi ? 4 : 8, pi ? 3 : 1);
+            for (int ti = 0; ti < 3; ti++)
+                printf("  T=%-2lld %6.2f | %6.2f", (long long)Ts[ti], tot[bi][pi][ti][0] * 1e3, tot[bi][pi][ti][1] * 1e3);
+            printf("\n");
+        }
+    return 0;
+}
+
+/* ---- `mmv_bench prof ROWS COLS T P`: the backend's product of one shape, 3 times (for a
+ * profiler: ncu --kernel-name regex:k_gemm build/mmv_bench prof 34816 5120 64 1) ---- */
+static int prof(int64_t rows, int64_t cols, int64_t T, int P) {
+    cudaStream_t s;
+    CK(cudaStreamCreate(&s));
+    cu_mm_init();
+    uint16_t *wd, *wt, *xs;
+    float *x, *y, *part;
+    CK(cudaMalloc(&wd, (size_t)rows * cols * 2));
+    CK(cudaMalloc(&wt, cu_tiled_elems(rows, cols) * 2));
+    cu_synth_fill(s, wd, (size_t)rows * cols, CU_SYNTH_BF16, 3, 0.05f);
+    cu_tile_bf16(s, wd, rows, cols, wt);
+    CK(cudaMalloc(&x, T * cols * 4));
+    CK(cudaMemset(x, 0, T * cols * 4));
+    CK(cudaMalloc(&xs, cu_split_elems(T, cols) * 2));
+    CK(cudaMalloc(&y, T * rows * 4));
+    CK(cudaMalloc(&part, cu_mm_part_elems(T, rows) * 4));
+    const cu_mm_scratch sc = {xs, T < 16 ? 16 : T, part, (int64_t)cu_mm_part_elems(T, rows)};
+    const cu_mat w = {CU_FMT_BF16_TILED, 0, 0, 0, rows, cols, wt, NULL, NULL};
+    for (int i = 0; i < 3; i++) cu_matmul(s, &w, x, cols, T, y, rows, P == 3 ? CU_MM_EXACT : CU_MM_BF16, &sc);
+    CK(cudaStreamSynchronize(s));
+    printf("prof %lld x %lld, %lld tokens, %d parts: done\n", (long long)rows, (long long)cols, (long long)T, P);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "sweep")) return sweep(argc > 2 ? atoi(argv[2]) : 10);
+    if (argc > 5 && !strcmp(argv[1], "prof")) return prof(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]));
+    if (argc > 1 && !strcmp(argv[1], "q")) return qbench(argc > 2 ? atoi(argv[2]) : 20);
     const int reps = argc > 1 ? atoi(argv[1]) : 20;
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
@@ -149,6 +330,9 @@ int main(int argc, char **argv) {
     cudaStream_t s;
     CK(cudaStreamCreate(&s));
     cu_mm_init();
+    v_attr<4, 4, 4, 3, 1>();
+    v_attr<4, 3, 3, 3, 2>();
+    v_attr<6, 2, 6, 2, 2>();
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
@@ -193,7 +377,9 @@ int main(int argc, char **argv) {
         uint16_t *xs;
         CK(cudaMalloc(&x, TM * sh.cols * 4));
         CK(cudaMalloc(&xs, cu_split_elems(TM, sh.cols) * 2));
-        const cu_mm_scratch sc = {xs, TM};
+        float *part;
+        CK(cudaMalloc(&part, cu_mm_part_elems(TM, sh.rows) * 4));
+        const cu_mm_scratch sc = {xs, TM, part, (int64_t)cu_mm_part_elems(TM, sh.rows)};
         CK(cudaMalloc(&y, TM * sh.rows * 4));
         CK(cudaMalloc(&yref, TM * sh.rows * 4));
         {
@@ -208,15 +394,24 @@ int main(int argc, char **argv) {
                 printf("%-15s %3lld %2d", sh.name, (long long)T, P);
                 const int mode = P == 3 ? CU_MM_EXACT : CU_MM_BF16;
                 for (int v = 0; v < NV; v++) {
-                    if ((v == V_READ && P == 1) || (v == V_FMA && T > 64)) {
+                    const bool small = v == V_OLD || v == V_P1 || v == V_P2 || v == V_P3;
+                    if ((v == V_READ && P == 1) || (v == V_FMA && T > 64) || (small && T > 16)) {
                         printf(" %12s", "");
                         continue;
                     }
                     auto launch = [&](int c) {
                         cu_mat wt = {CU_FMT_BF16_TILED, 0, 0, 0, sh.rows, sh.cols, wtd[c], NULL, NULL};
                         cu_mat w = {2, 0, 0, 0, sh.rows, sh.cols, wd[c], NULL, NULL};
+                        mm_group g;
+                        g.n = 1, g.w[0] = wt, g.y[0] = y, g.ldy[0] = sh.rows, g.blk0[0] = 0;
+                        const int64_t ldxs = tiled_steps(sh.cols) * 32;
+                        if (small) launch_split(s, x, sh.cols, T, sh.cols, xs, ldxs, P);
                         switch (v) {
                         case V_MMV: cu_matmul(s, &wt, x, sh.cols, T, y, sh.rows, mode, &sc); break;
+                        case V_OLD: v_old(s, g, xs, ldxs, T, P); break;
+                        case V_P1: v_mmvp<4, 4, 4, 3, 1>(s, g, xs, ldxs, T, P); break;
+                        case V_P2: v_mmvp<4, 3, 3, 3, 2>(s, g, xs, ldxs, T, P); break;
+                        case V_P3: v_mmvp<6, 2, 6, 2, 2>(s, g, xs, ldxs, T, P); break;
                         case V_MMA: cu_matmul(s, &wt, x, sh.cols, T, y, sh.rows, mode, NULL); break;
                         case V_FMA: cu_matmul(s, &w, x, sh.cols, T, y, sh.rows, CU_MM_FMA, NULL); break;
                         default: k_read<<<prop.multiProcessorCount * 8, 512, 0, s>>>((const uint4 *)wd[c], (int64_t)(bytes / 16), sink);
@@ -228,7 +423,7 @@ int main(int argc, char **argv) {
                     CK(cudaStreamSynchronize(s));
                     bool same = true;
                     if (v == V_MMV) CK(cudaMemcpy(yref, y, T * sh.rows * 4, cudaMemcpyDeviceToDevice));
-                    if (v == V_MMA) {
+                    if (v != V_MMV && v != V_FMA && v != V_READ) {
                         std::vector<float> a(T * sh.rows), b(T * sh.rows);
                         CK(cudaMemcpy(a.data(), y, a.size() * 4, cudaMemcpyDeviceToHost));
                         CK(cudaMemcpy(b.data(), yref, b.size() * 4, cudaMemcpyDeviceToHost));
@@ -253,6 +448,7 @@ int main(int argc, char **argv) {
         }
         CK(cudaFree(x));
         CK(cudaFree(xs));
+        CK(cudaFree(part));
         CK(cudaFree(y));
         CK(cudaFree(yref));
     }
