@@ -8,7 +8,8 @@
  * (src/backend/cuda/kernels.cu), so it measures the code strand runs.
  *
  *   build/mmv_bench [reps]
- *   build/mmv_bench sweep [reps]     k_gemm's tile shapes (and splits) at 32 to 2,048 tokens
+ *   build/mmv_bench sweep [reps] [T,T..]  k_gemm's tile shapes (and splits) beside the backend's
+ *                                    path, at 32 to 2,048 tokens (or those given)
  *   build/mmv_bench q [reps]         MLX 8- and 4-bit: k_qmvp against k_qmv
  *   build/mmv_bench prof R C T P     one product, for a profiler
  */
@@ -90,15 +91,17 @@ static void cfg_launch(cu_stream s, mm_group g, const uint16_t *xs, int64_t ldxs
 }
 #define GEMM_CFG(MTW, NT, WR, P, KZ)                                                                           \
     {#MTW "," #NT "," #WR "/" #KZ, cfg_launch<MTW, NT, WR, P, KZ>, gemm_attr<MTW, NT, WR, P>, KZ}
-static const gemm_cfg cfg1[] = {GEMM_CFG(4, 4, 2, 1, 1), GEMM_CFG(1, 4, 4, 1, 1), GEMM_CFG(2, 8, 8, 1, 1),
-                                GEMM_CFG(1, 8, 8, 1, 1), GEMM_CFG(1, 8, 8, 1, 2), GEMM_CFG(1, 8, 8, 1, 4),
-                                GEMM_CFG(1, 8, 8, 1, 8), GEMM_CFG(1, 4, 4, 1, 4), GEMM_CFG(1, 4, 4, 1, 8)};
-static const gemm_cfg cfg3[] = {GEMM_CFG(4, 4, 2, 3, 1), GEMM_CFG(1, 4, 4, 3, 1), GEMM_CFG(2, 8, 8, 3, 1),
-                                GEMM_CFG(1, 8, 8, 3, 1), GEMM_CFG(1, 8, 8, 3, 2), GEMM_CFG(1, 8, 8, 3, 4),
-                                GEMM_CFG(1, 8, 8, 3, 8), GEMM_CFG(1, 4, 4, 3, 4), GEMM_CFG(1, 4, 4, 3, 8)};
+static const gemm_cfg cfg1[] = {GEMM_CFG(4, 4, 2, 1, 1), GEMM_CFG(1, 4, 4, 1, 1), GEMM_CFG(1, 8, 8, 1, 1),
+                                GEMM_CFG(1, 8, 8, 1, 8), GEMM_CFG(1, 4, 4, 1, 8), GEMM_CFG(1, 2, 8, 1, 1),
+                                GEMM_CFG(1, 2, 8, 1, 4), GEMM_CFG(1, 2, 8, 1, 8), GEMM_CFG(1, 4, 8, 1, 1),
+                                GEMM_CFG(1, 4, 8, 1, 8)};
+static const gemm_cfg cfg3[] = {GEMM_CFG(4, 4, 2, 3, 1), GEMM_CFG(1, 4, 4, 3, 1), GEMM_CFG(1, 8, 8, 3, 1),
+                                GEMM_CFG(1, 8, 8, 3, 8), GEMM_CFG(1, 4, 4, 3, 8), GEMM_CFG(1, 2, 8, 3, 1),
+                                GEMM_CFG(1, 2, 8, 3, 4), GEMM_CFG(1, 2, 8, 3, 8), GEMM_CFG(1, 4, 8, 3, 1),
+                                GEMM_CFG(1, 4, 8, 3, 8)};
 enum { NCFG = sizeof cfg1 / sizeof cfg1[0] };
 
-static int sweep(int reps) {
+static int sweep(int reps, const char *tlist) {
     cudaStream_t s;
     CK(cudaStreamCreate(&s));
     cu_mm_init();
@@ -109,10 +112,19 @@ static int sweep(int reps) {
     CK(cudaEventCreate(&e1));
     const struct { const char *name; int64_t rows, cols; } shapes[] = {
         {"gate+up", 34816, 5120}, {"down", 5120, 17408}, {"gdn in", 16512, 5120}, {"out/o", 5120, 6144}, {"attn qkv", 14336, 5120}};
-    const int64_t Ts[] = {32, 64, 128, 512, 2048};
+    std::vector<int64_t> Ts = {32, 64, 128, 512, 2048};
+    if (tlist) {
+        Ts.clear();
+        for (const char *q = tlist; *q;) {
+            Ts.push_back(atoll(q));
+            while (*q && *q != ',') q++;
+            if (*q) q++;
+        }
+    }
     const int64_t TM = 2048;
     printf("k_gemm tile shapes (MTW,NT,WR: rows 16*MTW*WR, tokens 8*NT*(8/WR)); GB/s of weights | TFLOP/s; * differs in a bit\n");
     printf("%-9s %5s %2s", "shape", "T", "P");
+    printf(" %15s", "backend");
     for (int i = 0; i < NCFG; i++) printf(" %15s", cfg1[i].name);
     printf("\n");
     for (const auto &sh : shapes) {
@@ -133,12 +145,24 @@ static int sweep(int reps) {
             for (auto &v : hx) v = (float)rand() / RAND_MAX * 2.0f - 1.0f;
             CK(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
         }
-        const cu_mm_scratch sc = {xs, TM};
+        const cu_mm_scratch sc = {xs, TM, sweep_part, (int64_t)MM_SPLITS * 64 * 34816};
         const cu_mat w = {CU_FMT_BF16_TILED, 0, 0, 0, sh.rows, sh.cols, wt, NULL, NULL};
         for (int64_t T : Ts)
             for (int P = 1; P <= 3; P += 2) {
                 printf("%-9s %5lld %2d", sh.name, (long long)T, P);
                 cu_matmul(s, &w, x, sh.cols, T, yref, sh.rows, P == 3 ? CU_MM_EXACT : CU_MM_BF16, &sc);
+                {
+                    const int mode = P == 3 ? CU_MM_EXACT : CU_MM_BF16;
+                    for (int r = 0; r < 2; r++) cu_matmul(s, &w, x, sh.cols, T, y, sh.rows, mode, &sc);
+                    CK(cudaEventRecord(e0, s));
+                    for (int r = 0; r < reps; r++) cu_matmul(s, &w, x, sh.cols, T, y, sh.rows, mode, &sc);
+                    CK(cudaEventRecord(e1, s));
+                    CK(cudaEventSynchronize(e1));
+                    float ms;
+                    CK(cudaEventElapsedTime(&ms, e0, e1));
+                    const double sec = ms * 1e-3 / reps;
+                    printf(" %7.0f|%5.0f ", bytes / sec / 1e9, 2.0 * sh.rows * sh.cols * T / sec / 1e12);
+                }
                 const int64_t ldxs = tiled_steps(sh.cols) * 32;
                 launch_split(s, x, sh.cols, T, sh.cols, xs, ldxs, P);
                 mm_group g;
@@ -320,7 +344,7 @@ static int prof(int64_t rows, int64_t cols, int64_t T, int P) {
 }
 
 int main(int argc, char **argv) {
-    if (argc > 1 && !strcmp(argv[1], "sweep")) return sweep(argc > 2 ? atoi(argv[2]) : 10);
+    if (argc > 1 && !strcmp(argv[1], "sweep")) return sweep(argc > 2 ? atoi(argv[2]) : 10, argc > 3 ? argv[3] : NULL);
     if (argc > 5 && !strcmp(argv[1], "prof")) return prof(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]));
     if (argc > 1 && !strcmp(argv[1], "q")) return qbench(argc > 2 ? atoi(argv[2]) : 20);
     const int reps = argc > 1 ? atoi(argv[1]) : 20;

@@ -531,10 +531,12 @@ static void cuda_describe(const st_backend *base, char *buf, size_t cap) {
 #define LOGIT_CHUNK 64 /* logit rows computed per pass (the device buffer holds this many) */
 #define XS_TOKENS 2048 /* the split activations' tokens: longer products run in slices of this many */
 
-/* the widest product output (of the layers: the split products' partial sums) */
+/* the most output rows of one launch of a layer's products (matrices reading one input share
+ * a launch: gate and up; q, k and v; the four GDN input projections): the split products'
+ * partial sums */
 static int64_t widest_out(const cuda_backend *b) {
     int64_t w = b->d;
-    const int64_t o[] = {b->cd, 2 * (int64_t)b->nh * b->hd, b->I, b->vd, (int64_t)b->nkv * b->hd};
+    const int64_t o[] = {2 * b->I, 2 * (int64_t)b->nh * b->hd + 2 * (int64_t)b->nkv * b->hd, b->cd + b->vd + 2 * (int64_t)b->Hv};
     for (size_t i = 0; i < sizeof o / sizeof o[0]; i++)
         if (o[i] > w) w = o[i];
     return w;

@@ -79,10 +79,11 @@ typedef struct cu_mm_scratch {
     float *part;
     int64_t part_elems; /* cu_mm_part_elems of the most tokens and the widest output */
 } cu_mm_scratch;
-/* the floats part needs for products of up to `tokens` tokens and `rows` output rows */
+/* the floats part needs for products of up to `tokens` tokens and `rows` output rows (of all
+ * the matrices of one launch together); splits are for up to 64 tokens */
 static inline size_t cu_mm_part_elems(int64_t tokens, int64_t rows) {
-    const int64_t t = tokens < 64 ? tokens : 64, r = rows < 132 * 128 ? rows : 132 * 128;
-    return (size_t)(8 * t * r);
+    const int64_t t = tokens < 64 ? tokens : 64;
+    return (size_t)(8 * t * rows);
 }
 /* once per device, before the first product */
 void cu_mm_init(void);

@@ -1341,7 +1341,7 @@ struct gemm_shape {
     static constexpr size_t SMEM = (size_t)STAGES * STAGE_U4 * 16;
     /* blocks an SM: two where the accumulators leave the registers for it (one block of 8
      * warps leaves the schedulers idle half the time: Nsight Compute, 64 tokens) */
-    static constexpr int MINB = P == 1 && MTW * NT <= 8 && 2 * (SMEM + 1024) <= 227 * 1024 ? 2 : 1;
+    static constexpr int MINB = MTW * NT * P <= 8 && 2 * (SMEM + 1024) <= 227 * 1024 ? 2 : 1;
 };
 
 template <int MTW, int NT, int WR, int P>
@@ -1362,13 +1362,15 @@ __global__ void __launch_bounds__(32 * GEMM_WARPS, gemm_shape<MTW, NT, WR, P>::M
     for (int c = c_lo; c < c_hi; c++) nb += (int)(q8 + (c < r8));
     const uint16_t *wd = (const uint16_t *)w.data;
     /* this thread's copies of a step, fixed but for the step's column offset */
-    constexpr int NA = G::A_U4 / (32 * GEMM_WARPS), NB = G::B_U4 / (32 * GEMM_WARPS);
-    static_assert(G::A_U4 % (32 * GEMM_WARPS) == 0 && G::B_U4 % (32 * GEMM_WARPS) == 0, "whole rounds of copies");
+    constexpr int NA = G::A_U4 / (32 * GEMM_WARPS), NB = (G::B_U4 + 32 * GEMM_WARPS - 1) / (32 * GEMM_WARPS);
+    static_assert(G::A_U4 % (32 * GEMM_WARPS) == 0, "whole rounds of weight copies");
+    /* the activations' last round may be partial (fewer than 16 tokens a part): b_cp */
     /* each copy's source at step 0 and its advance a step (0 for a copy past the matrix or
      * the tokens: it reads nothing, src-size 0), fixed, so that a step's copies are a multiply
      * and an add each */
     const uint16_t *a_src[NA], *b_src[NB];
     int a_mul[NA], b_mul[NB], a_sz[NA], b_sz[NB];
+    bool b_cp[NB];
 #pragma unroll
     for (int c = 0; c < NA; c++) {
         const int q = tid + c * 32 * GEMM_WARPS;
@@ -1382,7 +1384,8 @@ __global__ void __launch_bounds__(32 * GEMM_WARPS, gemm_shape<MTW, NT, WR, P>::M
         const int q = tid + c * 32 * GEMM_WARPS;
         const int pp = q / (G::BN * 4), n = (q / 4) % G::BN, c4 = q % 4;
         const int64_t tok = n0 + n;
-        const bool in = tok < T;
+        b_cp[c] = q < G::B_U4;
+        const bool in = b_cp[c] && tok < T;
         b_src[c] = in ? xs + pp * pstride + tok * ldxs + c4 * 8 : xs;
         b_mul[c] = in ? 32 : 0, b_sz[c] = in ? 16 : 0;
     }
@@ -1399,8 +1402,9 @@ __global__ void __launch_bounds__(32 * GEMM_WARPS, gemm_shape<MTW, NT, WR, P>::M
                          "l"(a_src[c] + ks_i * a_mul[c]), "r"(a_sz[c]));
 #pragma unroll
         for (int c = 0; c < NB; c++)
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa + (G::A_U4 + c * 32 * GEMM_WARPS) * 16),
-                         "l"(b_src[c] + ks_i * b_mul[c]), "r"(b_sz[c]));
+            if (b_cp[c])
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa + (G::A_U4 + c * 32 * GEMM_WARPS) * 16),
+                             "l"(b_src[c] + ks_i * b_mul[c]), "r"(b_sz[c]));
         st_i = st_i + 1 == G::STAGES ? 0 : st_i + 1;
         if (++ik == q8i + (ic < r8i)) ic++, ik = 0, ks_i = ic;
         else ks_i += MM_SPLITS;
@@ -1614,13 +1618,29 @@ static void launch_gemm_shape(cu_stream s, const mm_group &g, const uint16_t *xs
     const int64_t tiles128 = group_blocks(&c, 8), big = tiles128 * ((T + 127) / 128);
     int64_t rows_all = 0;
     for (int i = 0; i < g.n; i++) rows_all += g.w[i].rows;
-    /* too few row tiles to fill the device at up to 64 tokens: split over the classes, so that
-     * there are at least 2 blocks an SM (132 SMs), where the scratch holds the partial sums */
+    /* a split over the classes where the scratch holds the partial sums */
+    const bool can_split = T <= 64 && tiled_steps(g.w[0].cols) >= MM_SPLITS && sc->part &&
+                           (int64_t)MM_SPLITS * T * rows_all <= sc->part_elems;
+    float *part = sc->part;
+    /* up to 32 tokens (`mmv_bench sweep` on the H200, 27B shapes): in exact, 128 rows by 16
+     * tokens split 8 ways (1.2-1.3x k_mmv at 16 tokens, 1.4-1.9x the 64-token tile at 32);
+     * with bf16 activations, 128 rows by 32 tokens (1.3-2x at 32 tokens), split 8 ways where
+     * the row tiles are few */
+    if (P == 3 && T <= 32 && can_split) {
+        launch_gemm_p<1, 2, 8, P>(s, g, xs, ldxs, T, MM_SPLITS, part);
+        return;
+    }
+    if (P == 1 && T <= 32) {
+        if (tiles128 < 100 && can_split) launch_gemm_p<1, 4, 8, P>(s, g, xs, ldxs, T, MM_SPLITS, part);
+        else launch_gemm_p<1, 4, 8, P>(s, g, xs, ldxs, T);
+        return;
+    }
+    /* too few row tiles to fill the device at up to 64 tokens: split, so that there are at
+     * least 2 blocks an SM (132 SMs) */
     int kz = 1;
     while (kz < MM_SPLITS && tiles128 * kz < 2 * 132) kz *= 2;
-    if (T <= 64 && tiles128 < 100 && kz > 1 && tiled_steps(g.w[0].cols) >= MM_SPLITS && sc->part &&
-        (int64_t)MM_SPLITS * T * rows_all <= sc->part_elems) {
-        launch_gemm_p<1, 8, 8, P>(s, g, xs, ldxs, T, kz, sc->part);
+    if (tiles128 < 100 && kz > 1 && can_split) {
+        launch_gemm_p<1, 8, 8, P>(s, g, xs, ldxs, T, kz, part);
         return;
     }
     if (T <= (P == 3 ? 128 : 64) && tiles128 >= 100) launch_gemm_p<1, 8, 8, P>(s, g, xs, ldxs, T);
@@ -1661,6 +1681,8 @@ extern "C" void cu_mm_init(void) {
     gemm_attr<4, 4, 2, 3>();
     gemm_attr<1, 4, 4, 1>();
     gemm_attr<1, 4, 4, 3>();
+    gemm_attr<1, 2, 8, 3>();
+    gemm_attr<1, 4, 8, 1>();
 }
 
 static void launch_tiled(cu_stream s, mm_group g, const float *x, int64_t ldx, int64_t T, int parts,
@@ -1677,6 +1699,7 @@ static void launch_tiled(cu_stream s, mm_group g, const float *x, int64_t ldx, i
          * 16.2 at 8 tokens in bf16); beyond, its ring's shared memory leaves too little L1 for
          * the activations (3 parts of them in exact), and k_mmv wins */
         if (T <= (parts == 1 ? 8 : 2)) launch_mmvp(s, g, sc->xs, ldxs, T, parts);
+        else if (parts == 3 && T > 8) launch_gemm_shape<3>(s, g, sc->xs, ldxs, T, sc); /* split 8 ways: see there */
         else launch_mmv_s<MM_SPLITS>(s, g, sc->xs, ldxs, T, parts);
         return;
     }
