@@ -1626,14 +1626,17 @@ static void launch_gemm_shape(cu_stream s, const mm_group &g, const uint16_t *xs
      * tokens split 8 ways (1.2-1.3x k_mmv at 16 tokens, 1.4-1.9x the 64-token tile at 32);
      * with bf16 activations, 128 rows by 32 tokens (1.3-2x at 32 tokens), split 8 ways where
      * the row tiles are few */
-    if (P == 3 && T <= 32 && can_split) {
-        launch_gemm_p<1, 2, 8, P>(s, g, xs, ldxs, T, MM_SPLITS, part);
-        return;
-    }
-    if (P == 1 && T <= 32) {
-        if (tiles128 < 100 && can_split) launch_gemm_p<1, 4, 8, P>(s, g, xs, ldxs, T, MM_SPLITS, part);
-        else launch_gemm_p<1, 4, 8, P>(s, g, xs, ldxs, T);
-        return;
+    if constexpr (P == 3) {
+        if (T <= 32 && can_split) {
+            launch_gemm_p<1, 2, 8, P>(s, g, xs, ldxs, T, MM_SPLITS, part);
+            return;
+        }
+    } else {
+        if (T <= 32) {
+            if (tiles128 < 100 && can_split) launch_gemm_p<1, 4, 8, P>(s, g, xs, ldxs, T, MM_SPLITS, part);
+            else launch_gemm_p<1, 4, 8, P>(s, g, xs, ldxs, T);
+            return;
+        }
     }
     /* too few row tiles to fill the device at up to 64 tokens: split, so that there are at
      * least 2 blocks an SM (132 SMs) */
