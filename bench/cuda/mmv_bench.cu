@@ -40,6 +40,27 @@ __global__ void k_read(const uint4 *p, int64_t n, unsigned *sink) {
     if (s == 0x12345678u) *sink = s;
 }
 
+/* whether device buffers a and b hold the same n floats, bit for bit */
+static bool same_bits(const float *a, const float *b, size_t n) {
+    std::vector<float> ha(n), hb(n);
+    CK(cudaMemcpy(ha.data(), a, n * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hb.data(), b, n * 4, cudaMemcpyDeviceToHost));
+    return !memcmp(ha.data(), hb.data(), n * 4);
+}
+
+/* seconds a launch, over reps launches of launch(i % copies) after 3 to warm up */
+template <typename F>
+static double time_launches(cudaStream_t s, cudaEvent_t e0, cudaEvent_t e1, int reps, int copies, F launch) {
+    for (int i = 0; i < 3; i++) launch(i % copies);
+    CK(cudaEventRecord(e0, s));
+    for (int i = 0; i < reps; i++) launch(i % copies);
+    CK(cudaEventRecord(e1, s));
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    return ms * 1e-3 / reps;
+}
+
 /* ---------------------------------------------------------------------------------------- */
 
 struct shape {
@@ -153,14 +174,8 @@ static int sweep(int reps, const char *tlist) {
                 cu_matmul(s, &w, x, sh.cols, T, yref, sh.rows, P == 3 ? CU_MM_EXACT : CU_MM_BF16, &sc);
                 {
                     const int mode = P == 3 ? CU_MM_EXACT : CU_MM_BF16;
-                    for (int r = 0; r < 2; r++) cu_matmul(s, &w, x, sh.cols, T, y, sh.rows, mode, &sc);
-                    CK(cudaEventRecord(e0, s));
-                    for (int r = 0; r < reps; r++) cu_matmul(s, &w, x, sh.cols, T, y, sh.rows, mode, &sc);
-                    CK(cudaEventRecord(e1, s));
-                    CK(cudaEventSynchronize(e1));
-                    float ms;
-                    CK(cudaEventElapsedTime(&ms, e0, e1));
-                    const double sec = ms * 1e-3 / reps;
+                    const double sec =
+                        time_launches(s, e0, e1, reps, 1, [&](int) { cu_matmul(s, &w, x, sh.cols, T, y, sh.rows, mode, &sc); });
                     printf(" %7.0f|%5.0f ", bytes / sec / 1e9, 2.0 * sh.rows * sh.cols * T / sec / 1e12);
                 }
                 const int64_t ldxs = tiled_steps(sh.cols) * 32;
@@ -176,18 +191,8 @@ static int sweep(int reps, const char *tlist) {
                     CK(cudaMemsetAsync(y, 0xff, T * sh.rows * 4, s));
                     c.launch(s, g, xs, ldxs, T);
                     CK(cudaGetLastError());
-                    std::vector<float> a(T * sh.rows), b(T * sh.rows);
-                    CK(cudaMemcpy(a.data(), y, a.size() * 4, cudaMemcpyDeviceToHost));
-                    CK(cudaMemcpy(b.data(), yref, b.size() * 4, cudaMemcpyDeviceToHost));
-                    const bool same = !memcmp(a.data(), b.data(), a.size() * 4);
-                    for (int r = 0; r < 2; r++) c.launch(s, g, xs, ldxs, T);
-                    CK(cudaEventRecord(e0, s));
-                    for (int r = 0; r < reps; r++) c.launch(s, g, xs, ldxs, T);
-                    CK(cudaEventRecord(e1, s));
-                    CK(cudaEventSynchronize(e1));
-                    float ms;
-                    CK(cudaEventElapsedTime(&ms, e0, e1));
-                    const double sec = ms * 1e-3 / reps;
+                    const bool same = same_bits(y, yref, (size_t)(T * sh.rows));
+                    const double sec = time_launches(s, e0, e1, reps, 1, [&](int) { c.launch(s, g, xs, ldxs, T); });
                     printf(" %7.0f|%5.0f%s", bytes / sec / 1e9, 2.0 * sh.rows * sh.cols * T / sec / 1e12, same ? " " : "*");
                 }
                 printf("\n");
@@ -277,20 +282,8 @@ static int qbench(int reps) {
                         launch(0);
                         CK(cudaGetLastError());
                         if (k == 0) CK(cudaMemcpyAsync(yref, y, T * sh.rows * 4, cudaMemcpyDeviceToDevice, s));
-                        else {
-                            std::vector<float> a(T * sh.rows), b(T * sh.rows);
-                            CK(cudaMemcpy(a.data(), y, a.size() * 4, cudaMemcpyDeviceToHost));
-                            CK(cudaMemcpy(b.data(), yref, b.size() * 4, cudaMemcpyDeviceToHost));
-                            same = !memcmp(a.data(), b.data(), a.size() * 4);
-                        }
-                        for (int i = 0; i < 3; i++) launch(i % copies);
-                        CK(cudaEventRecord(e0, s));
-                        for (int i = 0; i < reps; i++) launch(i % copies);
-                        CK(cudaEventRecord(e1, s));
-                        CK(cudaEventSynchronize(e1));
-                        float ms;
-                        CK(cudaEventElapsedTime(&ms, e0, e1));
-                        sec[k] = ms * 1e-3 / reps;
+                        else same = same_bits(y, yref, (size_t)(T * sh.rows));
+                        sec[k] = time_launches(s, e0, e1, reps, copies, launch);
                         tot[bi][P / 2][ti][k] += sec[k] * sh.per_token;
                     }
                     printf("%-15s %4d %3lld %2d %10.0f %10.0f%s\n", sh.name, bits, (long long)T, P, bytes / sec[0] / 1e9,
@@ -447,19 +440,8 @@ int main(int argc, char **argv) {
                     CK(cudaStreamSynchronize(s));
                     bool same = true;
                     if (v == V_MMV) CK(cudaMemcpy(yref, y, T * sh.rows * 4, cudaMemcpyDeviceToDevice));
-                    if (v != V_MMV && v != V_FMA && v != V_READ) {
-                        std::vector<float> a(T * sh.rows), b(T * sh.rows);
-                        CK(cudaMemcpy(a.data(), y, a.size() * 4, cudaMemcpyDeviceToHost));
-                        CK(cudaMemcpy(b.data(), yref, b.size() * 4, cudaMemcpyDeviceToHost));
-                        same = !memcmp(a.data(), b.data(), a.size() * 4);
-                    }
-                    for (int i = 0; i < 3; i++) launch(i % copies);
-                    CK(cudaEventRecord(e0, s));
-                    for (int i = 0; i < reps; i++) launch(i % copies);
-                    CK(cudaEventRecord(e1, s));
-                    CK(cudaEventSynchronize(e1));
-                    CK(cudaEventElapsedTime(&ms, e0, e1));
-                    const double sec = ms * 1e-3 / reps;
+                    if (v != V_MMV && v != V_FMA && v != V_READ) same = same_bits(y, yref, (size_t)(T * sh.rows));
+                    const double sec = time_launches(s, e0, e1, reps, copies, launch);
                     printf(" %11.0f%s", bytes / sec / 1e9, same ? " " : "*");
                     tot[P / 2][v][ti] += sec * sh.per_token;
                 }
