@@ -49,7 +49,7 @@ done
 # the shell tests on the sanitizer build (they check their servers' logs and exit status)
 for t in run_cli model_cli fortune_cli server_e2e server_robust server_chaos; do
     t0=$(date +%s)
-    STRAND=$B/strand CHAOS_SECONDS=12 bash tests/${t}_test.sh >"$logs/$t.log" 2>&1
+    STRAND=$B/strand CHAOS_SECONDS=12 STRAND_TEST_SCALE=10 bash tests/${t}_test.sh >"$logs/$t.log" 2>&1
     summarize "$t" "$logs/$t.log" $? $(($(date +%s) - t0))
 done
 echo "# $n checks"

@@ -13,6 +13,9 @@
 #include "server/toolcall.h"
 #include "tap.h"
 
+/* the random replies' counts are divided by this (STRAND_TEST_SCALE, at most 3: the sanitizer's run) */
+static int reps_div = 1;
+
 static int whole(st_gram_mode mode, const char *s) {
     st_gram_state g;
     st_gram_init(&g, mode);
@@ -464,6 +467,7 @@ static void test_schema_documents(void) {
 
 /* replies drawn from a schema's masks: each completed one parses and validates */
 static void test_schema_replies(const char *schema_text, const char *what, int reps, int min_complete) {
+    reps /= reps_div, min_complete = (min_complete + reps_div - 1) / reps_div;
     char path[512];
     snprintf(path, sizeof path, "%s/tokenizers/qwen3/tokenizer.json", tap_data_dir());
     st_tokenizer *tok = NULL;
@@ -883,6 +887,7 @@ static void test_gbnf_documents(void) {
 /* random replies drawn from the masks over the qwen3 tokenizer: every mask bit sampled equals
  * feeding the token, and a reply ended where the grammar may end is a sentence from scratch */
 static void test_gbnf_replies(const char *grammar, const char *what, int reps) {
+    reps = reps / reps_div > 0 ? reps / reps_div : 1;
     char path[512];
     snprintf(path, sizeof path, "%s/tokenizers/qwen3/tokenizer.json", tap_data_dir());
     st_tokenizer *tok = NULL;
@@ -1014,6 +1019,8 @@ static void test_patterns(void) {
 }
 
 int main(void) {
+    const char *sc = getenv("STRAND_TEST_SCALE");
+    if (sc && atoi(sc) > 1) reps_div = atoi(sc) < 3 ? atoi(sc) : 3;
     test_documents();
     test_random_documents();
     test_masks();
