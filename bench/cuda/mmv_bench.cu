@@ -4,8 +4,9 @@
  * k_gemm beyond; without: k_mma), the row-major CUDA-core kernel and a plain read of the same
  * bytes (the ceiling); GB/s of weights each (times T / 1000: TFLOP/s), whether the two tiled
  * paths give the same bits, and the time of one 27B token's matrices against the
- * copy-bandwidth floor. It includes the backend's kernels
- * (src/backend/cuda/kernels.cu), so it measures the code strand runs.
+ * copy-bandwidth floor. It includes the backend's product kernels (src/backend/cuda/matmul.cu,
+ * matmul_bf16.cu, matmul_q.cu; elementwise.cu for the copy and the synthetic weights), so it
+ * measures the code strand runs.
  *
  *   build/mmv_bench [reps]
  *   build/mmv_bench sweep [reps] [T,T..]  k_gemm's tile shapes (and splits) beside the backend's
@@ -19,7 +20,12 @@
 #include <string.h>
 #include <vector>
 
-#include "backend/cuda/kernels.cu"
+#include "backend/cuda/cu_common.cuh"
+#include "backend/cuda/mm_int.cuh"
+#include "backend/cuda/elementwise.cu"
+#include "backend/cuda/matmul.cu"
+#include "backend/cuda/matmul_bf16.cu"
+#include "backend/cuda/matmul_q.cu"
 
 #define CK(x)                                                                                            \
     do {                                                                                                 \

@@ -19,7 +19,7 @@ typedef struct CUstream_st *cu_stream; /* = cudaStream_t */
 
 /* A weight matrix in device memory: contiguous rows, or tiled for the tensor cores (bf16;
  * MLX 4- and 8-bit kept packed). */
-enum { CU_FMT_BF16_TILED = 4, CU_FMT_Q_TILED = 5 }; /* cu_mat.fmts beside st_wformat's: see kernels.cu */
+enum { CU_FMT_BF16_TILED = 4, CU_FMT_Q_TILED = 5 }; /* cu_mat.fmts beside st_wformat's: see matmul_bf16.cu, matmul_q.cu */
 typedef struct cu_mat {
     int fmt;               /* st_wformat: 0 f32, 1 f16, 2 bf16, 3 MLX affine; or CU_FMT_BF16_TILED */
     int sdtype;            /* affine scales/biases: st_dtype 0 f32, 1 f16, 2 bf16 */

@@ -1,0 +1,566 @@
+/* ==== CUDA kernels: attention (see cuda_kernels.h) ====
+ *
+ * q/k norms and RoPE with K and V into the paged pool (k_attn_prep), then paged causal
+ * attention with the sigmoid gate: on the CUDA cores (k_attention) or the tensor cores
+ * (k_attn_tc), the same chunking and merge order.
+ */
+#include "backend/cuda/cu_common.cuh"
+
+__device__ __forceinline__ size_t kv_index(const cu_kv &kv, const cu_plan &p, int it, int li, int which, int h,
+                                           int64_t pos) {
+    const int64_t b = p.blocks[p.block_t0[it] + pos / kv.block_size], off = pos % kv.block_size;
+    return (size_t)b * ((size_t)kv.n_full * 2 * kv.nkv * kv.block_size * kv.hd) +
+           ((size_t)(li * 2 + which) * kv.nkv + h) * ((size_t)kv.block_size * kv.hd) + (size_t)off * kv.hd;
+}
+
+/* rmsnorm (weight w) then the half-split rotation of the first rope_dim dims, one warp */
+__device__ void norm_rope(float *x, const float *w, int hd, int rope_dim, float eps, const float *cs,
+                          const float *sn) {
+    const int lane = threadIdx.x & 31;
+    float ss = 0.0f;
+    for (int e = lane; e < hd; e += 32) ss += x[e] * x[e];
+    ss = warp_sum(ss);
+    const float r = 1.0f / sqrtf(ss / (float)hd + eps);
+    __syncwarp();
+    for (int e = lane; e < hd; e += 32) x[e] = x[e] * r * w[e];
+    __syncwarp();
+    const int half = rope_dim / 2;
+    for (int i = lane; i < half; i += 32) {
+        const float a0 = x[i], b0 = x[i + half];
+        x[i] = a0 * cs[i] - b0 * sn[i];
+        x[i + half] = b0 * cs[i] + a0 * sn[i];
+    }
+    __syncwarp();
+}
+
+/* a block per token: angles, q and k heads (a warp each), K and V into the pool */
+__global__ void k_attn_prep(cu_plan p, cu_attn_args a, cu_kv kv) {
+    pdl_wait();
+    extern __shared__ float sh[];
+    float *cs = sh, *sn = sh + a.rope_dim / 2;
+    const int64_t t = blockIdx.x;
+    const int it = p.tok_item[t];
+    const int64_t pos = p.pos0[it] + (t - p.item_t0[it]);
+    for (int i = threadIdx.x; i < a.rope_dim / 2; i += blockDim.x) {
+        const float ang = (float)(int64_t)p.mrope[t * 3 + a.rope_axis[i]] * a.inv_freq[i]; /* M-RoPE */
+        cs[i] = cosf(ang);
+        sn[i] = sinf(ang);
+    }
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5, lane = threadIdx.x & 31;
+    for (int j = warp; j < a.nh; j += nw)
+        norm_rope(a.q + t * 2 * a.nh * a.hd + (int64_t)j * 2 * a.hd, a.q_norm, a.hd, a.rope_dim, a.eps, cs, sn);
+    for (int h = warp; h < a.nkv; h += nw) {
+        float *k = a.k + t * a.nkv * a.hd + (int64_t)h * a.hd;
+        norm_rope(k, a.k_norm, a.hd, a.rope_dim, a.eps, cs, sn);
+        const float *v = a.v + t * a.nkv * a.hd + (int64_t)h * a.hd;
+        const size_t ki = kv_index(kv, p, it, a.li, 0, h, pos), vi = kv_index(kv, p, it, a.li, 1, h, pos);
+        for (int e = lane; e < a.hd; e += 32) {
+            if (kv.bf16) {
+                ((uint16_t *)kv.base)[ki + e] = f2bf16(k[e]);
+                ((uint16_t *)kv.base)[vi + e] = f2bf16(v[e]);
+            } else {
+                ((float *)kv.base)[ki + e] = k[e];
+                ((float *)kv.base)[vi + e] = v[e];
+            }
+        }
+    }
+}
+
+extern "C" void cu_attn_prep(cu_stream s, const cu_plan *p, const cu_attn_args *a, const cu_kv *kv) {
+    if (p->n_tokens <= 0) return;
+    /* a warp per head (q and k), at most 1024 threads */
+    int threads = 32 * (a->nh + a->nkv);
+    threads = threads > 1024 ? 1024 : threads;
+    launch_pdl(k_attn_prep, dim3((unsigned)p->n_tokens), dim3(threads), (size_t)a->rope_dim * sizeof(float), s, *p, *a, *kv);
+}
+
+__device__ __forceinline__ float kv_load(const cu_kv &kv, size_t i) {
+    return kv.bf16 ? bf16f(((const uint16_t *)kv.base)[i]) : ((const float *)kv.base)[i];
+}
+
+/* Paged attention, a block per (tile of up to ATT_QT consecutive tokens of one item, KV head):
+ * its queries are the tile's tokens times the G = nh / nkv query heads that read the KV head,
+ * so every K and V row a block loads from the pool serves up to ATT_Q queries. The positions
+ * go in chunks of ATT_CH; a query's result is fixed by the chunking alone, not by the tile:
+ *   score  s_p = sum over e in order of (q_e * scale) k_pe       (fp32 FMAs from 0)
+ *   chunk  mc = max s_p, w_p = exp(s_p - mc) (0 past the query's position),
+ *          lc = the lanes' butterfly sum of w_p + w_p+32, oc_e = sum over p in order of w_p v_pe
+ *   merge  (chunks in order, from m = -inf, l = 0, o = 0): mn = max(m, mc),
+ *          a = exp(m - mn), b = exp(mc - mn), l = l a + lc b, o_e = o_e a + oc_e b, m = mn
+ *   out_e  = o_e / l * sigmoid(gate_e)
+ * The same bits for a query alone (decode) and in any tile, batch or split of the prompt. */
+#define ATT_CH 64  /* positions a chunk */
+#define ATT_Q 48   /* queries a block at most (tokens times the query heads of a KV head) */
+#define ATT_THREADS 256
+#define ATT_QW (ATT_Q / 8) /* queries a warp scores */
+static_assert(ATT_QW == 6, "the score loop loads a warp's queries as 4 + 2");
+#define ATT_QS 64          /* qT's row: a warp's ATT_QW queries at 8-float offsets (vector loads) */
+
+static int att_tokens(const cu_attn_args *a) {
+    const int g = a->nh / a->nkv;
+    return g >= ATT_Q ? 1 : ATT_Q / g;
+}
+
+static size_t att_smem(const cu_attn_args *a) {
+    /* pos [ATT_Q] (int64), qT [hd][ATT_QS], kT [hd][ATT_CH + 1] then v [ATT_CH][hd],
+     * w [ATT_Q][ATT_CH], m, l, a, b [ATT_Q] */
+    return ATT_Q * 8 + ((size_t)a->hd * ATT_QS + (size_t)a->hd * (ATT_CH + 1) + ATT_Q * ATT_CH + 4 * ATT_Q) * 4;
+}
+
+/* the tile of block k: the k-th of the step's tiles, items in order, ceil(n_i / qt) each */
+__device__ __forceinline__ int att_tile(const cu_plan &p, int qt, int64_t *t0, int64_t *nt) {
+    int64_t k = blockIdx.x;
+    for (int i = 0; i < p.n_items; i++) {
+        const int64_t n = p.item_t0[i + 1] - p.item_t0[i], tiles = (n + qt - 1) / qt;
+        if (k < tiles) {
+            *t0 = p.item_t0[i] + k * qt, *nt = n - k * qt < qt ? n - k * qt : qt;
+            return i;
+        }
+        k -= tiles;
+    }
+    return -1;
+}
+
+__global__ void __launch_bounds__(ATT_THREADS, 1) k_attention(cu_plan p, cu_attn_args a, cu_kv kv, int qt) {
+    pdl_wait();
+    extern __shared__ int64_t sh64[];
+    const int hd = a.hd, G = a.nh / a.nkv, h = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    int64_t *qpos = sh64;
+    float *qT = (float *)(sh64 + ATT_Q), *kvb = qT + hd * ATT_QS, *wt = kvb + hd * (ATT_CH + 1), *sm_m = wt + ATT_Q * ATT_CH;
+    float *sm_l = sm_m + ATT_Q, *sm_a = sm_l + ATT_Q, *sm_b = sm_a + ATT_Q;
+    int64_t t0 = 0, nt = 0;
+    const int it = att_tile(p, qt, &t0, &nt);
+    if (it < 0) return;
+    const int Q = (int)nt * G;
+    const int64_t pos_first = p.pos0[it] + (t0 - p.item_t0[it]), pos_last = pos_first + nt - 1;
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int i = tid; i < hd * ATT_Q; i += ATT_THREADS) {
+        const int qi = i % ATT_Q, e = i / ATT_Q;
+        float v = 0.0f;
+        if (qi < Q) {
+            const int64_t t = t0 + qi / G;
+            v = __fmul_rn(a.q[t * 2 * a.nh * hd + (int64_t)(h * G + qi % G) * 2 * hd + e], scale);
+        }
+        qT[e * ATT_QS + (qi / ATT_QW) * 8 + qi % ATT_QW] = v;
+    }
+    if (tid < ATT_Q) {
+        sm_m[tid] = -INFINITY;
+        sm_l[tid] = 0.0f;
+        qpos[tid] = pos_first + (tid < Q ? tid / G : 0);
+    }
+    float o[ATT_Q]; /* this thread's dimension e = tid of every query */
+#pragma unroll
+    for (int q = 0; q < ATT_Q; q++) o[q] = 0.0f;
+    for (int64_t c0 = 0; c0 <= pos_last; c0 += ATT_CH) {
+        __syncthreads(); /* the previous chunk's v is read */
+        /* K rows, transposed: a warp a row, its lanes over the dims; zeros past the tile's last position */
+        for (int r = warp; r < ATT_CH; r += ATT_THREADS / 32) {
+            const int64_t pq = c0 + r;
+            const size_t ki = pq <= pos_last ? kv_index(kv, p, it, a.li, 0, h, pq) : 0;
+            for (int e = lane; e < hd; e += 32) kvb[e * (ATT_CH + 1) + r] = pq <= pos_last ? kv_load(kv, ki + e) : 0.0f;
+        }
+        __syncthreads();
+        /* scores: lane -> positions lane, lane + 32; warp -> queries warp * ATT_QW .. */
+        if (warp * ATT_QW < Q) {
+            float sc[ATT_QW][2];
+#pragma unroll
+            for (int k = 0; k < ATT_QW; k++) sc[k][0] = sc[k][1] = 0.0f;
+            for (int e = 0; e < hd; e++) {
+                const float k0 = kvb[e * (ATT_CH + 1) + lane], k1 = kvb[e * (ATT_CH + 1) + lane + 32];
+                const float4 qa = *(const float4 *)(qT + e * ATT_QS + warp * 8);
+                const float2 qb = *(const float2 *)(qT + e * ATT_QS + warp * 8 + 4);
+                const float qv[ATT_QW] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y};
+#pragma unroll
+                for (int k = 0; k < ATT_QW; k++) {
+                    sc[k][0] = __fmaf_rn(qv[k], k0, sc[k][0]);
+                    sc[k][1] = __fmaf_rn(qv[k], k1, sc[k][1]);
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < ATT_QW; k++) {
+                const int qi = warp * ATT_QW + k;
+                wt[qi * ATT_CH + lane] = c0 + lane <= qpos[qi] ? sc[k][0] : -INFINITY;
+                wt[qi * ATT_CH + lane + 32] = c0 + lane + 32 <= qpos[qi] ? sc[k][1] : -INFINITY;
+            }
+        }
+        __syncthreads();
+        /* V rows; and each query's chunk weights, sum and merge factors */
+        for (int r = warp; r < ATT_CH; r += ATT_THREADS / 32) {
+            const int64_t pq = c0 + r;
+            const size_t vi = pq <= pos_last ? kv_index(kv, p, it, a.li, 1, h, pq) : 0;
+            for (int e = lane; e < hd; e += 32) kvb[r * hd + e] = pq <= pos_last ? kv_load(kv, vi + e) : 0.0f;
+        }
+        for (int q = warp; q < Q; q += ATT_THREADS / 32) /* a warp a query */
+            if (c0 <= qpos[q]) {
+                float *w = wt + q * ATT_CH;
+                const float x0 = w[lane], x1 = w[lane + 32];
+                float mc = fmaxf(x0, x1);
+                for (int off = 16; off > 0; off >>= 1) mc = fmaxf(mc, __shfl_xor_sync(FULL, mc, off));
+                const float e0 = c0 + lane <= qpos[q] ? expf(x0 - mc) : 0.0f;
+                const float e1 = c0 + lane + 32 <= qpos[q] ? expf(x1 - mc) : 0.0f;
+                w[lane] = e0;
+                w[lane + 32] = e1;
+                const float lc = warp_sum(__fadd_rn(e0, e1));
+                if (lane == 0) {
+                    const float m = sm_m[q], mn = fmaxf(m, mc), ca = expf(m - mn), cb = expf(mc - mn);
+                    sm_l[q] = __fmaf_rn(sm_l[q], ca, __fmul_rn(lc, cb));
+                    sm_m[q] = mn;
+                    sm_a[q] = ca;
+                    sm_b[q] = cb;
+                }
+            }
+        __syncthreads();
+        if (tid < hd) {
+            float oc[ATT_Q];
+#pragma unroll
+            for (int q = 0; q < ATT_Q; q++) oc[q] = 0.0f;
+            for (int r = 0; r < ATT_CH; r += 4) {
+                const float v0 = kvb[r * hd + tid], v1 = kvb[(r + 1) * hd + tid], v2 = kvb[(r + 2) * hd + tid],
+                            v3 = kvb[(r + 3) * hd + tid];
+#pragma unroll
+                for (int q = 0; q < ATT_Q; q++) {
+                    if (q >= Q) break;
+                    const float4 w4 = *(const float4 *)(wt + q * ATT_CH + r);
+                    oc[q] = __fmaf_rn(w4.x, v0, oc[q]);
+                    oc[q] = __fmaf_rn(w4.y, v1, oc[q]);
+                    oc[q] = __fmaf_rn(w4.z, v2, oc[q]);
+                    oc[q] = __fmaf_rn(w4.w, v3, oc[q]);
+                }
+            }
+#pragma unroll
+            for (int q = 0; q < ATT_Q; q++)
+                if (q < Q && c0 <= qpos[q]) o[q] = __fmaf_rn(o[q], sm_a[q], __fmul_rn(oc[q], sm_b[q]));
+        }
+    }
+    __syncthreads();
+    if (tid < hd)
+#pragma unroll
+        for (int q = 0; q < ATT_Q; q++)
+            if (q < Q) {
+                const int64_t t = t0 + q / G;
+                const int j = h * G + q % G;
+                const float gate = a.q[t * 2 * a.nh * hd + (int64_t)j * 2 * hd + hd + tid];
+                a.mix[t * a.nh * hd + (int64_t)j * hd + tid] = __fmul_rn(__fmul_rn(o[q], 1.0f / sm_l[q]), sigmoidf_(gate));
+            }
+}
+
+/* ---- attention on the tensor cores: k_attn_tc ----
+ * k_attention's tiles, chunks, masks and merges, with its two products on the tensor cores:
+ * the chunk's scores^T [position][query] = K Q^T and its output^T [dim][query] = V^T W^T
+ * (mma m16n8k16; a column is one query's own sums). The operands as bf16 parts: the scaled
+ * queries and the weights w in QP parts, K and V in KP (3 from an fp32 pool, 1 from a bf16
+ * pool or in bf16 mode); of the part products, those of parts i + j <= 2 are summed (with
+ * 3 and 3 the rest is below fp32's rounding), larger first, every k step in order, into one
+ * fp32 accumulator. The loops over k steps stay loops: unrolled, the kernel outgrew the
+ * instruction cache (Nsight Compute: 7 of 12 cycles an instruction stalled on fetch). A query's arithmetic is fixed by the chunking alone, as in k_attention:
+ * the same bits alone (decode, which takes this kernel too) and in any tile or batch. */
+#define ATC_PAD 8 /* bf16 of padding a shared row: a fragment's 8 rows fall in distinct banks */
+#define ATC_KI (ATT_CH * (ATT_THREADS / 8) / ATT_THREADS) /* a thread's 8-element pieces of a chunk's K, at most */
+
+static size_t atc_smem(int hd, int qp, int kp) {
+    const size_t qs = (size_t)hd + ATC_PAD, vs = ATT_CH + ATC_PAD;
+    const size_t kv = (size_t)ATT_CH * qs > (size_t)hd * vs ? (size_t)ATT_CH * qs : (size_t)hd * vs;
+    return ATT_Q * 8 + ATT_CH * 8 + 4 * ATT_Q * 4 + (size_t)ATT_Q * (ATT_CH + 1) * 4 +
+           2 * ((size_t)qp * ATT_Q * qs + (size_t)qp * ATT_Q * vs + (size_t)kp * kv);
+}
+
+/* 8 consecutive pool elements (hd is a multiple of 16, rows start 32-byte aligned) */
+__device__ __forceinline__ void kv_load8(const cu_kv &kv, size_t i, float (&v)[8]) {
+    if (kv.bf16) {
+        const uint4 u = *(const uint4 *)((const uint16_t *)kv.base + i);
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) v[2 * k] = __uint_as_float(w[k] << 16), v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+    } else {
+        const float4 x = *(const float4 *)((const float *)kv.base + i), y = *(const float4 *)((const float *)kv.base + i + 4);
+        v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w, v[4] = y.x, v[5] = y.y, v[6] = y.z, v[7] = y.w;
+    }
+}
+
+/* two floats rounded to bf16 (nearest even) as one word, a the low half; and the residuals
+ * a - bf16(a), b - bf16(b) (exact) in place: one part of a split */
+__device__ __forceinline__ uint32_t bf2_part(float &a, float &b) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    const uint32_t w = *(const uint32_t *)&h;
+    a -= __uint_as_float(w << 16);
+    b -= __uint_as_float(w & 0xffff0000u);
+    return w;
+}
+
+/* 8 floats as NP bf16 parts, 8 a uint4 */
+template <int NP>
+__device__ __forceinline__ void split8(const float (&v)[8], uint4 (&o)[NP]) {
+    float r[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) r[k] = v[k];
+#pragma unroll
+    for (int q = 0; q < NP; q++) {
+        const uint32_t w0 = bf2_part(r[0], r[1]), w1 = bf2_part(r[2], r[3]), w2 = bf2_part(r[4], r[5]), w3 = bf2_part(r[6], r[7]);
+        o[q] = make_uint4(w0, w1, w2, w3);
+    }
+}
+
+/* the part products of one k step into d: A parts a[KP][4], B parts b[QP][2], i + j <= 2 */
+template <int QP, int KP>
+__device__ __forceinline__ void atc_mma(float (&d)[4], const uint32_t (&a)[KP][4], const uint32_t (&b)[QP][2]) {
+#pragma unroll
+    for (int sum = 0; sum < 3; sum++)
+#pragma unroll
+        for (int i = 0; i <= sum; i++) {
+            const int j = sum - i;
+            if (i < QP && j < KP) mma_bf16(d, a[j][0], a[j][1], a[j][2], a[j][3], b[i][0], b[i][1]);
+        }
+}
+
+template <int QP, int KP>
+__global__ void __launch_bounds__(ATT_THREADS, 1) k_attn_tc(cu_plan p, cu_attn_args a, cu_kv kv, int qt) {
+    pdl_wait();
+    extern __shared__ int64_t sh64[];
+    const int hd = a.hd, G = a.nh / a.nkv, h = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3, QS = hd + ATC_PAD, VS = ATT_CH + ATC_PAD, H8 = hd / 8;
+    int64_t *qpos = sh64, *krow = sh64 + ATT_Q; /* krow: the chunk's K rows in the pool (V: + vstep) */
+    float *sm_m = (float *)(krow + ATT_CH), *sm_l = sm_m + ATT_Q, *sm_a = sm_l + ATT_Q, *sm_b = sm_a + ATT_Q;
+    float *st = sm_b + ATT_Q;                                 /* scores [ATT_Q][ATT_CH + 1] */
+    uint16_t *qs = (uint16_t *)(st + ATT_Q * (ATT_CH + 1));   /* queries [QP][ATT_Q][QS] */
+    uint16_t *ws = qs + QP * ATT_Q * QS;                      /* weights [QP][ATT_Q][VS] */
+    uint16_t *kvs = ws + QP * ATT_Q * VS;                     /* K [KP][ATT_CH][QS], then V^T [KP][hd][VS] */
+    const int kvstride = ATT_CH * QS > hd * VS ? ATT_CH * QS : hd * VS;
+    int64_t t0 = 0, nt = 0;
+    const int it = att_tile(p, qt, &t0, &nt);
+    if (it < 0) return;
+    const int Q = (int)nt * G, nqt = (Q + 7) / 8;
+    const int64_t pos_first = p.pos0[it] + (t0 - p.item_t0[it]), pos_last = pos_first + nt - 1;
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int i = tid; i < ATT_Q * H8; i += ATT_THREADS) {
+        const int qi = i / H8, e0 = (i % H8) * 8;
+        float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        if (qi < Q) {
+            const float *src = a.q + (t0 + qi / G) * 2 * a.nh * hd + (int64_t)(h * G + qi % G) * 2 * hd + e0;
+#pragma unroll
+            for (int k = 0; k < 8; k++) v[k] = __fmul_rn(src[k], scale);
+        }
+        uint4 o[QP];
+        split8<QP>(v, o);
+#pragma unroll
+        for (int q = 0; q < QP; q++) *(uint4 *)(qs + q * ATT_Q * QS + qi * QS + e0) = o[q];
+    }
+    if (tid < ATT_Q) {
+        sm_m[tid] = -INFINITY;
+        sm_l[tid] = 0.0f;
+        qpos[tid] = pos_first + (tid < Q ? tid / G : 0);
+    }
+    const bool pv = 32 * warp < hd; /* this warp's dims 32 warp .. + 31 of the output */
+    float o[2][6][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int n = 0; n < 6; n++) o[mi][n][0] = o[mi][n][1] = o[mi][n][2] = o[mi][n][3] = 0.0f;
+    const int64_t vstep = (int64_t)kv.nkv * kv.block_size * hd; /* a V row from its K row */
+    for (int64_t c0 = 0; c0 <= pos_last; c0 += ATT_CH) {
+        __syncthreads(); /* the previous chunk's V^T, weights and rows are read */
+        if (tid < ATT_CH) krow[tid] = c0 + tid <= pos_last ? (int64_t)kv_index(kv, p, it, a.li, 0, h, c0 + tid) : -1;
+        __syncthreads();
+        { /* K rows as parts, [part][position][dim]: every load in flight before the first store */
+            float v[ATC_KI][8];
+#pragma unroll
+            for (int k = 0; k < ATC_KI; k++) {
+                const int i = tid + k * ATT_THREADS, r = i / H8, e0 = (i % H8) * 8;
+#pragma unroll
+                for (int e = 0; e < 8; e++) v[k][e] = 0.0f;
+                if (i < ATT_CH * H8 && krow[r] >= 0) kv_load8(kv, (size_t)krow[r] + e0, v[k]);
+            }
+#pragma unroll
+            for (int k = 0; k < ATC_KI; k++) {
+                const int i = tid + k * ATT_THREADS, r = i / H8, e0 = (i % H8) * 8;
+                if (i >= ATT_CH * H8) break;
+                uint4 o4[KP];
+                split8<KP>(v[k], o4);
+#pragma unroll
+                for (int q = 0; q < KP; q++) *(uint4 *)(kvs + q * kvstride + r * QS + e0) = o4[q];
+            }
+        }
+        __syncthreads();
+        { /* scores: warp w takes position tile w % 4 and query tiles (w / 4) * 3 .. + 2 */
+            const int mt = warp & 3, n0 = (warp >> 2) * 3;
+            float sc[3][4];
+#pragma unroll
+            for (int n = 0; n < 3; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+            if (n0 < nqt) {
+#pragma unroll 1
+                for (int ks = 0; ks < hd / 16; ks++) {
+                    uint32_t af[KP][4];
+#pragma unroll
+                    for (int j = 0; j < KP; j++) {
+                        const uint16_t *kb = kvs + j * kvstride + (mt * 16 + g) * QS + ks * 16 + 2 * t;
+                        af[j][0] = *(const uint32_t *)kb, af[j][1] = *(const uint32_t *)(kb + 8 * QS);
+                        af[j][2] = *(const uint32_t *)(kb + 8), af[j][3] = *(const uint32_t *)(kb + 8 * QS + 8);
+                    }
+#pragma unroll
+                    for (int n = 0; n < 3; n++) {
+                        if (n0 + n >= nqt) break;
+                        uint32_t bf[QP][2];
+#pragma unroll
+                        for (int i = 0; i < QP; i++) {
+                            const uint16_t *qb = qs + i * ATT_Q * QS + ((n0 + n) * 8 + g) * QS + ks * 16 + 2 * t;
+                            bf[i][0] = *(const uint32_t *)qb, bf[i][1] = *(const uint32_t *)(qb + 8);
+                        }
+                        atc_mma<QP, KP>(sc[n], af, bf);
+                    }
+                }
+#pragma unroll
+                for (int n = 0; n < 3; n++) {
+                    if (n0 + n >= nqt) break;
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int pr = mt * 16 + g + (e >= 2 ? 8 : 0), qi = (n0 + n) * 8 + 2 * t + (e & 1);
+                        st[qi * (ATT_CH + 1) + pr] = c0 + pr <= qpos[qi] ? sc[n][e] : -INFINITY;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+        /* V^T as parts, [part][dim][position]: a thread two positions by 8 dims (a warp's
+         * threads the 32 position pairs of 8 dims: their stores fall in distinct banks) */
+        {
+            float v[ATC_KI / 2][2][8];
+#pragma unroll
+            for (int k = 0; k < ATC_KI / 2; k++) {
+                const int i = tid + k * ATT_THREADS, pr = (i % (ATT_CH / 2)) * 2, e0 = (i / (ATT_CH / 2)) * 8;
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+#pragma unroll
+                    for (int e = 0; e < 8; e++) v[k][u][e] = 0.0f;
+                    if (i < (ATT_CH / 2) * H8 && krow[pr + u] >= 0) kv_load8(kv, (size_t)(krow[pr + u] + vstep) + e0, v[k][u]);
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < ATC_KI / 2; k++) {
+                const int i = tid + k * ATT_THREADS, pr = (i % (ATT_CH / 2)) * 2, e0 = (i / (ATT_CH / 2)) * 8;
+                if (i >= (ATT_CH / 2) * H8) break;
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    float x0 = v[k][0][e], x1 = v[k][1][e];
+#pragma unroll
+                    for (int q = 0; q < KP; q++) *(uint32_t *)(kvs + q * kvstride + (e0 + e) * VS + pr) = bf2_part(x0, x1);
+                }
+            }
+        }
+        /* each query's chunk weights (as parts), sum and merge factors: a warp a query */
+        for (int q = warp; q < Q; q += ATT_THREADS / 32)
+            if (c0 <= qpos[q]) {
+                const float *w = st + q * (ATT_CH + 1);
+                const float x0 = w[lane], x1 = w[lane + 32];
+                float mc = fmaxf(x0, x1);
+                for (int off = 16; off > 0; off >>= 1) mc = fmaxf(mc, __shfl_xor_sync(FULL, mc, off));
+                const float e0 = c0 + lane <= qpos[q] ? expf(x0 - mc) : 0.0f;
+                const float e1 = c0 + lane + 32 <= qpos[q] ? expf(x1 - mc) : 0.0f;
+                float r0 = e0, r1 = e1;
+#pragma unroll
+                for (int i = 0; i < QP; i++) {
+                    const uint16_t h0 = f2bf16(r0), h1 = f2bf16(r1);
+                    ws[i * ATT_Q * VS + q * VS + lane] = h0;
+                    ws[i * ATT_Q * VS + q * VS + lane + 32] = h1;
+                    r0 -= bf16f(h0), r1 -= bf16f(h1);
+                }
+                const float lc = warp_sum(__fadd_rn(e0, e1));
+                if (lane == 0) {
+                    const float m = sm_m[q], mn = fmaxf(m, mc), ca = expf(m - mn), cb = expf(mc - mn);
+                    sm_l[q] = __fmaf_rn(sm_l[q], ca, __fmul_rn(lc, cb));
+                    sm_m[q] = mn;
+                    sm_a[q] = ca;
+                    sm_b[q] = cb;
+                }
+            }
+        __syncthreads();
+        if (pv) { /* the chunk's output for this warp's 32 dims and every query tile, then the merge */
+            float oc[2][6][4];
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                for (int n = 0; n < 6; n++) oc[mi][n][0] = oc[mi][n][1] = oc[mi][n][2] = oc[mi][n][3] = 0.0f;
+#pragma unroll 1 /* the kernel's code stays within the instruction cache */
+            for (int ks = 0; ks < ATT_CH / 16; ks++) {
+                uint32_t av[2][KP][4];
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                    for (int j = 0; j < KP; j++) {
+                        const uint16_t *vb = kvs + j * kvstride + (32 * warp + 16 * mi + g) * VS + ks * 16 + 2 * t;
+                        const bool in = 32 * warp + 16 * mi < hd;
+                        av[mi][j][0] = in ? *(const uint32_t *)vb : 0u, av[mi][j][1] = in ? *(const uint32_t *)(vb + 8 * VS) : 0u;
+                        av[mi][j][2] = in ? *(const uint32_t *)(vb + 8) : 0u, av[mi][j][3] = in ? *(const uint32_t *)(vb + 8 * VS + 8) : 0u;
+                    }
+#pragma unroll
+                for (int n = 0; n < 6; n++) {
+                    if (n >= nqt) break;
+                    uint32_t bw[QP][2];
+#pragma unroll
+                    for (int i = 0; i < QP; i++) {
+                        const uint16_t *wb = ws + i * ATT_Q * VS + (n * 8 + g) * VS + ks * 16 + 2 * t;
+                        bw[i][0] = *(const uint32_t *)wb, bw[i][1] = *(const uint32_t *)(wb + 8);
+                    }
+#pragma unroll
+                    for (int mi = 0; mi < 2; mi++) atc_mma<QP, KP>(oc[mi][n], av[mi], bw);
+                }
+            }
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                for (int n = 0; n < 6; n++) {
+                    if (n >= nqt) break;
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int qi = n * 8 + 2 * t + (e & 1);
+                        if (qi < Q && c0 <= qpos[qi]) o[mi][n][e] = __fmaf_rn(o[mi][n][e], sm_a[qi], __fmul_rn(oc[mi][n][e], sm_b[qi]));
+                    }
+                }
+        }
+    }
+    __syncthreads();
+    float *ot = (float *)qs; /* the outputs before the gate, [ATT_Q][hd]: qs, ws and kvs (free now) hold them */
+    if (pv)
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+            for (int n = 0; n < 6; n++) {
+                if (n >= nqt) break;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int dim = 32 * warp + 16 * mi + g + (e >= 2 ? 8 : 0), qi = n * 8 + 2 * t + (e & 1);
+                    if (qi < Q && dim < hd) ot[qi * hd + dim] = o[mi][n][e];
+                }
+            }
+    __syncthreads();
+    for (int i = tid; i < Q * hd; i += ATT_THREADS) {
+        const int qi = i / hd, dim = i % hd, j = h * G + qi % G;
+        const int64_t tt = t0 + qi / G;
+        const float gate = a.q[tt * 2 * a.nh * hd + (int64_t)j * 2 * hd + hd + dim];
+        a.mix[tt * a.nh * hd + (int64_t)j * hd + dim] = __fmul_rn(__fmul_rn(ot[i], 1.0f / sm_l[qi]), sigmoidf_(gate));
+    }
+}
+
+extern "C" void cu_attention(cu_stream s, const cu_plan *p, const cu_attn_args *a, const cu_kv *kv) {
+    if (p->n_tokens <= 0) return;
+    const int qt = att_tokens(a);
+    dim3 grid((unsigned)((p->n_tokens + qt - 1) / qt + p->n_items), (unsigned)a->nkv);
+    const dim3 blk(ATT_THREADS);
+    const int parts = a->hd % 16 == 0 ? a->parts : 0;
+    if (parts == 3 && !kv->bf16) launch_pdl(k_attn_tc<3, 3>, grid, blk, atc_smem(a->hd, 3, 3), s, *p, *a, *kv, qt);
+    else if (parts == 3) launch_pdl(k_attn_tc<3, 1>, grid, blk, atc_smem(a->hd, 3, 1), s, *p, *a, *kv, qt);
+    else if (parts == 1) launch_pdl(k_attn_tc<1, 1>, grid, blk, atc_smem(a->hd, 1, 1), s, *p, *a, *kv, qt);
+    else launch_pdl(k_attention, grid, blk, att_smem(a), s, *p, *a, *kv, qt);
+}
+
+extern "C" int cu_attention_fits(int nh, int nkv, int hd) {
+    return nkv > 0 && nh % nkv == 0 && nh / nkv <= ATT_Q && hd <= ATT_THREADS;
+}
+
+extern "C" void cu_attention_init(int hd) {
+    cu_attn_args a = {};
+    a.hd = hd;
+    cudaFuncSetAttribute(k_attention, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)att_smem(&a));
+    cudaFuncSetAttribute(k_attn_tc<3, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)atc_smem(hd, 3, 3));
+    cudaFuncSetAttribute(k_attn_tc<3, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)atc_smem(hd, 3, 1));
+    cudaFuncSetAttribute(k_attn_tc<1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)atc_smem(hd, 1, 1));
+}

@@ -1,0 +1,160 @@
+/* ==== CUDA kernels: the device helpers of every family (see cuda_kernels.h) ====
+ *
+ * The kernels are one file per operation family: elementwise.cu (embedding, norms,
+ * elementwise), matmul.cu (CUDA-core products and the dispatch), matmul_bf16.cu (bf16 on
+ * tensor cores), matmul_q.cu (MLX 4- and 8-bit on tensor cores; mm_int.cuh: what the three
+ * products share), gdn.cu (Gated DeltaNet), attention.cu. Each includes this header.
+ *
+ * Every reduction has a fixed order given by the output's own indices: a matrix row's dot
+ * product is summed by lane (columns lane, lane+32, ...) then over the warp by a fixed
+ * butterfly; norms by a fixed block tree; the delta rule by state row, sequentially over
+ * the key dimension; attention by query, over positions in order. No kernel's result for a
+ * token depends on the other tokens of the launch.
+ */
+#ifndef ST_BACKEND_CUDA_CU_COMMON_CUH
+#define ST_BACKEND_CUDA_CU_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "backend/cuda/cuda_kernels.h"
+
+#define FULL 0xffffffffu
+
+__device__ __forceinline__ float bf16f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+__device__ __forceinline__ float f16f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+/* round to nearest even; NaN stays NaN (core/numeric.h st_f32_to_bf16) */
+__device__ __forceinline__ uint16_t f2bf16(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+__device__ __forceinline__ float load_s(const void *p, int dt, int64_t i) {
+    if (dt == 2) return bf16f(((const uint16_t *)p)[i]);
+    if (dt == 1) return f16f(((const uint16_t *)p)[i]);
+    return ((const float *)p)[i];
+}
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float siluf_(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+/* element c of row r, for the matrix format FMT */
+template <int FMT>
+__device__ __forceinline__ float w_at(const cu_mat &w, int64_t r, int64_t c) {
+    if (FMT == 0) return ((const float *)w.data)[r * w.cols + c];
+    if (FMT == 1) return f16f(((const uint16_t *)w.data)[r * w.cols + c]);
+    if (FMT == 2) return bf16f(((const uint16_t *)w.data)[r * w.cols + c]);
+    const uint32_t *row = (const uint32_t *)w.data + r * (w.cols * w.bits / 32);
+    const uint64_t p = (uint64_t)c * (uint64_t)w.bits;
+    const uint32_t wi = (uint32_t)(p >> 5), off = (uint32_t)(p & 31);
+    uint64_t v = row[wi];
+    if (off + w.bits > 32) v |= (uint64_t)row[wi + 1] << 32;
+    const uint32_t q = (uint32_t)(v >> off) & ((1u << w.bits) - 1u);
+    const int64_t g = r * (w.cols / w.group) + c / w.group;
+    return fmaf(load_s(w.scales, w.sdtype, g), (float)q, load_s(w.biases, w.sdtype, g));
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+    return v;
+}
+
+/* sum over a block of blockDim.x (a multiple of 32, at most 1024) threads, in a fixed
+ * order; every thread gets it. red: [32] shared floats. */
+static inline __device__ float block_sum(float v, float *red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float s = 0.0f;
+    for (int i = 0; i < nw; i++) s += red[i];
+    return s;
+}
+
+static inline __device__ float block_max(float v, float *red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL, v, o));
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float m = red[0];
+    for (int i = 1; i < nw; i++) m = fmaxf(m, red[i]);
+    return m;
+}
+
+/* Programmatic dependent launch: the decode path's kernels are launched with
+ * programmaticStreamSerialization (launch_pdl), so that a kernel's blocks start while its
+ * predecessor's last ones finish; each such kernel calls pdl_wait() before it touches
+ * anything another kernel writes or reads, and before any early return (the product kernels
+ * first put their first weight loads in flight: the weights never change). 0: plain launches. */
+#define CU_PDL 1
+__device__ __forceinline__ void pdl_wait() {
+#if CU_PDL
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    /* and let the successor's blocks start as this kernel's leave: they put their weight loads
+     * in flight in this kernel's tail, then wait (griddepcontrol.wait: until this grid is done
+     * and its writes are visible, so a successor waiting is a successor of every grid before) */
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+template <typename... KP, typename... A>
+static void launch_pdl(void (*k)(KP...), dim3 grid, dim3 block, size_t shm, cu_stream s, A... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = shm;
+    cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = CU_PDL ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, k, args...);
+}
+
+/* ---- tensor cores, asynchronous copies and the tiled layout (matmul_bf16.cu's top comment
+ * describes the layout and the MMA fragments) ---- */
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* a streamed weight load: read once, kept out of L1 */
+__device__ __forceinline__ uint4 ldg_stream(const uint16_t *p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+/* cp.async: 16 bytes (bytes < 16: the rest zeros) global -> shared, in groups */
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int bytes) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa), "l"(gmem), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ uint32_t pack2(uint16_t lo, uint16_t hi) { return (uint32_t)lo | ((uint32_t)hi << 16); }
+
+/* the tiled layout */
+__host__ __device__ __forceinline__ int64_t tiled_steps(int64_t cols) { return (cols + 31) / 32; }
+__host__ __device__ __forceinline__ int64_t tiled_tiles(int64_t rows) { return (rows + 15) / 16; }
+__device__ __forceinline__ int64_t tiled_at(int64_t cols, int64_t r, int64_t c) {
+    const int64_t m = r / 16, k = c / 32, rr = r % 16, cc = c % 32;
+    return ((m * tiled_steps(cols) + k) * 64 + (rr / 8) * 32 + (rr % 8) * 4 + cc / 8) * 8 + cc % 8;
+}
+
+#endif /* ST_BACKEND_CUDA_CU_COMMON_CUH */

@@ -1,0 +1,203 @@
+/* ==== CUDA kernels: embedding, norms, elementwise (see cuda_kernels.h) ====
+ *
+ * The embedding lookups of every matrix format (the tiled ones through cu_common.cuh's
+ * layout helpers), the residual add and RMS norm (which can also split its result into the
+ * bf16 parts of the tiled products), SiLU-and-multiply, the gathers and scatters of the MoE
+ * pieces, the copy the bench measures and the synthetic weights.
+ */
+#include "backend/cuda/cu_common.cuh"
+
+template <int FMT>
+__global__ void k_embed(cu_mat w, const int32_t *tokens, float *x) {
+    const int64_t t = blockIdx.x, row = tokens[t];
+    for (int64_t c = threadIdx.x; c < w.cols; c += blockDim.x) x[t * w.cols + c] = w_at<FMT>(w, row, c);
+}
+
+__global__ void k_embed_tiled(cu_mat w, const int32_t *tokens, float *x) {
+    pdl_wait();
+    const int64_t t = blockIdx.x, row = tokens[t];
+    const uint16_t *d = (const uint16_t *)w.data;
+    for (int64_t c = threadIdx.x; c < w.cols; c += blockDim.x) x[t * w.cols + c] = bf16f(d[tiled_at(w.cols, row, c)]);
+}
+
+/* row r, column c of a Q tiled matrix (see k_qmv), as k_embed<3> makes it */
+__global__ void k_embed_q(cu_mat w, const int32_t *tokens, float *x) {
+    pdl_wait();
+    const int64_t t = blockIdx.x, r = tokens[t], m = r / 16, rr = r % 16, nsteps = w.cols / 32, ng = w.cols / w.group;
+    const uint8_t *d = (const uint8_t *)w.data;
+    for (int64_t c = threadIdx.x; c < w.cols; c += blockDim.x) {
+        const int64_t k = c / 32, L = 4 * (rr % 8) + (c % 32) / 8, e = c % 8;
+        const int64_t q = (m * nsteps + k) * 64 + L * 2 + rr / 8;
+        const uint32_t v = w.bits == 8 ? d[q * 8 + e]
+                                       : (*(const uint32_t *)(d + q * 4) >> ((e & 1) * 16 + (e >> 1) * 4)) & 15u;
+        const int64_t gi = (m * ng + c / w.group) * 16 + rr;
+        x[t * w.cols + c] = fmaf(load_s(w.scales, w.sdtype, gi), (float)v, load_s(w.biases, w.sdtype, gi));
+    }
+}
+
+extern "C" void cu_embed(cu_stream s, const cu_mat *emb, const int32_t *tokens, int64_t T, float *x) {
+    if (T <= 0) return;
+    switch (emb->fmt) {
+    case CU_FMT_BF16_TILED: launch_pdl(k_embed_tiled, dim3((unsigned)T), dim3(256), 0, s, *emb, tokens, x); break;
+    case CU_FMT_Q_TILED: launch_pdl(k_embed_q, dim3((unsigned)T), dim3(256), 0, s, *emb, tokens, x); break;
+    case 0: k_embed<0><<<(unsigned)T, 256, 0, s>>>(*emb, tokens, x); break;
+    case 1: k_embed<1><<<(unsigned)T, 256, 0, s>>>(*emb, tokens, x); break;
+    case 2: k_embed<2><<<(unsigned)T, 256, 0, s>>>(*emb, tokens, x); break;
+    default: k_embed<3><<<(unsigned)T, 256, 0, s>>>(*emb, tokens, x); break;
+    }
+}
+
+/* v as its P bf16 parts into xs[p][t][c] (the split activations of the tiled products; pstride
+ * elements a part) */
+__device__ __forceinline__ void put_parts(uint16_t *xs, int parts, int64_t pstride, int64_t at, float v) {
+    for (int p = 0; p < parts; p++) {
+        const uint16_t h = f2bf16(v);
+        xs[p * pstride + at] = h;
+        v -= bf16f(h);
+    }
+}
+
+/* a block of NORM_THREADS per token; a row of up to 8 * NORM_THREADS stays in registers
+ * between the sum of squares and the scaling. xs (parts > 0): the result also split, as
+ * k_split would, ldxs = d rounded up to 32. */
+#define NORM_THREADS 1024
+__global__ void __launch_bounds__(NORM_THREADS) k_add_norm(float *x, const float *out, const float *w, float *xn,
+                                                           int64_t d, float eps, int add, int apply, uint16_t *xs,
+                                                           int parts) {
+    pdl_wait();
+    __shared__ float red[32];
+    const int64_t t = blockIdx.x;
+    float *xr = x + t * d;
+    float v[8];
+    float ss = 0.0f;
+    const bool held = d <= 8 * NORM_THREADS;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int64_t c = threadIdx.x + (int64_t)i * NORM_THREADS;
+        v[i] = 0.0f;
+        if (held && c < d) {
+            float e = xr[c];
+            if (add) xr[c] = e = e + out[t * d + c];
+            v[i] = e;
+            ss += e * e;
+        }
+    }
+    if (!held)
+        for (int64_t c = threadIdx.x; c < d; c += NORM_THREADS) {
+            float e = xr[c];
+            if (add) xr[c] = e = e + out[t * d + c];
+            ss += e * e;
+        }
+    if (!apply) return;
+    ss = block_sum(ss, red);
+    const float r = 1.0f / sqrtf(ss / (float)d + eps);
+    if (held) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int64_t c = threadIdx.x + (int64_t)i * NORM_THREADS;
+            if (c < d) xn[t * d + c] = v[i] * r * w[c];
+        }
+    } else {
+        for (int64_t c = threadIdx.x; c < d; c += NORM_THREADS) xn[t * d + c] = xr[c] * r * w[c];
+    }
+    if (xs) {
+        const int64_t ldxs = (d + 31) / 32 * 32, pstride = (int64_t)gridDim.x * ldxs;
+        for (int64_t c = threadIdx.x; c < ldxs; c += NORM_THREADS)
+            put_parts(xs, parts, pstride, t * ldxs + c, c < d ? xn[t * d + c] : 0.0f); /* this thread's own */
+    }
+}
+
+extern "C" void cu_add_norm(cu_stream s, float *x, const float *out, const float *w, float *xn, int64_t T,
+                            int64_t d, float eps, int add, int apply, uint16_t *xs, int parts) {
+    if (T <= 0) return;
+    launch_pdl(k_add_norm, dim3((unsigned)T), dim3(NORM_THREADS), 0, s, x, out, w, xn, d, eps, add, apply,
+               apply ? xs : (uint16_t *)NULL, parts);
+}
+
+/* xs (parts > 0): the result also split, ldxs = n rounded up to 32 (zeros past n) */
+__global__ void k_silu_mul(float *g, const float *u, int64_t T, int64_t n, int64_t ld, uint16_t *xs, int parts) {
+    pdl_wait();
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, ldxs = (n + 31) / 32 * 32;
+    if (i >= T * (xs ? ldxs : n)) return;
+    const int64_t w = xs ? ldxs : n, t = i / w, c = i % w;
+    float r = 0.0f;
+    if (c < n) {
+        const float v = g[t * ld + c];
+        g[t * ld + c] = r = siluf_(v) * u[t * ld + c];
+    }
+    if (xs) put_parts(xs, parts, T * ldxs, t * ldxs + c, r);
+}
+
+extern "C" void cu_silu_mul(cu_stream s, float *g, const float *u, int64_t T, int64_t n, int64_t ld, uint16_t *xs,
+                            int parts) {
+    const int64_t total = T * (xs ? (n + 31) / 32 * 32 : n);
+    if (total <= 0) return;
+    launch_pdl(k_silu_mul, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, s, g, u, T, n, ld, xs, parts);
+}
+
+__global__ void k_gather_rows(const float *src, int64_t d, const int32_t *rows, float *dst) {
+    pdl_wait();
+    const int64_t i = blockIdx.x, r = rows[i];
+    for (int64_t c = threadIdx.x; c < d; c += blockDim.x) dst[i * d + c] = src[r * d + c];
+}
+
+extern "C" void cu_gather_rows(cu_stream s, const float *src, int64_t d, const int32_t *rows, int64_t n, float *dst) {
+    if (n <= 0) return;
+    launch_pdl(k_gather_rows, dim3((unsigned)n), dim3(256), 0, s, src, d, rows, dst);
+}
+
+__global__ void k_scatter_add(float *out, const float *src, const int32_t *list, const float *w, int64_t d) {
+    const int64_t i = blockIdx.x, t = list[i];
+    const float wi = w[i];
+    for (int64_t c = threadIdx.x; c < d; c += blockDim.x) out[t * d + c] += wi * src[i * d + c];
+}
+
+extern "C" void cu_scatter_add(cu_stream s, float *out, const float *src, const int32_t *list, const float *w,
+                               int64_t n, int64_t d) {
+    if (n <= 0) return;
+    k_scatter_add<<<(unsigned)n, 256, 0, s>>>(out, src, list, w, d);
+}
+
+__global__ void k_gated_add(float *out, const float *src, const float *g, int64_t d) {
+    const int64_t t = blockIdx.x;
+    const float gv = sigmoidf_(g[t]);
+    for (int64_t c = threadIdx.x; c < d; c += blockDim.x) out[t * d + c] += gv * src[t * d + c];
+}
+
+extern "C" void cu_gated_add(cu_stream s, float *out, const float *src, const float *g, int64_t T, int64_t d) {
+    if (T <= 0) return;
+    k_gated_add<<<(unsigned)T, 256, 0, s>>>(out, src, g, d);
+}
+
+extern "C" void cu_fill_zero(cu_stream s, float *p, int64_t n) {
+    if (n > 0) cudaMemsetAsync(p, 0, (size_t)n * sizeof(float), s);
+}
+
+__global__ void k_copy(const float4 *src, float4 *dst, int64_t n4) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = src[i];
+}
+
+extern "C" void cu_copy(cu_stream s, const float *src, float *dst, int64_t n) {
+    k_copy<<<1024, 512, 0, s>>>((const float4 *)src, (float4 *)dst, n / 4);
+}
+
+__device__ __forceinline__ uint64_t mix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+__global__ void k_synth(void *dst, size_t n, int kind, uint64_t key, float a) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const uint64_t r = mix64(key ^ (i * 0xd1b54a32d192ed03ull));
+        if (kind == CU_SYNTH_WORDS) ((uint32_t *)dst)[i] = (uint32_t)r;
+        else if (kind == CU_SYNTH_BF16_CONST) ((uint16_t *)dst)[i] = f2bf16(a);
+        else ((uint16_t *)dst)[i] = f2bf16(a * ((float)(r >> 40) * (2.0f / 16777216.0f) - 1.0f));
+    }
+}
+
+extern "C" void cu_synth_fill(cu_stream s, void *dst, size_t n, int kind, uint64_t key, float a) {
+    if (n) k_synth<<<4096, 256, 0, s>>>(dst, n, kind, key, a);
+}

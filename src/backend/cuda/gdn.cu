@@ -1,0 +1,252 @@
+/* ==== CUDA kernels: Gated DeltaNet (see cuda_kernels.h) ====
+ *
+ * A layer's linear attention: the causal conv and SiLU, the L2 norms of q and k, the delta
+ * rule over each item's steps (state rows in registers) and the gated RMS norm.
+ */
+#include "backend/cuda/cu_common.cuh"
+
+/* causal depthwise conv + SiLU: a thread per (item, channel), the item's tokens in order
+ * (K = 4, Qwen3.5's width: the window in registers, the inputs of 8 tokens loaded at once) */
+#define CONV_THREADS 64
+#define CONV_U 8
+__global__ void __launch_bounds__(CONV_THREADS) k_gdn_conv(cu_plan p, cu_gdn_args a) {
+    pdl_wait();
+    const int it = blockIdx.x;
+    const int64_t ch = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
+    if (ch >= a.cd) return;
+    const int64_t t0 = p.item_t0[it], n = p.item_t0[it + 1] - t0;
+    float *st = a.conv_state + (size_t)p.slot[it] * a.conv_stride;
+    const int K = a.K;
+    if (K == 4) {
+        float sv[3], tap[4];
+#pragma unroll
+        for (int j = 0; j < 3; j++) sv[j] = st[j * a.cd + ch];
+#pragma unroll
+        for (int j = 0; j < 4; j++) tap[j] = a.conv_t[j * a.cd + ch];
+        float *col = a.qkv + t0 * a.cd + ch;
+        for (int64_t i = 0; i < n; i += CONV_U) {
+            const int c = n - i < CONV_U ? (int)(n - i) : CONV_U;
+            float mv[CONV_U];
+#pragma unroll
+            for (int u = 0; u < CONV_U; u++) mv[u] = u < c ? col[(i + u) * a.cd] : 0.0f;
+#pragma unroll
+            for (int u = 0; u < CONV_U; u++) {
+                if (u >= c) break;
+                float acc = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 3; j++) acc += tap[j] * sv[j];
+                acc += tap[3] * mv[u];
+                sv[0] = sv[1], sv[1] = sv[2], sv[2] = mv[u];
+                col[(i + u) * a.cd] = acc / (1.0f + expf(-acc));
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 3; j++) st[j * a.cd + ch] = sv[j];
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        float *m = a.qkv + (t0 + i) * a.cd + ch;
+        const float mv = *m;
+        float acc = 0.0f;
+        for (int j = 0; j < K - 1; j++) acc += a.conv_t[j * a.cd + ch] * st[j * a.cd + ch];
+        acc += a.conv_t[(K - 1) * a.cd + ch] * mv;
+        for (int j = 0; j + 1 < K - 1; j++) st[j * a.cd + ch] = st[(j + 1) * a.cd + ch];
+        if (K > 1) st[(K - 2) * a.cd + ch] = mv;
+        *m = acc / (1.0f + expf(-acc));
+    }
+}
+
+/* the L2 norms of every token's q and k heads, in place (q also by 1 / sqrt(Dk)): a warp per
+ * (token, key head); columns lane, lane + 32, ... then a butterfly */
+__global__ void k_gdn_qknorm(cu_gdn_args a) {
+    pdl_wait();
+    const int64_t t = blockIdx.x;
+    const int g = blockIdx.y, lane = threadIdx.x;
+    for (int which = 0; which < 2; which++) {
+        float *v = a.qkv + t * a.cd + (which ? a.kd : 0) + (int64_t)g * a.Dk;
+        float ss = 0.0f;
+        for (int j = lane; j < a.Dk; j += 32) ss += v[j] * v[j];
+        ss = warp_sum(ss);
+        const float r = (which ? 1.0f : 1.0f / sqrtf((float)a.Dk)) / sqrtf(ss + 1e-6f);
+        for (int j = lane; j < a.Dk; j += 32) v[j] *= r;
+    }
+}
+
+/* The delta rule, per step, on the normed q and k: a block per (item, value head, 32 state
+ * columns), a warp per 8 columns (the columns of a head are independent: each has its own
+ * error and output). Lane 4a + b holds columns 2b, 2b + 1 of the warp's 8 for the key rows
+ * a*RP .. a*RP + RP - 1, in registers over the item's steps (RP = Dk / 8 rounded up). A
+ * column's dot products (the error k.S, the output q.S) are summed over the lane's rows in
+ * order (even and odd rows apart, then added), then over a by a butterfly (lanes 4, 8, 16
+ * apart): an order fixed by the shape alone. The device keeps each head's state as
+ * [Dk][Dv]; four lanes read a row's 8 columns as one 32-byte run. The steps' inputs (q, k,
+ * the block's v columns, b, a) come through shared memory in chunks of GDN_CHUNK tokens,
+ * the next chunk copied (cp.async) while this one's steps run; each token's beta and decay
+ * are made there by one thread, before the chunk's steps. */
+#define GDN_WARPS 4
+#define GDN_CHUNK 16
+/* floats a token's inputs take in shared memory: q [Dk], k [Dk], v [32], b, a, padding to 4 */
+__host__ __device__ __forceinline__ int gdn_token_floats(int Dk) { return 2 * Dk + 8 * GDN_WARPS + 4; }
+
+__device__ __forceinline__ void cp_async_4(void *smem, const void *gmem) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(sa), "l"(gmem));
+}
+
+template <int RP>
+__global__ void __launch_bounds__(32 * GDN_WARPS) k_gdn_recur(cu_plan p, cu_gdn_args a) {
+    pdl_wait();
+    extern __shared__ float4 gsh4[];
+    float *gsh = (float *)gsh4; /* [2][GDN_CHUNK][gdn_token_floats(Dk)] */
+    const int it = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    const int ra = lane >> 2, Dk = a.Dk, Dv = a.Dv, g = h / (a.Hv / a.Hk), r0 = ra * RP, TS = gdn_token_floats(Dk);
+    const int c0 = blockIdx.z * 8 * GDN_WARPS;           /* the block's first column */
+    const int i0 = c0 + w * 8 + 2 * (lane & 3);          /* this lane's columns i0, i0 + 1 */
+    const bool on = i0 < Dv;                             /* Dv is a multiple of 4 */
+    float *Sg = a.rec_state + (size_t)p.slot[it] * a.rec_stride + (size_t)h * Dv * Dk;
+    float S0[RP], S1[RP];
+#pragma unroll
+    for (int m = 0; m < RP; m++) {
+        float2 v = make_float2(0.0f, 0.0f);
+        if (on && r0 + m < Dk) v = *(const float2 *)(Sg + (size_t)(r0 + m) * Dv + i0);
+        S0[m] = v.x, S1[m] = v.y;
+    }
+    const int64_t t0 = p.item_t0[it], n = p.item_t0[it + 1] - t0, nch = (n + GDN_CHUNK - 1) / GDN_CHUNK;
+    const float dtb = a.dt_bias[h], nea = a.neg_exp_a[h];
+    /* chunk c's inputs into buffer c & 1: q and k as 16-byte pieces, v likewise, b and a as words */
+    auto issue = [&](int64_t c) {
+        float *buf = gsh + (c & 1) * GDN_CHUNK * TS;
+        const int64_t tc = t0 + c * GDN_CHUNK;
+        const int nu = n - c * GDN_CHUNK < GDN_CHUNK ? (int)(n - c * GDN_CHUNK) : GDN_CHUNK;
+        const int qk4 = 2 * Dk / 4;
+        for (int i = tid; i < nu * qk4; i += 32 * GDN_WARPS) {
+            const int u = i / qk4, f = i % qk4, which = f >= Dk / 4, e = (f % (Dk / 4)) * 4;
+            cp_async16(buf + u * TS + which * Dk + e, a.qkv + (tc + u) * a.cd + (which ? a.kd : 0) + (int64_t)g * Dk + e, 16);
+        }
+        for (int i = tid; i < nu * 2 * GDN_WARPS; i += 32 * GDN_WARPS) {
+            const int u = i / (2 * GDN_WARPS), col = c0 + (i % (2 * GDN_WARPS)) * 4;
+            if (col < Dv) cp_async16(buf + u * TS + 2 * Dk + (col - c0), a.qkv + (tc + u) * a.cd + 2 * a.kd + (int64_t)h * Dv + col, 16);
+        }
+        for (int i = tid; i < 2 * nu; i += 32 * GDN_WARPS) {
+            const int u = i / 2;
+            cp_async_4(buf + u * TS + 2 * Dk + 8 * GDN_WARPS + (i & 1), ((i & 1) ? a.a : a.b) + (tc + u) * a.Hv + h);
+        }
+    };
+    if (nch > 0) issue(0);
+    cp_async_commit();
+    for (int64_t c = 0; c < nch; c++) {
+        __syncthreads(); /* every warp is done with the buffer chunk c + 1 fills */
+        if (c + 1 < nch) issue(c + 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads(); /* chunk c is in */
+        float *buf = gsh + (c & 1) * GDN_CHUNK * TS;
+        const int nu = n - c * GDN_CHUNK < GDN_CHUNK ? (int)(n - c * GDN_CHUNK) : GDN_CHUNK;
+        if (tid < nu) { /* b, a into beta and the decay alpha, off the steps' chain */
+            float *ba = buf + tid * TS + 2 * Dk + 8 * GDN_WARPS;
+            const float bt = ba[0], at = ba[1];
+            ba[0] = sigmoidf_(bt);
+            ba[1] = expf(nea * softplusf_(at + dtb));
+        }
+        __syncthreads();
+        for (int u = 0; u < nu; u++) {
+            const float *tk = buf + u * TS;
+            const int64_t t = t0 + c * GDN_CHUNK + u;
+            float q[RP], k[RP];
+#pragma unroll
+            for (int m = 0; m < RP; m++) {
+                q[m] = r0 + m < Dk ? tk[r0 + m] : 0.0f;
+                k[m] = r0 + m < Dk ? tk[Dk + r0 + m] : 0.0f;
+            }
+            const float2 v = on ? *(const float2 *)(tk + 2 * Dk + (i0 - c0)) : make_float2(0.0f, 0.0f);
+            const float beta = tk[2 * Dk + 8 * GDN_WARPS], alpha = tk[2 * Dk + 8 * GDN_WARPS + 1];
+            float e[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}}; /* [column][even/odd rows] */
+#pragma unroll
+            for (int m = 0; m < RP; m++) {
+                S0[m] *= alpha;
+                S1[m] *= alpha;
+                e[0][m & 1] = fmaf(S0[m], k[m], e[0][m & 1]);
+                e[1][m & 1] = fmaf(S1[m], k[m], e[1][m & 1]);
+            }
+            float e0 = e[0][0] + e[0][1], e1 = e[1][0] + e[1][1];
+#pragma unroll
+            for (int o = 4; o < 32; o <<= 1) {
+                e0 += __shfl_xor_sync(FULL, e0, o);
+                e1 += __shfl_xor_sync(FULL, e1, o);
+            }
+            const float d0 = beta * (v.x - e0), d1 = beta * (v.y - e1);
+            float o2[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+#pragma unroll
+            for (int m = 0; m < RP; m++) {
+                S0[m] = fmaf(d0, k[m], S0[m]);
+                S1[m] = fmaf(d1, k[m], S1[m]);
+                o2[0][m & 1] = fmaf(S0[m], q[m], o2[0][m & 1]);
+                o2[1][m & 1] = fmaf(S1[m], q[m], o2[1][m & 1]);
+            }
+            float o0 = o2[0][0] + o2[0][1], o1 = o2[1][0] + o2[1][1];
+#pragma unroll
+            for (int o = 4; o < 32; o <<= 1) {
+                o0 += __shfl_xor_sync(FULL, o0, o);
+                o1 += __shfl_xor_sync(FULL, o1, o);
+            }
+            if (ra == 0 && on) *(float2 *)(a.mix + t * a.vd + (int64_t)h * Dv + i0) = make_float2(o0, o1);
+        }
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int m = 0; m < RP; m++)
+        if (on && r0 + m < Dk) *(float2 *)(Sg + (size_t)(r0 + m) * Dv + i0) = make_float2(S0[m], S1[m]);
+}
+
+/* gated RMSNorm: norm(o) * w * silu(z), a warp per (token, value head) */
+__global__ void k_gdn_gnorm(cu_gdn_args a) {
+    pdl_wait();
+    const int64_t t = blockIdx.x;
+    const int h = blockIdx.y;
+    float *o = a.mix + t * a.vd + (int64_t)h * a.Dv;
+    const float *z = a.z + t * a.vd + (int64_t)h * a.Dv;
+    float ss = 0.0f;
+    for (int r = threadIdx.x; r < a.Dv; r += 32) ss += o[r] * o[r];
+    ss = warp_sum(ss);
+    const float rs = 1.0f / sqrtf(ss / (float)a.Dv + a.eps);
+    for (int r = threadIdx.x; r < a.Dv; r += 32) o[r] = o[r] * rs * a.norm_w[r] * siluf_(z[r]);
+}
+
+static size_t gdn_smem(int Dk) { return (size_t)2 * GDN_CHUNK * gdn_token_floats(Dk) * sizeof(float); }
+
+/* the rows a lane of k_gdn_recur holds (Dk / 8 rounded up to a kernel's), 0: none */
+static int gdn_rows(int Dk) {
+    const int r = (Dk + 7) / 8;
+    return r <= 2 ? 2 : r <= 4 ? 4 : r <= 8 ? 8 : r <= 16 ? 16 : r <= 32 ? 32 : 0;
+}
+
+extern "C" void cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int max_item_tokens) {
+    (void)max_item_tokens;
+    if (p->n_tokens <= 0) return;
+    dim3 gc((unsigned)p->n_items, (unsigned)((a->cd + CONV_THREADS - 1) / CONV_THREADS));
+    launch_pdl(k_gdn_conv, gc, dim3(CONV_THREADS), 0, s, *p, *a);
+    launch_pdl(k_gdn_qknorm, dim3((unsigned)p->n_tokens, (unsigned)a->Hk), dim3(32), 0, s, *a);
+    dim3 gr((unsigned)p->n_items, (unsigned)a->Hv, (unsigned)((a->Dv + 8 * GDN_WARPS - 1) / (8 * GDN_WARPS)));
+    const size_t shm = gdn_smem(a->Dk);
+    switch (gdn_rows(a->Dk)) {
+    case 2: launch_pdl(k_gdn_recur<2>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a); break;
+    case 4: launch_pdl(k_gdn_recur<4>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a); break;
+    case 8: launch_pdl(k_gdn_recur<8>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a); break;
+    case 16: launch_pdl(k_gdn_recur<16>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a); break;
+    default: launch_pdl(k_gdn_recur<32>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a); break;
+    }
+    dim3 gn((unsigned)p->n_tokens, (unsigned)a->Hv);
+    launch_pdl(k_gdn_gnorm, gn, dim3(32), 0, s, *a);
+}
+
+/* key dims at most 256 (a lane's registers hold 32 rows); key and value dims multiples of 4
+ * (16-byte copies); the shared memory of the largest kernel allowed */
+extern "C" int cu_gdn_prepare(int Dk, int Dv) {
+    if (Dk < 4 || Dk % 4 != 0 || gdn_rows(Dk) == 0 || Dv < 4 || Dv % 4 != 0) return -1;
+    const int shm = (int)gdn_smem(Dk);
+    cudaFuncSetAttribute(k_gdn_recur<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, shm);
+    cudaFuncSetAttribute(k_gdn_recur<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, shm);
+    cudaFuncSetAttribute(k_gdn_recur<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, shm);
+    cudaFuncSetAttribute(k_gdn_recur<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, shm);
+    return cudaFuncSetAttribute(k_gdn_recur<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, shm) == cudaSuccess ? 0 : -1;
+}

@@ -1,0 +1,466 @@
+/* ==== CUDA kernels: MLX affine 4- and 8-bit matrices on tensor cores ====
+ *
+ * The Q tiled layout (cu_tile_q), k_qmv and k_qmvp (up to 16 tokens a launch; more in
+ * slices), their launchers and launch_qtiled, which picks between them.
+ */
+#include "backend/cuda/mm_int.cuh"
+
+/* ---- MLX affine 4- and 8-bit on tensor cores: k_qmv ----
+ * The packed values stay packed, re-laid at upload as the bf16 tiles are (CU_FMT_Q_TILED,
+ * cu_tile_q): tile m, step k holds 32 lane chunks of 2 * bits bytes, lane 4g + t's columns
+ * 32k + 8t .. + 7 of row 16m + g, then of row 16m + g + 8. 8-bit: the 8 bytes as stored;
+ * 4-bit: the 8 nibbles of columns c0..c7 at bits c0 0, c1 16, c2 4, c3 20, c4 8, c5 24, c6 12,
+ * c7 28, so that one shift and one mask make the bf16 pair of two neighbours. Scales and
+ * biases: [tile][group][16 rows], as stored (f32, f16 or bf16).
+ * An integer value q is exact in bf16, so on the tensor cores a group g of a row gives
+ *   y += s_g * (sum_c q_c x_c) + b_g * (sum_c x_c)
+ * both sums exact products accumulated in fp32 (the second by an MMA with a matrix of ones),
+ * x in the same bf16 parts as the bf16 kernels (3: fp32-grade; 1: bf16). A block takes one
+ * tile and up to 16 tokens; its S warps take the groups in turn (warp s: groups s, s + S, ...)
+ * and their partial sums are added in warp order: the order is fixed by the shape alone, for
+ * any token count (more than 16 tokens: the same kernel on slices of 16). */
+extern "C" size_t cu_qtiled_bytes(int64_t rows, int64_t cols, int bits) {
+    return (size_t)tiled_tiles(rows) * (size_t)(cols / 32) * 64 * (size_t)bits;
+}
+extern "C" size_t cu_qtiled_groups(int64_t rows, int64_t cols, int group) {
+    return (size_t)tiled_tiles(rows) * (size_t)(cols / group) * 16;
+}
+
+/* a thread per destination chunk (8 columns of a row): src [rows][cols * bits / 8] */
+__global__ void k_tile_q(const uint8_t *src, int64_t rows, int64_t cols, int bits, uint8_t *dst) {
+    const int64_t nsteps = cols / 32, nq = tiled_tiles(rows) * nsteps * 64, rb = cols * bits / 8;
+    for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < nq; q += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t mk = q / 64, m = mk / nsteps, k = mk % nsteps;
+        const int L = (int)(q % 64) / 2, half = (int)(q % 2);
+        const int64_t r = 16 * m + 8 * half + (L >> 2), c = 32 * k + 8 * (L & 3);
+        if (bits == 8) {
+            uint2 v = make_uint2(0, 0);
+            if (r < rows) v = *(const uint2 *)(src + r * rb + c);
+            *(uint2 *)(dst + q * 8) = v;
+        } else {
+            uint32_t v = r < rows ? *(const uint32_t *)(src + r * rb + c / 2) : 0u, o = 0;
+#pragma unroll
+            for (int e = 0; e < 8; e++) o |= ((v >> (4 * e)) & 15u) << ((e & 1) * 16 + (e >> 1) * 4);
+            *(uint32_t *)(dst + q * 4) = o;
+        }
+    }
+}
+
+/* a thread per (tile, group, row): src [rows][cols / group] of es bytes */
+__global__ void k_tile_groups(const uint8_t *src, int64_t rows, int64_t ng, int es, uint8_t *dst) {
+    const int64_t nq = tiled_tiles(rows) * ng * 16;
+    for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < nq; q += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t mj = q / 16, m = mj / ng, j = mj % ng, r = 16 * m + q % 16;
+        for (int b = 0; b < es; b++) dst[q * es + b] = r < rows ? src[(r * ng + j) * es + b] : 0;
+    }
+}
+
+extern "C" void cu_tile_q(cu_stream s, const void *data, const void *scales, const void *biases, int es, int64_t rows,
+                          int64_t cols, int bits, int group, void *ddata, void *dscales, void *dbiases) {
+    if (rows <= 0 || cols <= 0) return;
+    k_tile_q<<<4096, 256, 0, s>>>((const uint8_t *)data, rows, cols, bits, (uint8_t *)ddata);
+    k_tile_groups<<<1024, 256, 0, s>>>((const uint8_t *)scales, rows, cols / group, es, (uint8_t *)dscales);
+    k_tile_groups<<<1024, 256, 0, s>>>((const uint8_t *)biases, rows, cols / group, es, (uint8_t *)dbiases);
+}
+
+/* bf16 pairs of the values of one step's chunk: a[0..3] the first MMA's A registers, a[4..7]
+ * the second's (k_mmv's fragment order) */
+template <int BITS>
+__device__ __forceinline__ void q_frag(const uint4 &v, uint32_t (&a)[8]) {
+    if (BITS == 8) {
+        /* q as fp32 by 2^23 + q less 2^23 (exact), its high half the bf16 */
+        auto pr = [](uint32_t w, int b) {
+            const float f0 = __uint_as_float(__byte_perm(w, 0x4b000000u, 0x7440 + b)) - 8388608.0f;
+            const float f1 = __uint_as_float(__byte_perm(w, 0x4b000000u, 0x7441 + b)) - 8388608.0f;
+            return __byte_perm(__float_as_uint(f0), __float_as_uint(f1), 0x7632);
+        };
+        /* v.x, v.y: row g's columns 0-3, 4-7; v.z, v.w: row g + 8's */
+        a[0] = pr(v.x, 0), a[1] = pr(v.z, 0), a[2] = pr(v.x, 2), a[3] = pr(v.z, 2);
+        a[4] = pr(v.y, 0), a[5] = pr(v.w, 0), a[6] = pr(v.y, 2), a[7] = pr(v.w, 2);
+    } else {
+        /* 0x4300 | n is the bf16 128 + n; less 128 (exact) */
+        auto pr = [](uint32_t w, int sh) {
+            const uint32_t u = ((w >> sh) & 0x000f000fu) | 0x43004300u;
+            __nv_bfloat162 b = *(const __nv_bfloat162 *)&u;
+            b = __hsub2(b, __floats2bfloat162_rn(128.0f, 128.0f));
+            return *(const uint32_t *)&b;
+        };
+        /* v.x: row g's columns, v.y: row g + 8's */
+        a[0] = pr(v.x, 0), a[1] = pr(v.y, 0), a[2] = pr(v.x, 4), a[3] = pr(v.y, 4);
+        a[4] = pr(v.x, 8), a[5] = pr(v.y, 8), a[6] = pr(v.x, 12), a[7] = pr(v.y, 12);
+    }
+}
+
+template <int BITS>
+__device__ __forceinline__ uint4 q_load(const uint8_t *p) {
+    if (BITS == 8) return ldg_stream((const uint16_t *)p);
+    uint2 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return make_uint4(v.x, v.y, 0, 0);
+}
+
+__device__ __forceinline__ float group_at(const void *p, int dt, int64_t i) { return load_s(p, dt, i); }
+
+/* A block: one tile, BT tokens; the columns of its NTC token tiles of 8 hold the tokens' bf16
+ * parts side by side (column n: token n / P, part n % P), so that a token alone takes one MMA
+ * per part of the step, not one per part of each; each column's sums are its own, and the
+ * parts of a token are added at the end, with the warps' partial sums, in a fixed order. GS:
+ * the steps of a group (its columns / 32). R groups of values (and their scales and biases)
+ * are in flight a warp. */
+template <int P, int NTC, int BITS, int GS, int MM_S, int R>
+__global__ void __launch_bounds__(32 * MM_S, NTC <= 2 ? 3 : 2)
+    k_qmv(mm_group grp, const uint16_t *xs, int64_t ldxs, int64_t T) {
+    constexpr int BT = 8 * NTC / P; /* tokens a block */
+    __shared__ float red[MM_S][NTC * 128];
+    const mm_pick pk = mm_select(grp);
+    const cu_mat &w = pk.w;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int64_t nsteps = w.cols / 32, ng = w.cols / w.group, m = pk.blk;
+    const int64_t tb0 = (int64_t)blockIdx.y * BT, pstride = T * ldxs;
+    const int64_t ni = warp < ng ? (ng - warp + MM_S - 1) / MM_S : 0; /* this warp's groups */
+    constexpr int CB = 2 * BITS;                                      /* a lane's bytes a step */
+    const uint8_t *pa = (const uint8_t *)w.data + m * nsteps * 32 * CB + lane * CB;
+    const uint16_t *pb[NTC]; /* this lane's column g of each token tile: its token's part */
+    bool bin[NTC];
+#pragma unroll
+    for (int j = 0; j < NTC; j++) {
+        const int n = 8 * j + g;
+        const int64_t tok = tb0 + n / P;
+        bin[j] = n / P < BT && tok < T;
+        pb[j] = xs + (int64_t)(n % P) * pstride + (bin[j] ? tok : 0) * ldxs + 8 * t;
+    }
+    const uint32_t one2 = 0x3f803f80u; /* bf16 1.0, 1.0 */
+    float acc[NTC][4];
+#pragma unroll
+    for (int j = 0; j < NTC; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    uint4 nx[R][GS];
+    float nsb[R][4]; /* scale of rows g, g + 8, bias of rows g, g + 8 */
+    auto fetch = [&](int sl, int64_t gi) {
+        const int64_t gj = warp + gi * MM_S, k0 = gj * GS, q = (m * ng + gj) * 16 + g;
+#pragma unroll
+        for (int u = 0; u < GS; u++) nx[sl][u] = q_load<BITS>(pa + (k0 + u) * 32 * CB);
+        nsb[sl][0] = load_s(w.scales, w.sdtype, q);
+        nsb[sl][1] = load_s(w.scales, w.sdtype, q + 8);
+        nsb[sl][2] = load_s(w.biases, w.sdtype, q);
+        nsb[sl][3] = load_s(w.biases, w.sdtype, q + 8);
+    };
+#pragma unroll
+    for (int sl = 0; sl < R; sl++)
+        if (ni > sl) fetch(sl, sl);
+    pdl_wait(); /* the activations are the predecessor's */
+    for (int64_t i0 = 0; i0 < ni; i0 += R) {
+#pragma unroll
+        for (int sl = 0; sl < R; sl++) {
+            const int64_t i = i0 + sl;
+            if (i >= ni) break;
+            const int64_t k0 = (warp + i * MM_S) * GS;
+            uint4 cur[GS];
+#pragma unroll
+            for (int u = 0; u < GS; u++) cur[u] = nx[sl][u];
+            const float s0 = nsb[sl][0], s1 = nsb[sl][1], b0 = nsb[sl][2], b1 = nsb[sl][3];
+            if (i + R < ni) fetch(sl, i + R);
+            float ga[NTC][4], xa[NTC][4];
+#pragma unroll
+            for (int j = 0; j < NTC; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) ga[j][e] = xa[j][e] = 0.0f;
+#pragma unroll
+            for (int u = 0; u < GS; u++) {
+                uint32_t a[8];
+                q_frag<BITS>(cur[u], a);
+#pragma unroll
+                for (int j = 0; j < NTC; j++) {
+                    const uint4 b = bin[j] ? *(const uint4 *)(pb[j] + (k0 + u) * 32) : make_uint4(0, 0, 0, 0);
+                    mma_bf16(ga[j], a[0], a[1], a[2], a[3], b.x, b.y);
+                    mma_bf16(xa[j], one2, one2, one2, one2, b.x, b.y);
+                    mma_bf16(ga[j], a[4], a[5], a[6], a[7], b.z, b.w);
+                    mma_bf16(xa[j], one2, one2, one2, one2, b.z, b.w);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < NTC; j++) {
+                acc[j][0] = fmaf(b0, xa[j][0], fmaf(s0, ga[j][0], acc[j][0]));
+                acc[j][1] = fmaf(b0, xa[j][1], fmaf(s0, ga[j][1], acc[j][1]));
+                acc[j][2] = fmaf(b1, xa[j][2], fmaf(s1, ga[j][2], acc[j][2]));
+                acc[j][3] = fmaf(b1, xa[j][3], fmaf(s1, ga[j][3], acc[j][3]));
+            }
+        }
+    }
+    /* red[warp][tile j][row][column]; then each (token, row): warps in order, a warp's parts in order */
+#pragma unroll
+    for (int j = 0; j < NTC; j++) {
+        float *o = red[warp] + j * 128;
+        o[g * 8 + 2 * t] = acc[j][0];
+        o[g * 8 + 2 * t + 1] = acc[j][1];
+        o[(g + 8) * 8 + 2 * t] = acc[j][2];
+        o[(g + 8) * 8 + 2 * t + 1] = acc[j][3];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < BT * 16; i += blockDim.x) {
+        const int tl = i / 16, row = i % 16;
+        const int64_t r = m * 16 + row, tok = tb0 + tl;
+        if (r >= w.rows || tok >= T) continue;
+        float sum = 0.0f;
+        for (int q = 0; q < MM_S; q++)
+#pragma unroll
+            for (int p = 0; p < P; p++) {
+                const int n = tl * P + p;
+                sum += red[q][(n / 8) * 128 + row * 8 + n % 8];
+            }
+        pk.y[tok * pk.ldy + r] = sum;
+    }
+}
+
+/* ---- MLX 4- and 8-bit, up to 16 tokens, blocks that stay: k_qmvp ----
+ * k_qmv's sums in k_qmv's order (the same bits), from k_mmvp's resident blocks: block b takes
+ * tiles b, b + G, ...; each warp streams its groups of all its tiles (a group's GS steps of
+ * values and its 16 rows' scales and biases) through a ring of D groups in shared memory,
+ * filled by cp.async D - 1 groups ahead. A lane copies and reads its own values; four or
+ * eight lanes copy a group's scales and biases for all (read after a warp barrier).
+ * Shared memory: the ring [S][D][qmvp_slot bytes], then the partial sums [S][NTC * 128]. */
+template <int BITS, int GS>
+__host__ __device__ constexpr int qmvp_slot() { return GS * 32 * 2 * BITS + 128; } /* values; scales, biases: 64 bytes each at most */
+template <int NTC, int BITS, int GS, int D>
+__host__ __device__ constexpr size_t qmvp_smem() {
+    return (size_t)MM_SPLITS * D * qmvp_slot<BITS, GS>() + (size_t)MM_SPLITS * NTC * 128 * 4;
+}
+
+template <int P, int NTC, int BITS, int GS, int D, int MINB>
+__global__ void __launch_bounds__(32 * MM_SPLITS, MINB)
+    k_qmvp(mm_group grp, int64_t nblk, const uint16_t *xs, int64_t ldxs, int64_t T) {
+    constexpr int BT = 8 * NTC / P, CB = 2 * BITS, SLOT = qmvp_slot<BITS, GS>(), VB = GS * 32 * CB;
+    extern __shared__ uint4 smq[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    unsigned char *ring = (unsigned char *)smq + warp * D * SLOT;
+    float(*red)[NTC * 128] = (float(*)[NTC * 128])((unsigned char *)smq + MM_SPLITS * D * SLOT);
+    const int64_t nsteps = grp.w[0].cols / 32, ng = grp.w[0].cols / grp.w[0].group; /* one width, bits and group */
+    const int dt = grp.w[0].sdtype, es = dt == 0 ? 4 : 2;
+    const int64_t ni = warp < ng ? (ng - warp + MM_SPLITS - 1) / MM_SPLITS : 0; /* a tile's groups, this warp */
+    const unsigned ring_sa = (unsigned)__cvta_generic_to_shared(ring);
+    /* the producer: group pi of tile pb, this warp's; into slot ps */
+    int64_t pb = blockIdx.x, pi = 0;
+    int ps = 0;
+    mm_pick pq = {};
+    auto p_open = [&]() {
+        if (pb < nblk) pq = mm_select_at(grp, pb);
+    };
+    auto produce = [&]() {
+        if (ni > 0 && pb < nblk) {
+            const int64_t gj = warp + pi * MM_SPLITS, m = pq.blk;
+            const uint8_t *src = (const uint8_t *)pq.w.data + (m * nsteps + gj * GS) * 32 * CB + lane * CB;
+            const unsigned sa = ring_sa + (unsigned)(ps * SLOT + lane * CB);
+#pragma unroll
+            for (int u = 0; u < GS; u++) {
+                if (CB == 16)
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa + u * 32 * CB), "l"(src + u * 32 * CB)
+                                 : "memory");
+                else
+                    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(sa + u * 32 * CB), "l"(src + u * 32 * CB)
+                                 : "memory");
+            }
+            const int nch = es; /* 16 rows of es bytes: es chunks of 16 */
+            if (lane < 2 * nch) {
+                const int which = lane / nch, ch = lane % nch;
+                const uint8_t *ss = (const uint8_t *)(which ? pq.w.biases : pq.w.scales) + (m * ng + gj) * 16 * es + ch * 16;
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(ring_sa + (unsigned)(ps * SLOT + VB + which * 64 + ch * 16)),
+                             "l"(ss)
+                             : "memory");
+            }
+            if (++pi == ni) pi = 0, pb += gridDim.x, p_open();
+        }
+        cp_async_commit();
+        ps = ps + 1 == D ? 0 : ps + 1;
+    };
+    p_open();
+#pragma unroll
+    for (int d = 0; d < D - 1; d++) produce();
+    pdl_wait(); /* the activations are the predecessor's */
+    const uint16_t *pbx[NTC]; /* this lane's column g of each token tile: its token's part */
+    bool bin[NTC];
+#pragma unroll
+    for (int j = 0; j < NTC; j++) {
+        const int n = 8 * j + g;
+        const int64_t tok = n / P;
+        bin[j] = n / P < BT && tok < T;
+        pbx[j] = xs + (int64_t)(n % P) * (T * ldxs) + (bin[j] ? tok : 0) * ldxs + 8 * t;
+    }
+    const uint32_t one2 = 0x3f803f80u; /* bf16 1.0, 1.0 */
+    int cs = 0;
+    for (int64_t b = blockIdx.x; b < nblk; b += gridDim.x) {
+        const mm_pick pk = mm_select_at(grp, b);
+        const int64_t m = pk.blk;
+        float acc[NTC][4];
+#pragma unroll
+        for (int j = 0; j < NTC; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+        for (int64_t i = 0; i < ni; i++) {
+            cp_async_wait<D - 2>(); /* this group is in (this lane's copies) */
+            __syncwarp();           /* and the other lanes' (the scales) */
+            const unsigned char *sl = ring + cs * SLOT;
+            uint4 cur[GS];
+#pragma unroll
+            for (int u = 0; u < GS; u++) {
+                if (CB == 16) cur[u] = *(const uint4 *)(sl + u * 32 * CB + lane * CB);
+                else {
+                    const uint2 v = *(const uint2 *)(sl + u * 32 * CB + lane * CB);
+                    cur[u] = make_uint4(v.x, v.y, 0, 0);
+                }
+            }
+            const float s0 = load_s(sl + VB, dt, g), s1 = load_s(sl + VB, dt, g + 8);
+            const float b0 = load_s(sl + VB + 64, dt, g), b1 = load_s(sl + VB + 64, dt, g + 8);
+            __syncwarp(); /* every lane has read the slot before it refills */
+            cs = cs + 1 == D ? 0 : cs + 1;
+            produce(); /* into the slot read the group before */
+            const int64_t k0 = (warp + i * MM_SPLITS) * GS;
+            float ga[NTC][4], xa[NTC][4];
+#pragma unroll
+            for (int j = 0; j < NTC; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) ga[j][e] = xa[j][e] = 0.0f;
+#pragma unroll
+            for (int u = 0; u < GS; u++) {
+                uint32_t a[8];
+                q_frag<BITS>(cur[u], a);
+#pragma unroll
+                for (int j = 0; j < NTC; j++) {
+                    const uint4 bb = bin[j] ? *(const uint4 *)(pbx[j] + (k0 + u) * 32) : make_uint4(0, 0, 0, 0);
+                    mma_bf16(ga[j], a[0], a[1], a[2], a[3], bb.x, bb.y);
+                    mma_bf16(xa[j], one2, one2, one2, one2, bb.x, bb.y);
+                    mma_bf16(ga[j], a[4], a[5], a[6], a[7], bb.z, bb.w);
+                    mma_bf16(xa[j], one2, one2, one2, one2, bb.z, bb.w);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < NTC; j++) {
+                acc[j][0] = fmaf(b0, xa[j][0], fmaf(s0, ga[j][0], acc[j][0]));
+                acc[j][1] = fmaf(b0, xa[j][1], fmaf(s0, ga[j][1], acc[j][1]));
+                acc[j][2] = fmaf(b1, xa[j][2], fmaf(s1, ga[j][2], acc[j][2]));
+                acc[j][3] = fmaf(b1, xa[j][3], fmaf(s1, ga[j][3], acc[j][3]));
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < NTC; j++) {
+            float *o = red[warp] + j * 128;
+            o[g * 8 + 2 * t] = acc[j][0];
+            o[g * 8 + 2 * t + 1] = acc[j][1];
+            o[(g + 8) * 8 + 2 * t] = acc[j][2];
+            o[(g + 8) * 8 + 2 * t + 1] = acc[j][3];
+        }
+        __syncthreads();
+        for (int q = threadIdx.x; q < BT * 16; q += blockDim.x) {
+            const int tl = q / 16, row = q % 16;
+            const int64_t r = m * 16 + row, tok = tl;
+            if (r >= pk.w.rows || tok >= T) continue;
+            float sum = 0.0f;
+            for (int w = 0; w < MM_SPLITS; w++)
+#pragma unroll
+                for (int p = 0; p < P; p++) {
+                    const int n = tl * P + p;
+                    sum += red[w][(n / 8) * 128 + row * 8 + n % 8];
+                }
+            pk.y[tok * pk.ldy + r] = sum;
+        }
+        __syncthreads(); /* red is read before the next tile's sums go in */
+    }
+    cp_async_wait<0>();
+}
+
+template <int P, int NTC, int BITS>
+static void launch_qmv_b(cu_stream s, const mm_group &g, int64_t nblk, const uint16_t *xs, int64_t ldxs, int64_t n) {
+    const dim3 grid((unsigned)nblk, (unsigned)((n + 8 * NTC / P - 1) / (8 * NTC / P)));
+    const dim3 blk(32 * MM_SPLITS);
+    /* two groups in flight a warp (more spill registers) */
+    switch (g.w[0].group / 32) {
+    case 1: launch_pdl(k_qmv<P, NTC, BITS, 1, MM_SPLITS, 2>, grid, blk, 0, s, g, xs, ldxs, n); break;
+    case 2: launch_pdl(k_qmv<P, NTC, BITS, 2, MM_SPLITS, 2>, grid, blk, 0, s, g, xs, ldxs, n); break;
+    default: launch_pdl(k_qmv<P, NTC, BITS, 4, MM_SPLITS, 2>, grid, blk, 0, s, g, xs, ldxs, n); break;
+    }
+}
+
+/* k_qmvp: ring depth and residency by group width (the steps in flight a warp about 8) */
+/* blocks an SM: 3 (2 where 3 token tiles or more want the registers) */
+template <int NTC>
+static constexpr int qmvp_minb() { return NTC <= 2 ? 3 : 2; }
+template <int P, int NTC, int BITS, int GS>
+static constexpr int qmvp_depth() {
+    /* about 8 steps in flight a warp (4 at least), as deep as qmvp_minb blocks an SM allow */
+    constexpr int want = GS == 1 ? 10 : GS == 2 ? 5 : 3;
+    constexpr int fit = (int)((227 * 1024 / qmvp_minb<NTC>() - 1024 - MM_SPLITS * NTC * 128 * 4) / (MM_SPLITS * qmvp_slot<BITS, GS>()));
+    return want < fit ? want : fit;
+}
+template <int P, int NTC, int BITS, int GS>
+static void qmvp_attr() {
+    constexpr int D = qmvp_depth<P, NTC, BITS, GS>();
+    static_assert((qmvp_smem<NTC, BITS, GS, D>() + 1024) * qmvp_minb<NTC>() <= 227 * 1024, "the blocks fit an SM");
+    cudaFuncSetAttribute(k_qmvp<P, NTC, BITS, GS, D, qmvp_minb<NTC>()>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)qmvp_smem<NTC, BITS, GS, D>());
+}
+template <int P, int NTC, int BITS>
+static void qmvp_attr_b() {
+    qmvp_attr<P, NTC, BITS, 1>();
+    qmvp_attr<P, NTC, BITS, 2>();
+    qmvp_attr<P, NTC, BITS, 4>();
+}
+void qmvp_init(void) {
+    qmvp_attr_b<1, 1, 8>(), qmvp_attr_b<1, 2, 8>(), qmvp_attr_b<3, 1, 8>(), qmvp_attr_b<3, 3, 8>(), qmvp_attr_b<3, 6, 8>();
+    qmvp_attr_b<1, 1, 4>(), qmvp_attr_b<1, 2, 4>(), qmvp_attr_b<3, 1, 4>(), qmvp_attr_b<3, 3, 4>(), qmvp_attr_b<3, 6, 4>();
+}
+
+template <int P, int NTC, int BITS, int GS>
+static void launch_qmvp_g(cu_stream s, const mm_group &g, int64_t nblk, const uint16_t *xs, int64_t ldxs, int64_t n) {
+    constexpr int D = qmvp_depth<P, NTC, BITS, GS>();
+    launch_pdl(k_qmvp<P, NTC, BITS, GS, D, qmvp_minb<NTC>()>, dim3(mmvp_grid(nblk, qmvp_minb<NTC>())), dim3(32 * MM_SPLITS),
+               qmvp_smem<NTC, BITS, GS, D>(), s, g, nblk, xs, ldxs, n);
+}
+
+/* whether k_qmvp takes the group: its cp.async copies need 16-byte aligned values, scales and biases */
+static bool qmvp_fits(const mm_group &g, int64_t n, int P, int NTC) {
+    if (n > 8 * NTC / P) return false;
+    for (int i = 0; i < g.n; i++)
+        if (((uintptr_t)g.w[i].data | (uintptr_t)g.w[i].scales | (uintptr_t)g.w[i].biases) & 15) return false;
+    return true;
+}
+
+template <int P, int NTC>
+static void launch_qmv_p(cu_stream s, mm_group g, const uint16_t *xs, int64_t ldxs, int64_t n) {
+    const int64_t nblk = group_blocks(&g, 1);
+    if (qmvp_fits(g, n, P, NTC)) {
+        const int bits = g.w[0].bits, gs = g.w[0].group / 32;
+        if (bits == 8) {
+            if (gs == 1) launch_qmvp_g<P, NTC, 8, 1>(s, g, nblk, xs, ldxs, n);
+            else if (gs == 2) launch_qmvp_g<P, NTC, 8, 2>(s, g, nblk, xs, ldxs, n);
+            else launch_qmvp_g<P, NTC, 8, 4>(s, g, nblk, xs, ldxs, n);
+        } else {
+            if (gs == 1) launch_qmvp_g<P, NTC, 4, 1>(s, g, nblk, xs, ldxs, n);
+            else if (gs == 2) launch_qmvp_g<P, NTC, 4, 2>(s, g, nblk, xs, ldxs, n);
+            else launch_qmvp_g<P, NTC, 4, 4>(s, g, nblk, xs, ldxs, n);
+        }
+        return;
+    }
+    if (g.w[0].bits == 8) launch_qmv_b<P, NTC, 8>(s, g, nblk, xs, ldxs, n);
+    else launch_qmv_b<P, NTC, 4>(s, g, nblk, xs, ldxs, n);
+}
+
+/* MLX tiled matrices (one width, bits and group): split (unless xs holds x already), then
+ * k_qmv, in slices of the scratch's tokens */
+void launch_qtiled(cu_stream s, mm_group g, const float *x, int64_t ldx, int64_t T, int parts,
+                   const cu_mm_scratch *sc, int xs_ready) {
+    const int64_t cols = g.w[0].cols, ldxs = tiled_steps(cols) * 32, slice = T <= 16 ? T : sc->xs_tokens;
+    for (int64_t t0 = 0; t0 < T; t0 += slice) {
+        const int64_t n = T - t0 < slice ? T - t0 : slice;
+        mm_group gs = g;
+        for (int i = 0; i < g.n; i++) gs.y[i] = g.y[i] + t0 * g.ldy[i];
+        if (!(xs_ready && T <= 16)) launch_split(s, x + t0 * ldx, ldx, n, cols, sc->xs, ldxs, parts);
+        if (parts == 1) {
+            if (n <= 8) launch_qmv_p<1, 1>(s, gs, sc->xs, ldxs, n);
+            else launch_qmv_p<1, 2>(s, gs, sc->xs, ldxs, n);
+        } else {
+            if (n <= 2) launch_qmv_p<3, 1>(s, gs, sc->xs, ldxs, n);
+            else if (n <= 8) launch_qmv_p<3, 3>(s, gs, sc->xs, ldxs, n);
+            else launch_qmv_p<3, 6>(s, gs, sc->xs, ldxs, n);
+        }
+    }
+}
+
+extern "C" int cu_q_tileable(int bits, int group, int64_t cols) {
+    return (bits == 4 || bits == 8) && (group == 32 || group == 64 || group == 128) && cols % group == 0;
+}
