@@ -24,9 +24,11 @@ trap 'rm -rf "$T"' EXIT
 
 build/tests/test_backend_ops >"$T/ops" 2>&1
 c=$(grep -c '^ok.*cuda device 0' "$T/ops")
-if grep -q '^# [0-9]* passed, 0 failed' "$T/ops" && [ "$c" -gt 0 ]; then
+cb=$(grep -c '^ok.*cuda bf16 device 0' "$T/ops")
+if grep -q '^# [0-9]* passed, 0 failed' "$T/ops" && [ "$c" -gt 0 ] && [ "$cb" -gt 0 ]; then
     w=$(grep '^ok.*cuda device 0.*within' "$T/ops" | grep -o 'worst [0-9.e+-]*' | awk '{print $2}' | sort -g | tail -1)
-    ok "op conformance, CUDA backend: $c checks pass (largest error vs the scalar reference $w)"
+    wb=$(grep '^ok.*cuda bf16 device 0.*within' "$T/ops" | grep -o 'worst [0-9.e+-]*' | awk '{print $2}' | sort -g | tail -1)
+    ok "op conformance, CUDA backend: $c checks pass (largest error vs the scalar reference $w); --precision bf16: $cb (largest $wb, bound 2e-2)"
 else
     nok "op conformance: $(summary "$T/ops")"
     grep '^not ok' "$T/ops" | head -8 | sed 's/^/#   /'

@@ -28,6 +28,10 @@ typedef struct declared {
 static const declared CPU = {"cpu", 1e-5, 1};
 /* fp32 throughout, its own summation orders: the same bound; one configuration (no threads) */
 static const declared CUDA = {"cuda", 1e-5, 0};
+/* --precision bf16: activations, queries, K, V and attention weights rounded to bf16 for the
+ * tensor cores (fp32 accumulation and state), as the peers compute; a layout or indexing
+ * fault is of the order of the output itself, rounding a fraction of a percent */
+static const declared CUDA_BF16 = {"cuda bf16", 2e-2, 0};
 
 static uint64_t rng = 0x2545F4914F6CDD1Dull;
 static float frand(void) {
@@ -211,7 +215,7 @@ static void test_model(const char *dir) {
     partner[n_cx] = -1;
     snprintf(label[n_cx++], sizeof label[0], "reference");
     const char *const *names = st_kernels_names();
-    for (int i = 0; names[i] && n_cx + 2 <= MAXC; i++) {
+    for (int i = 0; names[i] && n_cx + 4 <= MAXC; i++) { /* room for the two CUDA configurations */
         const st_kernels *k = st_kernels_by_name(names[i]);
         if (!k) continue;
         for (int th = 1; th <= 3; th += 2) {
@@ -231,12 +235,21 @@ static void test_model(const char *dir) {
         decl[n_cx] = &CUDA;
         partner[n_cx] = -1;
         snprintf(label[n_cx++], sizeof label[0], "device 0");
+        decl[n_cx] = &CUDA_BF16;
+        partner[n_cx] = -1;
+        snprintf(label[n_cx++], sizeof label[0], "device 0");
     } else {
         printf("# %s: the CUDA backend is skipped here: %s\n", dir, why);
     }
     for (int i = 0; i < n_cx && st == ST_OK; i++) {
-        if (i == cuda_at) st = st_backend_cuda_create(m, NULL, &cx[i].b, &err);
-        else st = st_backend_cpu_create(m, &conf[i], NULL, &cx[i].b, &err);
+        if (i == cuda_at) {
+            st = st_backend_cuda_create(m, NULL, &cx[i].b, &err);
+        } else if (cuda_at >= 0 && i == cuda_at + 1) {
+            st_cuda_params bp = st_cuda_default_params();
+            bp.precision = ST_PRECISION_BF16;
+            st = st_backend_cuda_create(m, &bp, &cx[i].b, &err);
+        } else
+            st = st_backend_cpu_create(m, &conf[i], NULL, &cx[i].b, &err);
         if (st == ST_OK) st = kit_fwd(cx[i].b, cache, MAX_T, &cx[i].f, &err);
     }
     st_plan_buf pb;
@@ -251,13 +264,17 @@ static void test_model(const char *dir) {
     {
         /* steps: A: 70 tokens from 0 (a 64-token chunk, blocks of 16), then decode; B: 17, then 47
          * to end on position 64, then 65 (a whole chunk and one); C: 1 token, then 64 from
-         * position 1 (no chunk); D starts in the second step with a whole chunk; then random. */
-        step steps[8] = {
+         * position 1 (no chunk); D starts in the second step with a whole chunk, later takes
+         * 130 tokens at once (the many-token products' 128-token tiles, wgmma in bf16); then
+         * random. */
+        enum { N_STEPS = 9 };
+        step steps[N_STEPS] = {
             {3, {0, 1, 2}, {70, 17, 1}},
             {4, {0, 1, 2, 3}, {1, 47, 64, 64}},
             {4, {1, 0, 2, 3}, {65, 5, 1, 1}},
+            {1, {3}, {130}},
         };
-        for (int k = 3; k < 8; k++) {
+        for (int k = 4; k < N_STEPS; k++) {
             steps[k].n = 1 + (int)((frand() + 1.0f) * 1.999f);
             for (int i = 0; i < steps[k].n; i++) {
                 steps[k].seq[i] = (i + k) % 4;
@@ -274,7 +291,7 @@ static void test_model(const char *dir) {
         memset(seen, 0, sizeof seen);
         for (int i = 0; i < MAXC; i++)
             for (int o = 0; o < N_OPS; o++) exact[i][o] = 1;
-        for (int k = 0; k < 8 && st == ST_OK; k++) {
+        for (int k = 0; k < N_STEPS && st == ST_OK; k++) {
             st_batch_item items[4];
             int64_t T = 0;
             for (int i = 0; i < steps[k].n; i++) {
@@ -307,7 +324,7 @@ static void test_model(const char *dir) {
                 }
             }
         }
-        CHECK(st == ST_OK, "%s: 8 ragged steps ran on %d contexts (%s)", dir, n_cx, err.msg);
+        CHECK(st == ST_OK, "%s: %d ragged steps ran on %d contexts (%s)", dir, N_STEPS, n_cx, err.msg);
         for (int o = 0; o < N_OPS && st == ST_OK; o++) {
             if (!seen[o]) continue;
             for (int i = 1; i < n_cx; i++) {

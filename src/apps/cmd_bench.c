@@ -43,12 +43,34 @@ static double now_s(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* --op-times: where a prefill's (what = "prefill", n its tokens) or a decode step's (what =
+ * "decode", n its batch; the times of `steps` steps summed) device time went (stderr) */
+static void print_op_times(st_fwd *f, const char *what, long long n, int steps, double wall_s) {
+    st_cuda_op_times ot;
+    st_bctx_cuda_op_times(st_fwd_ctx(f), &ot);
+    double all = 0;
+    for (int k = 0; k < ot.n; k++) all += ot.ms[k] / steps;
+    if (!strcmp(what, "prefill"))
+        fprintf(stderr, "device time of the %lld-token prefill by operation (%.1f ms timed of %.1f ms wall):\n", n, all,
+                wall_s * 1e3);
+    else
+        fprintf(stderr, "device time of a decode step at batch %lld by operation, without graphs (%.2f ms timed of %.2f "
+                        "ms wall, the mean of %d steps):\n",
+                n, all, wall_s * 1e3 / steps, steps);
+    for (int k = 0; k < ot.n; k++) ot.ms[k] /= steps, ot.calls[k] /= steps;
+    for (int k = 0; k < ot.n; k++)
+        if (ot.calls[k])
+            fprintf(stderr, "  %-54s %9.2f ms %5.1f%%  %6lld calls\n", ot.name[k], ot.ms[k],
+                    all > 0 ? 100.0 * ot.ms[k] / all : 0.0, (long long)ot.calls[k]);
+    if (ot.untimed) fprintf(stderr, "  (%lld ops past the events' capacity, untimed)\n", (long long)ot.untimed);
+}
+
 static void usage(void) {
     fprintf(stderr,
             "usage: strand bench (-m DIR | --synth PRESET [--dtype bf16|q8|q4]) [--json]\n"
             "                    [-t THREADS] [-k ref|avx2|avx512|amx] [--device cpu|cuda]\n"
             "                    [--prompts 512,2048] [--batches 1,4,16] [--prompt-len 128]\n"
-            "                    [--decode-s SECONDS]\n"
+            "                    [--decode-s SECONDS] [--kv-dtype f32|bf16] [--op-times]\n"
             "       strand bench --grammar (-m DIR | --tokenizer FILE) [--vocab 248320]\n"
             "       strand bench (-m DIR | --synth PRESET) --prefix [--prefix-turns 4]\n"
             "                    [--prefix-chat 1024,128,128] [--prefix-long A,B] [--prefix-every BLOCKS]\n"
@@ -56,7 +78,9 @@ static void usage(void) {
             "  Measures memory read bandwidth, prefill tokens/s per prompt length, and decode\n"
             "  tokens/s per batch size with the weight bytes read per second as a fraction of\n"
             "  the bandwidth (the decode floor). --synth makes a preset's weights (e.g. 27b)\n"
-            "  directly in device memory (GPU only): real shapes with no checkpoint.\n"
+            "  directly in device memory (GPU only): real shapes with no checkpoint. --op-times\n"
+            "  (GPU): each prefill's and decode step's device time by kind of operation (those\n"
+            "  steps run without graphs; decode's are 4 extra steps after each batch's rounds).\n"
             "  --grammar: JSON output's cost: each step's token-mask and apply times (p50, p99) for\n"
             "  JSON-object replies and a nested schema over a --vocab-id vocabulary, and with -m\n"
             "  DIR batch-1 decode tok/s free and as a JSON object.\n"
@@ -227,7 +251,8 @@ int cmd_bench(int argc, char **argv) {
     long long prompts[8] = {512, 2048}, batches[8] = {1, 4, 16};
     int n_prompts = 2, n_batches = 3, lists_given = 0;
     double decode_s = 2.0;
-    int prefix = 0, grammar = 0;
+    int prefix = 0, grammar = 0, op_times = 0;
+    st_kv_dtype kvd = ST_KV_F32;
     const char *gram_tok = NULL;
     long long gram_vocab = 0;
     long long images[8][2];
@@ -265,6 +290,11 @@ int cmd_bench(int argc, char **argv) {
             if (!v || cli_parse_int(a, v, 1, 1 << 16, &plen)) return 2;
         } else if (!strcmp(a, "--prefix")) {
             prefix = 1;
+        } else if (!strcmp(a, "--op-times")) {
+            op_times = 1;
+        } else if (!strcmp(a, "--kv-dtype")) {
+            const char *v = cli_value(argc, argv, &i);
+            if (!v || cli_parse_kv_dtype(v, &kvd) != 0) return 2;
         } else if (!strcmp(a, "--grammar")) {
             grammar = 1;
         } else if (!strcmp(a, "--tokenizer")) {
@@ -378,6 +408,7 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 0; i < n_batches; i++) max_batch = batches[i] > max_batch ? batches[i] : max_batch;
     int64_t decode_steps_max = 4096;
     st_cache_params cp = st_cache_default_params();
+    cp.kv_dtype = kvd;
     cp.n_slots = (int)max_batch;
     cp.max_seq_len = (max_prompt > plen + decode_steps_max ? max_prompt : plen + decode_steps_max) + 8;
     /* the prompts run one at a time; the decode sequences together */
@@ -425,16 +456,24 @@ int cmd_bench(int argc, char **argv) {
     }
 
     double pre_tok_s[8] = {0}, pre_s[8] = {0};
+    if (op_times && st_bctx_cuda_time_ops(st_fwd_ctx(f), 1) != 0) {
+        st_error_set(&err, ST_ERR_UNSUPPORTED, "--op-times: the device's op times cannot be taken (a GPU only)");
+        goto done;
+    }
     for (int i = 0; i < n_prompts; i++) {
         if (!json) fprintf(stderr, "prefill %lld tokens...\n", prompts[i]);
         if (st_cache_seq_start(cache, &seqs[0], &err) != ST_OK) goto done;
         st_batch_item it = {&seqs[0], toks, (int)prompts[i], ST_LOGITS_LAST};
+        st_cuda_op_times ot;
+        if (op_times) st_bctx_cuda_op_times(st_fwd_ctx(f), &ot); /* clears */
         double t0 = now_s();
         if (st_batch_run(cache, f, &it, 1, logits, &err) != ST_OK) goto done;
         pre_s[i] = now_s() - t0;
         pre_tok_s[i] = (double)prompts[i] / pre_s[i];
         st_cache_seq_release(cache, &seqs[0]);
+        if (op_times) print_op_times(f, "prefill", prompts[i], 1, pre_s[i]);
     }
+    if (op_times) st_bctx_cuda_time_ops(st_fwd_ctx(f), 0); /* decode is timed with its graphs */
 
     decode_res dr[8];
     memset(dr, 0, sizeof dr);
@@ -481,6 +520,21 @@ int cmd_bench(int argc, char **argv) {
             bw = bw_r > bw ? bw_r : bw;
             fr[rd] = (double)ms.bytes_per_token * steps_r / t_r / 1e9 / bw_r;
         }
+        if (op_times && steps + 4 <= decode_steps_max) { /* 4 more steps, timed op by op (no graphs) */
+            st_bctx_cuda_time_ops(st_fwd_ctx(f), 1);
+            st_cuda_op_times ot;
+            st_bctx_cuda_op_times(st_fwd_ctx(f), &ot); /* clears */
+            const double t0 = now_s();
+            for (int j = 0; j < 4; j++) {
+                for (int s = 0; s < B; s++) {
+                    next[s] = (int32_t)((j * 7919 + s * 104729) % c->vocab_size);
+                    items[s] = (st_batch_item){&seqs[s], &next[s], 1, ST_LOGITS_LAST};
+                }
+                if (st_batch_run(cache, f, items, B, logits, &err) != ST_OK) goto done;
+            }
+            print_op_times(f, "decode", B, 4, now_s() - t0);
+            st_bctx_cuda_time_ops(st_fwd_ctx(f), 0);
+        }
         for (int s = 0; s < B; s++) st_cache_seq_release(cache, &seqs[s]);
         qsort(fr, (size_t)n_rounds, sizeof fr[0], cmp_double);
         dr[bi].batch = B;
@@ -521,6 +575,7 @@ int cmd_bench(int argc, char **argv) {
     } else {
         printf("model      %s\n", dir);
         printf("device     %s\n", dev);
+        printf("kv cache   %s\n", kvd == ST_KV_BF16 ? "bf16" : "f32");
         if (ranks > 1)
             printf("ranks      %d (tensor parallel over MPI; this rank's %d threads; every rank reads its shard)\n",
                    ranks, nth);

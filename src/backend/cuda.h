@@ -59,8 +59,26 @@ void st_backend_cuda_describe(const st_backend *b, char *buf, size_t cap);
  * once per item count and replayed after. */
 void st_bctx_cuda_graphs(const st_bctx *c, int64_t *captures, int64_t *launches);
 
+/* Device time by kind of operation (profiling; `strand bench --op-times`). While a context
+ * times its ops, its steps run eagerly (no graphs) and each operation is bracketed by two
+ * events on the context's stream; step_end adds the times up by kind. */
+#define ST_CUDA_OP_KINDS 16
+typedef struct st_cuda_op_times {
+    int n;                               /* kinds */
+    const char *name[ST_CUDA_OP_KINDS];  /* static strings */
+    double ms[ST_CUDA_OP_KINDS];         /* device milliseconds since the last read */
+    int64_t calls[ST_CUDA_OP_KINDS];
+    int64_t untimed;                     /* ops past the events' capacity in a step */
+} st_cuda_op_times;
+
+/* Start (on = 1) or stop timing c's ops; -1 when c is not a CUDA context or its events
+ * cannot be made (made once, on the first start: 2 per op of a step). */
+int st_bctx_cuda_time_ops(st_bctx *c, int on);
+/* The times since the last read (then cleared); n = 0 when c is not a CUDA context. */
+void st_bctx_cuda_op_times(st_bctx *c, st_cuda_op_times *out);
+
 /* ---- the entry points the shared object exports (the loader's side of the contract) ---- */
-#define ST_CUDA_ABI 3
+#define ST_CUDA_ABI 4
 typedef struct st_cuda_entry {
     int abi;                                /* ST_CUDA_ABI */
     const st_backend_ops *ops;              /* the ops table (identifies its backends) */
@@ -72,6 +90,8 @@ typedef struct st_cuda_entry {
     void (*memory)(const st_backend *b, size_t *free_bytes, size_t *total_bytes);
     double (*copy_bandwidth)(const st_backend *b, size_t bytes);
     void (*graphs)(const st_bctx *c, int64_t *captures, int64_t *launches);
+    int (*time_ops)(st_bctx *c, int on);
+    void (*op_times)(st_bctx *c, st_cuda_op_times *out);
 } st_cuda_entry;
 /* the symbol: const st_cuda_entry *st_cuda_entry_get(void) */
 #define ST_CUDA_ENTRY_SYMBOL "st_cuda_entry_get"

@@ -83,6 +83,15 @@ double st_backend_cuda_copy_bandwidth(const st_backend *b, size_t bytes) {
     return st_backend_is_cuda(b) ? g_entry->copy_bandwidth(b, bytes) : 0.0;
 }
 
+int st_bctx_cuda_time_ops(st_bctx *c, int on) {
+    return c && st_backend_is_cuda(c->b) ? g_entry->time_ops(c, on) : -1;
+}
+
+void st_bctx_cuda_op_times(st_bctx *c, st_cuda_op_times *out) {
+    memset(out, 0, sizeof *out);
+    if (c && st_backend_is_cuda(c->b)) g_entry->op_times(c, out);
+}
+
 void st_bctx_cuda_graphs(const st_bctx *c, int64_t *captures, int64_t *launches) {
     *captures = *launches = 0;
     if (c && st_backend_is_cuda(c->b)) g_entry->graphs(c, captures, launches);

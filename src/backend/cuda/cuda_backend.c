@@ -564,6 +564,15 @@ typedef struct g_slot {
 } g_slot;
 
 enum { G_EAGER = 0, G_CAPTURE = 1, G_REPLAY = 2 };
+
+/* the kinds of op timed for st_bctx_cuda_op_times */
+enum { TK_EMBED, TK_NORM, TK_GDN_IN, TK_GDN_OUT, TK_QKV, TK_O, TK_GATE_UP, TK_DOWN, TK_GDN, TK_ATTN_PREP,
+       TK_ATTENTION, TK_MOE, TK_LOGITS, TK_COUNT };
+static const char *const tk_name[TK_COUNT] = {
+    "embedding",        "norms (add + RMSNorm)", "GDN in-projections", "GDN out_proj",
+    "attention q/k/v",  "attention o_proj",      "MLP gate/up + SwiGLU", "MLP down",
+    "delta rule (conv, q/k norms, state steps, gated norm)", "q/k norm, RoPE, KV write", "attention",
+    "MoE",              "LM head, logits to the host"};
 enum { OP_EMBED = 1, OP_ADD_NORM, OP_MATMUL, OP_GDN, OP_ATTN_PREP, OP_ATTENTION };
 
 typedef struct cuda_ctx {
@@ -604,6 +613,13 @@ typedef struct cuda_ctx {
     int n_log, max_ops, at;     /* ops logged; capacity; replay: ops matched so far */
     g_slot *graphs;             /* [n_slots + 1] by token count; owned */
     int64_t graph_launches, graph_captures;
+    /* op timing (st_bctx_cuda_time_ops): events in pairs, one pair an op of the step */
+    int timing;
+    cudaEvent_t *tev;           /* [2 * tev_pairs] owned, made on the first start */
+    uint8_t *tev_kind;          /* [tev_pairs] the kind of each pair's op */
+    int tev_pairs, tev_used;
+    double tk_ms[TK_COUNT];
+    int64_t tk_calls[TK_COUNT], untimed;
 } cuda_ctx;
 
 static void note(cuda_ctx *c, cudaError_t e) {
@@ -681,6 +697,11 @@ static void cuda_ctx_destroy(st_bctx *base) {
         }
     free(c->graphs);
     free(c->log);
+    if (c->tev)
+        for (int i = 0; i < 2 * c->tev_pairs; i++)
+            if (c->tev[i]) cudaEventDestroy(c->tev[i]);
+    free(c->tev);
+    free(c->tev_kind);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
 }
@@ -845,6 +866,45 @@ static float *act(cuda_ctx *c, st_act a) {
     case ST_ACT_P4: return c->p4;
     case ST_ACT_MIX: return c->mix;
     default: return NULL;
+    }
+}
+
+/* op timing: an event before the op and one after (nothing when not timing, or past the
+ * step's pairs) */
+static void tm_start(cuda_ctx *c) {
+    if (c->timing && c->tev_used < c->tev_pairs) note(c, cudaEventRecord(c->tev[2 * c->tev_used], c->stream));
+}
+
+static void tm_stop(cuda_ctx *c, int kind) {
+    if (!c->timing) return;
+    if (c->tev_used >= c->tev_pairs) {
+        c->untimed++;
+        return;
+    }
+    note(c, cudaEventRecord(c->tev[2 * c->tev_used + 1], c->stream));
+    c->tev_kind[c->tev_used++] = (uint8_t)kind;
+}
+
+/* after the step's stream has synchronized: its pairs into the sums */
+static void tm_collect(cuda_ctx *c) {
+    for (int i = 0; i < c->tev_used; i++) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, c->tev[2 * i], c->tev[2 * i + 1]) == cudaSuccess) {
+            c->tk_ms[c->tev_kind[i]] += ms;
+            c->tk_calls[c->tev_kind[i]]++;
+        }
+    }
+    c->tev_used = 0;
+}
+
+static int tm_kind_of(st_wid w) {
+    switch (w) {
+    case ST_W_IN_QKV: case ST_W_IN_Z: case ST_W_IN_B: case ST_W_IN_A: return TK_GDN_IN;
+    case ST_W_OUT_PROJ: return TK_GDN_OUT;
+    case ST_W_Q: case ST_W_K: case ST_W_V: return TK_QKV;
+    case ST_W_O: return TK_O;
+    case ST_W_GATE: case ST_W_UP: return TK_GATE_UP;
+    default: return TK_DOWN;
     }
 }
 
@@ -1052,7 +1112,7 @@ static void graph_finish(cuda_ctx *c) {
 /* the step's mode, after its plan is on the device */
 static void graph_begin(cuda_ctx *c, const st_step_plan *pl) {
     c->graph_mode = G_EAGER;
-    if (c->b->E || pl->n_tokens != pl->n_items || pl->n_tokens > c->p.n_slots) return;
+    if (c->timing || c->b->E || pl->n_tokens != pl->n_items || pl->n_tokens > c->p.n_slots) return;
     c->graph_T = pl->n_tokens;
     g_slot *g = &c->graphs[c->graph_T];
     if (g->refused) return;
@@ -1071,13 +1131,19 @@ static void graph_begin(cuda_ctx *c, const st_step_plan *pl) {
 static void cuda_embed(st_bctx *base) {
     cuda_ctx *c = (cuda_ctx *)base;
     const g_op o = {.kind = OP_EMBED};
-    if (!graph_op(c, &o)) do_embed(c);
+    if (graph_op(c, &o)) return;
+    tm_start(c);
+    do_embed(c);
+    tm_stop(c, TK_EMBED);
 }
 
 static void cuda_add_norm(st_bctx *base, int layer, st_norm which, int mode) {
     cuda_ctx *c = (cuda_ctx *)base;
     const g_op o = {.kind = OP_ADD_NORM, .layer = layer, .a = (int)which, .b = mode};
-    if (!graph_op(c, &o)) do_add_norm(c, layer, which, mode);
+    if (graph_op(c, &o)) return;
+    tm_start(c);
+    do_add_norm(c, layer, which, mode);
+    tm_stop(c, TK_NORM);
 }
 
 static void cuda_matmul(st_bctx *base, int layer, st_act in, const st_mm *mm, int n, int swiglu) {
@@ -1089,25 +1155,37 @@ static void cuda_matmul(st_bctx *base, int layer, st_act in, const st_mm *mm, in
         return;
     }
     for (int i = 0; i < n; i++) o.mm[i] = mm[i];
-    if (!graph_op(c, &o)) do_matmul(c, layer, in, mm, n, swiglu);
+    if (graph_op(c, &o)) return;
+    tm_start(c);
+    do_matmul(c, layer, in, mm, n, swiglu);
+    tm_stop(c, tm_kind_of(mm[0].w));
 }
 
 static void cuda_gdn(st_bctx *base, int layer) {
     cuda_ctx *c = (cuda_ctx *)base;
     const g_op o = {.kind = OP_GDN, .layer = layer};
-    if (!graph_op(c, &o)) do_gdn(c, layer);
+    if (graph_op(c, &o)) return;
+    tm_start(c);
+    do_gdn(c, layer);
+    tm_stop(c, TK_GDN);
 }
 
 static void cuda_attn_prep(st_bctx *base, int layer) {
     cuda_ctx *c = (cuda_ctx *)base;
     const g_op o = {.kind = OP_ATTN_PREP, .layer = layer};
-    if (!graph_op(c, &o)) do_attn_prep(c, layer);
+    if (graph_op(c, &o)) return;
+    tm_start(c);
+    do_attn_prep(c, layer);
+    tm_stop(c, TK_ATTN_PREP);
 }
 
 static void cuda_attention(st_bctx *base, int layer) {
     cuda_ctx *c = (cuda_ctx *)base;
     const g_op o = {.kind = OP_ATTENTION, .layer = layer};
-    if (!graph_op(c, &o)) do_attention(c, layer);
+    if (graph_op(c, &o)) return;
+    tm_start(c);
+    do_attention(c, layer);
+    tm_stop(c, TK_ATTENTION);
 }
 
 /* SwiGLU MLP of n rows of x into y, on p1/p2 */
@@ -1128,6 +1206,7 @@ static void cuda_moe(st_bctx *base, int layer) {
     const cl_layer *L = &b->layers[layer];
     const int64_t T = c->T, d = b->d;
     const int E = b->E, k = b->topk;
+    tm_start(c);
     cu_matmul(c->stream, &L->router, c->xn, d, T, c->gout, E, b->mm_mode, &c->mms);
     note(c, cudaMemcpyAsync(c->h_router, c->gout, (size_t)(T * E) * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
     note(c, cudaStreamSynchronize(c->stream));
@@ -1162,6 +1241,7 @@ static void cuda_moe(st_bctx *base, int layer) {
         cu_matmul(c->stream, &L->sh_egate, c->xn, d, T, c->small, 1, b->mm_mode, &c->mms);
         cu_gated_add(c->stream, c->out, c->gout, c->small, T, d);
     }
+    tm_stop(c, TK_MOE);
     /* the host lists are reused by the next layer: their copies must be done */
     note(c, cudaStreamSynchronize(c->stream));
 }
@@ -1179,10 +1259,12 @@ static void cuda_logits(st_bctx *base, float *out) {
     const int64_t rows = c->hp->n_logit_rows;
     for (int64_t r0 = 0; r0 < rows; r0 += LOGIT_CHUNK) {
         const int64_t n = rows - r0 < LOGIT_CHUNK ? rows - r0 : LOGIT_CHUNK;
+        tm_start(c);
         cu_gather_rows(c->stream, c->xn, b->d, c->plan.rows + r0, n, c->gath);
         cu_matmul(c->stream, &b->lm_head, c->gath, b->d, n, c->lg, b->V, b->mm_mode, &c->mms);
         note(c, cudaMemcpyAsync(out + r0 * b->V, c->lg, (size_t)(n * b->V) * sizeof(float), cudaMemcpyDeviceToHost,
                                 c->stream));
+        tm_stop(c, TK_LOGITS);
         note(c, cudaStreamSynchronize(c->stream));
     }
 }
@@ -1207,6 +1289,7 @@ static st_status cuda_step_end(st_bctx *base, st_error *err) {
     graph_finish(c);
     note(c, cudaStreamSynchronize(c->stream));
     note(c, cudaGetLastError());
+    tm_collect(c);
     c->hp = NULL;
     if (c->first_error != cudaSuccess) return cuda_fail(err, c->first_error, "a step");
     return ST_OK;
@@ -1267,6 +1350,38 @@ static void cuda_graphs(const st_bctx *base, int64_t *captures, int64_t *launche
     *launches = c->graph_launches;
 }
 
+static int cuda_time_ops(st_bctx *base, int on) {
+    cuda_ctx *c = (cuda_ctx *)base;
+    if (on && !c->tev) { /* once: a pair for each op a step can hold */
+        const int pairs = c->max_ops + c->p.max_tokens / LOGIT_CHUNK + 1; /* + the logits' passes */
+        c->tev = calloc((size_t)(2 * pairs), sizeof *c->tev);
+        c->tev_kind = calloc((size_t)pairs, 1);
+        if (!c->tev || !c->tev_kind) return -1;
+        c->tev_pairs = pairs;
+        for (int i = 0; i < 2 * pairs; i++)
+            if (cudaEventCreate(&c->tev[i]) != cudaSuccess) {
+                cudaGetLastError();
+                return -1;
+            }
+    }
+    c->timing = on != 0;
+    return 0;
+}
+
+static void cuda_op_times(st_bctx *base, st_cuda_op_times *out) {
+    cuda_ctx *c = (cuda_ctx *)base;
+    out->n = TK_COUNT;
+    for (int i = 0; i < TK_COUNT; i++) {
+        out->name[i] = tk_name[i];
+        out->ms[i] = c->tk_ms[i];
+        out->calls[i] = c->tk_calls[i];
+        c->tk_ms[i] = 0;
+        c->tk_calls[i] = 0;
+    }
+    out->untimed = c->untimed;
+    c->untimed = 0;
+}
+
 static const st_cuda_entry entry = {
     .abi = ST_CUDA_ABI,
     .ops = &cuda_ops,
@@ -1277,6 +1392,8 @@ static const st_cuda_entry entry = {
     .memory = cuda_memory,
     .copy_bandwidth = cuda_copy_bandwidth,
     .graphs = cuda_graphs,
+    .time_ops = cuda_time_ops,
+    .op_times = cuda_op_times,
 };
 
 __attribute__((visibility("default"))) const st_cuda_entry *st_cuda_entry_get(void) { return &entry; }

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One GPU machine's measurements in one go (a machine's time is short: build elsewhere, run
+# this there): the GPU tests, the wgmma products against k_gemm, and `strand bench` on the
+# 27B shape in both precisions with each prefill's device time by operation. Logs go to
+# OUTDIR (default bench/out/gpu); a summary is printed last.
+#   bench/cuda/gpu_session.sh [OUTDIR] [tests|wg|bench|mlx ...]   (default: all four)
+set -u
+cd "$(dirname "$0")/../.."
+O=${1:-bench/out/gpu}
+shift || true
+parts=${*:-tests wg bench mlx}
+mkdir -p "$O"
+S=build/strand
+has() { case " $parts " in *" $1 "*) return 0 ;; esac; return 1; }
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv >"$O/smi.txt" 2>&1
+if has wg; then
+    timeout 120 build/mmv_bench wg 10 >"$O/wg.txt" 2>&1
+    cat "$O/wg.txt"
+fi
+if has bench; then
+    # bf16 as the peers compute (a bf16 KV cache too); exact as the fixtures hold it
+    for prec in bf16 exact; do
+        kv=f32
+        [ $prec = bf16 ] && kv=bf16
+        timeout 200 $S bench --device cuda --synth 27b --dtype bf16 --precision $prec --kv-dtype $kv \
+            --prompts 512,2048,8192 --batches 1,16,64 --decode-s 1 --op-times >"$O/bench_$prec.txt" 2>"$O/bench_$prec.err"
+        echo "bench 27B bf16 weights, --precision $prec, KV $kv (rc $?):"
+        grep -A20 '^prefill' "$O/bench_$prec.txt" | head -24
+        grep -A16 'device time of the 8192' "$O/bench_$prec.err"
+        grep -A16 'decode step at batch 64' "$O/bench_$prec.err"
+    done
+fi
+if has mlx; then
+    for dt in q8 q4; do
+        timeout 150 $S bench --device cuda --synth 27b --dtype $dt --prompts 2048 --batches 1,16,64 --decode-s 1 \
+            >"$O/bench_$dt.txt" 2>"$O/bench_$dt.err"
+        echo "bench 27B $dt (rc $?):"
+        grep -A12 '^prefill' "$O/bench_$dt.txt" | head -14
+    done
+fi
+if has tests; then
+    timeout 300 tests/gpu_test.sh >"$O/test_gpu.txt" 2>&1
+    echo "make test-gpu (rc $?):"
+    cat "$O/test_gpu.txt"
+fi
