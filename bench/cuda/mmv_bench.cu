@@ -4,14 +4,17 @@
  * k_gemm beyond; without: k_mma), the row-major CUDA-core kernel and a plain read of the same
  * bytes (the ceiling); GB/s of weights each (times T / 1000: TFLOP/s), whether the two tiled
  * paths give the same bits, and the time of one 27B token's matrices against the
- * copy-bandwidth floor. It includes the backend's product kernels (src/backend/cuda/matmul.cu,
- * matmul_bf16.cu, matmul_q.cu; elementwise.cu for the copy and the synthetic weights), so it
+ * copy-bandwidth floor. Built for sm_90a (the wgmma kernel's target): it runs on an H100/H200. It includes the backend's product kernels (src/backend/cuda/matmul.cu,
+ * matmul_bf16.cu, matmul_q.cu, matmul_wgmma.cu; elementwise.cu for the copy and the synthetic weights), so it
  * measures the code strand runs.
  *
  *   build/mmv_bench [reps]
  *   build/mmv_bench sweep [reps] [T,T..]  k_gemm's tile shapes (and splits) beside the backend's
  *                                    path, at 32 to 2,048 tokens (or those given)
  *   build/mmv_bench q [reps]         MLX 8- and 4-bit: k_qmvp against k_qmv
+ *   build/mmv_bench wg [reps] [T,..] bf16 products on wgmma (matmul_wgmma.cu) against k_gemm:
+ *                                    agreement and TFLOP/s at 64 to 2,048 tokens (or those
+ *                                    given); exits 1 where they disagree
  *   build/mmv_bench prof R C T P     one product, for a profiler
  */
 #include <cuda_runtime.h>
@@ -26,6 +29,7 @@
 #include "backend/cuda/matmul.cu"
 #include "backend/cuda/matmul_bf16.cu"
 #include "backend/cuda/matmul_q.cu"
+#include "backend/cuda/matmul_wgmma.cu"
 
 #define CK(x)                                                                                            \
     do {                                                                                                 \
@@ -342,10 +346,114 @@ static int prof(int64_t rows, int64_t cols, int64_t T, int P) {
     return 0;
 }
 
+/* ---- `mmv_bench wg [reps] [T,...]`: bf16 products of many tokens on wgmma (matmul_wgmma.cu)
+ * against k_gemm, on the same bf16 activations: the largest difference relative to the
+ * largest output (the summation orders differ, so fp32 rounding apart: at most 4e-9 times the
+ * columns passes), every output written, and TFLOP/s of each ---- */
+static int wgbench(int reps, const char *tlist) {
+    cudaStream_t s;
+    CK(cudaStreamCreate(&s));
+    cu_mm_init();
+    void *enc = cu_wgmma_available();
+    if (!enc) {
+        printf("wgmma: this device does not run the sm_90a kernel\n");
+        return 1;
+    }
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    const struct { const char *name; int64_t rows, cols; } shapes[] = {
+        {"gate+up", 34816, 5120}, {"down", 5120, 17408}, {"gdn in", 16512, 5120}, {"out/o", 5120, 6144},
+        {"attn qkv", 14336, 5120}, {"odd rows", 1000, 384}};
+    std::vector<int64_t> Ts = {64, 128, 256, 512, 1024, 2048};
+    if (tlist) {
+        Ts.clear();
+        for (const char *q = tlist; *q;) {
+            Ts.push_back(atoll(q));
+            while (*q && *q != ',') q++;
+            if (*q) q++;
+        }
+    }
+    int64_t TM = 16;
+    for (int64_t T : Ts) TM = T > TM ? T : TM;
+    int bad = 0;
+    printf("bf16 products on wgmma against k_gemm: TFLOP/s; err = max |wgmma - k_gemm| / max |k_gemm|\n");
+    printf("%-9s %6s %10s %10s %10s\n", "shape", "T", "k_gemm", "wgmma", "err");
+    for (const auto &sh : shapes) {
+        const size_t bytes = (size_t)sh.rows * sh.cols * 2, tbytes = cu_tiled_elems(sh.rows, sh.cols) * 2;
+        uint16_t *wd, *wt, *xs;
+        float *x, *y, *yref;
+        CK(cudaMalloc(&wd, bytes));
+        CK(cudaMalloc(&wt, tbytes));
+        cu_synth_fill(s, wd, bytes / 2, CU_SYNTH_BF16, 99, 0.05f);
+        cu_tile_bf16(s, wd, sh.rows, sh.cols, wt);
+        CK(cudaMalloc(&x, TM * sh.cols * 4));
+        CK(cudaMalloc(&xs, cu_split_elems(TM, sh.cols) * 2));
+        CK(cudaMalloc(&y, TM * sh.rows * 4));
+        CK(cudaMalloc(&yref, TM * sh.rows * 4));
+        {
+            std::vector<float> hx(TM * sh.cols);
+            srand(13);
+            for (auto &v : hx) v = (float)rand() / RAND_MAX * 2.0f - 1.0f;
+            CK(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
+        }
+        const cu_mm_scratch sc = {xs, TM, NULL, 0};
+        const cu_mat w = {CU_FMT_BF16_TILED, 0, 0, 0, sh.rows, sh.cols, wt, NULL, NULL};
+        const int64_t ldxs = tiled_steps(sh.cols) * 32;
+        mm_group g;
+        g.n = 1, g.w[0] = w, g.y[0] = yref, g.ldy[0] = sh.rows, g.blk0[0] = 0;
+        for (int64_t T : Ts) {
+            launch_split(s, x, sh.cols, T, sh.cols, xs, ldxs, 1);
+            launch_gemm_shape<1>(s, g, xs, ldxs, T, &sc);
+            CK(cudaMemsetAsync(y, 0xff, T * sh.rows * 4, s)); /* NaN: an output never written stays one */
+            if (cu_wgmma_matmul(s, enc, &w, xs, ldxs, T, y, sh.rows) != 0) {
+                printf("%-9s %6lld refused\n", sh.name, (long long)T);
+                bad++;
+                continue;
+            }
+            CK(cudaStreamSynchronize(s));
+            std::vector<float> a((size_t)(T * sh.rows)), b(a.size());
+            CK(cudaMemcpy(a.data(), y, a.size() * 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(b.data(), yref, b.size() * 4, cudaMemcpyDeviceToHost));
+            double md = 0, mr = 0;
+            size_t nan = 0;
+            for (size_t i = 0; i < a.size(); i++) {
+                if (!(a[i] == a[i])) nan++;
+                const double dd = fabs((double)a[i] - b[i]);
+                md = dd > md ? dd : md;
+                mr = fabs((double)b[i]) > mr ? fabs((double)b[i]) : mr;
+            }
+            const double err = mr > 0 ? md / mr : md;
+            /* two fp32 summation orders over `cols` products each: their rounding drifts apart
+             * with the sum's length (measured on the H200: 6e-6 of the largest output at 5,120
+             * columns, 2e-5 at 17,408); a wrong tile or index is of the order of the output */
+            const double bound = 4e-9 * (double)sh.cols;
+            const bool ok = nan == 0 && err <= bound;
+            bad += !ok;
+            const double t_ref = time_launches(s, e0, e1, reps, 1, [&](int) { launch_gemm_shape<1>(s, g, xs, ldxs, T, &sc); });
+            const double t_wg = time_launches(s, e0, e1, reps, 1, [&](int) { cu_wgmma_matmul(s, enc, &w, xs, ldxs, T, y, sh.rows); });
+            const double fl = 2.0 * sh.rows * sh.cols * T;
+            printf("%-9s %6lld %10.1f %10.1f %10.2e%s", sh.name, (long long)T, fl / t_ref / 1e12, fl / t_wg / 1e12, err,
+                   ok ? "\n" : "  FAIL");
+            if (nan) printf(" (%zu outputs not written)", nan);
+            if (!ok) printf("\n");
+        }
+        CK(cudaFree(wd));
+        CK(cudaFree(wt));
+        CK(cudaFree(x));
+        CK(cudaFree(xs));
+        CK(cudaFree(y));
+        CK(cudaFree(yref));
+    }
+    printf("wgmma: %s\n", bad ? "FAILED" : "all products agree");
+    return bad ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "sweep")) return sweep(argc > 2 ? atoi(argv[2]) : 10, argc > 3 ? argv[3] : NULL);
     if (argc > 5 && !strcmp(argv[1], "prof")) return prof(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]));
     if (argc > 1 && !strcmp(argv[1], "q")) return qbench(argc > 2 ? atoi(argv[2]) : 20);
+    if (argc > 1 && !strcmp(argv[1], "wg")) return wgbench(argc > 2 ? atoi(argv[2]) : 10, argc > 3 ? argv[3] : NULL);
     const int reps = argc > 1 ? atoi(argv[1]) : 20;
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));

@@ -2,7 +2,8 @@
  *
  * q/k norms and RoPE with K and V into the paged pool (k_attn_prep), then paged causal
  * attention with the sigmoid gate: on the CUDA cores (k_attention) or the tensor cores
- * (k_attn_tc), the same chunking and merge order.
+ * (k_attn_tc), the same chunking and merge order; in the `bf16` precision, steps holding a
+ * prompt take k_attn_fa (flash attention over many queries a block).
  */
 #include "backend/cuda/cu_common.cuh"
 
@@ -540,12 +541,263 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) k_attn_tc(cu_plan p, cu_attn_a
     }
 }
 
+/* ---- attention in the `bf16` precision, many queries a block: k_attn_fa ----
+ * The peers' way (flash attention, as FlashAttention-2 computes it): a block takes FA_ROWS
+ * query rows, each a (token, query head) of one tile of consecutive tokens of an item and
+ * the query heads of one KV head; a warp 16 of them. The queries (scaled, rounded to bf16)
+ * sit in shared memory; the positions go by in chunks of FA_CH, their K and V rounded to
+ * bf16 in shared memory (from a bf16 pool by cp.async, the next chunk in flight; from an fp32
+ * pool converted by the threads); a warp's scores S = Q K^T (16 x FA_CH) stay in registers,
+ * the running max and sum go per row, and S's fragments become the A operand of P V without
+ * leaving the registers. Only the `bf16` precision takes it (the scores and weights are bf16
+ * products, the order of the sums is the chunking's own: a query's bits depend on its tile's
+ * first chunk to mask, so not batch-invariant as `exact` is); decode steps and head dims
+ * other than 64, 128 and 256 keep k_attn_tc. */
+#define FA_WARPS 8
+#define FA_ROWS (16 * FA_WARPS)
+#define FA_CH 64
+#define FA_PAD 8 /* bf16 a shared row past hd: ldmatrix's 8 rows fall in distinct banks */
+
+template <int HD>
+static constexpr size_t fa_smem() {
+    return (size_t)(FA_ROWS + 4 * FA_CH) * (HD + FA_PAD) * 2 + FA_ROWS * 8;
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ uint32_t bf2(float a, float b) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *(const uint32_t *)&h;
+}
+
+/* the tile of blockIdx.x counted from the last (the longest first): its item, or -1 */
+__device__ __forceinline__ int fa_tile(const cu_plan &p, int tt, int64_t *t0, int64_t *nt) {
+    int64_t k = (int64_t)gridDim.x - 1 - blockIdx.x;
+    for (int i = 0; i < p.n_items; i++) {
+        const int64_t n = p.item_t0[i + 1] - p.item_t0[i], tiles = (n + tt - 1) / tt;
+        if (k < tiles) {
+            *t0 = p.item_t0[i] + k * tt, *nt = n - k * tt < tt ? n - k * tt : tt;
+            return i;
+        }
+        k -= tiles;
+    }
+    return -1;
+}
+
+/* chunk c's K and V (positions c0 .. c0 + FA_CH - 1, zeros past last) into buffer kb, vb */
+template <int HD, bool BF16KV>
+__device__ __forceinline__ void fa_load(const cu_kv &kv, const cu_plan &p, int it, int li, int h, int64_t c0,
+                                        int64_t last, uint16_t *kb, uint16_t *vb) {
+    constexpr int LD = HD + FA_PAD, P8 = HD / 8;
+    const int64_t vstep = (int64_t)kv.nkv * kv.block_size * HD;
+    for (int i = threadIdx.x; i < FA_CH * P8; i += 32 * FA_WARPS) {
+        const int r = i / P8, e0 = (i % P8) * 8;
+        const int64_t pos = c0 + r;
+        const bool in = pos <= last;
+        const size_t ki = in ? kv_index(kv, p, it, li, 0, h, pos) + e0 : 0;
+        if (BF16KV) {
+            cp_async16(kb + r * LD + e0, (const uint16_t *)kv.base + ki, in ? 16 : 0);
+            cp_async16(vb + r * LD + e0, (const uint16_t *)kv.base + ki + vstep, in ? 16 : 0);
+        } else {
+            uint4 ok = make_uint4(0, 0, 0, 0), ov = ok;
+            if (in) {
+                const float *kp = (const float *)kv.base + ki, *vp = kp + vstep;
+                const float4 k0 = *(const float4 *)kp, k1 = *(const float4 *)(kp + 4);
+                const float4 v0 = *(const float4 *)vp, v1 = *(const float4 *)(vp + 4);
+                ok = make_uint4(bf2(k0.x, k0.y), bf2(k0.z, k0.w), bf2(k1.x, k1.y), bf2(k1.z, k1.w));
+                ov = make_uint4(bf2(v0.x, v0.y), bf2(v0.z, v0.w), bf2(v1.x, v1.y), bf2(v1.z, v1.w));
+            }
+            *(uint4 *)(kb + r * LD + e0) = ok;
+            *(uint4 *)(vb + r * LD + e0) = ov;
+        }
+    }
+}
+
+template <int HD, bool BF16KV>
+__global__ void __launch_bounds__(32 * FA_WARPS, 1) k_attn_fa(cu_plan p, cu_attn_args a, cu_kv kv, int tt) {
+    pdl_wait();
+    constexpr int LD = HD + FA_PAD, P8 = HD / 8, NO = HD / 8;
+    extern __shared__ int64_t fa_sh[];
+    int64_t *qpos = fa_sh;                               /* [FA_ROWS] each row's position */
+    uint16_t *qs = (uint16_t *)(fa_sh + FA_ROWS);        /* [FA_ROWS][LD] */
+    uint16_t *ks = qs + FA_ROWS * LD;                    /* [2][FA_CH][LD] */
+    uint16_t *vs = ks + 2 * FA_CH * LD;                  /* [2][FA_CH][LD] */
+    const int G = a.nh / a.nkv, h = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    int64_t t0 = 0, nt = 0;
+    const int it = fa_tile(p, tt, &t0, &nt);
+    if (it < 0) return;
+    const int rows = (int)nt * G;
+    const int64_t pos_first = p.pos0[it] + (t0 - p.item_t0[it]), pos_last = pos_first + nt - 1;
+    const float scale = 1.0f / sqrtf((float)HD);
+    if (BF16KV) fa_load<HD, true>(kv, p, it, a.li, h, 0, pos_last, ks, vs); /* chunk 0 in flight */
+    cp_async_commit();
+    for (int i = tid; i < FA_ROWS * P8; i += 32 * FA_WARPS) {
+        const int r = i / P8, e0 = (i % P8) * 8;
+        uint4 o = make_uint4(0, 0, 0, 0);
+        if (r < rows) {
+            const float *src = a.q + (t0 + r / G) * 2 * a.nh * HD + (int64_t)(h * G + r % G) * 2 * HD + e0;
+            float v[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++) v[k] = __fmul_rn(src[k], scale);
+            o = make_uint4(bf2(v[0], v[1]), bf2(v[2], v[3]), bf2(v[4], v[5]), bf2(v[6], v[7]));
+        }
+        *(uint4 *)(qs + r * LD + e0) = o;
+    }
+    /* rows past the tile take its last token's position: finite, never written */
+    for (int r = tid; r < FA_ROWS; r += 32 * FA_WARPS) qpos[r] = pos_first + (r < rows ? r / G : nt - 1);
+    __syncthreads();
+    const int64_t my_pos0 = qpos[16 * warp + g], my_pos1 = qpos[16 * warp + g + 8];
+    float o[NO][4];
+#pragma unroll
+    for (int n = 0; n < NO; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    const uint32_t q_a = (uint32_t)__cvta_generic_to_shared(qs) +
+                         (uint32_t)(((16 * warp + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8) * 2);
+    const int nch = (int)(pos_last / FA_CH) + 1;
+    const bool warp_live = 16 * warp < rows; /* a warp of padding rows only skips the products */
+    for (int c = 0; c < nch; c++) {
+        const int64_t c0 = (int64_t)c * FA_CH;
+        uint16_t *kb = ks + (BF16KV ? (c & 1) : 0) * FA_CH * LD, *vb = vs + (BF16KV ? (c & 1) : 0) * FA_CH * LD;
+        if (BF16KV) {
+            cp_async_wait<0>();
+            __syncthreads(); /* chunk c is in, and every warp is done with chunk c - 1's buffer */
+            if (c + 1 < nch) /* the next chunk into that buffer, in flight while this one is used */
+                fa_load<HD, true>(kv, p, it, a.li, h, c0 + FA_CH, pos_last, ks + ((c + 1) & 1) * FA_CH * LD,
+                                  vs + ((c + 1) & 1) * FA_CH * LD);
+            cp_async_commit();
+        } else {
+            __syncthreads(); /* the previous chunk is read */
+            fa_load<HD, false>(kv, p, it, a.li, h, c0, pos_last, kb, vb);
+            __syncthreads();
+        }
+        if (warp_live) {
+            /* S = Q K^T: 16 rows by FA_CH positions */
+            float s[FA_CH / 8][4];
+#pragma unroll
+            for (int n = 0; n < FA_CH / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+            const uint32_t k_a = (uint32_t)__cvta_generic_to_shared(kb) +
+                                 (uint32_t)((((lane & 7) + (lane >> 4) * 8) * LD + ((lane >> 3) & 1) * 8) * 2);
+#pragma unroll 4
+            for (int kk = 0; kk < HD / 16; kk++) {
+                uint32_t af[4];
+                ldsm_x4(af, q_a + kk * 32);
+#pragma unroll
+                for (int n = 0; n < FA_CH / 8; n += 2) {
+                    uint32_t bf[4];
+                    ldsm_x4(bf, k_a + (uint32_t)(n * 8 * LD * 2) + kk * 32);
+                    mma_bf16(s[n], af[0], af[1], af[2], af[3], bf[0], bf[1]);
+                    mma_bf16(s[n + 1], af[0], af[1], af[2], af[3], bf[2], bf[3]);
+                }
+            }
+            /* the causal mask where the chunk reaches past a row's position */
+            if (c0 + FA_CH - 1 > pos_first) {
+#pragma unroll
+                for (int n = 0; n < FA_CH / 8; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int64_t kp = c0 + 8 * n + 2 * t + (e & 1);
+                        if (kp > (e >= 2 ? my_pos1 : my_pos0)) s[n][e] = -INFINITY;
+                    }
+            }
+            float mc0 = m0, mc1 = m1;
+#pragma unroll
+            for (int n = 0; n < FA_CH / 8; n++) {
+                mc0 = fmaxf(mc0, fmaxf(s[n][0], s[n][1]));
+                mc1 = fmaxf(mc1, fmaxf(s[n][2], s[n][3]));
+            }
+#pragma unroll
+            for (int off = 1; off < 4; off <<= 1) {
+                mc0 = fmaxf(mc0, __shfl_xor_sync(FULL, mc0, off));
+                mc1 = fmaxf(mc1, __shfl_xor_sync(FULL, mc1, off));
+            }
+            /* the first chunk always holds position 0 <= every row's: the maxima are finite */
+            const float al0 = expf(m0 - mc0), al1 = expf(m1 - mc1);
+            m0 = mc0, m1 = mc1;
+            float r0 = 0.0f, r1 = 0.0f;
+            uint32_t pa[FA_CH / 16][4]; /* P as the A operand of P V, k steps of 16 positions */
+#pragma unroll
+            for (int n = 0; n < FA_CH / 8; n++) {
+                const float p0 = expf(s[n][0] - mc0), p1 = expf(s[n][1] - mc0);
+                const float p2 = expf(s[n][2] - mc1), p3 = expf(s[n][3] - mc1);
+                r0 += p0 + p1, r1 += p2 + p3;
+                pa[n / 2][(n & 1) * 2] = bf2(p0, p1);
+                pa[n / 2][(n & 1) * 2 + 1] = bf2(p2, p3);
+            }
+            l0 = l0 * al0 + r0, l1 = l1 * al1 + r1;
+#pragma unroll
+            for (int n = 0; n < NO; n++) o[n][0] *= al0, o[n][1] *= al0, o[n][2] *= al1, o[n][3] *= al1;
+            /* O += P V: V^T's fragments by ldmatrix.trans from V's rows */
+            const uint32_t v_a = (uint32_t)__cvta_generic_to_shared(vb) +
+                                 (uint32_t)((((lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8) * 2);
+#pragma unroll
+            for (int kk = 0; kk < FA_CH / 16; kk++)
+#pragma unroll
+                for (int n = 0; n < NO; n += 2) {
+                    uint32_t bv[4];
+                    ldsm_x4_t(bv, v_a + (uint32_t)(kk * 16 * LD * 2) + n * 16);
+                    mma_bf16(o[n], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], bv[0], bv[1]);
+                    mma_bf16(o[n + 1], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], bv[2], bv[3]);
+                }
+        }
+    }
+    cp_async_wait<0>();
+    if (!warp_live) return;
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+        l0 += __shfl_xor_sync(FULL, l0, off);
+        l1 += __shfl_xor_sync(FULL, l1, off);
+    }
+    const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int r = 16 * warp + g + 8 * hf;
+        if (r >= rows) continue;
+        const int64_t tok = t0 + r / G;
+        const int j = h * G + r % G;
+        const float *gate = a.q + tok * 2 * a.nh * HD + (int64_t)j * 2 * HD + HD;
+        float *dst = a.mix + tok * a.nh * HD + (int64_t)j * HD;
+        const float inv = hf ? inv1 : inv0;
+#pragma unroll
+        for (int n = 0; n < NO; n++) {
+            const int d = 8 * n + 2 * t;
+            const float2 gv = *(const float2 *)(gate + d);
+            float2 out;
+            out.x = o[n][2 * hf] * inv * sigmoidf_(gv.x);
+            out.y = o[n][2 * hf + 1] * inv * sigmoidf_(gv.y);
+            *(float2 *)(dst + d) = out;
+        }
+    }
+}
+
 extern "C" void cu_attention(cu_stream s, const cu_plan *p, const cu_attn_args *a, const cu_kv *kv) {
     if (p->n_tokens <= 0) return;
     const int qt = att_tokens(a);
     dim3 grid((unsigned)((p->n_tokens + qt - 1) / qt + p->n_items), (unsigned)a->nkv);
     const dim3 blk(ATT_THREADS);
     const int parts = a->hd % 16 == 0 ? a->parts : 0;
+    const int G = a->nh / a->nkv;
+    if (parts == 1 && p->n_tokens > p->n_items && G <= FA_ROWS && (a->hd == 64 || a->hd == 128 || a->hd == 256)) {
+        /* `bf16` with a prompt in the step: k_attn_fa (a decode step keeps k_attn_tc) */
+        const int tt = FA_ROWS / G;
+        const dim3 fgrid((unsigned)((p->n_tokens + tt - 1) / tt + p->n_items), (unsigned)a->nkv), fblk(32 * FA_WARPS);
+#define FA_LAUNCH(HD)                                                                                          \
+    (kv->bf16 ? launch_pdl(k_attn_fa<HD, true>, fgrid, fblk, fa_smem<HD>(), s, *p, *a, *kv, tt)               \
+              : launch_pdl(k_attn_fa<HD, false>, fgrid, fblk, fa_smem<HD>(), s, *p, *a, *kv, tt))
+        if (a->hd == 64) FA_LAUNCH(64);
+        else if (a->hd == 128) FA_LAUNCH(128);
+        else FA_LAUNCH(256);
+#undef FA_LAUNCH
+        return;
+    }
     if (parts == 3 && !kv->bf16) launch_pdl(k_attn_tc<3, 3>, grid, blk, atc_smem(a->hd, 3, 3), s, *p, *a, *kv, qt);
     else if (parts == 3) launch_pdl(k_attn_tc<3, 1>, grid, blk, atc_smem(a->hd, 3, 1), s, *p, *a, *kv, qt);
     else if (parts == 1) launch_pdl(k_attn_tc<1, 1>, grid, blk, atc_smem(a->hd, 1, 1), s, *p, *a, *kv, qt);
@@ -563,4 +815,11 @@ extern "C" void cu_attention_init(int hd) {
     cudaFuncSetAttribute(k_attn_tc<3, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)atc_smem(hd, 3, 3));
     cudaFuncSetAttribute(k_attn_tc<3, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)atc_smem(hd, 3, 1));
     cudaFuncSetAttribute(k_attn_tc<1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)atc_smem(hd, 1, 1));
+#define FA_ATTR(HD)                                                                                            \
+    cudaFuncSetAttribute(k_attn_fa<HD, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fa_smem<HD>()); \
+    cudaFuncSetAttribute(k_attn_fa<HD, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fa_smem<HD>())
+    FA_ATTR(64);
+    FA_ATTR(128);
+    FA_ATTR(256);
+#undef FA_ATTR
 }

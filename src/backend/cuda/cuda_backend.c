@@ -741,6 +741,10 @@ static st_status cuda_ctx_create(st_backend *base, const st_ctx_params *p, st_bc
     };
     c->mms.xs_tokens = xs_tokens(T);
     c->mms.part_elems = (int64_t)cu_mm_part_elems(T, widest_out(b));
+    /* `bf16` products of many tokens on Hopper's wgmma where the device runs it (`exact` keeps
+     * k_gemm: its summation order is the few-token kernels', so a token's bits do not depend
+     * on the batch) */
+    c->mms.tma_encode = b->mm_mode == CU_MM_BF16 && b->tiled ? cu_wgmma_available() : NULL;
     for (size_t i = 0; i < sizeof acts / sizeof acts[0] && st == ST_OK; i++) {
         st = dev_alloc(b, (size_t)acts[i].n * sizeof(float), (void **)acts[i].p, err);
         c->bytes += (size_t)acts[i].n * sizeof(float);

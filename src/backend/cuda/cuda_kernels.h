@@ -78,7 +78,21 @@ typedef struct cu_mm_scratch {
      * classes (matrices of few rows: the device would be idle); NULL: never split */
     float *part;
     int64_t part_elems; /* cu_mm_part_elems of the most tokens and the widest output */
+    /* the driver's cuTensorMapEncodeTiled where bf16-activation products of CU_WGMMA_MIN_T
+     * tokens or more take k_wgmma (cu_wgmma_available; the `bf16` precision only); NULL:
+     * k_gemm for every product */
+    void *tma_encode;
 } cu_mm_scratch;
+/* the fewest tokens a product takes k_wgmma for (`make mmv-bench; build/mmv_bench wg`) */
+#define CU_WGMMA_MIN_T 128
+/* Hopper's warpgroup MMA (matmul_wgmma.cu, built for sm_90a): the tensor-map encoder the
+ * products need when this device runs it (compute capability 9.0), else NULL. Once a device. */
+void *cu_wgmma_available(void);
+/* y[t*ldy + r] = sum_c W[r][c] xs[t*ldxs + c] for a CU_FMT_BF16_TILED W and bf16 activations
+ * (the split's one part); 0, or -1 with nothing launched where it does not take the matrix
+ * (an odd number of 32-column steps, misaligned pointers, a refused tensor map) */
+int cu_wgmma_matmul(cu_stream s, void *encode, const cu_mat *w, const uint16_t *xs, int64_t ldxs, int64_t T,
+                    float *y, int64_t ldy);
 /* the floats part needs for products of up to `tokens` tokens and `rows` output rows (of all
  * the matrices of one launch together); splits are for up to 64 tokens */
 static inline size_t cu_mm_part_elems(int64_t tokens, int64_t rows) {

@@ -719,6 +719,15 @@ static void launch_gemm(cu_stream s, const mm_group &g, const float *x, int64_t 
         mm_group gs = g;
         for (int i = 0; i < g.n; i++) gs.y[i] = g.y[i] + t0 * g.ldy[i];
         launch_split(s, x + t0 * ldx, ldx, n, g.w[0].cols, sc->xs, ldxs, parts);
+        if (parts == 1 && sc->tma_encode && n >= CU_WGMMA_MIN_T) { /* Hopper: wgmma, a launch a matrix */
+            for (int i = 0; i < g.n; i++)
+                if (cu_wgmma_matmul(s, sc->tma_encode, &gs.w[i], sc->xs, ldxs, n, gs.y[i], gs.ldy[i]) != 0) {
+                    mm_group one = gs; /* refused: k_gemm */
+                    one.n = 1, one.w[0] = gs.w[i], one.y[0] = gs.y[i], one.ldy[0] = gs.ldy[i];
+                    launch_gemm_shape<1>(s, one, sc->xs, ldxs, n, sc);
+                }
+            continue;
+        }
         if (parts == 1) launch_gemm_shape<1>(s, gs, sc->xs, ldxs, n, sc);
         else launch_gemm_shape<3>(s, gs, sc->xs, ldxs, n, sc);
     }

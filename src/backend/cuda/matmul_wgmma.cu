@@ -1,0 +1,243 @@
+/* ==== bf16 matrices times many tokens on Hopper's warpgroup MMA (wgmma), `bf16` mode ====
+ *
+ * y[t*ldy + r] = sum_c W[r][c] xs[t][c]: W a tiled bf16 matrix (CU_FMT_BF16_TILED, see
+ * matmul_bf16.cu), xs the activations rounded to bf16 ([T][ldxs], the split's one part).
+ * Built for sm_90a alone (wgmma, setmaxnreg); cu_wgmma_available says whether the device runs
+ * it. Only the `bf16` precision takes it: its summation order is the tensor cores' own over
+ * 16 columns at a time, in column order, not the 8 summation classes of k_mmv / k_gemm, so it
+ * gives other bits than the few-token kernels (`exact` keeps those everywhere).
+ *
+ * A block: 128 weight rows by 256 tokens, three warpgroups. The first is the producer: one
+ * thread moves each stage's operands into shared memory with the tensor memory accelerator
+ * (TMA), two 32-column steps a stage, in WG_STAGES stages, each completing on its own
+ * mbarrier ("full"); the other two are consumers, each 64 rows by 256 tokens of fp32
+ * accumulators in registers (wgmma m64n256k16, both operands from shared memory), which
+ * free a stage by arriving on its "empty" barrier.
+ *
+ * The tiled layout is what TMA reads directly: a 16-row tile's 32-column step is 16 rows of
+ * 64 contiguous bytes (lanes 4g + t of the few-token kernels load row g's 16-byte piece t),
+ * so the matrix is a 4-D tensor {32 columns, 16 rows, steps, tiles} of strides {2, 64, 1024,
+ * steps * 1024} bytes, and a box of {32, 16, 1, 8} is 128 rows of one step, 64 bytes a row,
+ * as wgmma's K-major layout with the 64-byte swizzle wants it (TMA swizzles as it writes).
+ * The activations are a 2-D tensor {ldxs, T}; a box of {32, 256} is 256 tokens of one step.
+ * Rows past the matrix and tokens past T are read as zeros (TMA's out-of-bounds fill) and
+ * never written back. Matrices of an odd number of steps (columns not a multiple of 64 once
+ * padded to 32) are refused: cu_wgmma_matmul returns -1 and the caller takes k_gemm.
+ */
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "backend/cuda/cuda_kernels.h"
+
+#define WG_BM 128                            /* weight rows a block (2 consumers of 64) */
+#define WG_BN 256                            /* tokens a block */
+#define WG_STAGES 4                          /* stages of 2 steps in flight */
+#define WG_A_STEP (WG_BM * 64)               /* bytes of one step of the weights: 128 rows of 64 */
+#define WG_B_STEP (WG_BN * 64)               /* one step of the activations: 256 tokens of 64 */
+#define WG_STAGE (2 * WG_A_STEP + 2 * WG_B_STEP)
+#define WG_SMEM (WG_STAGES * WG_STAGE + 1024 + 2 * WG_STAGES * 8) /* + alignment, barriers */
+#define WG_THREADS 384
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+/* until the phase of this parity has completed */
+__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@p bra.uni DONE;\n"
+                 "bra.uni WAIT;\n"
+                 "DONE:\n"
+                 "}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, int c3,
+                                            uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
+                 "%5}], [%6];" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+                 : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+                 "[%4];" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
+
+/* a shared-memory matrix descriptor: K-major rows of 64 bytes under the 64-byte swizzle, 8-row
+ * groups 512 bytes apart (the leading offset is unused in this layout) */
+__device__ __forceinline__ uint64_t wg_desc(uint32_t addr) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(512 >> 4) << 32 | (uint64_t)2 << 62;
+}
+
+__device__ __forceinline__ void wg_fence_regs(float (&d)[128]) {
+#pragma unroll
+    for (int i = 0; i < 128; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* d += A (64 rows x 16 columns) B^T (256 tokens x 16 columns) */
+__device__ __forceinline__ void wgmma_256(float (&d)[128], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, %128, %129, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(da), "l"(db), "r"(1));
+}
+
+__global__ void __launch_bounds__(WG_THREADS, 1)
+    k_wgmma(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap, int64_t rows,
+            int64_t T, int nsteps, float *y, int64_t ldy) {
+    extern __shared__ uint8_t wg_raw[];
+    const uint32_t base = (smem_u32(wg_raw) + 1023u) & ~1023u; /* the swizzle repeats every 512 bytes */
+    const uint32_t full = base + WG_STAGES * WG_STAGE, empty = full + WG_STAGES * 8;
+    const int tid = threadIdx.x, wg = tid / 128;
+    const int tb = blockIdx.x, rb = blockIdx.y;
+    const int nk = nsteps / 2; /* stages: two steps each (nsteps is even) */
+    if (tid == 0) {
+        for (int s = 0; s < WG_STAGES; s++) {
+            mbar_init(full + 8 * s, 1);
+            mbar_init(empty + 8 * s, 8); /* a consumer warp's lane 0 each */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        if (tid == 0) {
+            for (int i = 0; i < nk; i++) {
+                const int s = i % WG_STAGES;
+                mbar_wait(empty + 8 * s, ((i / WG_STAGES) & 1) ^ 1);
+                mbar_expect_tx(full + 8 * s, WG_STAGE);
+                const uint32_t st = base + s * WG_STAGE;
+                for (int h = 0; h < 2; h++) {
+                    const int k = 2 * i + h;
+                    tma_load_4d(st + h * WG_A_STEP, &wmap, 0, 0, k, rb * (WG_BM / 16), full + 8 * s);
+                    tma_load_2d(st + 2 * WG_A_STEP + h * WG_B_STEP, &xmap, 32 * k, tb * WG_BN, full + 8 * s);
+                }
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const int c = wg - 1, warp = (tid / 32) % 4, lane = tid % 32;
+    float d[128];
+#pragma unroll
+    for (int i = 0; i < 128; i++) d[i] = 0.0f;
+    for (int i = 0; i < nk; i++) {
+        const int s = i % WG_STAGES;
+        mbar_wait(full + 8 * s, (i / WG_STAGES) & 1);
+        const uint32_t st = base + s * WG_STAGE;
+        wg_fence_regs(d);
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+#pragma unroll
+            for (int kk = 0; kk < 2; kk++)
+                wgmma_256(d, wg_desc(st + h * WG_A_STEP + c * (64 * 64) + 32 * kk),
+                          wg_desc(st + 2 * WG_A_STEP + h * WG_B_STEP + 32 * kk));
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        wg_fence_regs(d);
+        if (lane == 0) mbar_arrive(empty + 8 * s);
+    }
+    /* d[4j + e]: row 16 warp + g (+ 8 for e >= 2), token 8j + 2t + (e & 1) */
+    const int g = lane / 4, t = lane % 4;
+    const int64_t r0 = (int64_t)rb * WG_BM + c * 64 + warp * 16 + g, n0 = (int64_t)tb * WG_BN + 2 * t;
+#pragma unroll
+    for (int j = 0; j < 32; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int64_t r = r0 + (e >= 2 ? 8 : 0), n = n0 + 8 * j + (e & 1);
+            if (r < rows && n < T) y[n * ldy + r] = d[4 * j + e];
+        }
+}
+
+typedef CUresult (*tmap_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                   const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+extern "C" void *cu_wgmma_available(void) {
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess || major != 9 ||
+        minor != 0)
+        return NULL; /* sm_90a code runs on compute capability 9.0 alone */
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || !fn)
+        return NULL;
+    if (cudaFuncSetAttribute(k_wgmma, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess) return NULL;
+    return fn;
+}
+
+extern "C" int cu_wgmma_matmul(cu_stream s, void *encode, const cu_mat *w, const uint16_t *xs, int64_t ldxs, int64_t T,
+                               float *y, int64_t ldy) {
+    const tmap_encode_fn enc = (tmap_encode_fn)encode;
+    const int64_t nsteps = (w->cols + 31) / 32, ntiles = (w->rows + 15) / 16;
+    if (!enc || w->fmt != CU_FMT_BF16_TILED || T <= 0 || nsteps % 2 != 0 || nsteps > (1 << 30) || ldxs % 32 != 0 ||
+        ((uintptr_t)w->data & 15) || ((uintptr_t)xs & 15))
+        return -1;
+    CUtensorMap wmap, xmap;
+    const cuuint64_t wdim[4] = {32, 16, (cuuint64_t)nsteps, (cuuint64_t)ntiles};
+    const cuuint64_t wstride[3] = {64, 1024, (cuuint64_t)nsteps * 1024};
+    const cuuint32_t wbox[4] = {32, 16, 1, WG_BM / 16}, ones[4] = {1, 1, 1, 1};
+    if (enc(&wmap, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)w->data, wdim, wstride, wbox, ones,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+        return -1;
+    const cuuint64_t xdim[2] = {(cuuint64_t)ldxs, (cuuint64_t)T};
+    const cuuint64_t xstride[1] = {(cuuint64_t)ldxs * 2};
+    const cuuint32_t xbox[2] = {32, WG_BN};
+    if (enc(&xmap, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)xs, xdim, xstride, xbox, ones,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+        return -1;
+    /* token tiles fastest: the blocks running at once share a few row blocks' weights, read
+     * from memory once, and the slice's activations stay in L2 */
+    const dim3 grid((unsigned)((T + WG_BN - 1) / WG_BN), (unsigned)((w->rows + WG_BM - 1) / WG_BM));
+    k_wgmma<<<grid, WG_THREADS, WG_SMEM, s>>>(wmap, xmap, w->rows, T, (int)nsteps, y, ldy);
+    return cudaGetLastError() == cudaSuccess ? 0 : -1;
+}
