@@ -51,6 +51,8 @@ if [ -z "$SCRIPTED_URL" ] || [ -z "$RANDOM_URL" ] || [ -z "$SMALL_URL" ] || [ -z
     tail -5 "$T"/*.log
     exit 1
 fi
+# the device the servers run on (a GPU run: STRAND_DEVICE=cuda)
+grep -h '^strand: running on' "$T/a.log" | head -1 | sed 's/^/# /'
 SCRIPTED_URL=$SCRIPTED_URL RANDOM_URL=$RANDOM_URL SMALL_URL=$SMALL_URL SMALL_PID=$SMALL_PID VISION_URL=$VISION_URL \
     IMAGES=tests/data/fixtures/tiny-vl/images \
     timeout 300 node tests/e2e/e2e.mjs

@@ -352,6 +352,11 @@ st_status st_server_run(const st_server_params *p, volatile sig_atomic_t *stop, 
             goto out;
         }
     atomic_store(&s->health, HEALTH_READY);
+    {
+        char what[512];
+        st_backend_describe(s->backend, what, sizeof what);
+        fprintf(stderr, "strand: running on %s\n", what);
+    }
     fprintf(stderr, "strand: ready\n");
     while (!*stop && !atomic_load(&s->fatal)) usleep(100 * 1000);
     if (atomic_load(&s->fatal)) { /* the streams' error events go out; /health answers 503 a while */
