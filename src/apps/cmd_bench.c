@@ -426,7 +426,7 @@ int cmd_bench(int argc, char **argv) {
     if (st_cache_create(m, &cp, &cache, &err) != ST_OK) goto done;
     st_ctx_params xp = st_cache_ctx_params(cache, max_tokens);
     if (st_fwd_create(be, &xp, &f, &err) != ST_OK) goto done;
-    logits = malloc((size_t)max_batch * (size_t)c->vocab_size * sizeof(float));
+    logits = st_fwd_host_alloc(f, (size_t)max_batch * (size_t)c->vocab_size * sizeof(float)); /* page-locked on a GPU */
     toks = malloc((size_t)max_tokens * sizeof(int32_t));
     if (!logits || !toks) {
         st_error_set(&err, ST_ERR_NOMEM, "out of memory");
@@ -604,7 +604,7 @@ int cmd_bench(int argc, char **argv) {
     rc = 0;
 done:
     if (rc) cli_fail(&err);
-    free(logits);
+    if (f) st_fwd_host_free(f, logits);
     free(toks);
     bw_probe_destroy(&probe);
     st_fwd_destroy(f);

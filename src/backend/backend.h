@@ -221,6 +221,11 @@ typedef struct st_backend_ops {
      * n_snapshots); copy KV block `from` to block `to` (every full-attention layer). */
     void (*state_copy)(st_bctx *c, int from, int to);
     void (*kv_copy)(st_bctx *c, int32_t from, int32_t to);
+    /* Optional (NULL: malloc/free): host memory the backend copies a step's results into
+     * fastest (page-locked for a GPU, so the logits' copy runs at the bus's rate rather than
+     * through the driver's staging); NULL when it cannot be had. */
+    void *(*host_alloc)(st_backend *b, size_t bytes);
+    void (*host_free)(st_backend *b, void *p);
 } st_backend_ops;
 
 /* The common part of every backend (its first member). */

@@ -334,7 +334,7 @@ void st_sched_destroy(st_sched *s) {
     free(s->im_ptrs);
     free(s->im_keys);
     free(s->item_rec);
-    free(s->logits);
+    if (s->fwd) st_fwd_host_free(s->fwd, s->logits);
     st_gram_vocab_free(s->gram);
     free(s->gram_mask);
     free(s->fork_logits);
@@ -393,7 +393,7 @@ st_status st_sched_create(const st_model *m, const st_tokenizer *tok, const st_s
     s->recs = calloc(n, sizeof *s->recs);
     s->items = calloc(n, sizeof *s->items);
     s->item_rec = calloc(n, sizeof *s->item_rec);
-    s->logits = malloc(n * (size_t)m->cfg.vocab_size * sizeof(float));
+    s->logits = st_fwd_host_alloc(s->fwd, n * (size_t)m->cfg.vocab_size * sizeof(float)); /* page-locked on a GPU */
     s->fork_logits = malloc((size_t)m->cfg.vocab_size * sizeof(float));
     if (!s->recs || !s->items || !s->item_rec || !s->logits || !s->fork_logits) {
         st = st_error_set(err, ST_ERR_NOMEM, "out of memory");

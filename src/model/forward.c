@@ -53,6 +53,17 @@ st_status st_fwd_create(st_backend *b, const st_ctx_params *p, st_fwd **out, st_
     return ST_OK;
 }
 
+void *st_fwd_host_alloc(st_fwd *f, size_t bytes) {
+    if (f->b->ops->host_alloc) return f->b->ops->host_alloc(f->b, bytes ? bytes : 1);
+    return malloc(bytes ? bytes : 1);
+}
+
+void st_fwd_host_free(st_fwd *f, void *p) {
+    if (!p) return;
+    if (f->b->ops->host_free) f->b->ops->host_free(f->b, p);
+    else free(p);
+}
+
 void st_fwd_destroy(st_fwd *f) {
     if (!f) return;
     if (f->relay_id >= 0) {

@@ -58,6 +58,12 @@ st_status st_fwd_enable_embeds(st_fwd *f, st_error *err);
  * buffer cannot be had. */
 st_status st_fwd_set_hidden_hook(st_fwd *f, st_hidden_hook hook, void *user, st_error *err);
 
+/* Host memory for the logits st_fwd_run writes, in the form the backend fills fastest
+ * (page-locked for a GPU; malloc'd otherwise); NULL when out of memory. Free it with
+ * st_fwd_host_free before the backend is destroyed. */
+void *st_fwd_host_alloc(st_fwd *f, size_t bytes);
+void st_fwd_host_free(st_fwd *f, void *p);
+
 const st_ctx_params *st_fwd_params(const st_fwd *f);
 st_backend *st_fwd_backend(st_fwd *f);
 st_bctx *st_fwd_ctx(st_fwd *f);

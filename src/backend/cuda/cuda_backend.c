@@ -1324,6 +1324,22 @@ static void cuda_kv_copy(st_bctx *base, int32_t from, int32_t to) {
     note(c, cudaMemcpyAsync(kv + (size_t)to * bytes, kv + (size_t)from * bytes, bytes, cudaMemcpyDeviceToDevice, c->stream));
 }
 
+/* page-locked host memory: the logits' copy at the bus's rate */
+static void *cuda_host_alloc(st_backend *base, size_t bytes) {
+    cudaSetDevice(((cuda_backend *)base)->device);
+    void *p = NULL;
+    if (cudaMallocHost(&p, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_host_free(st_backend *base, void *p) {
+    (void)base;
+    if (p) cudaFreeHost(p);
+}
+
 static const st_backend_ops cuda_ops = {
     .name = "cuda",
     .destroy = cuda_destroy,
@@ -1346,6 +1362,8 @@ static const st_backend_ops cuda_ops = {
     .step_end = cuda_step_end,
     .state_copy = cuda_state_copy,
     .kv_copy = cuda_kv_copy,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
 };
 
 static void cuda_graphs(const st_bctx *base, int64_t *captures, int64_t *launches) {
