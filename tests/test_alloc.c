@@ -82,7 +82,9 @@ out:
 }
 
 /* The CUDA backend: not one device allocation and no change in free device memory over
- * thousands of decode steps (skipped without a GPU). */
+ * 20,000 decode steps, the free memory sampled every 1,000 (the soak issue 14 asks for; the
+ * failure strand answers was a GPU object limit hit after 264 s of decoding). Skipped without
+ * a GPU. */
 static void run_cuda(const char *dir) {
     char why[512] = "";
     if (!st_cuda_available(NULL, why, sizeof why)) {
@@ -97,7 +99,7 @@ static void run_cuda(const char *dir) {
     st_backend *be = NULL;
     st_error err = {0};
     if (!CHECK(st_model_load(path, &m, &err) == ST_OK, "%s loads (%s)", dir, err.msg)) return;
-    enum { NS = 4, STEPS = 5000 };
+    enum { NS = 4, STEPS = 20000, SAMPLE = 1000 };
     st_cache_params cp = st_cache_default_params();
     cp.n_slots = NS;
     cp.max_seq_len = STEPS + 64;
@@ -129,14 +131,24 @@ static void run_cuda(const char *dir) {
     }
     st_backend_cuda_memory(be, &free0, &total);
     st_bctx_cuda_graphs(st_fwd_ctx(f), &cap0, &launch0);
+    size_t free_lo = free0, free_hi = free0; /* the samples' range */
     for (int s = 2; s < STEPS && st == ST_OK; s++) {
         for (int i = 0; i < NS; i++) items[i] = (st_batch_item){&seqs[i], &toks[i][s % 32], 1, ST_LOGITS_LAST};
         st = st_batch_run(c, f, items, NS, logits, &err);
+        if (s % SAMPLE == 0) {
+            size_t fr, tt;
+            st_backend_cuda_memory(be, &fr, &tt);
+            free_lo = fr < free_lo ? fr : free_lo;
+            free_hi = fr > free_hi ? fr : free_hi;
+        }
     }
     st_backend_cuda_memory(be, &free1, &total);
-    CHECK(st == ST_OK && st_backend_cuda_device_allocs(be) == allocs && free1 == free0,
-          "%s on CUDA: %d decode steps of %d sequences: %lld device allocations, free device memory %zu -> %zu bytes (%s)",
-          dir, STEPS, NS, (long long)(st_backend_cuda_device_allocs(be) - allocs), free0, free1, err.msg);
+    CHECK(st == ST_OK && st_backend_cuda_device_allocs(be) == allocs && free1 == free0 && free_lo == free0 &&
+              free_hi == free0,
+          "%s on CUDA: %d decode steps of %d sequences: %lld device allocations, free device memory %zu -> %zu bytes, "
+          "every %d steps within [%zu, %zu] (%s)",
+          dir, STEPS, NS, (long long)(st_backend_cuda_device_allocs(be) - allocs), free0, free1, SAMPLE, free_lo,
+          free_hi, err.msg);
     st_bctx_cuda_graphs(st_fwd_ctx(f), &cap1, &launch1);
     if (m->cfg.is_moe) /* routing on the host syncs: MoE steps run eagerly */
         CHECK(cap1 == 0 && launch1 == 0, "%s on CUDA: MoE decode steps run eagerly (%lld graphs)", dir, (long long)cap1);
