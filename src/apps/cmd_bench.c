@@ -65,6 +65,16 @@ static void print_op_times(st_fwd *f, const char *what, long long n, int steps, 
     if (ot.untimed) fprintf(stderr, "  (%lld ops past the events' capacity, untimed)\n", (long long)ot.untimed);
 }
 
+/* one decode step of the B sequences, their tokens a function of the step's number k */
+static st_status decode_step(st_cache *cache, st_fwd *f, st_seq *seqs, int B, int k, int64_t vocab, int32_t *next,
+                             st_batch_item *items, float *logits, st_error *err) {
+    for (int s = 0; s < B; s++) {
+        next[s] = (int32_t)((k * 7919LL + s * 104729LL) % vocab);
+        items[s] = (st_batch_item){&seqs[s], &next[s], 1, ST_LOGITS_LAST};
+    }
+    return st_batch_run(cache, f, items, B, logits, err);
+}
+
 static void usage(void) {
     fprintf(stderr,
             "usage: strand bench (-m DIR | --synth PRESET [--dtype bf16|q8|q4]) [--json]\n"
@@ -464,8 +474,6 @@ int cmd_bench(int argc, char **argv) {
         if (!json) fprintf(stderr, "prefill %lld tokens...\n", prompts[i]);
         if (st_cache_seq_start(cache, &seqs[0], &err) != ST_OK) goto done;
         st_batch_item it = {&seqs[0], toks, (int)prompts[i], ST_LOGITS_LAST};
-        st_cuda_op_times ot;
-        if (op_times) st_bctx_cuda_op_times(st_fwd_ctx(f), &ot); /* clears */
         double t0 = now_s();
         if (st_batch_run(cache, f, &it, 1, logits, &err) != ST_OK) goto done;
         pre_s[i] = now_s() - t0;
@@ -503,11 +511,7 @@ int cmd_bench(int argc, char **argv) {
             int steps_r = 0;
             double t0 = now_s(), t_r = 0;
             while (steps < decode_steps_max && (steps_r < 1 || t_r < decode_s / n_rounds)) {
-                for (int s = 0; s < B; s++) {
-                    next[s] = (int32_t)((steps * 7919 + s * 104729) % c->vocab_size);
-                    items[s] = (st_batch_item){&seqs[s], &next[s], 1, ST_LOGITS_LAST};
-                }
-                if (st_batch_run(cache, f, items, B, logits, &err) != ST_OK) goto done;
+                if (decode_step(cache, f, seqs, B, steps, c->vocab_size, next, items, logits, &err) != ST_OK) goto done;
                 steps++;
                 steps_r++;
                 t_r = now_s() - t0;
@@ -521,17 +525,10 @@ int cmd_bench(int argc, char **argv) {
             fr[rd] = (double)ms.bytes_per_token * steps_r / t_r / 1e9 / bw_r;
         }
         if (op_times && steps + 4 <= decode_steps_max) { /* 4 more steps, timed op by op (no graphs) */
-            st_bctx_cuda_time_ops(st_fwd_ctx(f), 1);
-            st_cuda_op_times ot;
-            st_bctx_cuda_op_times(st_fwd_ctx(f), &ot); /* clears */
+            st_bctx_cuda_time_ops(st_fwd_ctx(f), 1); /* the sums are clear: read after each timed run */
             const double t0 = now_s();
-            for (int j = 0; j < 4; j++) {
-                for (int s = 0; s < B; s++) {
-                    next[s] = (int32_t)((j * 7919 + s * 104729) % c->vocab_size);
-                    items[s] = (st_batch_item){&seqs[s], &next[s], 1, ST_LOGITS_LAST};
-                }
-                if (st_batch_run(cache, f, items, B, logits, &err) != ST_OK) goto done;
-            }
+            for (int j = 0; j < 4; j++)
+                if (decode_step(cache, f, seqs, B, j, c->vocab_size, next, items, logits, &err) != ST_OK) goto done;
             print_op_times(f, "decode", B, 4, now_s() - t0);
             st_bctx_cuda_time_ops(st_fwd_ctx(f), 0);
         }
