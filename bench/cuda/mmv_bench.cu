@@ -107,6 +107,39 @@ static void v_attr() {
     mmvp_attr<3, 2, D2, B2, MT>();
 }
 
+/* one shape's buffers for the many-token benches: a random bf16 matrix tiled, TM tokens of
+ * random activations (rand() seeded with seed), their split, two outputs */
+struct tiled_case {
+    size_t bytes; /* the matrix's, row-major bf16 */
+    uint16_t *wd, *wt, *xs;
+    float *x, *y, *yref;
+};
+static tiled_case tiled_case_make(cudaStream_t s, int64_t rows, int64_t cols, int64_t TM, unsigned seed) {
+    tiled_case c;
+    c.bytes = (size_t)rows * cols * 2;
+    CK(cudaMalloc(&c.wd, c.bytes));
+    CK(cudaMalloc(&c.wt, cu_tiled_elems(rows, cols) * 2));
+    cu_synth_fill(s, c.wd, c.bytes / 2, CU_SYNTH_BF16, 99, 0.05f);
+    cu_tile_bf16(s, c.wd, rows, cols, c.wt);
+    CK(cudaMalloc(&c.x, TM * cols * 4));
+    CK(cudaMalloc(&c.xs, cu_split_elems(TM, cols) * 2));
+    CK(cudaMalloc(&c.y, TM * rows * 4));
+    CK(cudaMalloc(&c.yref, TM * rows * 4));
+    std::vector<float> hx(TM * cols);
+    srand(seed);
+    for (auto &v : hx) v = (float)rand() / RAND_MAX * 2.0f - 1.0f;
+    CK(cudaMemcpy(c.x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
+    return c;
+}
+static void tiled_case_free(const tiled_case &c) {
+    CK(cudaFree(c.wd));
+    CK(cudaFree(c.wt));
+    CK(cudaFree(c.x));
+    CK(cudaFree(c.xs));
+    CK(cudaFree(c.y));
+    CK(cudaFree(c.yref));
+}
+
 /* ---- `mmv_bench sweep`: k_gemm's tile shapes side by side, at the token counts of batched
  * decode and prefill, each checked against the backend's own choice bit for bit ---- */
 struct gemm_cfg {
@@ -159,23 +192,10 @@ static int sweep(int reps, const char *tlist) {
     for (int i = 0; i < NCFG; i++) printf(" %15s", cfg1[i].name);
     printf("\n");
     for (const auto &sh : shapes) {
-        const size_t bytes = (size_t)sh.rows * sh.cols * 2, tbytes = cu_tiled_elems(sh.rows, sh.cols) * 2;
-        uint16_t *wd, *wt, *xs;
-        float *x, *y, *yref;
-        CK(cudaMalloc(&wd, bytes));
-        CK(cudaMalloc(&wt, tbytes));
-        cu_synth_fill(s, wd, bytes / 2, CU_SYNTH_BF16, 99, 0.05f);
-        cu_tile_bf16(s, wd, sh.rows, sh.cols, wt);
-        CK(cudaMalloc(&x, TM * sh.cols * 4));
-        CK(cudaMalloc(&xs, cu_split_elems(TM, sh.cols) * 2));
-        CK(cudaMalloc(&y, TM * sh.rows * 4));
-        CK(cudaMalloc(&yref, TM * sh.rows * 4));
-        {
-            std::vector<float> hx(TM * sh.cols);
-            srand(11);
-            for (auto &v : hx) v = (float)rand() / RAND_MAX * 2.0f - 1.0f;
-            CK(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
-        }
+        const tiled_case tc = tiled_case_make(s, sh.rows, sh.cols, TM, 11);
+        const size_t bytes = tc.bytes;
+        uint16_t *const wt = tc.wt, *const xs = tc.xs;
+        float *const x = tc.x, *const y = tc.y, *const yref = tc.yref;
         const cu_mm_scratch sc = {xs, TM, sweep_part, (int64_t)MM_SPLITS * 64 * 34816};
         const cu_mat w = {CU_FMT_BF16_TILED, 0, 0, 0, sh.rows, sh.cols, wt, NULL, NULL};
         for (int64_t T : Ts)
@@ -207,12 +227,7 @@ static int sweep(int reps, const char *tlist) {
                 }
                 printf("\n");
             }
-        CK(cudaFree(wd));
-        CK(cudaFree(wt));
-        CK(cudaFree(x));
-        CK(cudaFree(xs));
-        CK(cudaFree(y));
-        CK(cudaFree(yref));
+        tiled_case_free(tc);
     }
     return 0;
 }
@@ -380,23 +395,9 @@ static int wgbench(int reps, const char *tlist) {
     printf("bf16 products on wgmma against k_gemm: TFLOP/s; err = max |wgmma - k_gemm| / max |k_gemm|\n");
     printf("%-9s %6s %10s %10s %10s\n", "shape", "T", "k_gemm", "wgmma", "err");
     for (const auto &sh : shapes) {
-        const size_t bytes = (size_t)sh.rows * sh.cols * 2, tbytes = cu_tiled_elems(sh.rows, sh.cols) * 2;
-        uint16_t *wd, *wt, *xs;
-        float *x, *y, *yref;
-        CK(cudaMalloc(&wd, bytes));
-        CK(cudaMalloc(&wt, tbytes));
-        cu_synth_fill(s, wd, bytes / 2, CU_SYNTH_BF16, 99, 0.05f);
-        cu_tile_bf16(s, wd, sh.rows, sh.cols, wt);
-        CK(cudaMalloc(&x, TM * sh.cols * 4));
-        CK(cudaMalloc(&xs, cu_split_elems(TM, sh.cols) * 2));
-        CK(cudaMalloc(&y, TM * sh.rows * 4));
-        CK(cudaMalloc(&yref, TM * sh.rows * 4));
-        {
-            std::vector<float> hx(TM * sh.cols);
-            srand(13);
-            for (auto &v : hx) v = (float)rand() / RAND_MAX * 2.0f - 1.0f;
-            CK(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
-        }
+        const tiled_case tc = tiled_case_make(s, sh.rows, sh.cols, TM, 13);
+        uint16_t *const wt = tc.wt, *const xs = tc.xs;
+        float *const x = tc.x, *const y = tc.y, *const yref = tc.yref;
         const cu_mm_scratch sc = {xs, TM, NULL, 0};
         const cu_mat w = {CU_FMT_BF16_TILED, 0, 0, 0, sh.rows, sh.cols, wt, NULL, NULL};
         const int64_t ldxs = tiled_steps(sh.cols) * 32;
@@ -438,12 +439,7 @@ static int wgbench(int reps, const char *tlist) {
             if (nan) printf(" (%zu outputs not written)", nan);
             if (!ok) printf("\n");
         }
-        CK(cudaFree(wd));
-        CK(cudaFree(wt));
-        CK(cudaFree(x));
-        CK(cudaFree(xs));
-        CK(cudaFree(y));
-        CK(cudaFree(yref));
+        tiled_case_free(tc);
     }
     printf("wgmma: %s\n", bad ? "FAILED" : "all products agree");
     return bad ? 1 : 0;

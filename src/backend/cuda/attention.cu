@@ -110,8 +110,8 @@ static size_t att_smem(const cu_attn_args *a) {
 }
 
 /* the tile of block k: the k-th of the step's tiles, items in order, ceil(n_i / qt) each */
-__device__ __forceinline__ int att_tile(const cu_plan &p, int qt, int64_t *t0, int64_t *nt) {
-    int64_t k = blockIdx.x;
+/* tile k of the items' tiles of qt tokens: its item (-1 past the last), first token and tokens */
+__device__ __forceinline__ int att_tile_at(const cu_plan &p, int qt, int64_t k, int64_t *t0, int64_t *nt) {
     for (int i = 0; i < p.n_items; i++) {
         const int64_t n = p.item_t0[i + 1] - p.item_t0[i], tiles = (n + qt - 1) / qt;
         if (k < tiles) {
@@ -121,6 +121,9 @@ __device__ __forceinline__ int att_tile(const cu_plan &p, int qt, int64_t *t0, i
         k -= tiles;
     }
     return -1;
+}
+__device__ __forceinline__ int att_tile(const cu_plan &p, int qt, int64_t *t0, int64_t *nt) {
+    return att_tile_at(p, qt, blockIdx.x, t0, nt);
 }
 
 __global__ void __launch_bounds__(ATT_THREADS, 1) k_attention(cu_plan p, cu_attn_args a, cu_kv kv, int qt) {
@@ -578,19 +581,6 @@ __device__ __forceinline__ uint32_t bf2(float a, float b) {
     return *(const uint32_t *)&h;
 }
 
-/* the tile of blockIdx.x counted from the last (the longest first): its item, or -1 */
-__device__ __forceinline__ int fa_tile(const cu_plan &p, int tt, int64_t *t0, int64_t *nt) {
-    int64_t k = (int64_t)gridDim.x - 1 - blockIdx.x;
-    for (int i = 0; i < p.n_items; i++) {
-        const int64_t n = p.item_t0[i + 1] - p.item_t0[i], tiles = (n + tt - 1) / tt;
-        if (k < tiles) {
-            *t0 = p.item_t0[i] + k * tt, *nt = n - k * tt < tt ? n - k * tt : tt;
-            return i;
-        }
-        k -= tiles;
-    }
-    return -1;
-}
 
 /* chunk c's K and V (positions c0 .. c0 + FA_CH - 1, zeros past last) into buffer kb, vb */
 template <int HD, bool BF16KV>
@@ -633,7 +623,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS, 1) k_attn_fa(cu_plan p, cu_attn
     const int G = a.nh / a.nkv, h = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
     int64_t t0 = 0, nt = 0;
-    const int it = fa_tile(p, tt, &t0, &nt);
+    const int it = att_tile_at(p, tt, (int64_t)gridDim.x - 1 - blockIdx.x, &t0, &nt); /* the longest tiles first */
     if (it < 0) return;
     const int rows = (int)nt * G;
     const int64_t pos_first = p.pos0[it] + (t0 - p.item_t0[it]), pos_last = pos_first + nt - 1;

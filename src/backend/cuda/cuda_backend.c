@@ -901,6 +901,7 @@ static void tm_collect(cuda_ctx *c) {
     c->tev_used = 0;
 }
 
+/* the timed kind of a product by the (first) weight it reads */
 static int tm_kind_of(st_wid w) {
     switch (w) {
     case ST_W_IN_QKV: case ST_W_IN_Z: case ST_W_IN_B: case ST_W_IN_A: return TK_GDN_IN;
@@ -1132,22 +1133,24 @@ static void graph_begin(cuda_ctx *c, const st_step_plan *pl) {
     }
 }
 
-static void cuda_embed(st_bctx *base) {
-    cuda_ctx *c = (cuda_ctx *)base;
-    const g_op o = {.kind = OP_EMBED};
-    if (graph_op(c, &o)) return;
+/* an op of the layer loop: held by the graph, or run now (between its timing events) */
+static void layer_op(cuda_ctx *c, const g_op *o) {
+    if (graph_op(c, o)) return;
+    static const int kind[] = {[OP_EMBED] = TK_EMBED, [OP_ADD_NORM] = TK_NORM, [OP_GDN] = TK_GDN,
+                               [OP_ATTN_PREP] = TK_ATTN_PREP, [OP_ATTENTION] = TK_ATTENTION};
     tm_start(c);
-    do_embed(c);
-    tm_stop(c, TK_EMBED);
+    run_op(c, o);
+    tm_stop(c, o->kind == OP_MATMUL ? tm_kind_of(o->mm[0].w) : kind[o->kind]);
+}
+
+static void cuda_embed(st_bctx *base) {
+    const g_op o = {.kind = OP_EMBED};
+    layer_op((cuda_ctx *)base, &o);
 }
 
 static void cuda_add_norm(st_bctx *base, int layer, st_norm which, int mode) {
-    cuda_ctx *c = (cuda_ctx *)base;
     const g_op o = {.kind = OP_ADD_NORM, .layer = layer, .a = (int)which, .b = mode};
-    if (graph_op(c, &o)) return;
-    tm_start(c);
-    do_add_norm(c, layer, which, mode);
-    tm_stop(c, TK_NORM);
+    layer_op((cuda_ctx *)base, &o);
 }
 
 static void cuda_matmul(st_bctx *base, int layer, st_act in, const st_mm *mm, int n, int swiglu) {
@@ -1159,37 +1162,22 @@ static void cuda_matmul(st_bctx *base, int layer, st_act in, const st_mm *mm, in
         return;
     }
     for (int i = 0; i < n; i++) o.mm[i] = mm[i];
-    if (graph_op(c, &o)) return;
-    tm_start(c);
-    do_matmul(c, layer, in, mm, n, swiglu);
-    tm_stop(c, tm_kind_of(mm[0].w));
+    layer_op(c, &o);
 }
 
 static void cuda_gdn(st_bctx *base, int layer) {
-    cuda_ctx *c = (cuda_ctx *)base;
     const g_op o = {.kind = OP_GDN, .layer = layer};
-    if (graph_op(c, &o)) return;
-    tm_start(c);
-    do_gdn(c, layer);
-    tm_stop(c, TK_GDN);
+    layer_op((cuda_ctx *)base, &o);
 }
 
 static void cuda_attn_prep(st_bctx *base, int layer) {
-    cuda_ctx *c = (cuda_ctx *)base;
     const g_op o = {.kind = OP_ATTN_PREP, .layer = layer};
-    if (graph_op(c, &o)) return;
-    tm_start(c);
-    do_attn_prep(c, layer);
-    tm_stop(c, TK_ATTN_PREP);
+    layer_op((cuda_ctx *)base, &o);
 }
 
 static void cuda_attention(st_bctx *base, int layer) {
-    cuda_ctx *c = (cuda_ctx *)base;
     const g_op o = {.kind = OP_ATTENTION, .layer = layer};
-    if (graph_op(c, &o)) return;
-    tm_start(c);
-    do_attention(c, layer);
-    tm_stop(c, TK_ATTENTION);
+    layer_op((cuda_ctx *)base, &o);
 }
 
 /* SwiGLU MLP of n rows of x into y, on p1/p2 */
