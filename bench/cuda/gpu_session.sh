@@ -27,15 +27,21 @@ if has bench; then
         echo "bench 27B bf16 weights, --precision $prec, KV $kv (rc $?):"
         grep -A20 '^prefill' "$O/bench_$prec.txt" | head -24
         grep -A16 'device time of the 8192' "$O/bench_$prec.err"
+        grep -A16 'decode step at batch 16 ' "$O/bench_$prec.err"
         grep -A16 'decode step at batch 64' "$O/bench_$prec.err"
     done
 fi
 if has mlx; then
+    timeout 120 build/mmv_bench q 20 >"$O/q.txt" 2>&1
+    cat "$O/q.txt"
     for dt in q8 q4; do
-        timeout 150 $S bench --device cuda --synth 27b --dtype $dt --prompts 2048 --batches 1,16,64 --decode-s 1 \
-            >"$O/bench_$dt.txt" 2>"$O/bench_$dt.err"
-        echo "bench 27B $dt (rc $?):"
-        grep -A12 '^prefill' "$O/bench_$dt.txt" | head -14
+        for prec in exact bf16; do
+            timeout 150 $S bench --device cuda --synth 27b --dtype $dt --precision $prec --prompts 2048 --batches 1,16,64 \
+                --decode-s 1 --op-times >"$O/bench_${dt}_$prec.txt" 2>"$O/bench_${dt}_$prec.err"
+            echo "bench 27B $dt --precision $prec (rc $?):"
+            grep -A12 '^prefill' "$O/bench_${dt}_$prec.txt" | head -14
+            grep -A16 'decode step at batch 1 ' "$O/bench_${dt}_$prec.err"
+        done
     done
 fi
 if has tests; then

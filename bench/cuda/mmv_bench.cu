@@ -336,6 +336,103 @@ static int qbench(int reps) {
     return 0;
 }
 
+/* ---- `mmv_bench qv [REPS]`: k_qmvp at one token (groups of 64) over its ring depth D,
+ * blocks an SM (B) and tiles a block (MT), on the 27B's longest and widest shapes; GB/s of
+ * the bytes read, and whether each variant gives the backend's bits ---- */
+template <int BITS>
+struct qv_case {
+    const char *name;
+    void (*launch)(cu_stream, mm_group, const uint16_t *, int64_t, int64_t);
+    void (*attr)(void);
+};
+#define QV(B, P, D, MINB, MT)                                                                                           \
+    {"P" #P " D" #D " B" #MINB " MT" #MT, launch_qmvp_v<P, 1, B, 2, D, MINB, MT>, qmvp_attr_v<P, 1, B, 2, D, MINB, MT>}
+static const qv_case<4> qv4[] = {QV(4, 1, 3, 3, 2), QV(4, 1, 5, 3, 1), QV(4, 1, 8, 3, 1), QV(4, 1, 4, 3, 2), QV(4, 1, 6, 3, 2),
+                                 QV(4, 1, 4, 4, 1), QV(4, 1, 8, 4, 1), QV(4, 1, 3, 4, 2), QV(4, 1, 6, 2, 2), QV(4, 1, 12, 2, 1),
+                                 QV(4, 3, 3, 3, 2), QV(4, 3, 8, 3, 1)};
+static const qv_case<8> qv8[] = {QV(8, 1, 3, 3, 2), QV(8, 1, 5, 3, 1), QV(8, 1, 4, 2, 2), QV(8, 1, 5, 2, 2), QV(8, 1, 8, 2, 1),
+                                 QV(8, 1, 4, 4, 1), QV(8, 1, 3, 4, 1), QV(8, 1, 10, 2, 1), QV(8, 3, 3, 3, 2), QV(8, 3, 5, 3, 1)};
+#undef QV
+template <int BITS, size_t N>
+static void qv_run(const qv_case<BITS> (&cases)[N], cudaStream_t s, cudaEvent_t e0, cudaEvent_t e1, int reps) {
+    const struct { const char *name; int64_t rows, cols; } shapes[] = {{"mlp gate+up", 34816, 5120}, {"mlp down", 5120, 17408}};
+    const int group = 64;
+    for (const auto &c : cases) c.attr();
+    for (const auto &sh : shapes) {
+        const size_t vb = cu_qtiled_bytes(sh.rows, sh.cols, BITS), gn = cu_qtiled_groups(sh.rows, sh.cols, group);
+        const size_t bytes = vb + 2 * gn * 2;
+        const int copies = (int)((((size_t)1 << 30) + bytes - 1) / bytes);
+        std::vector<cu_mat> ws(copies);
+        for (int c = 0; c < copies; c++) {
+            void *d, *sc_, *bs;
+            CK(cudaMalloc(&d, vb));
+            CK(cudaMalloc(&sc_, gn * 2));
+            CK(cudaMalloc(&bs, gn * 2));
+            cu_synth_fill(s, d, vb / 4, CU_SYNTH_WORDS, 77 + c, 0.0f);
+            cu_synth_fill(s, sc_, gn, CU_SYNTH_BF16, 500 + c, 0.01f);
+            cu_synth_fill(s, bs, gn, CU_SYNTH_BF16, 900 + c, 0.01f);
+            ws[c] = {CU_FMT_Q_TILED, 2, BITS, group, sh.rows, sh.cols, d, sc_, bs};
+        }
+        float *x, *y, *yref;
+        uint16_t *xs;
+        CK(cudaMalloc(&x, sh.cols * 4));
+        CK(cudaMalloc(&xs, cu_split_elems(1, sh.cols) * 2 * 3));
+        CK(cudaMalloc(&y, sh.rows * 4));
+        CK(cudaMalloc(&yref, sh.rows * 4));
+        {
+            std::vector<float> hx(sh.cols);
+            srand(5);
+            for (auto &v : hx) v = (float)rand() / RAND_MAX * 2.0f - 1.0f;
+            CK(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
+        }
+        const int64_t ldxs = tiled_steps(sh.cols) * 32;
+        for (int P = 1; P <= 3; P += 2) {
+            const cu_mm_scratch sc = {xs, 1, NULL, 0};
+            cu_matmul(s, &ws[0], x, sh.cols, 1, yref, sh.rows, P == 3 ? CU_MM_EXACT : CU_MM_BF16, &sc);
+            const double sref = time_launches(s, e0, e1, reps, copies, [&](int c) {
+                cu_matmul(s, &ws[c], x, sh.cols, 1, y, sh.rows, P == 3 ? CU_MM_EXACT : CU_MM_BF16, &sc);
+            });
+            printf("%d-bit %-12s P%d  backend %6.0f GB/s\n", BITS, sh.name, P, bytes / sref / 1e9);
+            launch_split(s, x, sh.cols, 1, sh.cols, xs, ldxs, P);
+            for (const auto &c : cases) {
+                if ((c.name[1] - '0') != P) continue;
+                mm_group g;
+                g.n = 1, g.w[0] = ws[0], g.y[0] = y, g.ldy[0] = sh.rows, g.blk0[0] = 0;
+                CK(cudaMemsetAsync(y, 0xff, sh.rows * 4, s));
+                c.launch(s, g, xs, ldxs, 1);
+                CK(cudaGetLastError());
+                const bool same = same_bits(y, yref, (size_t)sh.rows);
+                const double sec = time_launches(s, e0, e1, reps, copies, [&](int k) {
+                    mm_group gk = g;
+                    gk.w[0] = ws[k];
+                    c.launch(s, gk, xs, ldxs, 1);
+                });
+                printf("    %-18s %6.0f GB/s%s\n", c.name, bytes / sec / 1e9, same ? "" : "  (other bits)");
+            }
+        }
+        for (auto &w : ws) {
+            CK(cudaFree((void *)w.data));
+            CK(cudaFree((void *)w.scales));
+            CK(cudaFree((void *)w.biases));
+        }
+        CK(cudaFree(x));
+        CK(cudaFree(xs));
+        CK(cudaFree(y));
+        CK(cudaFree(yref));
+    }
+}
+static int qvbench(int reps) {
+    cudaStream_t s;
+    CK(cudaStreamCreate(&s));
+    cu_mm_init();
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    qv_run(qv4, s, e0, e1, reps);
+    qv_run(qv8, s, e0, e1, reps);
+    return 0;
+}
+
 /* ---- `mmv_bench prof ROWS COLS T P`: the backend's product of one shape, 3 times (for a
  * profiler: ncu --kernel-name regex:k_gemm build/mmv_bench prof 34816 5120 64 1) ---- */
 static int prof(int64_t rows, int64_t cols, int64_t T, int P) {
@@ -449,6 +546,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "sweep")) return sweep(argc > 2 ? atoi(argv[2]) : 10, argc > 3 ? argv[3] : NULL);
     if (argc > 5 && !strcmp(argv[1], "prof")) return prof(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]));
     if (argc > 1 && !strcmp(argv[1], "q")) return qbench(argc > 2 ? atoi(argv[2]) : 20);
+    if (argc > 1 && !strcmp(argv[1], "qv")) return qvbench(argc > 2 ? atoi(argv[2]) : 20);
     if (argc > 1 && !strcmp(argv[1], "wg")) return wgbench(argc > 2 ? atoi(argv[2]) : 10, argc > 3 ? argv[3] : NULL);
     const int reps = argc > 1 ? atoi(argv[1]) : 20;
     cudaDeviceProp prop;

@@ -30,7 +30,7 @@ __global__ void k_embed_q(cu_mat w, const int32_t *tokens, float *x) {
         const int64_t q = (m * nsteps + k) * 64 + L * 2 + rr / 8;
         const uint32_t v = w.bits == 8 ? d[q * 8 + e]
                                        : (*(const uint32_t *)(d + q * 4) >> ((e & 1) * 16 + (e >> 1) * 4)) & 15u;
-        const int64_t gi = (m * ng + c / w.group) * 16 + rr;
+        const int64_t gi = (m * ng + c / w.group) * 16 + 2 * (rr % 8) + rr / 8; /* the rows 0, 8, 1, 9, ... */
         x[t * w.cols + c] = fmaf(load_s(w.scales, w.sdtype, gi), (float)v, load_s(w.biases, w.sdtype, gi));
     }
 }

@@ -11,10 +11,13 @@
  * 32k + 8t .. + 7 of row 16m + g, then of row 16m + g + 8. 8-bit: the 8 bytes as stored;
  * 4-bit: the 8 nibbles of columns c0..c7 at bits c0 0, c1 16, c2 4, c3 20, c4 8, c5 24, c6 12,
  * c7 28, so that one shift and one mask make the bf16 pair of two neighbours. Scales and
- * biases: [tile][group][16 rows], as stored (f32, f16 or bf16).
+ * biases: [tile][group][16], as stored (f32, f16 or bf16), the rows in the order 0, 8, 1, 9,
+ * ..., 7, 15 (q_sb_at), so that lane 4g + t reads its rows g and g + 8 as one word.
  * An integer value q is exact in bf16, so on the tensor cores a group g of a row gives
  *   y += s_g * (sum_c q_c x_c) + b_g * (sum_c x_c)
- * both sums exact products accumulated in fp32 (the second by an MMA with a matrix of ones),
+ * both sums exact products accumulated in fp32 (the second by an MMA with a matrix of ones).
+ * 4-bit values go in as 16 + q (exact; bf16 0x4180 | q << 3: one shift and one mask a pair),
+ * so their bias is b_g - 16 s_g (q_bias);
  * x in the same bf16 parts as the bf16 kernels (3: fp32-grade; 1: bf16). A block takes one
  * tile and up to 16 tokens; its S warps take the groups in turn (warp s: groups s, s + S, ...)
  * and their partial sums are added in warp order: the order is fixed by the shape alone, for
@@ -46,11 +49,12 @@ __global__ void k_tile_q(const uint8_t *src, int64_t rows, int64_t cols, int bit
     }
 }
 
-/* a thread per (tile, group, row): src [rows][cols / group] of es bytes */
+/* a thread per (tile, group, row): src [rows][cols / group] of es bytes; position i of a
+ * (tile, group) holds row (i % 2) * 8 + i / 2 (q_sb_at's inverse) */
 __global__ void k_tile_groups(const uint8_t *src, int64_t rows, int64_t ng, int es, uint8_t *dst) {
     const int64_t nq = tiled_tiles(rows) * ng * 16;
     for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < nq; q += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t mj = q / 16, m = mj / ng, j = mj % ng, r = 16 * m + q % 16;
+        const int64_t mj = q / 16, m = mj / ng, j = mj % ng, i = q % 16, r = 16 * m + (i % 2) * 8 + i / 2;
         for (int b = 0; b < es; b++) dst[q * es + b] = r < rows ? src[(r * ng + j) * es + b] : 0;
     }
 }
@@ -78,16 +82,32 @@ __device__ __forceinline__ void q_frag(const uint4 &v, uint32_t (&a)[8]) {
         a[0] = pr(v.x, 0), a[1] = pr(v.z, 0), a[2] = pr(v.x, 2), a[3] = pr(v.z, 2);
         a[4] = pr(v.y, 0), a[5] = pr(v.w, 0), a[6] = pr(v.y, 2), a[7] = pr(v.w, 2);
     } else {
-        /* 0x4300 | n is the bf16 128 + n; less 128 (exact) */
+        /* 0x4180 | n << 3 is the bf16 16 + n (q_bias takes the 16 off) */
         auto pr = [](uint32_t w, int sh) {
-            const uint32_t u = ((w >> sh) & 0x000f000fu) | 0x43004300u;
-            __nv_bfloat162 b = *(const __nv_bfloat162 *)&u;
-            b = __hsub2(b, __floats2bfloat162_rn(128.0f, 128.0f));
-            return *(const uint32_t *)&b;
+            const uint32_t u = sh >= 3 ? w >> (sh - 3) : w << (3 - sh);
+            return (u & 0x00780078u) | 0x41804180u;
         };
         /* v.x: row g's columns, v.y: row g + 8's */
         a[0] = pr(v.x, 0), a[1] = pr(v.y, 0), a[2] = pr(v.x, 4), a[3] = pr(v.y, 4);
         a[4] = pr(v.x, 8), a[5] = pr(v.y, 8), a[6] = pr(v.x, 12), a[7] = pr(v.y, 12);
+    }
+}
+
+/* a group's bias as the MMAs want it: 4-bit values went in as 16 + q */
+template <int BITS>
+__device__ __forceinline__ float q_bias(float b, float s) { return BITS == 4 ? fmaf(-16.0f, s, b) : b; }
+
+/* entries i and i + 1 (i even) of scales or biases of type dt: rows g and g + 8 of a group */
+__device__ __forceinline__ void load_s2(const void *p, int dt, int64_t i, float &a, float &b) {
+    if (dt == 2) {
+        const uint32_t v = ((const uint32_t *)p)[i / 2];
+        a = __uint_as_float(v << 16), b = __uint_as_float(v & 0xffff0000u);
+    } else if (dt == 1) {
+        const float2 f = __half22float2(((const __half2 *)p)[i / 2]);
+        a = f.x, b = f.y;
+    } else {
+        const float2 f = ((const float2 *)p)[i / 2];
+        a = f.x, b = f.y;
     }
 }
 
@@ -136,13 +156,11 @@ __global__ void __launch_bounds__(32 * MM_S, NTC <= 2 ? 3 : 2)
     uint4 nx[R][GS];
     float nsb[R][4]; /* scale of rows g, g + 8, bias of rows g, g + 8 */
     auto fetch = [&](int sl, int64_t gi) {
-        const int64_t gj = warp + gi * MM_S, k0 = gj * GS, q = (m * ng + gj) * 16 + g;
+        const int64_t gj = warp + gi * MM_S, k0 = gj * GS, q = (m * ng + gj) * 16 + 2 * g;
 #pragma unroll
         for (int u = 0; u < GS; u++) nx[sl][u] = q_load<BITS>(pa + (k0 + u) * 32 * CB);
-        nsb[sl][0] = load_s(w.scales, w.sdtype, q);
-        nsb[sl][1] = load_s(w.scales, w.sdtype, q + 8);
-        nsb[sl][2] = load_s(w.biases, w.sdtype, q);
-        nsb[sl][3] = load_s(w.biases, w.sdtype, q + 8);
+        load_s2(w.scales, w.sdtype, q, nsb[sl][0], nsb[sl][1]);
+        load_s2(w.biases, w.sdtype, q, nsb[sl][2], nsb[sl][3]);
     };
 #pragma unroll
     for (int sl = 0; sl < R; sl++)
@@ -157,7 +175,8 @@ __global__ void __launch_bounds__(32 * MM_S, NTC <= 2 ? 3 : 2)
             uint4 cur[GS];
 #pragma unroll
             for (int u = 0; u < GS; u++) cur[u] = nx[sl][u];
-            const float s0 = nsb[sl][0], s1 = nsb[sl][1], b0 = nsb[sl][2], b1 = nsb[sl][3];
+            const float s0 = nsb[sl][0], s1 = nsb[sl][1];
+            const float b0 = q_bias<BITS>(nsb[sl][2], s0), b1 = q_bias<BITS>(nsb[sl][3], s1);
             if (i + R < ni) fetch(sl, i + R);
             float ga[NTC][4], xa[NTC][4];
 #pragma unroll
@@ -213,56 +232,73 @@ __global__ void __launch_bounds__(32 * MM_S, NTC <= 2 ? 3 : 2)
 
 /* ---- MLX 4- and 8-bit, up to 16 tokens, blocks that stay: k_qmvp ----
  * k_qmv's sums in k_qmv's order (the same bits), from k_mmvp's resident blocks: block b takes
- * tiles b, b + G, ...; each warp streams its groups of all its tiles (a group's GS steps of
- * values and its 16 rows' scales and biases) through a ring of D groups in shared memory,
- * filled by cp.async D - 1 groups ahead. A lane copies and reads its own values; four or
- * eight lanes copy a group's scales and biases for all (read after a warp barrier).
- * Shared memory: the ring [S][D][qmvp_slot bytes], then the partial sums [S][NTC * 128]. */
+ * MT tiles at once (MT = 2 up to 8 tokens' columns, else 1): tile pairs b, b + G, ...; each
+ * warp streams its groups of all its tiles (a group's GS steps of values and its 16 rows'
+ * scales and biases, for each of the MT tiles) through a ring of D slots in shared memory,
+ * filled by cp.async D - 1 slots ahead. A lane copies and reads its own values; four to
+ * sixteen lanes copy the scales and biases for all (read after a warp barrier). The MT tiles
+ * share the activations' fragments, loaded a group ahead where they fit the registers (PF),
+ * and the MMAs that sum them (sum_c x_c is the same for every row).
+ * Shared memory: the ring [S][D][MT][qmvp_tile bytes], then the partial sums
+ * [S][MT * NTC * 128] floats. */
 template <int BITS, int GS>
-__host__ __device__ constexpr int qmvp_slot() { return GS * 32 * 2 * BITS + 128; } /* values; scales, biases: 64 bytes each at most */
-template <int NTC, int BITS, int GS, int D>
+__host__ __device__ constexpr int qmvp_tile() { return GS * 32 * 2 * BITS + 128; } /* values; scales, biases: 64 bytes each at most */
+/* the tiles a block takes at once: 2 where the registers and the ring allow */
+template <int NTC, int BITS, int GS>
+__host__ __device__ constexpr int qmvp_mt() { return NTC == 1 && GS * BITS <= 16 ? 2 : 1; }
+template <int NTC, int BITS, int GS, int D, int MT>
 __host__ __device__ constexpr size_t qmvp_smem() {
-    return (size_t)MM_SPLITS * D * qmvp_slot<BITS, GS>() + (size_t)MM_SPLITS * NTC * 128 * 4;
+    return (size_t)MM_SPLITS * D * MT * qmvp_tile<BITS, GS>() + (size_t)MM_SPLITS * MT * NTC * 128 * 4;
 }
 
-template <int P, int NTC, int BITS, int GS, int D, int MINB>
+template <int P, int NTC, int BITS, int GS, int D, int MINB, int MT>
 __global__ void __launch_bounds__(32 * MM_SPLITS, MINB)
     k_qmvp(mm_group grp, int64_t nblk, const uint16_t *xs, int64_t ldxs, int64_t T) {
-    constexpr int BT = 8 * NTC / P, CB = 2 * BITS, SLOT = qmvp_slot<BITS, GS>(), VB = GS * 32 * CB;
+    constexpr int BT = 8 * NTC / P, CB = 2 * BITS, TB = qmvp_tile<BITS, GS>(), VB = GS * 32 * CB;
+    constexpr int SLOT = MT * TB;
+    constexpr bool PF = GS * NTC <= 4; /* the next group's activations in registers */
     extern __shared__ uint4 smq[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     unsigned char *ring = (unsigned char *)smq + warp * D * SLOT;
-    float(*red)[NTC * 128] = (float(*)[NTC * 128])((unsigned char *)smq + MM_SPLITS * D * SLOT);
+    float(*red)[MT * NTC * 128] = (float(*)[MT * NTC * 128])((unsigned char *)smq + MM_SPLITS * D * SLOT);
     const int64_t nsteps = grp.w[0].cols / 32, ng = grp.w[0].cols / grp.w[0].group; /* one width, bits and group */
     const int dt = grp.w[0].sdtype, es = dt == 0 ? 4 : 2;
     const int64_t ni = warp < ng ? (ng - warp + MM_SPLITS - 1) / MM_SPLITS : 0; /* a tile's groups, this warp */
     const unsigned ring_sa = (unsigned)__cvta_generic_to_shared(ring);
-    /* the producer: group pi of tile pb, this warp's; into slot ps */
+    /* the producer: group pi of block pb's tiles (pn of them in its matrix), this warp's; into slot ps */
     int64_t pb = blockIdx.x, pi = 0;
-    int ps = 0;
+    int ps = 0, pn = 0;
     mm_pick pq = {};
     auto p_open = [&]() {
-        if (pb < nblk) pq = mm_select_at(grp, pb);
+        if (pb < nblk) {
+            pq = mm_select_at(grp, pb);
+            const int64_t left = tiled_tiles(pq.w.rows) - pq.blk * MT;
+            pn = left < MT ? (int)left : MT;
+        }
     };
     auto produce = [&]() {
         if (ni > 0 && pb < nblk) {
-            const int64_t gj = warp + pi * MM_SPLITS, m = pq.blk;
-            const uint8_t *src = (const uint8_t *)pq.w.data + (m * nsteps + gj * GS) * 32 * CB + lane * CB;
-            const unsigned sa = ring_sa + (unsigned)(ps * SLOT + lane * CB);
+            const int64_t gj = warp + pi * MM_SPLITS, m0 = pq.blk * MT;
 #pragma unroll
-            for (int u = 0; u < GS; u++) {
-                if (CB == 16)
-                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa + u * 32 * CB), "l"(src + u * 32 * CB)
-                                 : "memory");
-                else
-                    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(sa + u * 32 * CB), "l"(src + u * 32 * CB)
-                                 : "memory");
-            }
-            const int nch = es; /* 16 rows of es bytes: es chunks of 16 */
-            if (lane < 2 * nch) {
-                const int which = lane / nch, ch = lane % nch;
-                const uint8_t *ss = (const uint8_t *)(which ? pq.w.biases : pq.w.scales) + (m * ng + gj) * 16 * es + ch * 16;
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(ring_sa + (unsigned)(ps * SLOT + VB + which * 64 + ch * 16)),
+            for (int m = 0; m < MT; m++)
+                if (m < pn) { /* past the matrix's last tile: rows never written */
+                    const uint8_t *src = (const uint8_t *)pq.w.data + ((m0 + m) * nsteps + gj * GS) * 32 * CB + lane * CB;
+                    const unsigned sa = ring_sa + (unsigned)(ps * SLOT + m * TB + lane * CB);
+#pragma unroll
+                    for (int u = 0; u < GS; u++) {
+                        if (CB == 16)
+                            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa + u * 32 * CB), "l"(src + u * 32 * CB)
+                                         : "memory");
+                        else
+                            asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(sa + u * 32 * CB), "l"(src + u * 32 * CB)
+                                         : "memory");
+                    }
+                }
+            /* each tile's 16 scales and 16 biases: es chunks of 16 bytes each */
+            const int per = 2 * es, m = lane / per, which = (lane % per) / es, ch = lane % es;
+            if (m < pn) {
+                const uint8_t *ss = (const uint8_t *)(which ? pq.w.biases : pq.w.scales) + ((m0 + m) * ng + gj) * 16 * es + ch * 16;
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(ring_sa + (unsigned)(ps * SLOT + m * TB + VB + which * 64 + ch * 16)),
                              "l"(ss)
                              : "memory");
             }
@@ -284,82 +320,122 @@ __global__ void __launch_bounds__(32 * MM_SPLITS, MINB)
         bin[j] = n / P < BT && tok < T;
         pbx[j] = xs + (int64_t)(n % P) * (T * ldxs) + (bin[j] ? tok : 0) * ldxs + 8 * t;
     }
+    uint4 xn[PF ? GS : 1][NTC]; /* the next group's activation fragments (PF) */
+    auto load_x = [&](uint4(&o)[PF ? GS : 1][NTC], int u0, int64_t i) {
+        const int64_t k0 = (warp + i * MM_SPLITS) * GS;
+#pragma unroll
+        for (int u = 0; u < (PF ? GS : 1); u++)
+#pragma unroll
+            for (int j = 0; j < NTC; j++)
+                o[u][j] = bin[j] ? *(const uint4 *)(pbx[j] + (k0 + u0 + u) * 32) : make_uint4(0, 0, 0, 0);
+    };
+    if (PF && ni > 0) load_x(xn, 0, 0);
     const uint32_t one2 = 0x3f803f80u; /* bf16 1.0, 1.0 */
     int cs = 0;
     for (int64_t b = blockIdx.x; b < nblk; b += gridDim.x) {
         const mm_pick pk = mm_select_at(grp, b);
-        const int64_t m = pk.blk;
-        float acc[NTC][4];
+        float acc[MT][NTC][4];
 #pragma unroll
-        for (int j = 0; j < NTC; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int j = 0; j < NTC; j++) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.0f;
         for (int64_t i = 0; i < ni; i++) {
             cp_async_wait<D - 2>(); /* this group is in (this lane's copies) */
             __syncwarp();           /* and the other lanes' (the scales) */
             const unsigned char *sl = ring + cs * SLOT;
-            uint4 cur[GS];
+            uint4 cur[MT][GS];
+            float sb[MT][4]; /* scale of rows g, g + 8, bias (as q_bias makes it) of rows g, g + 8 */
 #pragma unroll
-            for (int u = 0; u < GS; u++) {
-                if (CB == 16) cur[u] = *(const uint4 *)(sl + u * 32 * CB + lane * CB);
-                else {
-                    const uint2 v = *(const uint2 *)(sl + u * 32 * CB + lane * CB);
-                    cur[u] = make_uint4(v.x, v.y, 0, 0);
+            for (int m = 0; m < MT; m++) {
+#pragma unroll
+                for (int u = 0; u < GS; u++) {
+                    if (CB == 16) cur[m][u] = *(const uint4 *)(sl + m * TB + u * 32 * CB + lane * CB);
+                    else {
+                        const uint2 v = *(const uint2 *)(sl + m * TB + u * 32 * CB + lane * CB);
+                        cur[m][u] = make_uint4(v.x, v.y, 0, 0);
+                    }
                 }
+                load_s2(sl + m * TB + VB, dt, 2 * g, sb[m][0], sb[m][1]);
+                load_s2(sl + m * TB + VB + 64, dt, 2 * g, sb[m][2], sb[m][3]);
+                sb[m][2] = q_bias<BITS>(sb[m][2], sb[m][0]);
+                sb[m][3] = q_bias<BITS>(sb[m][3], sb[m][1]);
             }
-            const float s0 = load_s(sl + VB, dt, g), s1 = load_s(sl + VB, dt, g + 8);
-            const float b0 = load_s(sl + VB + 64, dt, g), b1 = load_s(sl + VB + 64, dt, g + 8);
             __syncwarp(); /* every lane has read the slot before it refills */
             cs = cs + 1 == D ? 0 : cs + 1;
             produce(); /* into the slot read the group before */
-            const int64_t k0 = (warp + i * MM_SPLITS) * GS;
-            float ga[NTC][4], xa[NTC][4];
+            uint4 bx[PF ? GS : 1][NTC];
+            if (PF) {
 #pragma unroll
-            for (int j = 0; j < NTC; j++)
+                for (int u = 0; u < (PF ? GS : 1); u++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) ga[j][e] = xa[j][e] = 0.0f;
+                    for (int j = 0; j < NTC; j++) bx[u][j] = xn[u][j];
+                load_x(xn, 0, i + 1 < ni ? i + 1 : 0);
+            }
+            float ga[MT][NTC][4], xa[NTC][4];
+#pragma unroll
+            for (int j = 0; j < NTC; j++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) xa[j][e] = 0.0f;
+#pragma unroll
+                for (int m = 0; m < MT; m++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) ga[m][j][e] = 0.0f;
+            }
 #pragma unroll
             for (int u = 0; u < GS; u++) {
-                uint32_t a[8];
-                q_frag<BITS>(cur[u], a);
+                if (!PF) load_x(bx, u, i);
+                const int ub = PF ? u : 0;
 #pragma unroll
                 for (int j = 0; j < NTC; j++) {
-                    const uint4 bb = bin[j] ? *(const uint4 *)(pbx[j] + (k0 + u) * 32) : make_uint4(0, 0, 0, 0);
-                    mma_bf16(ga[j], a[0], a[1], a[2], a[3], bb.x, bb.y);
-                    mma_bf16(xa[j], one2, one2, one2, one2, bb.x, bb.y);
-                    mma_bf16(ga[j], a[4], a[5], a[6], a[7], bb.z, bb.w);
-                    mma_bf16(xa[j], one2, one2, one2, one2, bb.z, bb.w);
+                    mma_bf16(xa[j], one2, one2, one2, one2, bx[ub][j].x, bx[ub][j].y);
+                    mma_bf16(xa[j], one2, one2, one2, one2, bx[ub][j].z, bx[ub][j].w);
+                }
+#pragma unroll
+                for (int m = 0; m < MT; m++) {
+                    uint32_t a[8];
+                    q_frag<BITS>(cur[m][u], a);
+#pragma unroll
+                    for (int j = 0; j < NTC; j++) {
+                        mma_bf16(ga[m][j], a[0], a[1], a[2], a[3], bx[ub][j].x, bx[ub][j].y);
+                        mma_bf16(ga[m][j], a[4], a[5], a[6], a[7], bx[ub][j].z, bx[ub][j].w);
+                    }
                 }
             }
 #pragma unroll
-            for (int j = 0; j < NTC; j++) {
-                acc[j][0] = fmaf(b0, xa[j][0], fmaf(s0, ga[j][0], acc[j][0]));
-                acc[j][1] = fmaf(b0, xa[j][1], fmaf(s0, ga[j][1], acc[j][1]));
-                acc[j][2] = fmaf(b1, xa[j][2], fmaf(s1, ga[j][2], acc[j][2]));
-                acc[j][3] = fmaf(b1, xa[j][3], fmaf(s1, ga[j][3], acc[j][3]));
-            }
+            for (int m = 0; m < MT; m++)
+#pragma unroll
+                for (int j = 0; j < NTC; j++) {
+                    acc[m][j][0] = fmaf(sb[m][2], xa[j][0], fmaf(sb[m][0], ga[m][j][0], acc[m][j][0]));
+                    acc[m][j][1] = fmaf(sb[m][2], xa[j][1], fmaf(sb[m][0], ga[m][j][1], acc[m][j][1]));
+                    acc[m][j][2] = fmaf(sb[m][3], xa[j][2], fmaf(sb[m][1], ga[m][j][2], acc[m][j][2]));
+                    acc[m][j][3] = fmaf(sb[m][3], xa[j][3], fmaf(sb[m][1], ga[m][j][3], acc[m][j][3]));
+                }
         }
 #pragma unroll
-        for (int j = 0; j < NTC; j++) {
-            float *o = red[warp] + j * 128;
-            o[g * 8 + 2 * t] = acc[j][0];
-            o[g * 8 + 2 * t + 1] = acc[j][1];
-            o[(g + 8) * 8 + 2 * t] = acc[j][2];
-            o[(g + 8) * 8 + 2 * t + 1] = acc[j][3];
-        }
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int j = 0; j < NTC; j++) {
+                float *o = red[warp] + (m * NTC + j) * 128;
+                o[g * 8 + 2 * t] = acc[m][j][0];
+                o[g * 8 + 2 * t + 1] = acc[m][j][1];
+                o[(g + 8) * 8 + 2 * t] = acc[m][j][2];
+                o[(g + 8) * 8 + 2 * t + 1] = acc[m][j][3];
+            }
         __syncthreads();
-        for (int q = threadIdx.x; q < BT * 16; q += blockDim.x) {
-            const int tl = q / 16, row = q % 16;
-            const int64_t r = m * 16 + row, tok = tl;
+        for (int q = threadIdx.x; q < MT * BT * 16; q += blockDim.x) {
+            const int m = q / (BT * 16), tl = (q / 16) % BT, row = q % 16;
+            const int64_t r = (pk.blk * MT + m) * 16 + row, tok = tl;
             if (r >= pk.w.rows || tok >= T) continue;
             float sum = 0.0f;
             for (int w = 0; w < MM_SPLITS; w++)
 #pragma unroll
                 for (int p = 0; p < P; p++) {
                     const int n = tl * P + p;
-                    sum += red[w][(n / 8) * 128 + row * 8 + n % 8];
+                    sum += red[w][(m * NTC + n / 8) * 128 + row * 8 + n % 8];
                 }
             pk.y[tok * pk.ldy + r] = sum;
         }
-        __syncthreads(); /* red is read before the next tile's sums go in */
+        __syncthreads(); /* red is read before the next tiles' sums go in */
     }
     cp_async_wait<0>();
 }
@@ -382,17 +458,22 @@ template <int NTC>
 static constexpr int qmvp_minb() { return NTC <= 2 ? 3 : 2; }
 template <int P, int NTC, int BITS, int GS>
 static constexpr int qmvp_depth() {
-    /* about 8 steps in flight a warp (4 at least), as deep as qmvp_minb blocks an SM allow */
-    constexpr int want = GS == 1 ? 10 : GS == 2 ? 5 : 3;
-    constexpr int fit = (int)((227 * 1024 / qmvp_minb<NTC>() - 1024 - MM_SPLITS * NTC * 128 * 4) / (MM_SPLITS * qmvp_slot<BITS, GS>()));
+    /* about 8 steps in flight a warp (a slot holds GS * MT; 3 slots at least), as deep as
+     * qmvp_minb blocks an SM allow */
+    constexpr int per = GS * qmvp_mt<NTC, BITS, GS>(), ahead = (8 + per - 1) / per, want = ahead + 1 < 3 ? 3 : ahead + 1;
+    constexpr int fit = (int)((227 * 1024 / qmvp_minb<NTC>() - 1024 - MM_SPLITS * qmvp_mt<NTC, BITS, GS>() * NTC * 128 * 4) /
+                              (MM_SPLITS * qmvp_mt<NTC, BITS, GS>() * qmvp_tile<BITS, GS>()));
     return want < fit ? want : fit;
+}
+template <int P, int NTC, int BITS, int GS, int D, int MINB, int MT>
+static void qmvp_attr_v() {
+    static_assert(D >= 3 && (qmvp_smem<NTC, BITS, GS, D, MT>() + 1024) * MINB <= 227 * 1024, "the blocks fit an SM");
+    cudaFuncSetAttribute(k_qmvp<P, NTC, BITS, GS, D, MINB, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         (int)qmvp_smem<NTC, BITS, GS, D, MT>());
 }
 template <int P, int NTC, int BITS, int GS>
 static void qmvp_attr() {
-    constexpr int D = qmvp_depth<P, NTC, BITS, GS>();
-    static_assert((qmvp_smem<NTC, BITS, GS, D>() + 1024) * qmvp_minb<NTC>() <= 227 * 1024, "the blocks fit an SM");
-    cudaFuncSetAttribute(k_qmvp<P, NTC, BITS, GS, D, qmvp_minb<NTC>()>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         (int)qmvp_smem<NTC, BITS, GS, D>());
+    qmvp_attr_v<P, NTC, BITS, GS, qmvp_depth<P, NTC, BITS, GS>(), qmvp_minb<NTC>(), qmvp_mt<NTC, BITS, GS>()>();
 }
 template <int P, int NTC, int BITS>
 static void qmvp_attr_b() {
@@ -405,11 +486,16 @@ void qmvp_init(void) {
     qmvp_attr_b<1, 1, 4>(), qmvp_attr_b<1, 2, 4>(), qmvp_attr_b<3, 1, 4>(), qmvp_attr_b<3, 3, 4>(), qmvp_attr_b<3, 6, 4>();
 }
 
+/* a k_qmvp of ring depth D, MINB blocks an SM and MT tiles a block (mmv_bench compares them) */
+template <int P, int NTC, int BITS, int GS, int D, int MINB, int MT>
+static void launch_qmvp_v(cu_stream s, mm_group g, const uint16_t *xs, int64_t ldxs, int64_t n) {
+    const int64_t nblk = group_blocks(&g, MT);
+    launch_pdl(k_qmvp<P, NTC, BITS, GS, D, MINB, MT>, dim3(mmvp_grid(nblk, MINB)), dim3(32 * MM_SPLITS),
+               qmvp_smem<NTC, BITS, GS, D, MT>(), s, g, nblk, xs, ldxs, n);
+}
 template <int P, int NTC, int BITS, int GS>
-static void launch_qmvp_g(cu_stream s, const mm_group &g, int64_t nblk, const uint16_t *xs, int64_t ldxs, int64_t n) {
-    constexpr int D = qmvp_depth<P, NTC, BITS, GS>();
-    launch_pdl(k_qmvp<P, NTC, BITS, GS, D, qmvp_minb<NTC>()>, dim3(mmvp_grid(nblk, qmvp_minb<NTC>())), dim3(32 * MM_SPLITS),
-               qmvp_smem<NTC, BITS, GS, D>(), s, g, nblk, xs, ldxs, n);
+static void launch_qmvp_g(cu_stream s, mm_group g, const uint16_t *xs, int64_t ldxs, int64_t n) {
+    launch_qmvp_v<P, NTC, BITS, GS, qmvp_depth<P, NTC, BITS, GS>(), qmvp_minb<NTC>(), qmvp_mt<NTC, BITS, GS>()>(s, g, xs, ldxs, n);
 }
 
 /* whether k_qmvp takes the group: its cp.async copies need 16-byte aligned values, scales and biases */
@@ -422,20 +508,20 @@ static bool qmvp_fits(const mm_group &g, int64_t n, int P, int NTC) {
 
 template <int P, int NTC>
 static void launch_qmv_p(cu_stream s, mm_group g, const uint16_t *xs, int64_t ldxs, int64_t n) {
-    const int64_t nblk = group_blocks(&g, 1);
     if (qmvp_fits(g, n, P, NTC)) {
         const int bits = g.w[0].bits, gs = g.w[0].group / 32;
         if (bits == 8) {
-            if (gs == 1) launch_qmvp_g<P, NTC, 8, 1>(s, g, nblk, xs, ldxs, n);
-            else if (gs == 2) launch_qmvp_g<P, NTC, 8, 2>(s, g, nblk, xs, ldxs, n);
-            else launch_qmvp_g<P, NTC, 8, 4>(s, g, nblk, xs, ldxs, n);
+            if (gs == 1) launch_qmvp_g<P, NTC, 8, 1>(s, g, xs, ldxs, n);
+            else if (gs == 2) launch_qmvp_g<P, NTC, 8, 2>(s, g, xs, ldxs, n);
+            else launch_qmvp_g<P, NTC, 8, 4>(s, g, xs, ldxs, n);
         } else {
-            if (gs == 1) launch_qmvp_g<P, NTC, 4, 1>(s, g, nblk, xs, ldxs, n);
-            else if (gs == 2) launch_qmvp_g<P, NTC, 4, 2>(s, g, nblk, xs, ldxs, n);
-            else launch_qmvp_g<P, NTC, 4, 4>(s, g, nblk, xs, ldxs, n);
+            if (gs == 1) launch_qmvp_g<P, NTC, 4, 1>(s, g, xs, ldxs, n);
+            else if (gs == 2) launch_qmvp_g<P, NTC, 4, 2>(s, g, xs, ldxs, n);
+            else launch_qmvp_g<P, NTC, 4, 4>(s, g, xs, ldxs, n);
         }
         return;
     }
+    const int64_t nblk = group_blocks(&g, 1);
     if (g.w[0].bits == 8) launch_qmv_b<P, NTC, 8>(s, g, nblk, xs, ldxs, n);
     else launch_qmv_b<P, NTC, 4>(s, g, nblk, xs, ldxs, n);
 }
