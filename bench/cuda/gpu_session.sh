@@ -36,7 +36,7 @@ if has mlx; then
     cat "$O/q.txt"
     for dt in q8 q4; do
         for prec in exact bf16; do
-            timeout 150 $S bench --device cuda --synth 27b --dtype $dt --precision $prec --prompts 2048 --batches 1,16,64 \
+            timeout 150 $S bench --device cuda --synth 27b --dtype $dt --precision $prec --prompts 2048 --batches 1,4,16,64 \
                 --decode-s 1 --op-times >"$O/bench_${dt}_$prec.txt" 2>"$O/bench_${dt}_$prec.err"
             echo "bench 27B $dt --precision $prec (rc $?):"
             grep -A12 '^prefill' "$O/bench_${dt}_$prec.txt" | head -14

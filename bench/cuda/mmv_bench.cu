@@ -347,15 +347,16 @@ struct qv_case {
 };
 #define QV(B, P, D, MINB, MT)                                                                                           \
     {"P" #P " D" #D " B" #MINB " MT" #MT, launch_qmvp_v<P, 1, B, 2, D, MINB, MT>, qmvp_attr_v<P, 1, B, 2, D, MINB, MT>}
-static const qv_case<4> qv4[] = {QV(4, 1, 3, 3, 2), QV(4, 1, 5, 3, 1), QV(4, 1, 8, 3, 1), QV(4, 1, 4, 3, 2), QV(4, 1, 6, 3, 2),
-                                 QV(4, 1, 4, 4, 1), QV(4, 1, 8, 4, 1), QV(4, 1, 3, 4, 2), QV(4, 1, 6, 2, 2), QV(4, 1, 12, 2, 1),
-                                 QV(4, 3, 3, 3, 2), QV(4, 3, 8, 3, 1)};
-static const qv_case<8> qv8[] = {QV(8, 1, 3, 3, 2), QV(8, 1, 5, 3, 1), QV(8, 1, 4, 2, 2), QV(8, 1, 5, 2, 2), QV(8, 1, 8, 2, 1),
-                                 QV(8, 1, 4, 4, 1), QV(8, 1, 3, 4, 1), QV(8, 1, 10, 2, 1), QV(8, 3, 3, 3, 2), QV(8, 3, 5, 3, 1)};
+static const qv_case<4> qv4[] = {QV(4, 1, 6, 3, 2), QV(4, 1, 8, 3, 1), QV(4, 1, 10, 3, 1), QV(4, 1, 8, 2, 2),
+                                 QV(4, 1, 10, 2, 2), QV(4, 3, 6, 3, 2), QV(4, 3, 10, 3, 1)};
+static const qv_case<8> qv8[] = {QV(8, 1, 3, 3, 2), QV(8, 1, 6, 3, 1), QV(8, 1, 4, 2, 2), QV(8, 1, 5, 2, 2), QV(8, 1, 8, 2, 1),
+                                 QV(8, 3, 3, 3, 2), QV(8, 3, 6, 3, 1)};
 #undef QV
 template <int BITS, size_t N>
 static void qv_run(const qv_case<BITS> (&cases)[N], cudaStream_t s, cudaEvent_t e0, cudaEvent_t e1, int reps) {
-    const struct { const char *name; int64_t rows, cols; } shapes[] = {{"mlp gate+up", 34816, 5120}, {"mlp down", 5120, 17408}};
+    const struct { const char *name; int64_t rows, cols; } shapes[] = {{"mlp gate+up", 34816, 5120}, {"mlp down", 5120, 17408},
+                                                                        {"gdn qkv+z", 16384, 5120},  {"gdn out", 5120, 6144},
+                                                                        {"attn q+g+k+v", 14336, 5120}};
     const int group = 64;
     for (const auto &c : cases) c.attr();
     for (const auto &sh : shapes) {

@@ -84,8 +84,10 @@ __device__ __forceinline__ void q_frag(const uint4 &v, uint32_t (&a)[8]) {
     } else {
         /* 0x4180 | n << 3 is the bf16 16 + n (q_bias takes the 16 off) */
         auto pr = [](uint32_t w, int sh) {
-            const uint32_t u = sh >= 3 ? w >> (sh - 3) : w << (3 - sh);
-            return (u & 0x00780078u) | 0x41804180u;
+            const uint32_t u = sh >= 3 ? w >> (sh - 3) : w << (3 - sh), hi = 0x41804180u;
+            uint32_t o; /* (u & 0x00780078) | hi as one LOP3 (the compiler makes two of it) */
+            asm("lop3.b32 %0, %1, 0x00780078, %2, 0xEA;" : "=r"(o) : "r"(u), "r"(hi));
+            return o;
         };
         /* v.x: row g's columns, v.y: row g + 8's */
         a[0] = pr(v.x, 0), a[1] = pr(v.y, 0), a[2] = pr(v.x, 4), a[3] = pr(v.y, 4);
@@ -235,14 +237,16 @@ __global__ void __launch_bounds__(32 * MM_S, NTC <= 2 ? 3 : 2)
  * MT tiles at once (MT = 2 up to 8 tokens' columns, else 1): tile pairs b, b + G, ...; each
  * warp streams its groups of all its tiles (a group's GS steps of values and its 16 rows'
  * scales and biases, for each of the MT tiles) through a ring of D slots in shared memory,
- * filled by cp.async D - 1 slots ahead. A lane copies and reads its own values; four to
- * sixteen lanes copy the scales and biases for all (read after a warp barrier). The MT tiles
+ * filled by cp.async D - 1 slots ahead, 16 bytes a copy (the values of a group are a run:
+ * lane c takes chunks c, c + 32, ...; four lanes a tile take its bf16 scales and biases, the
+ * only scale type it takes); a slot is read after a warp barrier. The launcher takes one tile
+ * a block where two would leave resident blocks idle; MT and D change no bits. The MT tiles
  * share the activations' fragments, loaded a group ahead where they fit the registers (PF),
  * and the MMAs that sum them (sum_c x_c is the same for every row).
  * Shared memory: the ring [S][D][MT][qmvp_tile bytes], then the partial sums
  * [S][MT * NTC * 128] floats. */
 template <int BITS, int GS>
-__host__ __device__ constexpr int qmvp_tile() { return GS * 32 * 2 * BITS + 128; } /* values; scales, biases: 64 bytes each at most */
+__host__ __device__ constexpr int qmvp_tile() { return GS * 32 * 2 * BITS + 64; } /* values; 16 bf16 scales, 16 biases */
 /* the tiles a block takes at once: 2 where the registers and the ring allow */
 template <int NTC, int BITS, int GS>
 __host__ __device__ constexpr int qmvp_mt() { return NTC == 1 && GS * BITS <= 16 ? 2 : 1; }
@@ -262,46 +266,48 @@ __global__ void __launch_bounds__(32 * MM_SPLITS, MINB)
     unsigned char *ring = (unsigned char *)smq + warp * D * SLOT;
     float(*red)[MT * NTC * 128] = (float(*)[MT * NTC * 128])((unsigned char *)smq + MM_SPLITS * D * SLOT);
     const int64_t nsteps = grp.w[0].cols / 32, ng = grp.w[0].cols / grp.w[0].group; /* one width, bits and group */
-    const int dt = grp.w[0].sdtype, es = dt == 0 ? 4 : 2;
-    const int64_t ni = warp < ng ? (ng - warp + MM_SPLITS - 1) / MM_SPLITS : 0; /* a tile's groups, this warp */
+    constexpr int es = 2; /* bf16 scales and biases (qmvp_fits) */
+    const int ni = warp < ng ? (int)((ng - warp + MM_SPLITS - 1) / MM_SPLITS) : 0; /* a tile's groups, this warp */
     const unsigned ring_sa = (unsigned)__cvta_generic_to_shared(ring);
     /* the producer: group pi of block pb's tiles (pn of them in its matrix), this warp's; into slot ps */
-    int64_t pb = blockIdx.x, pi = 0;
-    int ps = 0, pn = 0;
-    mm_pick pq = {};
+    int64_t pb = blockIdx.x;
+    int pi = 0, ps = 0, pn = 0;
+    /* this lane's part of the scales and biases: tile sm_m's (scales, or biases where sm_w),
+     * the 16 bytes at sm_c (each tile's 16 of each are es chunks of 16 bytes) */
+    const int sm_m = lane / (2 * es), sm_w = (lane / es) & 1, sm_c = lane % es;
+    const unsigned sm_sa = (unsigned)(sm_m * TB + VB + sm_w * 32 + sm_c * 16);
+    const uint8_t *pv[MT]; /* the block's tiles' values, group 0 */
+    const uint8_t *psb = NULL; /* this lane's scales or biases of its tile, group 0 */
     auto p_open = [&]() {
         if (pb < nblk) {
-            pq = mm_select_at(grp, pb);
-            const int64_t left = tiled_tiles(pq.w.rows) - pq.blk * MT;
+            const mm_pick q = mm_select_at(grp, pb);
+            const int64_t m0 = q.blk * MT, left = tiled_tiles(q.w.rows) - m0;
             pn = left < MT ? (int)left : MT;
+#pragma unroll
+            for (int m = 0; m < MT; m++) pv[m] = (const uint8_t *)q.w.data + (m0 + m) * nsteps * 32 * CB;
+            psb = (const uint8_t *)(sm_w ? q.w.biases : q.w.scales) + (m0 + sm_m) * ng * 16 * es + sm_c * 16;
         }
     };
     auto produce = [&]() {
         if (ni > 0 && pb < nblk) {
-            const int64_t gj = warp + pi * MM_SPLITS, m0 = pq.blk * MT;
+            const int gj = warp + pi * MM_SPLITS;
+            const unsigned sa = ring_sa + (unsigned)(ps * SLOT);
+            /* a tile's group of values is VB bytes in a run, copied as VB / 16 chunks of 16 bytes
+             * (through L2 only), chunk c by lane c % 32 */
 #pragma unroll
             for (int m = 0; m < MT; m++)
                 if (m < pn) { /* past the matrix's last tile: rows never written */
-                    const uint8_t *src = (const uint8_t *)pq.w.data + ((m0 + m) * nsteps + gj * GS) * 32 * CB + lane * CB;
-                    const unsigned sa = ring_sa + (unsigned)(ps * SLOT + m * TB + lane * CB);
+                    const uint8_t *src = pv[m] + (unsigned)gj * (unsigned)VB;
 #pragma unroll
-                    for (int u = 0; u < GS; u++) {
-                        if (CB == 16)
-                            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa + u * 32 * CB), "l"(src + u * 32 * CB)
+                    for (int c0 = 0; c0 < VB / 16; c0 += 32)
+                        if (c0 + lane < VB / 16)
+                            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa + m * TB + (c0 + lane) * 16),
+                                         "l"(src + (c0 + lane) * 16)
                                          : "memory");
-                        else
-                            asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(sa + u * 32 * CB), "l"(src + u * 32 * CB)
-                                         : "memory");
-                    }
                 }
-            /* each tile's 16 scales and 16 biases: es chunks of 16 bytes each */
-            const int per = 2 * es, m = lane / per, which = (lane % per) / es, ch = lane % es;
-            if (m < pn) {
-                const uint8_t *ss = (const uint8_t *)(which ? pq.w.biases : pq.w.scales) + ((m0 + m) * ng + gj) * 16 * es + ch * 16;
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(ring_sa + (unsigned)(ps * SLOT + m * TB + VB + which * 64 + ch * 16)),
-                             "l"(ss)
+            if (sm_m < pn)
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa + sm_sa), "l"(psb + (unsigned)gj * 16u * (unsigned)es)
                              : "memory");
-            }
             if (++pi == ni) pi = 0, pb += gridDim.x, p_open();
         }
         cp_async_commit();
@@ -321,8 +327,8 @@ __global__ void __launch_bounds__(32 * MM_SPLITS, MINB)
         pbx[j] = xs + (int64_t)(n % P) * (T * ldxs) + (bin[j] ? tok : 0) * ldxs + 8 * t;
     }
     uint4 xn[PF ? GS : 1][NTC]; /* the next group's activation fragments (PF) */
-    auto load_x = [&](uint4(&o)[PF ? GS : 1][NTC], int u0, int64_t i) {
-        const int64_t k0 = (warp + i * MM_SPLITS) * GS;
+    auto load_x = [&](uint4(&o)[PF ? GS : 1][NTC], int u0, int i) {
+        const int k0 = (warp + i * MM_SPLITS) * GS;
 #pragma unroll
         for (int u = 0; u < (PF ? GS : 1); u++)
 #pragma unroll
@@ -339,9 +345,9 @@ __global__ void __launch_bounds__(32 * MM_SPLITS, MINB)
         for (int m = 0; m < MT; m++)
 #pragma unroll
             for (int j = 0; j < NTC; j++) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.0f;
-        for (int64_t i = 0; i < ni; i++) {
+        for (int i = 0; i < ni; i++) {
             cp_async_wait<D - 2>(); /* this group is in (this lane's copies) */
-            __syncwarp();           /* and the other lanes' (the scales) */
+            __syncwarp();           /* and the other lanes' */
             const unsigned char *sl = ring + cs * SLOT;
             uint4 cur[MT][GS];
             float sb[MT][4]; /* scale of rows g, g + 8, bias (as q_bias makes it) of rows g, g + 8 */
@@ -355,8 +361,8 @@ __global__ void __launch_bounds__(32 * MM_SPLITS, MINB)
                         cur[m][u] = make_uint4(v.x, v.y, 0, 0);
                     }
                 }
-                load_s2(sl + m * TB + VB, dt, 2 * g, sb[m][0], sb[m][1]);
-                load_s2(sl + m * TB + VB + 64, dt, 2 * g, sb[m][2], sb[m][3]);
+                load_s2(sl + m * TB + VB, 2, 2 * g, sb[m][0], sb[m][1]); /* bf16 (qmvp_fits) */
+                load_s2(sl + m * TB + VB + 32, 2, 2 * g, sb[m][2], sb[m][3]);
                 sb[m][2] = q_bias<BITS>(sb[m][2], sb[m][0]);
                 sb[m][3] = q_bias<BITS>(sb[m][3], sb[m][1]);
             }
@@ -456,13 +462,14 @@ static void launch_qmv_b(cu_stream s, const mm_group &g, int64_t nblk, const uin
 /* blocks an SM: 3 (2 where 3 token tiles or more want the registers) */
 template <int NTC>
 static constexpr int qmvp_minb() { return NTC <= 2 ? 3 : 2; }
-template <int P, int NTC, int BITS, int GS>
+template <int P, int NTC, int BITS, int GS, int MT>
 static constexpr int qmvp_depth() {
-    /* about 8 steps in flight a warp (a slot holds GS * MT; 3 slots at least), as deep as
-     * qmvp_minb blocks an SM allow */
-    constexpr int per = GS * qmvp_mt<NTC, BITS, GS>(), ahead = (8 + per - 1) / per, want = ahead + 1 < 3 ? 3 : ahead + 1;
-    constexpr int fit = (int)((227 * 1024 / qmvp_minb<NTC>() - 1024 - MM_SPLITS * qmvp_mt<NTC, BITS, GS>() * NTC * 128 * 4) /
-                              (MM_SPLITS * qmvp_mt<NTC, BITS, GS>() * qmvp_tile<BITS, GS>()));
+    /* about 5 KB of values in flight a warp (3 slots at least; measured with mmv_bench qv), as
+     * deep as qmvp_minb blocks an SM allow */
+    constexpr int per = GS * 32 * 2 * BITS * MT, ahead = (5120 + per - 1) / per;
+    constexpr int want = ahead + 1 < 3 ? 3 : ahead + 1;
+    constexpr int fit = (int)((227 * 1024 / qmvp_minb<NTC>() - 1024 - MM_SPLITS * MT * NTC * 128 * 4) /
+                              (MM_SPLITS * MT * qmvp_tile<BITS, GS>()));
     return want < fit ? want : fit;
 }
 template <int P, int NTC, int BITS, int GS, int D, int MINB, int MT>
@@ -473,7 +480,9 @@ static void qmvp_attr_v() {
 }
 template <int P, int NTC, int BITS, int GS>
 static void qmvp_attr() {
-    qmvp_attr_v<P, NTC, BITS, GS, qmvp_depth<P, NTC, BITS, GS>(), qmvp_minb<NTC>(), qmvp_mt<NTC, BITS, GS>()>();
+    constexpr int MT = qmvp_mt<NTC, BITS, GS>();
+    qmvp_attr_v<P, NTC, BITS, GS, qmvp_depth<P, NTC, BITS, GS, MT>(), qmvp_minb<NTC>(), MT>();
+    if (MT == 2) qmvp_attr_v<P, NTC, BITS, GS, qmvp_depth<P, NTC, BITS, GS, 1>(), qmvp_minb<NTC>(), 1>();
 }
 template <int P, int NTC, int BITS>
 static void qmvp_attr_b() {
@@ -493,16 +502,32 @@ static void launch_qmvp_v(cu_stream s, mm_group g, const uint16_t *xs, int64_t l
     launch_pdl(k_qmvp<P, NTC, BITS, GS, D, MINB, MT>, dim3(mmvp_grid(nblk, MINB)), dim3(32 * MM_SPLITS),
                qmvp_smem<NTC, BITS, GS, D, MT>(), s, g, nblk, xs, ldxs, n);
 }
+/* two tiles a block where the tiles are many; where they are fewer than two for each resident
+ * block (the long rows of the down projection and out_proj: 320 tiles on 132 SMs), one, which
+ * keeps every block busy (mmv_bench qv, 4-bit at one token: 1,953 against 1,762 GB/s on the
+ * down projection, 1,650 against 1,433 on out_proj; 8-bit 2,633 against 2,320) */
 template <int P, int NTC, int BITS, int GS>
 static void launch_qmvp_g(cu_stream s, mm_group g, const uint16_t *xs, int64_t ldxs, int64_t n) {
-    launch_qmvp_v<P, NTC, BITS, GS, qmvp_depth<P, NTC, BITS, GS>(), qmvp_minb<NTC>(), qmvp_mt<NTC, BITS, GS>()>(s, g, xs, ldxs, n);
+    constexpr int MT = qmvp_mt<NTC, BITS, GS>(), B = qmvp_minb<NTC>();
+    if (MT == 2) {
+        int dev = 0, sms = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        mm_group g1 = g;
+        if (group_blocks(&g1, 1) < (int64_t)2 * B * (sms > 0 ? sms : 1)) {
+            launch_qmvp_v<P, NTC, BITS, GS, qmvp_depth<P, NTC, BITS, GS, 1>(), B, 1>(s, g, xs, ldxs, n);
+            return;
+        }
+    }
+    launch_qmvp_v<P, NTC, BITS, GS, qmvp_depth<P, NTC, BITS, GS, MT>(), B, MT>(s, g, xs, ldxs, n);
 }
 
-/* whether k_qmvp takes the group: its cp.async copies need 16-byte aligned values, scales and biases */
+/* whether k_qmvp takes the group: bf16 scales and biases (MLX's own; k_qmv takes the others,
+ * with the same bits), and 16-byte aligned values, scales and biases for its cp.async copies */
 static bool qmvp_fits(const mm_group &g, int64_t n, int P, int NTC) {
     if (n > 8 * NTC / P) return false;
     for (int i = 0; i < g.n; i++)
-        if (((uintptr_t)g.w[i].data | (uintptr_t)g.w[i].scales | (uintptr_t)g.w[i].biases) & 15) return false;
+        if (g.w[i].sdtype != 2 || (((uintptr_t)g.w[i].data | (uintptr_t)g.w[i].scales | (uintptr_t)g.w[i].biases) & 15)) return false;
     return true;
 }
 
