@@ -80,8 +80,6 @@ typedef struct cuda_backend {
     int mm_mode;            /* CU_MM_* for bf16 matrices */
     int tiled;              /* bf16 matrices are stored tiled for the tensor cores (not in FMA mode) */
     int64_t tiled_cols;     /* the widest tiled matrix (the split activations' scratch) */
-    int64_t q_deq_elems;    /* cu_tiled_elems of the largest Q tiled matrix but the LM head (the
-                               dequantized scratch of `bf16` prompts: cu_mm_scratch.wq) */
     size_t stage_bytes;     /* the largest tiled matrix, row-major (its device staging at upload) */
     uint16_t *stage;        /* that staging, during the upload only */
 } cuda_backend;
@@ -181,13 +179,6 @@ static const void *put_tiled(uploader *u, const void *host, int64_t rows, int64_
     return dst;
 }
 
-/* a Q tiled matrix's room in the dequantized scratch (the LM head's prompt products are few:
- * the last token's, or slices for logits of every token) */
-static void note_q_deq(cuda_backend *b, int64_t rows, int64_t cols) {
-    const int64_t n = (int64_t)cu_tiled_elems(rows, cols);
-    if (rows != b->V && n > b->q_deq_elems) b->q_deq_elems = n;
-}
-
 /* an MLX 4- or 8-bit matrix, Q tiled (cu_q_tileable): values, scales and biases through the
  * device staging into their places */
 static void put_qtiled(uploader *u, const st_matrix *w, cu_mat *out) {
@@ -196,7 +187,6 @@ static void put_qtiled(uploader *u, const st_matrix *w, cu_mat *out) {
     const size_t sb = (size_t)w->rows * (size_t)(w->cols / w->group) * es, raw = db + 2 * sb;
     const size_t gb = cu_qtiled_groups(w->rows, w->cols, w->group) * es;
     out->fmt = CU_FMT_Q_TILED;
-    note_q_deq(b, w->rows, w->cols);
     out->data = put_room(u, cu_qtiled_bytes(w->rows, w->cols, w->bits));
     out->scales = put_room(u, gb);
     out->biases = put_room(u, gb);
@@ -232,7 +222,6 @@ static void put_mat(uploader *u, const st_matrix *w, cu_mat *out) {
             if (qt) {
                 out->fmt = CU_FMT_Q_TILED;
                 if (w->cols > u->b->tiled_cols) u->b->tiled_cols = w->cols;
-                note_q_deq(u->b, w->rows, w->cols);
             }
             out->data = put_synth(u, qt ? cu_qtiled_bytes(w->rows, w->cols, w->bits) / 4 : n * (size_t)w->bits / 32,
                                   4, CU_SYNTH_WORDS, 0);
@@ -660,12 +649,6 @@ static int64_t cap_blocks_of(const cuda_backend *b, const st_ctx_params *p) {
     return b->base.m->n_full ? (all < p->n_blocks ? all : p->n_blocks) : 0;
 }
 
-/* the dequantized scratch's bf16 elements: `bf16` products of enough tokens of a model with
- * Q tiled matrices, else none */
-static int64_t q_deq_scratch(const cuda_backend *b, int64_t max_tokens) {
-    return b->mm_mode == CU_MM_BF16 && max_tokens >= CU_QDEQ_MIN_T ? b->q_deq_elems : 0;
-}
-
 static void cuda_ctx_plan(const st_backend *base, const st_ctx_params *p, st_ctx_plan *out) {
     const cuda_backend *b = (const cuda_backend *)base;
     const st_model *m = b->base.m;
@@ -683,7 +666,6 @@ static void cuda_ctx_plan(const st_backend *base, const st_ctx_params *p, st_ctx
     size_t floats = T * (size_t)(5 * b->d + w1 + w2 + w3 + b->Hv + wm + 2) + (size_t)LOGIT_CHUNK * (size_t)b->V;
     floats += (cu_split_elems(xs_tokens(p->max_tokens), b->tiled_cols) + 1) / 2;
     floats += cu_mm_part_elems(p->max_tokens, widest_out(b));
-    floats += (size_t)(q_deq_scratch(b, p->max_tokens) + 1) / 2;
     out->scratch_bytes = floats * sizeof(float) + 2 * layout_of(p, cap_blocks_of(b, p)).total +
                          T * (size_t)(b->E + 4 * b->topk + 2) * 4;
     out->total_bytes = (size_t)p->n_blocks * out->kv_block_bytes + (size_t)(p->n_slots + p->n_snapshots) * out->slot_bytes +
@@ -696,8 +678,7 @@ static void cuda_ctx_destroy(st_bctx *base) {
     cudaSetDevice(c->b->device);
     if (c->stream) cudaStreamSynchronize(c->stream);
     float *bufs[] = {c->x,   c->xn,   c->out, c->p1,   c->p2,   c->p3, c->p4, c->mix, c->gath,
-                     c->gout, c->lg, c->small, (float *)c->mms.xs, c->mms.part, (float *)c->mms.wq,
-                     c->conv, c->rec, c->d_w};
+                     c->gout, c->lg, c->small, (float *)c->mms.xs, c->mms.part, c->conv, c->rec, c->d_w};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) cudaFree(bufs[i]);
     if (c->kv) cudaFree(c->kv);
@@ -757,9 +738,7 @@ static st_status cuda_ctx_create(st_backend *base, const st_ctx_params *p, st_bc
         {&c->gath, T * b->d}, {&c->gout, T * b->d}, {&c->lg, (int64_t)LOGIT_CHUNK * b->V}, {&c->small, 2 * T},
         {(float **)&c->mms.xs, (int64_t)(cu_split_elems(xs_tokens(T), b->tiled_cols) + 1) / 2},
         {&c->mms.part, (int64_t)cu_mm_part_elems(T, widest_out(b))},
-        {(float **)&c->mms.wq, (q_deq_scratch(b, T) + 1) / 2},
     };
-    c->mms.wq_elems = q_deq_scratch(b, T);
     c->mms.xs_tokens = xs_tokens(T);
     c->mms.part_elems = (int64_t)cu_mm_part_elems(T, widest_out(b));
     /* `bf16` products of many tokens on Hopper's wgmma where the device runs it (`exact` keeps

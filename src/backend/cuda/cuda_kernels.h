@@ -82,15 +82,7 @@ typedef struct cu_mm_scratch {
      * tokens or more take k_wgmma (cu_wgmma_available; the `bf16` precision only); NULL:
      * k_gemm for every product */
     void *tma_encode;
-    /* `bf16` products of MLX Q tiled matrices of CU_QDEQ_MIN_T tokens or more: the matrix
-     * dequantized here, bf16 tiled (bf16(s q + b), as MLX computes), then the bf16 path (wgmma
-     * on Hopper); wq_elems (cu_tiled_elems of the largest such matrix) bf16; NULL: k_qmv's
-     * slices of 16 tokens for every product */
-    uint16_t *wq;
-    int64_t wq_elems;
 } cu_mm_scratch;
-/* the fewest tokens an MLX product is dequantized for (`bf16` precision) */
-#define CU_QDEQ_MIN_T 128
 /* the fewest tokens a product takes k_wgmma for (`make mmv-bench; build/mmv_bench wg`) */
 #define CU_WGMMA_MIN_T 128
 /* Hopper's warpgroup MMA (matmul_wgmma.cu, built for sm_90a): the tensor-map encoder the

@@ -551,69 +551,10 @@ static void launch_qmv_p(cu_stream s, mm_group g, const uint16_t *xs, int64_t ld
     else launch_qmv_b<P, NTC, 4>(s, g, nblk, xs, ldxs, n);
 }
 
-/* ---- many tokens in `bf16`: dequantize, then the bf16 products ----
- * A Q tiled matrix as the bf16 tiled one of its shape, bf16(s q + b) (MLX's own dequantized
- * weights): a thread per chunk of 8 columns of a row. Q chunk (tile m, step k, lane L, half h)
- * is row 16m + 8h + L / 4, columns 32k + 8 (L % 4) ..; in the bf16 tiled layout that chunk is
- * number (m, k) * 64 + 32 h + L (tiled_at). */
-__global__ void k_qdequant(cu_mat w, uint16_t *dst) {
-    const int64_t nsteps = w.cols / 32, ng = w.cols / w.group, nq = tiled_tiles(w.rows) * nsteps * 64;
-    for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < nq; q += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t mk = q / 64, m = mk / nsteps, k = mk % nsteps;
-        const int L = (int)(q % 64) / 2, h = (int)(q % 2);
-        const int64_t si = (m * ng + (32 * k + 8 * (L & 3)) / w.group) * 16 + 2 * (L >> 2) + h; /* q_sb_at */
-        const float sc = load_s(w.scales, w.sdtype, si), bi = load_s(w.biases, w.sdtype, si);
-        uint32_t v[8];
-        if (w.bits == 8) {
-            const uint2 p = *(const uint2 *)((const uint8_t *)w.data + q * 8);
-#pragma unroll
-            for (int e = 0; e < 8; e++) v[e] = ((e < 4 ? p.x : p.y) >> (8 * (e & 3))) & 255u;
-        } else {
-            const uint32_t p = *(const uint32_t *)((const uint8_t *)w.data + q * 4);
-#pragma unroll
-            for (int e = 0; e < 8; e++) v[e] = (p >> ((e & 1) * 16 + (e >> 1) * 4)) & 15u;
-        }
-        uint16_t o[8];
-#pragma unroll
-        for (int e = 0; e < 8; e++) o[e] = f2bf16(fmaf(sc, (float)v[e], bi));
-        *(uint4 *)(dst + (mk * 64 + 32 * h + L) * 8) =
-            make_uint4(pack2(o[0], o[1]), pack2(o[2], o[3]), pack2(o[4], o[5]), pack2(o[6], o[7]));
-    }
-}
-
-/* matrix i of g dequantized into sc->wq and multiplied there (bf16 activations); false where
- * the scratch is too small */
-static bool qdequant_matmul(cu_stream s, const mm_group &g, int i, const float *x, int64_t ldx, int64_t T,
-                            const cu_mm_scratch *sc) {
-    const cu_mat &w = g.w[i];
-    if ((int64_t)cu_tiled_elems(w.rows, w.cols) > sc->wq_elems) return false;
-    k_qdequant<<<1024, 256, 0, s>>>(w, sc->wq);
-    mm_group one = g;
-    one.n = 1, one.y[0] = g.y[i], one.ldy[0] = g.ldy[i];
-    one.w[0] = w;
-    one.w[0].fmt = CU_FMT_BF16_TILED, one.w[0].bits = 0, one.w[0].group = 0;
-    one.w[0].data = sc->wq, one.w[0].scales = NULL, one.w[0].biases = NULL;
-    launch_tiled(s, one, x, ldx, T, 1, sc, 0);
-    return true;
-}
-
 /* MLX tiled matrices (one width, bits and group): split (unless xs holds x already), then
- * k_qmv, in slices of the scratch's tokens; in `bf16`, CU_QDEQ_MIN_T tokens or more, each
- * matrix the dequantized scratch holds through the bf16 products instead */
+ * k_qmv, in slices of the scratch's tokens */
 void launch_qtiled(cu_stream s, mm_group g, const float *x, int64_t ldx, int64_t T, int parts,
                    const cu_mm_scratch *sc, int xs_ready) {
-    if (parts == 1 && T >= CU_QDEQ_MIN_T && sc && sc->wq && sc->wq_elems > 0) {
-        mm_group rest = g;
-        rest.n = 0;
-        for (int i = 0; i < g.n; i++)
-            if (!qdequant_matmul(s, g, i, x, ldx, T, sc)) {
-                rest.w[rest.n] = g.w[i], rest.y[rest.n] = g.y[i], rest.ldy[rest.n] = g.ldy[i];
-                rest.n++;
-            }
-        if (rest.n == 0) return;
-        g = rest;
-        xs_ready = 0; /* the bf16 products' splits wrote xs */
-    }
     const int64_t cols = g.w[0].cols, ldxs = tiled_steps(cols) * 32, slice = T <= 16 ? T : sc->xs_tokens;
     for (int64_t t0 = 0; t0 < T; t0 += slice) {
         const int64_t n = T - t0 < slice ? T - t0 : slice;
