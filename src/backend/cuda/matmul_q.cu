@@ -12,7 +12,8 @@
  * 4-bit: the 8 nibbles of columns c0..c7 at bits c0 0, c1 16, c2 4, c3 20, c4 8, c5 24, c6 12,
  * c7 28, so that one shift and one mask make the bf16 pair of two neighbours. Scales and
  * biases: [tile][group][16], as stored (f32, f16 or bf16), the rows in the order 0, 8, 1, 9,
- * ..., 7, 15 (q_sb_at), so that lane 4g + t reads its rows g and g + 8 as one word.
+ * ..., 7, 15 (row r at 2 (r % 8) + r / 8), so that lane 4g + t reads its rows g and g + 8 as
+ * one word.
  * An integer value q is exact in bf16, so on the tensor cores a group g of a row gives
  *   y += s_g * (sum_c q_c x_c) + b_g * (sum_c x_c)
  * both sums exact products accumulated in fp32 (the second by an MMA with a matrix of ones).
@@ -50,7 +51,7 @@ __global__ void k_tile_q(const uint8_t *src, int64_t rows, int64_t cols, int bit
 }
 
 /* a thread per (tile, group, row): src [rows][cols / group] of es bytes; position i of a
- * (tile, group) holds row (i % 2) * 8 + i / 2 (q_sb_at's inverse) */
+ * (tile, group) holds row (i % 2) * 8 + i / 2 (row r at 2 (r % 8) + r / 8) */
 __global__ void k_tile_groups(const uint8_t *src, int64_t rows, int64_t ng, int es, uint8_t *dst) {
     const int64_t nq = tiled_tiles(rows) * ng * 16;
     for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < nq; q += (int64_t)gridDim.x * blockDim.x) {
