@@ -612,11 +612,15 @@ static void launch_mmv_s(cu_stream s, mm_group g, const uint16_t *xs, int64_t ld
 
 /* k_mmvp's grid: as many blocks as stay resident (MINB an SM), fewer where the tiles then
  * share out more evenly (every block takes ceil(tiles / slots) of them, but the last) */
-unsigned mmvp_grid(int64_t nblk, int minb) {
+int mm_sms(void) {
     int dev = 0, sms = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    const int64_t slots = (int64_t)(sms > 0 ? sms : 1) * minb, per = (nblk + slots - 1) / slots;
+    return sms > 0 ? sms : 1;
+}
+
+unsigned mmvp_grid(int64_t nblk, int minb) {
+    const int64_t slots = (int64_t)mm_sms() * minb, per = (nblk + slots - 1) / slots;
     return (unsigned)((nblk + per - 1) / per);
 }
 

@@ -511,11 +511,8 @@ template <int P, int NTC, int BITS, int GS>
 static void launch_qmvp_g(cu_stream s, mm_group g, const uint16_t *xs, int64_t ldxs, int64_t n) {
     constexpr int MT = qmvp_mt<NTC, BITS, GS>(), B = qmvp_minb<NTC>();
     if (MT == 2) {
-        int dev = 0, sms = 0;
-        cudaGetDevice(&dev);
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
         mm_group g1 = g;
-        if (group_blocks(&g1, 1) < (int64_t)2 * B * (sms > 0 ? sms : 1)) {
+        if (group_blocks(&g1, 1) < (int64_t)2 * B * mm_sms()) {
             launch_qmvp_v<P, NTC, BITS, GS, qmvp_depth<P, NTC, BITS, GS, 1>(), B, 1>(s, g, xs, ldxs, n);
             return;
         }
