@@ -235,6 +235,53 @@ static int sweep(int reps, const char *tlist) {
 /* ---- `mmv_bench q`: MLX 8- and 4-bit (groups of 64, bf16 scales) at 1, 4 and 16 tokens: the
  * backend's path (k_qmvp up to 16 tokens) against k_qmv, bit for bit, GB/s of the bytes read
  * (values, scales, biases), over a gigabyte of copies so that L2 holds none ---- */
+/* one MLX shape's buffers for the q benches: copies of a random Q tiled matrix (bf16 scales
+ * and biases, groups of `group`) filling 1 GB, so that the timed launches read from memory;
+ * TM tokens of random activations (rand() seeded with 5), their split, two outputs */
+struct q_case {
+    std::vector<cu_mat> ws;
+    size_t bytes; /* one copy's values, scales and biases */
+    float *x, *y, *yref;
+    uint16_t *xs;
+};
+static q_case q_case_make(cudaStream_t s, int64_t rows, int64_t cols, int bits, int group, int64_t TM) {
+    q_case qc;
+    const size_t vb = cu_qtiled_bytes(rows, cols, bits), gn = cu_qtiled_groups(rows, cols, group);
+    qc.bytes = vb + 2 * gn * 2;
+    const int copies = (int)((((size_t)1 << 30) + qc.bytes - 1) / qc.bytes);
+    qc.ws.resize(copies);
+    for (int c = 0; c < copies; c++) {
+        void *d, *sc_, *bs;
+        CK(cudaMalloc(&d, vb));
+        CK(cudaMalloc(&sc_, gn * 2));
+        CK(cudaMalloc(&bs, gn * 2));
+        cu_synth_fill(s, d, vb / 4, CU_SYNTH_WORDS, 77 + c, 0.0f);
+        cu_synth_fill(s, sc_, gn, CU_SYNTH_BF16, 500 + c, 0.01f);
+        cu_synth_fill(s, bs, gn, CU_SYNTH_BF16, 900 + c, 0.01f);
+        qc.ws[c] = {CU_FMT_Q_TILED, 2, bits, group, rows, cols, d, sc_, bs};
+    }
+    CK(cudaMalloc(&qc.x, TM * cols * 4));
+    CK(cudaMalloc(&qc.xs, cu_split_elems(TM, cols) * 2));
+    CK(cudaMalloc(&qc.y, TM * rows * 4));
+    CK(cudaMalloc(&qc.yref, TM * rows * 4));
+    std::vector<float> hx(TM * cols);
+    srand(5);
+    for (auto &v : hx) v = (float)rand() / RAND_MAX * 2.0f - 1.0f;
+    CK(cudaMemcpy(qc.x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
+    return qc;
+}
+static void q_case_free(q_case &qc) {
+    for (auto &w : qc.ws) {
+        CK(cudaFree((void *)w.data));
+        CK(cudaFree((void *)w.scales));
+        CK(cudaFree((void *)w.biases));
+    }
+    CK(cudaFree(qc.x));
+    CK(cudaFree(qc.xs));
+    CK(cudaFree(qc.y));
+    CK(cudaFree(qc.yref));
+}
+
 static int qbench(int reps) {
     cudaStream_t s;
     CK(cudaStreamCreate(&s));
@@ -253,33 +300,13 @@ static int qbench(int reps) {
     for (int bi = 0; bi < 2; bi++) {
         const int bits = bi ? 4 : 8;
         for (const auto &sh : shapes) {
-            const size_t vb = cu_qtiled_bytes(sh.rows, sh.cols, bits), gn = cu_qtiled_groups(sh.rows, sh.cols, group);
-            const size_t bytes = vb + 2 * gn * 2;
-            const int copies = (int)((((size_t)1 << 30) + bytes - 1) / bytes);
-            std::vector<cu_mat> ws(copies);
-            for (int c = 0; c < copies; c++) {
-                void *d, *sc_, *bs;
-                CK(cudaMalloc(&d, vb));
-                CK(cudaMalloc(&sc_, gn * 2));
-                CK(cudaMalloc(&bs, gn * 2));
-                cu_synth_fill(s, d, vb / 4, CU_SYNTH_WORDS, 77 + c, 0.0f);
-                cu_synth_fill(s, sc_, gn, CU_SYNTH_BF16, 500 + c, 0.01f);
-                cu_synth_fill(s, bs, gn, CU_SYNTH_BF16, 900 + c, 0.01f);
-                ws[c] = {CU_FMT_Q_TILED, 2, bits, group, sh.rows, sh.cols, d, sc_, bs};
-            }
             const int64_t TM = 16;
-            float *x, *y, *yref;
-            uint16_t *xs;
-            CK(cudaMalloc(&x, TM * sh.cols * 4));
-            CK(cudaMalloc(&xs, cu_split_elems(TM, sh.cols) * 2));
-            CK(cudaMalloc(&y, TM * sh.rows * 4));
-            CK(cudaMalloc(&yref, TM * sh.rows * 4));
-            {
-                std::vector<float> hx(TM * sh.cols);
-                srand(5);
-                for (auto &v : hx) v = (float)rand() / RAND_MAX * 2.0f - 1.0f;
-                CK(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
-            }
+            q_case qc = q_case_make(s, sh.rows, sh.cols, bits, group, TM);
+            const std::vector<cu_mat> &ws = qc.ws;
+            const size_t bytes = qc.bytes;
+            const int copies = (int)ws.size();
+            float *x = qc.x, *y = qc.y, *yref = qc.yref;
+            uint16_t *xs = qc.xs;
             const cu_mm_scratch sc = {xs, TM, NULL, 0};
             const int64_t ldxs = tiled_steps(sh.cols) * 32;
             for (int ti = 0; ti < 3; ti++)
@@ -314,15 +341,7 @@ static int qbench(int reps) {
                     printf("%-15s %4d %3lld %2d %10.0f %10.0f%s\n", sh.name, bits, (long long)T, P, bytes / sec[0] / 1e9,
                            bytes / sec[1] / 1e9, same ? "" : " *");
                 }
-            for (auto &w : ws) {
-                CK(cudaFree((void *)w.data));
-                CK(cudaFree((void *)w.scales));
-                CK(cudaFree((void *)w.biases));
-            }
-            CK(cudaFree(x));
-            CK(cudaFree(xs));
-            CK(cudaFree(y));
-            CK(cudaFree(yref));
+            q_case_free(qc);
         }
     }
     printf("\none 27B token's matrices (these shapes), summed: ms, k_qmvp | k_qmv\n");
@@ -360,32 +379,12 @@ static void qv_run(const qv_case<BITS> (&cases)[N], cudaStream_t s, cudaEvent_t 
     const int group = 64;
     for (const auto &c : cases) c.attr();
     for (const auto &sh : shapes) {
-        const size_t vb = cu_qtiled_bytes(sh.rows, sh.cols, BITS), gn = cu_qtiled_groups(sh.rows, sh.cols, group);
-        const size_t bytes = vb + 2 * gn * 2;
-        const int copies = (int)((((size_t)1 << 30) + bytes - 1) / bytes);
-        std::vector<cu_mat> ws(copies);
-        for (int c = 0; c < copies; c++) {
-            void *d, *sc_, *bs;
-            CK(cudaMalloc(&d, vb));
-            CK(cudaMalloc(&sc_, gn * 2));
-            CK(cudaMalloc(&bs, gn * 2));
-            cu_synth_fill(s, d, vb / 4, CU_SYNTH_WORDS, 77 + c, 0.0f);
-            cu_synth_fill(s, sc_, gn, CU_SYNTH_BF16, 500 + c, 0.01f);
-            cu_synth_fill(s, bs, gn, CU_SYNTH_BF16, 900 + c, 0.01f);
-            ws[c] = {CU_FMT_Q_TILED, 2, BITS, group, sh.rows, sh.cols, d, sc_, bs};
-        }
-        float *x, *y, *yref;
-        uint16_t *xs;
-        CK(cudaMalloc(&x, sh.cols * 4));
-        CK(cudaMalloc(&xs, cu_split_elems(1, sh.cols) * 2 * 3));
-        CK(cudaMalloc(&y, sh.rows * 4));
-        CK(cudaMalloc(&yref, sh.rows * 4));
-        {
-            std::vector<float> hx(sh.cols);
-            srand(5);
-            for (auto &v : hx) v = (float)rand() / RAND_MAX * 2.0f - 1.0f;
-            CK(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
-        }
+        q_case qc = q_case_make(s, sh.rows, sh.cols, BITS, group, 1);
+        const std::vector<cu_mat> &ws = qc.ws;
+        const size_t bytes = qc.bytes;
+        const int copies = (int)ws.size();
+        float *x = qc.x, *y = qc.y, *yref = qc.yref;
+        uint16_t *xs = qc.xs;
         const int64_t ldxs = tiled_steps(sh.cols) * 32;
         for (int P = 1; P <= 3; P += 2) {
             const cu_mm_scratch sc = {xs, 1, NULL, 0};
@@ -411,15 +410,7 @@ static void qv_run(const qv_case<BITS> (&cases)[N], cudaStream_t s, cudaEvent_t 
                 printf("    %-18s %6.0f GB/s%s\n", c.name, bytes / sec / 1e9, same ? "" : "  (other bits)");
             }
         }
-        for (auto &w : ws) {
-            CK(cudaFree((void *)w.data));
-            CK(cudaFree((void *)w.scales));
-            CK(cudaFree((void *)w.biases));
-        }
-        CK(cudaFree(x));
-        CK(cudaFree(xs));
-        CK(cudaFree(y));
-        CK(cudaFree(yref));
+        q_case_free(qc);
     }
 }
 static int qvbench(int reps) {
