@@ -402,6 +402,54 @@ static void test_long(fixture *fx) {
     free(ol);
 }
 
+/* A sequence's decode logits do not depend on what else its step holds: its next token in a
+ * step of one token an item (where a GPU splits attention over the context) and beside another
+ * sequence's prompt give the same bits. The prompt: 150 tokens (three attention chunks) of the
+ * fixture's longest prompt repeated. */
+static void test_mixed_step(fixture *fx) {
+    const st_tensor *ti = NULL; /* the longest of the fixture's prompts */
+    for (int i = 0; i < 4; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "p%d.ids", i);
+        const st_tensor *t = golden_get(fx->g, key, ST_DTYPE_I32);
+        if (t && t->numel > 0 && (!ti || t->numel > ti->numel)) ti = t;
+    }
+    if (!ti) return;
+    enum { N = 150, NB = 12 };
+    int32_t prompt[N + 1];
+    for (int i = 0; i <= N; i++) prompt[i] = ((const int32_t *)ti->data)[i % ti->numel];
+    float *lg[2] = {malloc((size_t)2 * fx->V * sizeof(float)), malloc((size_t)2 * fx->V * sizeof(float))};
+    st_error err = {0};
+    st_status st = ST_OK;
+    for (int run = 0; run < 2 && st == ST_OK; run++) {
+        st_cache_params cp = st_cache_default_params();
+        cp.n_slots = 2;
+        cp.max_seq_len = N + 8;
+        st_cache *cache = NULL;
+        st_fwd *f = NULL;
+        st_seq a = {.slot = -1}, b = {.slot = -1};
+        st = st_cache_create(fx->m, &cp, &cache, &err);
+        if (st == ST_OK) st = kit_fwd(fx->be, cache, N + NB, &f, &err);
+        if (st == ST_OK) st = st_cache_seq_start(cache, &a, &err);
+        if (st == ST_OK) st = st_cache_seq_start(cache, &b, &err);
+        if (st == ST_OK) {
+            st_batch_item pre = {&a, prompt, N, ST_LOGITS_LAST};
+            st = st_batch_run(cache, f, &pre, 1, lg[run], &err);
+        }
+        if (st == ST_OK) {
+            st_batch_item step[2] = {{&a, prompt + N, 1, ST_LOGITS_LAST}, {&b, prompt, NB, ST_LOGITS_LAST}};
+            st = st_batch_run(cache, f, step, run + 1, lg[run], &err);
+        }
+        st_fwd_destroy(f);
+        st_cache_destroy(cache);
+    }
+    CHECK(st == ST_OK && !memcmp(lg[0], lg[1], (size_t)fx->V * sizeof(float)),
+          "%s mixed step: a decode token's logits alone in its step equal those beside a prompt, bit for bit (%s)",
+          fx->dir, err.msg);
+    free(lg[0]);
+    free(lg[1]);
+}
+
 /* The vision checkpoint's text path: text.ids / text.logits */
 static void test_text_only(fixture *fx) {
     const st_tensor *ti = golden_get(fx->g, "text.ids", ST_DTYPE_I32);
@@ -429,6 +477,7 @@ int main(int argc, char **argv) {
             test_hidden(&fx);
             test_batch(&fx);
             test_long(&fx);
+            test_mixed_step(&fx);
             test_text_only(&fx);
         }
         close_fixture(&fx);
