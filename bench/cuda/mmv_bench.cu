@@ -15,6 +15,9 @@
  *   build/mmv_bench wg [reps] [T,..] bf16 products on wgmma (matmul_wgmma.cu) against k_gemm:
  *                                    agreement and TFLOP/s at 64 to 2,048 tokens (or those
  *                                    given); exits 1 where they disagree
+ *   build/mmv_bench ws [reps] [T,..] bf16 products of 1 to 128 tokens on resident wgmma blocks
+ *                                    (k_wgmma_stream) against the backend's other path:
+ *                                    agreement and GB/s; exits 1 where they disagree
  *   build/mmv_bench prof R C T P     one product, for a profiler
  */
 #include <cuda_runtime.h>
@@ -69,6 +72,38 @@ static double time_launches(cudaStream_t s, cudaEvent_t e0, cudaEvent_t e1, int 
     float ms;
     CK(cudaEventElapsedTime(&ms, e0, e1));
     return ms * 1e-3 / reps;
+}
+
+/* the device's copy bandwidth (bytes read + written a second, GB/s), printed */
+static double copy_bandwidth(cudaStream_t s, cudaEvent_t e0, cudaEvent_t e1) {
+    const size_t cb = (size_t)2 << 30;
+    float *ca, *cbuf, ms;
+    CK(cudaMalloc(&ca, cb));
+    CK(cudaMalloc(&cbuf, cb));
+    CK(cudaMemset(ca, 1, cb));
+    cu_copy(s, ca, cbuf, (int64_t)(cb / 4));
+    CK(cudaEventRecord(e0, s));
+    for (int i = 0; i < 10; i++) cu_copy(s, ca, cbuf, (int64_t)(cb / 4));
+    CK(cudaEventRecord(e1, s));
+    CK(cudaEventSynchronize(e1));
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    const double bw = 2.0 * cb * 10 / (ms * 1e-3) / 1e9;
+    printf("copy bandwidth %.0f GB/s (read + written)\n", bw);
+    CK(cudaFree(ca));
+    CK(cudaFree(cbuf));
+    return bw;
+}
+
+/* "T,T,..": the token counts given, else def */
+static std::vector<int64_t> token_list(const char *tlist, std::vector<int64_t> def) {
+    if (!tlist) return def;
+    std::vector<int64_t> Ts;
+    for (const char *q = tlist; *q;) {
+        Ts.push_back(atoll(q));
+        while (*q && *q != ',') q++;
+        if (*q) q++;
+    }
+    return Ts;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -176,15 +211,7 @@ static int sweep(int reps, const char *tlist) {
     CK(cudaEventCreate(&e1));
     const struct { const char *name; int64_t rows, cols; } shapes[] = {
         {"gate+up", 34816, 5120}, {"down", 5120, 17408}, {"gdn in", 16512, 5120}, {"out/o", 5120, 6144}, {"attn qkv", 14336, 5120}};
-    std::vector<int64_t> Ts = {32, 64, 128, 512, 2048};
-    if (tlist) {
-        Ts.clear();
-        for (const char *q = tlist; *q;) {
-            Ts.push_back(atoll(q));
-            while (*q && *q != ',') q++;
-            if (*q) q++;
-        }
-    }
+    const std::vector<int64_t> Ts = token_list(tlist, {32, 64, 128, 512, 2048});
     const int64_t TM = 2048;
     printf("k_gemm tile shapes (MTW,NT,WR: rows 16*MTW*WR, tokens 8*NT*(8/WR)); GB/s of weights | TFLOP/s; * differs in a bit\n");
     printf("%-9s %5s %2s", "shape", "T", "P");
@@ -469,15 +496,7 @@ static int wgbench(int reps, const char *tlist) {
     const struct { const char *name; int64_t rows, cols; } shapes[] = {
         {"gate+up", 34816, 5120}, {"down", 5120, 17408}, {"gdn in", 16512, 5120}, {"out/o", 5120, 6144},
         {"attn qkv", 14336, 5120}, {"odd rows", 1000, 384}};
-    std::vector<int64_t> Ts = {64, 128, 256, 512, 1024, 2048};
-    if (tlist) {
-        Ts.clear();
-        for (const char *q = tlist; *q;) {
-            Ts.push_back(atoll(q));
-            while (*q && *q != ',') q++;
-            if (*q) q++;
-        }
-    }
+    const std::vector<int64_t> Ts = token_list(tlist, {64, 128, 256, 512, 1024, 2048});
     int64_t TM = 16;
     for (int64_t T : Ts) TM = T > TM ? T : TM;
     int bad = 0;
@@ -534,12 +553,178 @@ static int wgbench(int reps, const char *tlist) {
     return bad ? 1 : 0;
 }
 
+/* ---- `mmv_bench ws [reps] [T,...]`: bf16-activation products of few tokens on resident
+ * wgmma blocks (k_wgmma_stream, matmul_wgmma.cu) against the backend's other path for them
+ * (k_mmvp up to 8 tokens, k_mmv to 16, k_gemm beyond), on the 27B launches (gate and up
+ * together, the four GDN in-projections, q/k/v) and odd shapes: agreement (as `wg`: every
+ * output written, within 4e-9 times the columns of the largest output), the same sums from
+ * the variant with 200 KB of stages a block, GB/s of weights of each (the weights rotated over copies past the L2), and one
+ * 27B token's matrices summed against the copy-bandwidth floor ---- */
+static int wsbench(int reps, const char *tlist) {
+    cudaStream_t s;
+    CK(cudaStreamCreate(&s));
+    cu_mm_init();
+    void *enc = cu_wgmma_available();
+    if (!enc) {
+        printf("wgmma: this device does not run the sm_90a kernel\n");
+        return 1;
+    }
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    const double copy_bw = copy_bandwidth(s, e0, e1);
+    struct group {
+        const char *name;
+        int n;
+        int64_t rows[4], cols;
+        int per_token; /* such launches a 27B token makes */
+    };
+    const group groups[] = {{"gate+up", 2, {17408, 17408}, 5120, 64},        {"down", 1, {5120}, 17408, 64},
+                            {"gdn in", 4, {10240, 6144, 48, 48}, 5120, 48},   {"out/o", 1, {5120}, 6144, 64},
+                            {"attn qkv", 3, {12288, 1024, 1024}, 5120, 16},   {"lm head", 1, {248320}, 5120, 1},
+                            {"odd", 3, {1000, 200, 16}, 384, 0}};
+    const std::vector<int64_t> Ts = token_list(tlist, {1, 2, 4, 8, 9, 16, 17, 24, 32, 48, 64, 65, 96, 127});
+    const int64_t TM = 128;
+    int bad = 0;
+    std::vector<double> t_old(Ts.size(), 0.0), t_ws(Ts.size(), 0.0), t_big(Ts.size(), 0.0);
+    if (ws_attrs<200>() != 0) return 1;
+    float *wpart, *part;
+    int32_t *wcount;
+    const int64_t counts = cu_ws_counts(248320);
+    CK(cudaMalloc(&wpart, cu_ws_part_elems() * 4));
+    CK(cudaMalloc(&wcount, counts * 4));
+    CK(cudaMemset(wcount, 0, counts * 4));
+    CK(cudaMalloc(&part, cu_mm_part_elems(64, 248320) * 4));
+    /* the backend's path without the stream kernel, and the stream kernel's scratch */
+    const cu_mm_scratch sc_old = {NULL, TM, part, (int64_t)cu_mm_part_elems(64, 248320), NULL, NULL, 0, NULL, 0};
+    printf("bf16 products of few tokens: k_wgmma_stream against the backend's other path; GB/s of weights;\n"
+           "err = max |stream - other| / max |other|\n");
+    printf("%-9s %4s %10s %10s %10s %10s\n", "launch", "T", "other", "stream", "200 KB", "err");
+    for (const group &gr : groups) {
+        size_t bytes = 0;
+        for (int i = 0; i < gr.n; i++) bytes += (size_t)gr.rows[i] * gr.cols * 2;
+        const int copies = (int)((((size_t)1 << 30) + bytes - 1) / bytes);
+        std::vector<uint16_t *> wt((size_t)copies * gr.n);
+        std::vector<float *> y(gr.n), yref(gr.n), y2(gr.n);
+        for (int i = 0; i < gr.n; i++) {
+            uint16_t *wd;
+            CK(cudaMalloc(&wd, (size_t)gr.rows[i] * gr.cols * 2));
+            for (int c = 0; c < copies; c++) {
+                CK(cudaMalloc(&wt[(size_t)c * gr.n + i], cu_tiled_elems(gr.rows[i], gr.cols) * 2));
+                cu_synth_fill(s, wd, (size_t)gr.rows[i] * gr.cols, CU_SYNTH_BF16, 77 + 7 * c + i, 0.05f);
+                cu_tile_bf16(s, wd, gr.rows[i], gr.cols, wt[(size_t)c * gr.n + i]);
+            }
+            CK(cudaStreamSynchronize(s));
+            CK(cudaFree(wd));
+            CK(cudaMalloc(&y[i], TM * gr.rows[i] * 4));
+            CK(cudaMalloc(&y2[i], TM * gr.rows[i] * 4));
+            CK(cudaMalloc(&yref[i], TM * gr.rows[i] * 4));
+        }
+        float *x;
+        uint16_t *xs;
+        CK(cudaMalloc(&x, TM * gr.cols * 4));
+        CK(cudaMalloc(&xs, cu_split_elems(TM, gr.cols) * 2));
+        {
+            std::vector<float> hx(TM * gr.cols);
+            srand(11);
+            for (auto &v : hx) v = (float)rand() / RAND_MAX * 2.0f - 1.0f;
+            CK(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
+        }
+        cu_mm_scratch sc_old_x = sc_old, sc = sc_old;
+        sc_old_x.xs = xs;
+        sc.xs = xs, sc.tma_encode = enc, sc.wpart = wpart, sc.wpart_elems = (int64_t)cu_ws_part_elems();
+        sc.wcount = wcount, sc.wcount_n = counts;
+        const int64_t ldxs = tiled_steps(gr.cols) * 32;
+        auto group_of = [&](int c, const std::vector<float *> &out) {
+            mm_group g;
+            g.n = gr.n;
+            for (int i = 0; i < gr.n; i++) {
+                g.w[i] = {CU_FMT_BF16_TILED, 0, 0, 0, gr.rows[i], gr.cols, wt[(size_t)c * gr.n + i], NULL, NULL};
+                g.y[i] = out[i], g.ldy[i] = gr.rows[i];
+            }
+            return g;
+        };
+        /* big: the stages in 200 KB a block (one block an SM) instead of the backend's WS_KB */
+        auto stream = [&](int c, const std::vector<float *> &out, int64_t T, bool big = false) {
+            const mm_group g = group_of(c, out);
+            const cu_mat *w[4];
+            for (int i = 0; i < gr.n; i++) w[i] = &g.w[i];
+            return big ? ws_stream<200>(s, &sc, g.n, w, g.y, g.ldy, xs, ldxs, T)
+                       : cu_wgmma_stream(s, &sc, g.n, w, g.y, g.ldy, xs, ldxs, T);
+        };
+        for (size_t ti = 0; ti < Ts.size(); ti++) {
+            const int64_t T = Ts[ti];
+            if (T < 1 || T > TM) continue;
+            launch_split(s, x, gr.cols, T, gr.cols, xs, ldxs, 1);
+            launch_tiled(s, group_of(0, yref), x, gr.cols, T, 1, &sc_old_x, 1);
+            for (int i = 0; i < gr.n; i++) {
+                CK(cudaMemsetAsync(y[i], 0xff, T * gr.rows[i] * 4, s)); /* NaN: an output never written stays one */
+                CK(cudaMemsetAsync(y2[i], 0xff, T * gr.rows[i] * 4, s));
+            }
+            if (stream(0, y, T) != 0 || stream(0, y2, T, true) != 0) {
+                printf("%-9s %4lld refused\n", gr.name, (long long)T);
+                bad++;
+                continue;
+            }
+            CK(cudaStreamSynchronize(s));
+            CK(cudaGetLastError());
+            double md = 0, mr = 0;
+            size_t nan = 0;
+            bool same = true;
+            for (int i = 0; i < gr.n; i++) {
+                const size_t ne = (size_t)(T * gr.rows[i]);
+                std::vector<float> a(ne), b(ne);
+                CK(cudaMemcpy(a.data(), y[i], ne * 4, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(b.data(), yref[i], ne * 4, cudaMemcpyDeviceToHost));
+                same = same && same_bits(y[i], y2[i], ne);
+                for (size_t e = 0; e < ne; e++) {
+                    if (!(a[e] == a[e])) nan++;
+                    const double dd = fabs((double)a[e] - b[e]);
+                    md = dd > md ? dd : md;
+                    mr = fabs((double)b[e]) > mr ? fabs((double)b[e]) : mr;
+                }
+            }
+            const double err = mr > 0 ? md / mr : md;
+            const bool ok = nan == 0 && same && err <= 4e-9 * (double)gr.cols;
+            bad += !ok;
+            const double to = time_launches(s, e0, e1, reps, copies, [&](int c) { launch_tiled(s, group_of(c, yref), x, gr.cols, T, 1, &sc_old_x, 1); });
+            const double tw = time_launches(s, e0, e1, reps, copies, [&](int c) { stream(c, y, T); });
+            const double tb = time_launches(s, e0, e1, reps, copies, [&](int c) { stream(c, y2, T, true); });
+            printf("%-9s %4lld %10.0f %10.0f %10.0f %10.2e%s%s\n", gr.name, (long long)T, bytes / to / 1e9, bytes / tw / 1e9,
+                   bytes / tb / 1e9, err, ok ? "" : "  FAIL", same ? "" : " (runs differ)");
+            if (nan) printf("          (%zu outputs not written)\n", nan);
+            t_old[ti] += to * gr.per_token, t_ws[ti] += tw * gr.per_token, t_big[ti] += tb * gr.per_token;
+        }
+        for (auto p : wt) CK(cudaFree(p));
+        for (int i = 0; i < gr.n; i++) {
+            CK(cudaFree(y[i]));
+            CK(cudaFree(y2[i]));
+            CK(cudaFree(yref[i]));
+        }
+        CK(cudaFree(x));
+        CK(cudaFree(xs));
+    }
+    printf("\none 27B token's matrices, summed: ms (%% of the copy-bandwidth floor, 51.2 GB)\n");
+    printf("%4s %18s %18s %18s\n", "T", "other", "stream", "stream 200 KB");
+    for (size_t ti = 0; ti < Ts.size(); ti++)
+        if (t_old[ti] > 0)
+            printf("%4lld %9.2f (%5.1f%%) %9.2f (%5.1f%%) %9.2f (%5.1f%%)\n", (long long)Ts[ti], t_old[ti] * 1e3,
+                   100.0 * (51.2 / copy_bw) / t_old[ti], t_ws[ti] * 1e3, 100.0 * (51.2 / copy_bw) / t_ws[ti],
+                   t_big[ti] * 1e3, 100.0 * (51.2 / copy_bw) / t_big[ti]);
+    CK(cudaFree(wpart));
+    CK(cudaFree(wcount));
+    CK(cudaFree(part));
+    printf("stream: %s\n", bad ? "FAILED" : "all products agree");
+    return bad ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "sweep")) return sweep(argc > 2 ? atoi(argv[2]) : 10, argc > 3 ? argv[3] : NULL);
     if (argc > 5 && !strcmp(argv[1], "prof")) return prof(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]));
     if (argc > 1 && !strcmp(argv[1], "q")) return qbench(argc > 2 ? atoi(argv[2]) : 20);
     if (argc > 1 && !strcmp(argv[1], "qv")) return qvbench(argc > 2 ? atoi(argv[2]) : 20);
     if (argc > 1 && !strcmp(argv[1], "wg")) return wgbench(argc > 2 ? atoi(argv[2]) : 10, argc > 3 ? argv[3] : NULL);
+    if (argc > 1 && !strcmp(argv[1], "ws")) return wsbench(argc > 2 ? atoi(argv[2]) : 20, argc > 3 ? argv[3] : NULL);
     const int reps = argc > 1 ? atoi(argv[1]) : 20;
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
@@ -553,21 +738,7 @@ int main(int argc, char **argv) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    const size_t cb = (size_t)2 << 30;
-    float *ca, *cbuf, ms;
-    CK(cudaMalloc(&ca, cb));
-    CK(cudaMalloc(&cbuf, cb));
-    CK(cudaMemset(ca, 1, cb));
-    cu_copy(s, ca, cbuf, (int64_t)(cb / 4));
-    CK(cudaEventRecord(e0, s));
-    for (int i = 0; i < 10; i++) cu_copy(s, ca, cbuf, (int64_t)(cb / 4));
-    CK(cudaEventRecord(e1, s));
-    CK(cudaEventSynchronize(e1));
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    const double copy_bw = 2.0 * cb * 10 / (ms * 1e-3) / 1e9;
-    printf("copy bandwidth %.0f GB/s (read + written)\n", copy_bw);
-    CK(cudaFree(ca));
-    CK(cudaFree(cbuf));
+    const double copy_bw = copy_bandwidth(s, e0, e1);
     const shape shapes[] = {{"mlp gate/up", 17408, 5120, 128}, {"mlp down", 5120, 17408, 64}, {"gdn qkv", 10240, 5120, 48},
                             {"gdn z", 6144, 5120, 48}, {"gdn out, attn o", 5120, 6144, 64},   {"attn q+gate", 12288, 5120, 16},
                             {"attn k, v", 1024, 5120, 32},      {"gdn b, a", 48, 5120, 96},    {"lm head", 248320, 5120, 1}};

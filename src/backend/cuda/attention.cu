@@ -91,7 +91,7 @@ __device__ __forceinline__ float kv_load(const cu_kv &kv, size_t i) {
  *          a = exp(m - mn), b = exp(mc - mn), l = l a + lc b, o_e = o_e a + oc_e b, m = mn
  *   out_e  = o_e / l * sigmoid(gate_e)
  * The same bits for a query alone (decode) and in any tile, batch or split of the prompt. */
-#define ATT_CH 64  /* positions a chunk */
+#define ATT_CH CU_ATT_CH /* positions a chunk */
 #define ATT_Q 48   /* queries a block at most (tokens times the query heads of a KV head) */
 #define ATT_THREADS 256
 #define ATT_QW (ATT_Q / 8) /* queries a warp scores */
@@ -317,11 +317,16 @@ __device__ __forceinline__ void atc_mma(float (&d)[4], const uint32_t (&a)[KP][4
         }
 }
 
-template <int QP, int KP>
-__global__ void __launch_bounds__(ATT_THREADS, 1) k_attn_tc(cu_plan p, cu_attn_args a, cu_kv kv, int qt) {
-    pdl_wait();
+/* One tile's attention for KV head h: tokens t0 .. t0 + nt - 1 of item it. SPLIT: chunk cs alone
+ * (positions cs * ATT_CH ..), its raw results out to part instead of merged: for query qi,
+ * part[qi * (hd + 2)] = mc, [+ 1] = lc, [+ 2 + e] = oc_e (k_attn_merge merges them as this
+ * does: from m = -inf, l = 0, o = 0 every chunk in order, so the same bits). */
+template <int QP, int KP, bool SPLIT>
+__device__ __forceinline__ void atc_tile(const cu_plan &p, const cu_attn_args &a, const cu_kv &kv, int it, int64_t t0,
+                                         int64_t nt, int h, int64_t cs, float *part) {
     extern __shared__ int64_t sh64[];
-    const int hd = a.hd, G = a.nh / a.nkv, h = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    __syncthreads(); /* a block taking tiles in turn: the last one's reads of shared memory are done */
+    const int hd = a.hd, G = a.nh / a.nkv, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3, QS = hd + ATC_PAD, VS = ATT_CH + ATC_PAD, H8 = hd / 8;
     int64_t *qpos = sh64, *krow = sh64 + ATT_Q; /* krow: the chunk's K rows in the pool (V: + vstep) */
     float *sm_m = (float *)(krow + ATT_CH), *sm_l = sm_m + ATT_Q, *sm_a = sm_l + ATT_Q, *sm_b = sm_a + ATT_Q;
@@ -330,9 +335,6 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) k_attn_tc(cu_plan p, cu_attn_a
     uint16_t *ws = qs + QP * ATT_Q * QS;                      /* weights [QP][ATT_Q][VS] */
     uint16_t *kvs = ws + QP * ATT_Q * VS;                     /* K [KP][ATT_CH][QS], then V^T [KP][hd][VS] */
     const int kvstride = ATT_CH * QS > hd * VS ? ATT_CH * QS : hd * VS;
-    int64_t t0 = 0, nt = 0;
-    const int it = att_tile(p, qt, &t0, &nt);
-    if (it < 0) return;
     const int Q = (int)nt * G, nqt = (Q + 7) / 8;
     const int64_t pos_first = p.pos0[it] + (t0 - p.item_t0[it]), pos_last = pos_first + nt - 1;
     const float scale = 1.0f / sqrtf((float)hd);
@@ -361,7 +363,8 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) k_attn_tc(cu_plan p, cu_attn_a
 #pragma unroll
         for (int n = 0; n < 6; n++) o[mi][n][0] = o[mi][n][1] = o[mi][n][2] = o[mi][n][3] = 0.0f;
     const int64_t vstep = (int64_t)kv.nkv * kv.block_size * hd; /* a V row from its K row */
-    for (int64_t c0 = 0; c0 <= pos_last; c0 += ATT_CH) {
+    const int64_t c_first = SPLIT ? cs * ATT_CH : 0, c_last = SPLIT ? c_first : pos_last;
+    for (int64_t c0 = c_first; c0 <= c_last; c0 += ATT_CH) {
         __syncthreads(); /* the previous chunk's V^T, weights and rows are read */
         if (tid < ATT_CH) krow[tid] = c0 + tid <= pos_last ? (int64_t)kv_index(kv, p, it, a.li, 0, h, c0 + tid) : -1;
         __syncthreads();
@@ -468,7 +471,9 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) k_attn_tc(cu_plan p, cu_attn_a
                     r0 -= bf16f(h0), r1 -= bf16f(h1);
                 }
                 const float lc = warp_sum(__fadd_rn(e0, e1));
-                if (lane == 0) {
+                if (SPLIT) {
+                    if (lane == 0) part[q * (hd + 2)] = mc, part[q * (hd + 2) + 1] = lc;
+                } else if (lane == 0) {
                     const float m = sm_m[q], mn = fmaxf(m, mc), ca = expf(m - mn), cb = expf(mc - mn);
                     sm_l[q] = __fmaf_rn(sm_l[q], ca, __fmul_rn(lc, cb));
                     sm_m[q] = mn;
@@ -516,11 +521,16 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) k_attn_tc(cu_plan p, cu_attn_a
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         const int qi = n * 8 + 2 * t + (e & 1);
-                        if (qi < Q && c0 <= qpos[qi]) o[mi][n][e] = __fmaf_rn(o[mi][n][e], sm_a[qi], __fmul_rn(oc[mi][n][e], sm_b[qi]));
+                        if (SPLIT) {
+                            const int dim = 32 * warp + 16 * mi + g + (e >= 2 ? 8 : 0);
+                            if (qi < Q && dim < hd) part[qi * (hd + 2) + 2 + dim] = oc[mi][n][e];
+                        } else if (qi < Q && c0 <= qpos[qi])
+                            o[mi][n][e] = __fmaf_rn(o[mi][n][e], sm_a[qi], __fmul_rn(oc[mi][n][e], sm_b[qi]));
                     }
                 }
         }
     }
+    if (SPLIT) return;
     __syncthreads();
     float *ot = (float *)qs; /* the outputs before the gate, [ATT_Q][hd]: qs, ws and kvs (free now) hold them */
     if (pv)
@@ -542,6 +552,76 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) k_attn_tc(cu_plan p, cu_attn_a
         const float gate = a.q[tt * 2 * a.nh * hd + (int64_t)j * 2 * hd + hd + dim];
         a.mix[tt * a.nh * hd + (int64_t)j * hd + dim] = __fmul_rn(__fmul_rn(ot[i], 1.0f / sm_l[qi]), sigmoidf_(gate));
     }
+}
+
+template <int QP, int KP>
+__global__ void __launch_bounds__(ATT_THREADS, 1) k_attn_tc(cu_plan p, cu_attn_args a, cu_kv kv, int qt) {
+    pdl_wait();
+    int64_t t0 = 0, nt = 0;
+    const int it = att_tile(p, qt, &t0, &nt);
+    if (it < 0) return;
+    atc_tile<QP, KP, false>(p, a, kv, it, t0, nt, blockIdx.y, 0, NULL);
+}
+
+/* ---- decode steps, split over the context (flash-decoding): k_attn_split, k_attn_merge ----
+ * In a step of one token an item (a decode step), each (item, KV head, chunk of ATT_CH
+ * positions) is a unit of work: a block of k_attn_split computes it as k_attn_tc computes
+ * that chunk (atc_tile's SPLIT) and leaves the chunk's raw results in the scratch
+ * (a.split: [chunk][nh][hd + 2], item i's chunks after those of the items before it); then
+ * k_attn_merge merges each query's chunks in order with k_attn_tc's own arithmetic and
+ * applies the gate. So a decode step's results are k_attn_tc's bits, but its chunks run side
+ * by side instead of one after another. The grids do not depend on the positions (a captured
+ * decode graph replays at every length): k_attn_split's blocks take the units in turn; where
+ * the step's chunks outnumber the scratch's (sequences sharing a prefix's blocks), its blocks
+ * take whole (item, KV head) tiles as k_attn_tc does and k_attn_merge does nothing. */
+__device__ __forceinline__ int64_t dec_chunks(const cu_plan &p, int items) {
+    int64_t n = 0;
+    for (int i = 0; i < items; i++) n += p.pos0[i] / ATT_CH + 1;
+    return n;
+}
+
+template <int QP, int KP>
+__global__ void __launch_bounds__(ATT_THREADS, 1) k_attn_split(cu_plan p, cu_attn_args a, cu_kv kv) {
+    pdl_wait();
+    const int64_t total = dec_chunks(p, p.n_items);
+    const int G = a.nh / a.nkv;
+    if (total > a.split_chunks) {
+        for (int64_t u = blockIdx.x; u < (int64_t)p.n_items * a.nkv; u += gridDim.x) {
+            const int it = (int)(u / a.nkv);
+            atc_tile<QP, KP, false>(p, a, kv, it, p.item_t0[it], 1, (int)(u % a.nkv), 0, NULL);
+        }
+        return;
+    }
+    int it = 0;
+    int64_t first = 0; /* item it's first chunk */
+    for (int64_t u = blockIdx.x; u < total * a.nkv; u += gridDim.x) {
+        const int64_t cg = u / a.nkv;
+        const int h = (int)(u % a.nkv);
+        while (cg >= first + p.pos0[it] / ATT_CH + 1) first += p.pos0[it] / ATT_CH + 1, it++;
+        float *part = a.split + ((size_t)cg * a.nh + (size_t)h * G) * (a.hd + 2);
+        atc_tile<QP, KP, true>(p, a, kv, it, p.item_t0[it], 1, h, cg - first, part);
+    }
+}
+
+/* a block per (item, query head), a thread per dim: the chunks merged in order, then the gate */
+__global__ void k_attn_merge(cu_plan p, cu_attn_args a) {
+    pdl_wait();
+    if (dec_chunks(p, p.n_items) > a.split_chunks) return; /* k_attn_split took the tiles whole */
+    const int it = blockIdx.x, j = blockIdx.y, e = threadIdx.x, hd = a.hd, E = hd + 2;
+    const int64_t nch = p.pos0[it] / ATT_CH + 1;
+    const float *pp = a.split + ((size_t)dec_chunks(p, it) * a.nh + j) * E;
+    float m = -INFINITY, l = 0.0f, o = 0.0f;
+    for (int64_t c = 0; c < nch; c++, pp += (size_t)a.nh * E) {
+        const float mc = pp[0], lc = pp[1];
+        const float mn = fmaxf(m, mc), ca = expf(m - mn), cb = expf(mc - mn);
+        l = __fmaf_rn(l, ca, __fmul_rn(lc, cb));
+        m = mn;
+        if (e < hd) o = __fmaf_rn(o, ca, __fmul_rn(pp[2 + e], cb));
+    }
+    if (e >= hd) return;
+    const int64_t tt = p.item_t0[it];
+    const float gate = a.q[tt * 2 * a.nh * hd + (int64_t)j * 2 * hd + hd + e];
+    a.mix[tt * a.nh * hd + (int64_t)j * hd + e] = __fmul_rn(__fmul_rn(o, 1.0f / l), sigmoidf_(gate));
 }
 
 /* ---- attention in the `bf16` precision, many queries a block: k_attn_fa ----
@@ -788,6 +868,18 @@ extern "C" void cu_attention(cu_stream s, const cu_plan *p, const cu_attn_args *
 #undef FA_LAUNCH
         return;
     }
+    if (parts != 0 && a->split && p->n_tokens == p->n_items) { /* a decode step: split over the context */
+        int dev = 0, sms = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        const dim3 sgrid((unsigned)(2 * (sms > 0 ? sms : 1))); /* two resident an SM where they fit */
+        if (parts == 3 && !kv->bf16) launch_pdl(k_attn_split<3, 3>, sgrid, blk, atc_smem(a->hd, 3, 3), s, *p, *a, *kv);
+        else if (parts == 3) launch_pdl(k_attn_split<3, 1>, sgrid, blk, atc_smem(a->hd, 3, 1), s, *p, *a, *kv);
+        else launch_pdl(k_attn_split<1, 1>, sgrid, blk, atc_smem(a->hd, 1, 1), s, *p, *a, *kv);
+        launch_pdl(k_attn_merge, dim3((unsigned)p->n_items, (unsigned)a->nh), dim3((unsigned)((a->hd + 31) / 32 * 32)), 0,
+                   s, *p, *a);
+        return;
+    }
     if (parts == 3 && !kv->bf16) launch_pdl(k_attn_tc<3, 3>, grid, blk, atc_smem(a->hd, 3, 3), s, *p, *a, *kv, qt);
     else if (parts == 3) launch_pdl(k_attn_tc<3, 1>, grid, blk, atc_smem(a->hd, 3, 1), s, *p, *a, *kv, qt);
     else if (parts == 1) launch_pdl(k_attn_tc<1, 1>, grid, blk, atc_smem(a->hd, 1, 1), s, *p, *a, *kv, qt);
@@ -805,6 +897,9 @@ extern "C" void cu_attention_init(int hd) {
     cudaFuncSetAttribute(k_attn_tc<3, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)atc_smem(hd, 3, 3));
     cudaFuncSetAttribute(k_attn_tc<3, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)atc_smem(hd, 3, 1));
     cudaFuncSetAttribute(k_attn_tc<1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)atc_smem(hd, 1, 1));
+    cudaFuncSetAttribute(k_attn_split<3, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)atc_smem(hd, 3, 3));
+    cudaFuncSetAttribute(k_attn_split<3, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)atc_smem(hd, 3, 1));
+    cudaFuncSetAttribute(k_attn_split<1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)atc_smem(hd, 1, 1));
 #define FA_ATTR(HD)                                                                                            \
     cudaFuncSetAttribute(k_attn_fa<HD, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fa_smem<HD>()); \
     cudaFuncSetAttribute(k_attn_fa<HD, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fa_smem<HD>())

@@ -542,6 +542,22 @@ static int64_t widest_out(const cuda_backend *b) {
     return w;
 }
 
+/* k_wgmma_stream's scratch (bf16 products of few tokens, where the device runs wgmma): floats
+ * of the partial sums and counts of row blocks, 0 in `exact` */
+static size_t ws_floats(const cuda_backend *b) {
+    if (b->mm_mode != CU_MM_BF16 || !b->tiled) return 0;
+    const int64_t rows = widest_out(b) > b->V ? widest_out(b) : b->V;
+    return cu_ws_part_elems() + (size_t)cu_ws_counts(rows);
+}
+
+/* decode attention split over the context: the chunks its scratch holds (every position of
+ * the KV pool once, and a partial chunk a sequence), 0 where attention is not on the tensor
+ * cores */
+static int64_t split_chunks(const cuda_backend *b, const st_ctx_params *p) {
+    if (!b->base.m->n_full || b->mm_mode == CU_MM_FMA || b->hd % 16 != 0) return 0;
+    return ((int64_t)p->n_blocks * p->block_size + CU_ATT_CH - 1) / CU_ATT_CH + p->n_slots;
+}
+
 static int64_t xs_tokens(int64_t max_tokens) { return max_tokens < 16 ? 16 : max_tokens > XS_TOKENS ? XS_TOKENS : max_tokens; }
 
 /* where each part of the plan sits in its staging (bytes from the start) */
@@ -586,6 +602,8 @@ typedef struct cuda_ctx {
                           tiled_cols)] uint16, part [cu_mm_part_elems(T, widest_out)] floats;
                           device, owned */
     int xs_holds; /* the st_act buffer whose split xs holds now, or -1 */
+    float *att_split;         /* decode attention's chunks [cu_attn_split_floats(att_split_chunks)]; device, owned */
+    int64_t att_split_chunks; /* 0: decode attention not split */
     int64_t w1, w2, w3, wm;
     /* storage */
     void *kv;
@@ -665,7 +683,8 @@ static void cuda_ctx_plan(const st_backend *base, const st_ctx_params *p, st_ctx
     const int64_t wm = b->vd > b->nh * b->hd ? b->vd : b->nh * b->hd;
     size_t floats = T * (size_t)(5 * b->d + w1 + w2 + w3 + b->Hv + wm + 2) + (size_t)LOGIT_CHUNK * (size_t)b->V;
     floats += (cu_split_elems(xs_tokens(p->max_tokens), b->tiled_cols) + 1) / 2;
-    floats += cu_mm_part_elems(p->max_tokens, widest_out(b));
+    floats += cu_mm_part_elems(p->max_tokens, widest_out(b)) + ws_floats(b);
+    floats += cu_attn_split_floats(split_chunks(b, p), b->nh, b->hd);
     out->scratch_bytes = floats * sizeof(float) + 2 * layout_of(p, cap_blocks_of(b, p)).total +
                          T * (size_t)(b->E + 4 * b->topk + 2) * 4;
     out->total_bytes = (size_t)p->n_blocks * out->kv_block_bytes + (size_t)(p->n_slots + p->n_snapshots) * out->slot_bytes +
@@ -678,7 +697,8 @@ static void cuda_ctx_destroy(st_bctx *base) {
     cudaSetDevice(c->b->device);
     if (c->stream) cudaStreamSynchronize(c->stream);
     float *bufs[] = {c->x,   c->xn,   c->out, c->p1,   c->p2,   c->p3, c->p4, c->mix, c->gath,
-                     c->gout, c->lg, c->small, (float *)c->mms.xs, c->mms.part, c->conv, c->rec, c->d_w};
+                     c->gout, c->lg, c->small, (float *)c->mms.xs, c->mms.part, c->mms.wpart,
+                     (float *)c->mms.wcount, c->att_split, c->conv, c->rec, c->d_w};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) cudaFree(bufs[i]);
     if (c->kv) cudaFree(c->kv);
@@ -748,6 +768,25 @@ static st_status cuda_ctx_create(st_backend *base, const st_ctx_params *p, st_bc
     for (size_t i = 0; i < sizeof acts / sizeof acts[0] && st == ST_OK; i++) {
         st = dev_alloc(b, (size_t)acts[i].n * sizeof(float), (void **)acts[i].p, err);
         c->bytes += (size_t)acts[i].n * sizeof(float);
+    }
+    /* the few-token wgmma products' pieces and counts (the counts start at 0; every product
+     * leaves them so) */
+    if (st == ST_OK && c->mms.tma_encode && ws_floats(b)) {
+        const int64_t counts = (int64_t)(ws_floats(b) - cu_ws_part_elems());
+        st = dev_alloc(b, cu_ws_part_elems() * sizeof(float), (void **)&c->mms.wpart, err);
+        if (st == ST_OK) st = dev_alloc(b, (size_t)counts * sizeof(int32_t), (void **)&c->mms.wcount, err);
+        if (st == ST_OK && (e = cudaMemset(c->mms.wcount, 0, (size_t)counts * sizeof(int32_t))) != cudaSuccess)
+            st = cuda_fail(err, e, "clearing the products' counts");
+        c->mms.wpart_elems = (int64_t)cu_ws_part_elems();
+        c->mms.wcount_n = counts;
+        c->bytes += ws_floats(b) * sizeof(float);
+    }
+    /* decode attention's chunks */
+    c->att_split_chunks = split_chunks(b, p);
+    if (st == ST_OK && c->att_split_chunks) {
+        const size_t n = cu_attn_split_floats(c->att_split_chunks, b->nh, b->hd);
+        st = dev_alloc(b, n * sizeof(float), (void **)&c->att_split, err);
+        c->bytes += n * sizeof(float);
     }
     /* the KV pool and the state slots */
     c->kv_elem = p->kv_dtype == ST_KV_BF16 ? 2 : 4;
@@ -987,7 +1026,8 @@ static cu_attn_args attn_args(cuda_ctx *c, int layer) {
     cu_attn_args a = {.q = c->p1, .k = c->p2, .v = c->p3, .mix = c->mix, .q_norm = L->q_norm, .k_norm = L->k_norm,
                       .inv_freq = b->inv_freq, .rope_axis = b->rope_axis, .nh = b->nh, .nkv = b->nkv, .hd = b->hd, .rope_dim = b->rope_dim,
                       .li = L->kind_index, .eps = b->eps,
-                      .parts = b->mm_mode == CU_MM_EXACT ? 3 : b->mm_mode == CU_MM_BF16 ? 1 : 0};
+                      .parts = b->mm_mode == CU_MM_EXACT ? 3 : b->mm_mode == CU_MM_BF16 ? 1 : 0,
+                      .split = c->att_split, .split_chunks = c->att_split_chunks};
     return a;
 }
 

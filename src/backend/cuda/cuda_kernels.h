@@ -82,7 +82,27 @@ typedef struct cu_mm_scratch {
      * tokens or more take k_wgmma (cu_wgmma_available; the `bf16` precision only); NULL:
      * k_gemm for every product */
     void *tma_encode;
+    /* k_wgmma_stream's (bf16-activation products of CU_WS_MIN_T to CU_WGMMA_MIN_T - 1
+     * tokens where tma_encode is set): the partial sums of the row blocks its blocks share
+     * [cu_ws_part_elems()] and a count a row block of 128 rows [wcount_n], zeros before the
+     * first product (each product leaves them so); NULL: k_gemm and k_mmv for those */
+    float *wpart;
+    int64_t wpart_elems;
+    int32_t *wcount;
+    int64_t wcount_n;
 } cu_mm_scratch;
+/* the fewest tokens a bf16-activation product takes k_wgmma_stream for, and the scratch it
+ * needs: the pieces of up to CU_WS_BLOCKS blocks, a count for each row block of a launch
+ * whose matrices have `rows` rows together */
+#define CU_WS_MIN_T 17 /* `mmv_bench ws`: 16 tokens and fewer stream faster on k_mmvp / k_mmv */
+#define CU_WS_BLOCKS 160
+static inline size_t cu_ws_part_elems(void) { return (size_t)CU_WS_BLOCKS * 256 * 128; }
+static inline int64_t cu_ws_counts(int64_t rows) { return (rows + 127) / 128 + 4; }
+/* y[i][t*ldy[i] + r] = sum_c W_i[r][c] xs[t*ldxs + c] for n <= 4 CU_FMT_BF16_TILED matrices
+ * of one width and 1 <= T <= 128 bf16-activation tokens, on resident blocks streaming the
+ * weights (matmul_wgmma.cu); 0, or -1 with nothing launched where it does not take them */
+int cu_wgmma_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *const *w, float *const *y,
+                    const int64_t *ldy, const uint16_t *xs, int64_t ldxs, int64_t T);
 /* the fewest tokens a product takes k_wgmma for (`make mmv-bench; build/mmv_bench wg`) */
 #define CU_WGMMA_MIN_T 128
 /* Hopper's warpgroup MMA (matmul_wgmma.cu, built for sm_90a): the tensor-map encoder the
@@ -161,7 +181,14 @@ typedef struct cu_attn_args {
     int parts; /* the products' operands as bf16 parts on the tensor cores: 3 (exact), 1 (bf16);
                   0 (or head dims not a multiple of 16): fp32 CUDA cores */
     float eps;
+    /* decode steps split over the context (device scratch: the chunks' raw results, room for
+     * split_chunks chunks of CU_ATT_CH positions, cu_attn_split_floats); NULL: not split */
+    float *split;
+    int64_t split_chunks;
 } cu_attn_args;
+/* positions an attention chunk; the floats of the split scratch for `chunks` chunks */
+#define CU_ATT_CH 64
+static inline size_t cu_attn_split_floats(int64_t chunks, int nh, int hd) { return (size_t)chunks * nh * (hd + 2); }
 void cu_attn_prep(cu_stream s, const cu_plan *p, const cu_attn_args *a, const cu_kv *kv);
 void cu_attention(cu_stream s, const cu_plan *p, const cu_attn_args *a, const cu_kv *kv);
 /* whether cu_attention takes these heads (nh / nkv query heads a KV head at most 48, head

@@ -712,6 +712,16 @@ static void launch_gemm_shape(cu_stream s, const mm_group &g, const uint16_t *xs
     else launch_gemm_p<1, 4, 4, P>(s, g, xs, ldxs, T);
 }
 
+/* bf16 activations (the split's one part) on k_wgmma_stream: 0, or -1 where it does not take
+ * the group (no scratch for it, not Hopper, odd widths) and nothing was launched */
+static int launch_stream(cu_stream s, const mm_group &g, const uint16_t *xs, int64_t ldxs, int64_t T,
+                         const cu_mm_scratch *sc) {
+    if (!sc->tma_encode || !sc->wpart || T < CU_WS_MIN_T || T >= CU_WGMMA_MIN_T) return -1;
+    const cu_mat *w[4];
+    for (int i = 0; i < g.n; i++) w[i] = &g.w[i];
+    return cu_wgmma_stream(s, sc, g.n, w, g.y, g.ldy, xs, ldxs, T);
+}
+
 /* more than 16 tokens, in slices of at most sc->xs_tokens: split, then k_gemm */
 static void launch_gemm(cu_stream s, const mm_group &g, const float *x, int64_t ldx, int64_t T, int parts,
                         const cu_mm_scratch *sc) {
@@ -732,6 +742,7 @@ static void launch_gemm(cu_stream s, const mm_group &g, const float *x, int64_t 
                 }
             continue;
         }
+        if (parts == 1 && launch_stream(s, gs, sc->xs, ldxs, n, sc) == 0) continue;
         if (parts == 1) launch_gemm_shape<1>(s, gs, sc->xs, ldxs, n, sc);
         else launch_gemm_shape<3>(s, gs, sc->xs, ldxs, n, sc);
     }
@@ -765,6 +776,7 @@ void launch_tiled(cu_stream s, mm_group g, const float *x, int64_t ldx, int64_t 
     if (sc) {
         const int64_t ldxs = tiled_steps(g.w[0].cols) * 32;
         if (!xs_ready) launch_split(s, x, ldx, T, g.w[0].cols, sc->xs, ldxs, parts);
+        if (parts == 1 && launch_stream(s, g, sc->xs, ldxs, T, sc) == 0) return;
         /* k_mmvp where it measured faster (`mmv_bench` on the H200, one 27B token's matrices:
          * 15.8 against 16.6 ms in exact at 1 token, 14.0 against 15.8 ms in bf16; 15.5 against
          * 16.2 at 8 tokens in bf16); beyond, its ring's shared memory leaves too little L1 for

@@ -27,8 +27,9 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <string.h>
 
-#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/mm_int.cuh"
 
 #define WG_BM 128                            /* weight rows a block (2 consumers of 64) */
 #define WG_BN 256                            /* tokens a block */
@@ -193,9 +194,292 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         }
 }
 
+
+/* ---- few tokens: k_wgmma_stream ----
+ * Decode steps of 9 to 127 sequences (and any product of fewer than CU_WGMMA_MIN_T tokens in
+ * `bf16`) read every weight once for a few tokens: the bytes, not the arithmetic, set the
+ * time. So the blocks stay resident (one an SM) and stream: the work is the units (row block
+ * of 128 rows, stage of two 32-column steps) of all the launch's matrices in order (matrix,
+ * row block, stage), and block b takes the `per` consecutive units from b * per, its producer
+ * warp keeping WS_STAGES stages in flight across the row blocks it crosses (TMA, as
+ * k_wgmma's producer), its two consumer warpgroups summing 64 rows each (wgmma m64nBNk16, BN
+ * the launch's tokens rounded up to 8, 16, 32, 64 or 128). A row block whose units all fall in
+ * one block is written out at its end; one shared by blocks b0 .. b1 (the ranges cut it) is
+ * summed by them in block order: each leaves its partial sums in the scratch (part, slot 0
+ * for the first row block of its range, 1 for the last) and counts itself in count[row
+ * block]; the last to arrive adds the pieces in block order, writes y and sets the count back
+ * to 0. So the sum of every output has an order fixed by the launch's shape (the same bits
+ * run to run); it is not the few-token kernels' order, which `bf16` does not promise. */
+#define WS_THREADS 288 /* two consumer warpgroups, then the producer warp */
+#define WS_MATS 4
+
+/* d += A (64 rows x 16 columns) B^T (8 tokens x 16 columns) */
+__device__ __forceinline__ void ws_wgmma(float (&d)[4], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %6, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3"
+        "}, %4, %5, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "l"(da), "l"(db), "r"(1));
+}
+/* d += A (64 rows x 16 columns) B^T (16 tokens x 16 columns) */
+__device__ __forceinline__ void ws_wgmma(float (&d)[8], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %10, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7"
+        "}, %8, %9, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "l"(da), "l"(db), "r"(1));
+}
+/* d += A (64 rows x 16 columns) B^T (32 tokens x 16 columns) */
+__device__ __forceinline__ void ws_wgmma(float (&d)[16], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+        "}, %16, %17, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(da), "l"(db), "r"(1));
+}
+/* d += A (64 rows x 16 columns) B^T (64 tokens x 16 columns) */
+__device__ __forceinline__ void ws_wgmma(float (&d)[32], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(1));
+}
+/* d += A (64 rows x 16 columns) B^T (128 tokens x 16 columns) */
+__device__ __forceinline__ void ws_wgmma(float (&d)[64], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, %64, %65, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(1));
+}
+
+/* the stages' shared memory a block, KB: small enough that a block of the next launch fits
+ * beside one of this (it starts while this one drains; `mmv_bench ws` compares 200) */
+#define WS_KB 110
+template <int BN, int KB>
+struct ws_shape {
+    static constexpr int B_STEP = BN * 64;                   /* one step of the activations */
+    static constexpr int STAGE = 2 * WG_A_STEP + 2 * B_STEP; /* two steps of both */
+    static constexpr int STAGES = KB * 1024 / STAGE > 12 ? 12 : KB * 1024 / STAGE;
+    static constexpr int SMEM = STAGES * STAGE + 1024 + 2 * STAGES * 8;
+    static constexpr int ACC = BN / 2; /* a consumer thread's accumulators */
+};
+
+struct ws_args {
+    int n;                   /* matrices */
+    int nk;                  /* stages of a row block (the steps / 2) */
+    int64_t per, units;      /* units a block; all the launch's */
+    int64_t T;
+    int64_t rb0[WS_MATS + 1]; /* each matrix's first row block; rb0[n]: all */
+    int64_t rows[WS_MATS], ldy[WS_MATS];
+    float *y[WS_MATS];
+    float *part;             /* [blocks][2][ACC][256] */
+    int32_t *count;          /* [rb0[n]], 0 between launches */
+};
+struct ws_maps {
+    CUtensorMap w[WS_MATS];
+    CUtensorMap x;
+};
+
+__device__ __forceinline__ void ws_griddep_wait() {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+/* the matrix of global row block R, and R within it */
+__device__ __forceinline__ int ws_mat(const ws_args &a, int64_t R, int64_t *r) {
+    int i = 0;
+#pragma unroll
+    for (int q = 1; q < WS_MATS; q++)
+        if (q < a.n && R >= a.rb0[q]) i = q;
+    *r = R - a.rb0[i];
+    return i;
+}
+
+template <int BN, int KB>
+__global__ void __launch_bounds__(WS_THREADS, 1) k_wgmma_stream(const __grid_constant__ ws_maps maps, const ws_args a) {
+    typedef ws_shape<BN, KB> S;
+    extern __shared__ uint8_t wg_raw[];
+    __shared__ int ws_last;
+    const uint32_t base = (smem_u32(wg_raw) + 1023u) & ~1023u;
+    const uint32_t full = base + S::STAGES * S::STAGE, empty = full + S::STAGES * 8;
+    const int tid = threadIdx.x;
+    const int64_t u0 = (int64_t)blockIdx.x * a.per;
+    const int nu = (int)(a.units - u0 < a.per ? a.units - u0 : a.per);
+    if (tid == 0) {
+        for (int s = 0; s < S::STAGES; s++) {
+            mbar_init(full + 8 * s, 1);
+            mbar_init(empty + 8 * s, 8); /* a consumer warp's lane 0 each */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (tid >= 256) { /* the producer */
+        if (tid == 256) {
+            auto load_w = [&](int i) {
+                const int64_t u = u0 + i, R = u / a.nk;
+                const int k = (int)(u % a.nk), s = i % S::STAGES;
+                int64_t r;
+                const int m = ws_mat(a, R, &r);
+                const uint32_t st = base + s * S::STAGE;
+                for (int h = 0; h < 2; h++)
+                    tma_load_4d(st + h * WG_A_STEP, &maps.w[m], 0, 0, 2 * k + h, (int)(r * (WG_BM / 16)), full + 8 * s);
+            };
+            auto load_x = [&](int i) {
+                const int k = (int)((u0 + i) % a.nk), s = i % S::STAGES;
+                const uint32_t st = base + s * S::STAGE + 2 * WG_A_STEP;
+                for (int h = 0; h < 2; h++) tma_load_2d(st + h * S::B_STEP, &maps.x, 32 * (2 * k + h), 0, full + 8 * s);
+            };
+            /* the first stages' weights go out before the predecessor is done (they never
+             * change); its activations after */
+            const int pre = nu < S::STAGES ? nu : S::STAGES;
+            for (int i = 0; i < pre; i++) {
+                mbar_expect_tx(full + 8 * i, S::STAGE);
+                load_w(i);
+            }
+            ws_griddep_wait();
+            for (int i = 0; i < pre; i++) load_x(i);
+            for (int i = pre; i < nu; i++) {
+                const int s = i % S::STAGES;
+                mbar_wait(empty + 8 * s, ((i / S::STAGES) & 1) ^ 1);
+                mbar_expect_tx(full + 8 * s, S::STAGE);
+                load_w(i);
+                load_x(i);
+            }
+        }
+        return;
+    }
+    ws_griddep_wait(); /* y, part and count are the predecessors' until they are done */
+    const int c = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
+    float d[S::ACC];
+#pragma unroll
+    for (int i = 0; i < S::ACC; i++) d[i] = 0.0f;
+    for (int i = 0; i < nu; i++) {
+        const int s = i % S::STAGES;
+        mbar_wait(full + 8 * s, (i / S::STAGES) & 1);
+        const uint32_t st = base + s * S::STAGE;
+#pragma unroll
+        for (int q = 0; q < S::ACC; q++) asm volatile("" : "+f"(d[q])::"memory");
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int kk = 0; kk < 2; kk++)
+                ws_wgmma(d, wg_desc(st + h * WG_A_STEP + c * (64 * 64) + 32 * kk),
+                         wg_desc(st + 2 * WG_A_STEP + h * S::B_STEP + 32 * kk));
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+        for (int q = 0; q < S::ACC; q++) asm volatile("" : "+f"(d[q])::"memory");
+        if (lane == 0) mbar_arrive(empty + 8 * s);
+        const int64_t u = u0 + i, R = u / a.nk;
+        if (u % a.nk != a.nk - 1 && i != nu - 1) continue;
+        /* row block R is done here: out, or a piece of it */
+        int64_t r;
+        const int m = ws_mat(a, R, &r);
+        const int64_t b0 = R * a.nk / a.per, b1 = (R * a.nk + a.nk - 1) / a.per;
+        const int64_t row0 = r * WG_BM + c * 64 + warp * 16 + g, rows = a.rows[m], ldy = a.ldy[m];
+        float *const y = a.y[m];
+        if (b0 != b1) {
+            const int me = blockIdx.x;
+            /* a block's slot for R: 0 where R is the first row block of its range */
+            auto piece = [&](int64_t b) {
+                const int slot = b * a.per / a.nk == R ? 0 : 1;
+                return a.part + ((size_t)(2 * b + slot) * S::ACC) * 256 + tid;
+            };
+            float *pp = piece(me);
+#pragma unroll
+            for (int q = 0; q < S::ACC; q++) pp[q * 256] = d[q];
+            __threadfence();
+            asm volatile("bar.sync 1, 256;" ::: "memory");
+            if (tid == 0) {
+                const int last = atomicAdd(&a.count[R], 1) == (int)(b1 - b0);
+                if (last) a.count[R] = 0; /* every piece is in: for the next launch */
+                ws_last = last;
+            }
+            asm volatile("bar.sync 1, 256;" ::: "memory");
+            const int last = ws_last;
+            if (!last) {
+#pragma unroll
+                for (int q = 0; q < S::ACC; q++) d[q] = 0.0f;
+                continue;
+            }
+            __threadfence();
+#pragma unroll
+            for (int q = 0; q < S::ACC; q++) d[q] = 0.0f;
+            for (int64_t b = b0; b <= b1; b++) { /* this block's own piece too, as it left it */
+                const float *o = piece(b);
+#pragma unroll
+                for (int q = 0; q < S::ACC; q++) d[q] += __ldcg(o + q * 256);
+            }
+        }
+        /* d[4j + e]: row 16 warp + g (+ 8 for e >= 2), token 8j + 2t + (e & 1) */
+#pragma unroll
+        for (int j = 0; j < S::ACC / 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int64_t rr = row0 + (e >= 2 ? 8 : 0), n = 8 * j + 2 * t + (e & 1);
+                if (rr < rows && n < a.T) y[n * ldy + rr] = d[4 * j + e];
+                d[4 * j + e] = 0.0f;
+            }
+    }
+}
+
 typedef CUresult (*tmap_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
                                    const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+template <int BN, int KB>
+static int ws_attr() {
+    const cudaError_t e = cudaFuncSetAttribute(k_wgmma_stream<BN, KB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               ws_shape<BN, KB>::SMEM);
+    return e == cudaSuccess ? 0 : -1;
+}
+template <int KB>
+static int ws_attrs() {
+    return ws_attr<8, KB>() || ws_attr<16, KB>() || ws_attr<32, KB>() || ws_attr<64, KB>() || ws_attr<128, KB>() ? -1 : 0;
+}
 
 extern "C" void *cu_wgmma_available(void) {
     int dev = 0, major = 0, minor = 0;
@@ -209,35 +493,110 @@ extern "C" void *cu_wgmma_available(void) {
     if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
         q != cudaDriverEntryPointSuccess || !fn)
         return NULL;
-    if (cudaFuncSetAttribute(k_wgmma, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess) return NULL;
+    if (cudaFuncSetAttribute(k_wgmma, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess ||
+        ws_attrs<WS_KB>() != 0)
+        return NULL;
     return fn;
+}
+
+/* the tensor map of a tiled bf16 matrix: boxes of one 32-column step of 8 tiles (128 rows) */
+static int wg_map_w(tmap_encode_fn enc, const cu_mat *w, CUtensorMap *map) {
+    const int64_t nsteps = (w->cols + 31) / 32, ntiles = (w->rows + 15) / 16;
+    const cuuint64_t dim[4] = {32, 16, (cuuint64_t)nsteps, (cuuint64_t)ntiles};
+    const cuuint64_t stride[3] = {64, 1024, (cuuint64_t)nsteps * 1024};
+    const cuuint32_t box[4] = {32, 16, 1, WG_BM / 16}, ones[4] = {1, 1, 1, 1};
+    return enc(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)w->data, dim, stride, box, ones,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS
+               ? 0
+               : -1;
+}
+
+/* the activations' tensor map: boxes of one step of `tokens` tokens */
+static int wg_map_x(tmap_encode_fn enc, const uint16_t *xs, int64_t ldxs, int64_t T, int tokens, CUtensorMap *map) {
+    const cuuint64_t dim[2] = {(cuuint64_t)ldxs, (cuuint64_t)T};
+    const cuuint64_t stride[1] = {(cuuint64_t)ldxs * 2};
+    const cuuint32_t box[2] = {32, (cuuint32_t)tokens}, ones[2] = {1, 1};
+    return enc(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)xs, dim, stride, box, ones,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS
+               ? 0
+               : -1;
+}
+
+/* whether a matrix can be read by the TMA products (an even number of steps, aligned) */
+static bool wg_takes(const cu_mat *w) {
+    const int64_t nsteps = (w->cols + 31) / 32;
+    return w->fmt == CU_FMT_BF16_TILED && w->rows > 0 && nsteps % 2 == 0 && nsteps <= (1 << 30) &&
+           ((uintptr_t)w->data & 15) == 0;
 }
 
 extern "C" int cu_wgmma_matmul(cu_stream s, void *encode, const cu_mat *w, const uint16_t *xs, int64_t ldxs, int64_t T,
                                float *y, int64_t ldy) {
     const tmap_encode_fn enc = (tmap_encode_fn)encode;
-    const int64_t nsteps = (w->cols + 31) / 32, ntiles = (w->rows + 15) / 16;
-    if (!enc || w->fmt != CU_FMT_BF16_TILED || T <= 0 || nsteps % 2 != 0 || nsteps > (1 << 30) || ldxs % 32 != 0 ||
-        ((uintptr_t)w->data & 15) || ((uintptr_t)xs & 15))
-        return -1;
+    const int64_t nsteps = (w->cols + 31) / 32;
+    if (!enc || !wg_takes(w) || T <= 0 || ldxs % 32 != 0 || ((uintptr_t)xs & 15)) return -1;
     CUtensorMap wmap, xmap;
-    const cuuint64_t wdim[4] = {32, 16, (cuuint64_t)nsteps, (cuuint64_t)ntiles};
-    const cuuint64_t wstride[3] = {64, 1024, (cuuint64_t)nsteps * 1024};
-    const cuuint32_t wbox[4] = {32, 16, 1, WG_BM / 16}, ones[4] = {1, 1, 1, 1};
-    if (enc(&wmap, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)w->data, wdim, wstride, wbox, ones,
-            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-        return -1;
-    const cuuint64_t xdim[2] = {(cuuint64_t)ldxs, (cuuint64_t)T};
-    const cuuint64_t xstride[1] = {(cuuint64_t)ldxs * 2};
-    const cuuint32_t xbox[2] = {32, WG_BN};
-    if (enc(&xmap, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)xs, xdim, xstride, xbox, ones,
-            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-        return -1;
+    if (wg_map_w(enc, w, &wmap) != 0 || wg_map_x(enc, xs, ldxs, T, WG_BN, &xmap) != 0) return -1;
     /* token tiles fastest: the blocks running at once share a few row blocks' weights, read
      * from memory once, and the slice's activations stay in L2 */
     const dim3 grid((unsigned)((T + WG_BN - 1) / WG_BN), (unsigned)((w->rows + WG_BM - 1) / WG_BM));
     k_wgmma<<<grid, WG_THREADS, WG_SMEM, s>>>(wmap, xmap, w->rows, T, (int)nsteps, y, ldy);
     return cudaGetLastError() == cudaSuccess ? 0 : -1;
+}
+
+template <int BN, int KB>
+static int ws_launch(cu_stream s, const ws_maps &maps, const ws_args &a, int64_t blocks) {
+    launch_pdl(k_wgmma_stream<BN, KB>, dim3((unsigned)blocks), dim3(WS_THREADS), (size_t)ws_shape<BN, KB>::SMEM, s, maps,
+               a);
+    return cudaGetLastError() == cudaSuccess ? 0 : -1;
+}
+
+template <int KB>
+static int ws_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *const *w, float *const *y,
+                     const int64_t *ldy, const uint16_t *xs, int64_t ldxs, int64_t T) {
+    const tmap_encode_fn enc = sc ? (tmap_encode_fn)sc->tma_encode : NULL;
+    if (!enc || !sc->wpart || !sc->wcount || n < 1 || n > WS_MATS || T < 1 || T > 128 || ldxs % 32 != 0 ||
+        ((uintptr_t)xs & 15))
+        return -1;
+    const int bn = T <= 8 ? 8 : T <= 16 ? 16 : T <= 32 ? 32 : T <= 64 ? 64 : 128;
+    ws_maps maps;
+    ws_args a;
+    memset(&maps, 0, sizeof maps);
+    memset(&a, 0, sizeof a);
+    a.n = n;
+    a.nk = (int)((w[0]->cols + 31) / 32 / 2);
+    a.T = T;
+    int64_t R = 0;
+    for (int i = 0; i < n; i++) {
+        if (!wg_takes(w[i]) || w[i]->cols != w[0]->cols || wg_map_w(enc, w[i], &maps.w[i]) != 0) return -1;
+        a.rb0[i] = R;
+        R += (w[i]->rows + WG_BM - 1) / WG_BM;
+        a.rows[i] = w[i]->rows, a.ldy[i] = ldy[i], a.y[i] = y[i];
+    }
+    a.rb0[n] = R;
+    if (a.nk < 1 || R > sc->wcount_n || wg_map_x(enc, xs, ldxs, T, bn, &maps.x) != 0) return -1;
+    a.units = R * a.nk;
+    /* a block an SM, as many as the scratch has pieces for, none without units */
+    int64_t blocks = mm_sms();
+    const int64_t fit = sc->wpart_elems / (256 * (int64_t)bn);
+    blocks = blocks < fit ? blocks : fit;
+    blocks = blocks < a.units ? blocks : a.units;
+    if (blocks < 1) return -1;
+    a.per = (a.units + blocks - 1) / blocks;
+    blocks = (a.units + a.per - 1) / a.per;
+    a.part = sc->wpart;
+    a.count = sc->wcount;
+    switch (bn) {
+    case 8: return ws_launch<8, KB>(s, maps, a, blocks);
+    case 16: return ws_launch<16, KB>(s, maps, a, blocks);
+    case 32: return ws_launch<32, KB>(s, maps, a, blocks);
+    case 64: return ws_launch<64, KB>(s, maps, a, blocks);
+    default: return ws_launch<128, KB>(s, maps, a, blocks);
+    }
+}
+
+extern "C" int cu_wgmma_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *const *w, float *const *y,
+                               const int64_t *ldy, const uint16_t *xs, int64_t ldxs, int64_t T) {
+    return ws_stream<WS_KB>(s, sc, n, w, y, ldy, xs, ldxs, T);
 }
