@@ -18,6 +18,9 @@
  *   build/mmv_bench ws [reps] [T,..] bf16 products of 1 to 128 tokens on resident wgmma blocks
  *                                    (k_wgmma_stream) against the backend's other path:
  *                                    agreement and GB/s; exits 1 where they disagree
+ *   build/mmv_bench gdn [reps]       the delta rule of one 27B layer (conv, norms, rule, gated
+ *                                    norm) per step against chunked (gdn_chunk.cu): agreement
+ *                                    of outputs and state, ms; exits 1 where they disagree
  *   build/mmv_bench prof R C T P     one product, for a profiler
  */
 #include <cuda_runtime.h>
@@ -33,6 +36,8 @@
 #include "backend/cuda/matmul_bf16.cu"
 #include "backend/cuda/matmul_q.cu"
 #include "backend/cuda/matmul_wgmma.cu"
+#include "backend/cuda/gdn.cu"
+#include "backend/cuda/gdn_chunk.cu"
 
 #define CK(x)                                                                                            \
     do {                                                                                                 \
@@ -718,7 +723,184 @@ static int wsbench(int reps, const char *tlist) {
     return bad ? 1 : 0;
 }
 
+/* ---- the delta rule: per step (gdn.cu) against chunked (gdn_chunk.cu) ---- */
+
+__global__ void k_fill_hash(float *p, int64_t n, unsigned seed, float lo, float hi) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        unsigned x = (unsigned)i * 2654435761u ^ seed * 40503u;
+        x ^= x >> 15, x *= 2246822519u, x ^= x >> 13, x *= 3266489917u, x ^= x >> 16;
+        p[i] = lo + (hi - lo) * (float)(x >> 8) * (1.0f / 16777216.0f);
+    }
+}
+
+static float *dev_floats(int64_t n, unsigned seed, float lo, float hi) {
+    float *p;
+    CK(cudaMalloc(&p, (size_t)n * 4));
+    k_fill_hash<<<1024, 256>>>(p, n, seed, lo, hi);
+    return p;
+}
+
+/* the largest |a - b| over the largest |a| of n device floats */
+static double rel_diff(const float *a, const float *b, size_t n) {
+    std::vector<float> ha(n), hb(n);
+    CK(cudaMemcpy(ha.data(), a, n * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hb.data(), b, n * 4, cudaMemcpyDeviceToHost));
+    double d = 0, m = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double v = fabs((double)ha[i] - (double)hb[i]);
+        if (!(v <= d)) d = v;
+        if (fabs((double)ha[i]) > m) m = fabs((double)ha[i]);
+    }
+    return m > 0 ? d / m : d;
+}
+
+static int gdnbench(int reps) {
+    const int Hk = 16, Hv = 48, Dk = 128, Dv = 128, K = 4;
+    const int64_t kd = Hk * Dk, vd = Hv * Dv, cd = 2 * kd + vd;
+    const struct { int items; int64_t len; } cases[] = {{1, 8192}, {1, 1000}, {4, 2000}, {16, 130}, {1, 63}};
+    cudaStream_t s;
+    CK(cudaStreamCreate(&s));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    if (cu_gdn_prepare(Dk, Dv) || cu_gdn_chunked_prepare(Dk, Dv)) {
+        printf("gdn: the kernels refuse 128 x 128 heads\n");
+        return 1;
+    }
+    int bad = 0;
+    for (const auto &cs : cases) {
+        const int64_t T = cs.items * cs.len;
+        float *qkv0 = dev_floats(T * cd, 1, -1.0f, 1.0f), *z = dev_floats(T * vd, 2, -1.0f, 1.0f);
+        float *bb = dev_floats(T * Hv, 3, -2.0f, 2.0f), *aa = dev_floats(T * Hv, 4, -2.0f, 2.0f);
+        float *conv_t = dev_floats(K * cd, 5, -0.5f, 0.5f), *normw = dev_floats(Dv, 6, 0.5f, 1.5f);
+        float *qkv, *mix[2], *rec[2], *conv_st, *dtb, *nea, *ws;
+        CK(cudaMalloc(&qkv, (size_t)T * cd * 4));
+        const size_t rec_n = (size_t)cs.items * Hv * Dk * Dv, conv_n = (size_t)cs.items * (K - 1) * cd;
+        for (int i = 0; i < 2; i++) {
+            CK(cudaMalloc(&mix[i], (size_t)T * vd * 4));
+            CK(cudaMalloc(&rec[i], rec_n * 4));
+        }
+        CK(cudaMalloc(&conv_st, conv_n * 4));
+        std::vector<float> hd(Hv), hn(Hv);
+        for (int h = 0; h < Hv; h++) hd[h] = -4.0f + 6.0f * h / Hv, hn[h] = -(1.0f + 15.0f * ((h * 7) % Hv) / Hv);
+        CK(cudaMalloc(&dtb, Hv * 4));
+        CK(cudaMalloc(&nea, Hv * 4));
+        CK(cudaMemcpy(dtb, hd.data(), Hv * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(nea, hn.data(), Hv * 4, cudaMemcpyHostToDevice));
+        /* the plan: items of len tokens, slot i, chunks of 64 from each item's start */
+        std::vector<int64_t> t0(cs.items + 1);
+        std::vector<int32_t> slot(cs.items), ch, ic(cs.items + 1);
+        for (int i = 0; i <= cs.items; i++) t0[i] = i * cs.len;
+        for (int i = 0; i < cs.items; i++) {
+            slot[i] = i, ic[i] = (int32_t)(ch.size() / 4);
+            for (int64_t t = t0[i]; t < t0[i + 1]; t += 64) {
+                const int64_t n = t0[i + 1] - t < 64 ? t0[i + 1] - t : 64;
+                ch.insert(ch.end(), {(int32_t)t, (int32_t)n, i, 0});
+            }
+        }
+        ic[cs.items] = (int32_t)(ch.size() / 4);
+        int64_t *d_t0;
+        int32_t *d_slot, *d_ch, *d_ic;
+        CK(cudaMalloc(&d_t0, t0.size() * 8));
+        CK(cudaMalloc(&d_slot, slot.size() * 4));
+        CK(cudaMalloc(&d_ch, ch.size() * 4));
+        CK(cudaMalloc(&d_ic, ic.size() * 4));
+        CK(cudaMemcpy(d_t0, t0.data(), t0.size() * 8, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(d_slot, slot.data(), slot.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(d_ch, ch.data(), ch.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(d_ic, ic.data(), ic.size() * 4, cudaMemcpyHostToDevice));
+        const int ws_chunks = 32;
+        const size_t ws_n = (size_t)ws_chunks * Hv * cu_gdn_chunk_floats(Dk, Dv), conv_ws = ch.size() / 4 * (K - 1) * (size_t)cd;
+        CK(cudaMalloc(&ws, (ws_n > conv_ws ? ws_n : conv_ws) * 4));
+        float *qkv_after[2];
+        for (int i = 0; i < 2; i++) CK(cudaMalloc(&qkv_after[i], (size_t)T * cd * 4));
+        cu_plan p = {};
+        p.n_items = cs.items, p.n_tokens = T, p.item_t0 = d_t0, p.slot = d_slot;
+        cu_gdn_args a = {};
+        a.qkv = qkv, a.z = z, a.b = bb, a.a = aa, a.conv_t = conv_t, a.conv_state = conv_st, a.conv_stride = (size_t)(K - 1) * cd;
+        a.rec_stride = (size_t)Hv * Dk * Dv, a.dt_bias = dtb, a.neg_exp_a = nea, a.norm_w = normw;
+        a.K = K, a.Hk = Hk, a.Hv = Hv, a.Dk = Dk, a.Dv = Dv, a.cd = cd, a.kd = kd, a.vd = vd, a.eps = 1e-6f;
+        a.chunks = d_ch, a.item_chunk = d_ic, a.chunk_ws = ws, a.ws_chunks = ws_chunks;
+        double ms[3] = {0, 0, 0};
+        for (int path = 0; path < 2; path++) {
+            a.mix = mix[path], a.rec_state = rec[path], a.n_chunks = path ? (int)(ch.size() / 4) : 0;
+            for (int r = 0; r <= reps; r++) { /* the first untimed: its results compared */
+                CK(cudaMemcpyAsync(qkv, qkv0, (size_t)T * cd * 4, cudaMemcpyDeviceToDevice, s));
+                CK(cudaMemsetAsync(conv_st, 0, conv_n * 4, s));
+                CK(cudaMemsetAsync(rec[path], 0, rec_n * 4, s));
+                CK(cudaEventRecord(e0, s));
+                cu_gdn(s, &p, &a, (int)cs.len);
+                CK(cudaEventRecord(e1, s));
+                CK(cudaEventSynchronize(e1));
+                CK(cudaGetLastError());
+                float t;
+                CK(cudaEventElapsedTime(&t, e0, e1));
+                if (r) ms[path] += t / reps;
+            }
+            CK(cudaMemcpy(qkv_after[path], qkv, (size_t)T * cd * 4, cudaMemcpyDeviceToDevice));
+        }
+        const double dm = rel_diff(mix[0], mix[1], (size_t)T * vd), dsv = rel_diff(rec[0], rec[1], rec_n);
+        const bool conv_same = same_bits(qkv_after[0], qkv_after[1], (size_t)T * cd);
+        const bool ok = dm < 2e-2 && dsv < 2e-2 && conv_same;
+        bad |= !ok;
+        /* each kernel alone (on whatever the buffers hold by then) */
+        auto time_ms = [&](auto launch) {
+            launch();
+            CK(cudaEventRecord(e0, s));
+            for (int r = 0; r < reps; r++) launch();
+            CK(cudaEventRecord(e1, s));
+            CK(cudaEventSynchronize(e1));
+            CK(cudaGetLastError());
+            float t;
+            CK(cudaEventElapsedTime(&t, e0, e1));
+            return t / reps;
+        };
+        const int nch = (int)(ch.size() / 4);
+        const double t_conv = time_ms([&] {
+            dim3 gc((unsigned)p.n_items, (unsigned)((cd + CONV_THREADS - 1) / CONV_THREADS));
+            launch_pdl(k_gdn_conv, gc, dim3(CONV_THREADS), 0, s, p, a);
+        });
+        const double t_convc = time_ms([&] { cu_gdn_conv_chunked(s, &p, &a); });
+        const int64_t qp = T * Hk, vp = T * Hv;
+        const double t_qk = time_ms([&] {
+            launch_pdl(k_gdn_qknorm, dim3((unsigned)((qp + NORM_WARPS - 1) / NORM_WARPS)), dim3(32, NORM_WARPS), 0, s, a, qp);
+        });
+        const double t_gn = time_ms([&] {
+            launch_pdl(k_gdn_gnorm, dim3((unsigned)((vp + NORM_WARPS - 1) / NORM_WARPS)), dim3(32, NORM_WARPS), 0, s, a, vp);
+        });
+        const double t_prep = time_ms([&] {
+            for (int c0 = 0; c0 < nch; c0 += ws_chunks) {
+                const int c1 = c0 + ws_chunks < nch ? c0 + ws_chunks : nch;
+                launch_pdl(k_gdn_cprep<128>, dim3((unsigned)(c1 - c0), (unsigned)Hv), dim3(GC_THREADS),
+                           cprep_floats<128>() * sizeof(float), s, a, c0);
+            }
+        });
+        const double t_scan = time_ms([&] {
+            for (int c0 = 0; c0 < nch; c0 += ws_chunks) {
+                const int c1 = c0 + ws_chunks < nch ? c0 + ws_chunks : nch;
+                dim3 g3((unsigned)p.n_items, (unsigned)Hv, (unsigned)((Dv + GC_COLS - 1) / GC_COLS));
+                launch_pdl(k_gdn_cscan<128>, g3, dim3(GC_THREADS), cscan_floats<128>() * sizeof(float), s, p, a, c0, c1);
+            }
+        });
+        printf("gdn %2d x %5lld tokens: per step %8.3f ms, chunked %8.3f ms; outputs differ by %.2e, state by %.2e of their"
+               " largest, the conv's %s%s\n", cs.items, (long long)cs.len, ms[0], ms[1], dm, dsv,
+               conv_same ? "bits equal" : "bits DIFFER", ok ? "" : "  FAILED");
+        printf("    alone: conv %.3f ms, chunked conv %.3f, q/k norms %.3f, gated norm %.3f, chunks' part %.3f, scan %.3f ms\n",
+               t_conv, t_convc, t_qk, t_gn, t_prep, t_scan);
+        float *fr[] = {qkv0, z, bb, aa, conv_t, normw, qkv, mix[0], mix[1], rec[0], rec[1], conv_st, dtb, nea, ws,
+                       qkv_after[0], qkv_after[1]};
+        for (float *f : fr) CK(cudaFree(f));
+        CK(cudaFree(d_t0));
+        CK(cudaFree(d_slot));
+        CK(cudaFree(d_ch));
+        CK(cudaFree(d_ic));
+    }
+    printf("gdn: %s\n", bad ? "FAILED" : "chunked agrees with per step");
+    return bad;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "gdn")) return gdnbench(argc > 2 ? atoi(argv[2]) : 10);
     if (argc > 1 && !strcmp(argv[1], "sweep")) return sweep(argc > 2 ? atoi(argv[2]) : 10, argc > 3 ? argv[3] : NULL);
     if (argc > 5 && !strcmp(argv[1], "prof")) return prof(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]));
     if (argc > 1 && !strcmp(argv[1], "q")) return qbench(argc > 2 ? atoi(argv[2]) : 20);

@@ -78,6 +78,7 @@ typedef struct cuda_backend {
     float eps;
     double upload_s;
     int mm_mode;            /* CU_MM_* for bf16 matrices */
+    int gdn_chunked;        /* many-token steps take the chunked delta rule (`bf16` precision) */
     int tiled;              /* bf16 matrices are stored tiled for the tensor cores (not in FMA mode) */
     int64_t tiled_cols;     /* the widest tiled matrix (the split activations' scratch) */
     size_t stage_bytes;     /* the largest tiled matrix, row-major (its device staging at upload) */
@@ -469,6 +470,9 @@ static st_status cuda_create(const st_model *m, const st_cuda_params *p, const s
     if (st == ST_OK && m->n_linear && cu_gdn_prepare(b->Dk, b->Dv) != 0)
         st = fail(err, ST_ERR_UNSUPPORTED, "CUDA: a %dx%d delta-rule state head is not supported (key and value dims multiples of 4, key dims at most 256)",
                   b->Dk, b->Dv);
+    /* the chunked rule's tf32 products are `bf16` precision's; `exact` keeps every step's
+     * sums in one order, so a prefill's split into steps changes no bit */
+    b->gdn_chunked = st == ST_OK && m->n_linear && b->mm_mode == CU_MM_BF16 && cu_gdn_chunked_prepare(b->Dk, b->Dv) == 0;
     free(tmp);
     if (st != ST_OK) {
         cuda_destroy(&b->base);
@@ -562,8 +566,24 @@ static int64_t xs_tokens(int64_t max_tokens) { return max_tokens < 16 ? 16 : max
 
 /* where each part of the plan sits in its staging (bytes from the start) */
 typedef struct plan_layout {
-    size_t tokens, item_t0, pos0, slot, block_t0, blocks, tok_item, rows, mrope, total;
+    size_t tokens, item_t0, pos0, slot, block_t0, blocks, tok_item, rows, mrope, chunks, item_chunk, total;
 } plan_layout;
+
+/* the most chunks of the chunked delta rule a step cuts (each item's last may be partial) */
+static int64_t max_chunks_of(const st_ctx_params *p) { return (p->max_tokens + 63) / 64 + p->n_slots; }
+/* the chunks the chunked rule's workspace holds: a step's chunks run in slabs of this many */
+static int64_t ws_chunks_of(const cuda_backend *b, const st_ctx_params *p) {
+    if (!b->gdn_chunked) return 0;
+    const int64_t n = max_chunks_of(p);
+    return n < 32 ? n : 32;
+}
+/* the workspace: the slabs' chunks, or the inputs the chunked conv saves before each chunk */
+static size_t chunk_ws_floats(const cuda_backend *b, const st_ctx_params *p) {
+    if (!b->gdn_chunked) return 0;
+    const size_t rule = (size_t)ws_chunks_of(b, p) * (size_t)b->Hv * (size_t)cu_gdn_chunk_floats(b->Dk, b->Dv);
+    const size_t conv = (size_t)max_chunks_of(p) * (size_t)(b->K - 1) * (size_t)b->cd;
+    return rule > conv ? rule : conv;
+}
 
 /* an op of the forward pass, as called (kind and arguments) */
 typedef struct g_op {
@@ -602,6 +622,8 @@ typedef struct cuda_ctx {
                           tiled_cols)] uint16, part [cu_mm_part_elems(T, widest_out)] floats;
                           device, owned */
     int xs_holds; /* the st_act buffer whose split xs holds now, or -1 */
+    float *chunk_ws;          /* the chunked delta rule's [chunk_ws_floats]; device, owned */
+    int n_chunks;             /* this step's chunks (0: the per-step rule) */
     float *att_split;         /* decode attention's chunks [cu_attn_split_floats(att_split_chunks)]; device, owned */
     int64_t att_split_chunks; /* 0: decode attention not split */
     int64_t w1, w2, w3, wm;
@@ -658,6 +680,8 @@ static plan_layout layout_of(const st_ctx_params *p, int64_t cap_blocks) {
     l.tok_item = at, at += align8(T * 4);
     l.rows = at, at += align8(T * 4);
     l.mrope = at, at += align8(T * 12);
+    l.chunks = at, at += (size_t)max_chunks_of(p) * 16;
+    l.item_chunk = at, at += align8(4 * (n + 1));
     l.total = at;
     return l;
 }
@@ -685,6 +709,7 @@ static void cuda_ctx_plan(const st_backend *base, const st_ctx_params *p, st_ctx
     floats += (cu_split_elems(xs_tokens(p->max_tokens), b->tiled_cols) + 1) / 2;
     floats += cu_mm_part_elems(p->max_tokens, widest_out(b)) + ws_floats(b);
     floats += cu_attn_split_floats(split_chunks(b, p), b->nh, b->hd);
+    floats += chunk_ws_floats(b, p);
     out->scratch_bytes = floats * sizeof(float) + 2 * layout_of(p, cap_blocks_of(b, p)).total +
                          T * (size_t)(b->E + 4 * b->topk + 2) * 4;
     out->total_bytes = (size_t)p->n_blocks * out->kv_block_bytes + (size_t)(p->n_slots + p->n_snapshots) * out->slot_bytes +
@@ -698,7 +723,7 @@ static void cuda_ctx_destroy(st_bctx *base) {
     if (c->stream) cudaStreamSynchronize(c->stream);
     float *bufs[] = {c->x,   c->xn,   c->out, c->p1,   c->p2,   c->p3, c->p4, c->mix, c->gath,
                      c->gout, c->lg, c->small, (float *)c->mms.xs, c->mms.part, c->mms.wpart,
-                     (float *)c->mms.wcount, c->att_split, c->conv, c->rec, c->d_w};
+                     (float *)c->mms.wcount, c->att_split, c->conv, c->rec, c->d_w, c->chunk_ws};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) cudaFree(bufs[i]);
     if (c->kv) cudaFree(c->kv);
@@ -788,6 +813,11 @@ static st_status cuda_ctx_create(st_backend *base, const st_ctx_params *p, st_bc
         st = dev_alloc(b, n * sizeof(float), (void **)&c->att_split, err);
         c->bytes += n * sizeof(float);
     }
+    /* the chunked delta rule's workspace */
+    if (st == ST_OK && chunk_ws_floats(b, p)) {
+        st = dev_alloc(b, chunk_ws_floats(b, p) * sizeof(float), (void **)&c->chunk_ws, err);
+        c->bytes += chunk_ws_floats(b, p) * sizeof(float);
+    }
     /* the KV pool and the state slots */
     c->kv_elem = p->kv_dtype == ST_KV_BF16 ? 2 : 4;
     c->kv_block_elems = (size_t)m->n_full * 2 * (size_t)b->nkv * (size_t)p->block_size * (size_t)b->hd;
@@ -872,6 +902,20 @@ static st_status cuda_step_begin(st_bctx *base, const st_step_plan *pl, st_error
             for (int64_t t = t0; t < t1; t++) rows[nr++] = (int32_t)t;
         else if (pl->logits[i] == ST_LOGITS_LAST)
             rows[nr++] = (int32_t)(t1 - 1);
+    }
+    /* the chunked delta rule's chunks: 64 tokens from each item's start, the last partial */
+    c->n_chunks = 0;
+    if (c->b->gdn_chunked && c->max_item_tokens >= CU_GDN_CHUNKED_MIN) {
+        int32_t *ch = (int32_t *)(h + l.chunks), *ic = (int32_t *)(h + l.item_chunk);
+        for (int i = 0; i < n; i++) {
+            ic[i] = c->n_chunks;
+            for (int64_t t = pl->item_t0[i]; t < pl->item_t0[i + 1]; t += 64) {
+                const int64_t left = pl->item_t0[i + 1] - t;
+                int32_t *e = ch + 4 * c->n_chunks++;
+                e[0] = (int32_t)t, e[1] = (int32_t)(left < 64 ? left : 64), e[2] = i, e[3] = 0;
+            }
+        }
+        ic[n] = c->n_chunks;
     }
     note(c, cudaMemcpyAsync(c->d_plan, h, l.total, cudaMemcpyHostToDevice, c->stream));
     uint8_t *d = c->d_plan;
@@ -1010,7 +1054,9 @@ static void do_gdn(cuda_ctx *c, int layer) {
         .rec_state = c->rec + (size_t)L->kind_index * (size_t)b->Hv * (size_t)b->Dv * (size_t)b->Dk,
         .rec_stride = c->rec_slot, .dt_bias = L->dt_bias, .neg_exp_a = L->neg_exp_a, .norm_w = L->gdn_norm,
         .K = b->K, .Hk = b->Hk, .Hv = b->Hv, .Dk = b->Dk, .Dv = b->Dv, .cd = b->cd, .kd = b->kd, .vd = b->vd,
-        .eps = b->eps};
+        .eps = b->eps,
+        .chunks = (const int32_t *)(c->d_plan + c->layout.chunks), .item_chunk = (const int32_t *)(c->d_plan + c->layout.item_chunk),
+        .n_chunks = c->n_chunks, .chunk_ws = c->chunk_ws, .ws_chunks = (int)ws_chunks_of(b, &c->p)};
     cu_gdn(c->stream, &c->plan, &a, (int)c->max_item_tokens);
 }
 

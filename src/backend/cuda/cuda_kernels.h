@@ -163,10 +163,28 @@ typedef struct cu_gdn_args {
     int K, Hk, Hv, Dk, Dv;
     int64_t cd, kd, vd;
     float eps;
+    /* the chunked delta rule (gdn_chunk.cu) in place of the per-step one where n_chunks > 0:
+     * the step's items cut into chunks of up to 64 tokens from each item's start */
+    const int32_t *chunks;     /* [n_chunks][4]: first token row, tokens, item, 0; device */
+    const int32_t *item_chunk; /* [n_items + 1] each item's first chunk; device */
+    int n_chunks;
+    float *chunk_ws;           /* [ws_chunks][Hv][cu_gdn_chunk_floats(Dk, Dv)]; device */
+    int ws_chunks;
 } cu_gdn_args;
 void cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int max_item_tokens);
 /* Once per shape, before cu_gdn: 0 when cu_gdn takes these head dims, -1 when not. */
 int cu_gdn_prepare(int Dk, int Dv);
+/* the chunked rule: the floats a (chunk, head) takes in the workspace (W [64][Dk], U [64][Dv],
+ * P [64][64], g [64]); 0 when it takes these head dims (Dk 16, 32, 64 or 128, Dv a
+ * multiple of 8), -1 when not; the chunks' part of cu_gdn (tf32 tensor cores: `bf16` only) */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline int64_t cu_gdn_chunk_floats(int Dk, int Dv) { return 64 * (int64_t)(Dk + Dv) + 64 * 64 + 64; }
+int cu_gdn_chunked_prepare(int Dk, int Dv);
+void cu_gdn_chunked(cu_stream s, const cu_plan *p, const cu_gdn_args *a);
+/* the chunked rule runs for steps with an item of at least this many tokens */
+#define CU_GDN_CHUNKED_MIN 64
 
 /* Attention of one layer: q/k norm and RoPE (P1 [T][nh][q|gate][hd], P2 [T][nkv][hd]),
  * K and V (P3) into the pool at layer li; then per query causal softmax over its item's

@@ -5,63 +5,118 @@
  */
 #include "backend/cuda/cu_common.cuh"
 
-/* causal depthwise conv + SiLU: a thread per (item, channel), the item's tokens in order
- * (K = 4, Qwen3.5's width: the window in registers, the inputs of 8 tokens loaded at once) */
+/* causal depthwise conv + SiLU of one channel over n tokens in place (col: the first token's
+ * value, tokens cd apart), the window sv (the K - 1 inputs before, oldest first; left holding
+ * the last K - 1) and taps from conv_t: one order of sums for every caller. K = 4 (Qwen3.5's
+ * width): the window in registers, the inputs of 8 tokens loaded at once. */
 #define CONV_THREADS 64
 #define CONV_U 8
+__device__ __forceinline__ void conv4_run(float *col, int64_t n, int64_t cd, float (&sv)[3], const float (&tap)[4]) {
+    for (int64_t i = 0; i < n; i += CONV_U) {
+        const int c = n - i < CONV_U ? (int)(n - i) : CONV_U;
+        float mv[CONV_U];
+#pragma unroll
+        for (int u = 0; u < CONV_U; u++) mv[u] = u < c ? col[(i + u) * cd] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < CONV_U; u++) {
+            if (u >= c) break;
+            float acc = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 3; j++) acc += tap[j] * sv[j];
+            acc += tap[3] * mv[u];
+            sv[0] = sv[1], sv[1] = sv[2], sv[2] = mv[u];
+            col[(i + u) * cd] = acc / (1.0f + expf(-acc));
+        }
+    }
+}
+
+/* any K: the window in st ([K - 1] values cd apart), updated in place */
+__device__ __forceinline__ void conv_run(float *col, int64_t n, int64_t cd, float *st, const float *taps, int K) {
+    for (int64_t i = 0; i < n; i++) {
+        float *m = col + i * cd;
+        const float mv = *m;
+        float acc = 0.0f;
+        for (int j = 0; j < K - 1; j++) acc += taps[j * cd] * st[j * cd];
+        acc += taps[(K - 1) * cd] * mv;
+        for (int j = 0; j + 1 < K - 1; j++) st[j * cd] = st[(j + 1) * cd];
+        if (K > 1) st[(K - 2) * cd] = mv;
+        *m = acc / (1.0f + expf(-acc));
+    }
+}
+
+/* a thread per (item, channel), the item's tokens in order */
 __global__ void __launch_bounds__(CONV_THREADS) k_gdn_conv(cu_plan p, cu_gdn_args a) {
     pdl_wait();
     const int it = blockIdx.x;
     const int64_t ch = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
     if (ch >= a.cd) return;
     const int64_t t0 = p.item_t0[it], n = p.item_t0[it + 1] - t0;
-    float *st = a.conv_state + (size_t)p.slot[it] * a.conv_stride;
-    const int K = a.K;
-    if (K == 4) {
+    float *st = a.conv_state + (size_t)p.slot[it] * a.conv_stride + ch;
+    float *col = a.qkv + t0 * a.cd + ch;
+    if (a.K == 4) {
         float sv[3], tap[4];
 #pragma unroll
-        for (int j = 0; j < 3; j++) sv[j] = st[j * a.cd + ch];
+        for (int j = 0; j < 3; j++) sv[j] = st[j * a.cd];
 #pragma unroll
         for (int j = 0; j < 4; j++) tap[j] = a.conv_t[j * a.cd + ch];
-        float *col = a.qkv + t0 * a.cd + ch;
-        for (int64_t i = 0; i < n; i += CONV_U) {
-            const int c = n - i < CONV_U ? (int)(n - i) : CONV_U;
-            float mv[CONV_U];
+        conv4_run(col, n, a.cd, sv, tap);
 #pragma unroll
-            for (int u = 0; u < CONV_U; u++) mv[u] = u < c ? col[(i + u) * a.cd] : 0.0f;
-#pragma unroll
-            for (int u = 0; u < CONV_U; u++) {
-                if (u >= c) break;
-                float acc = 0.0f;
-#pragma unroll
-                for (int j = 0; j < 3; j++) acc += tap[j] * sv[j];
-                acc += tap[3] * mv[u];
-                sv[0] = sv[1], sv[1] = sv[2], sv[2] = mv[u];
-                col[(i + u) * a.cd] = acc / (1.0f + expf(-acc));
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < 3; j++) st[j * a.cd + ch] = sv[j];
+        for (int j = 0; j < 3; j++) st[j * a.cd] = sv[j];
         return;
     }
-    for (int64_t i = 0; i < n; i++) {
-        float *m = a.qkv + (t0 + i) * a.cd + ch;
-        const float mv = *m;
-        float acc = 0.0f;
-        for (int j = 0; j < K - 1; j++) acc += a.conv_t[j * a.cd + ch] * st[j * a.cd + ch];
-        acc += a.conv_t[(K - 1) * a.cd + ch] * mv;
-        for (int j = 0; j + 1 < K - 1; j++) st[j * a.cd + ch] = st[(j + 1) * a.cd + ch];
-        if (K > 1) st[(K - 2) * a.cd + ch] = mv;
-        *m = acc / (1.0f + expf(-acc));
-    }
+    conv_run(col, n, a.cd, st, a.conv_t + ch, a.K);
+}
+
+/* The conv of a step cut into the chunked rule's chunks (a thread per (chunk, channel), so
+ * that a long item's tokens run in parallel): the K - 1 inputs before each chunk that is not
+ * its item's first are saved first (save [n_chunks][K - 1][cd], the chunk workspace), as the
+ * conv overwrites them; then each chunk runs from its window (the state or the saved inputs)
+ * in the same order of sums as k_gdn_conv, and an item's last chunk leaves its window in the
+ * state. K = 4 only (others take k_gdn_conv). */
+__global__ void k_gdn_conv_save(cu_plan p, cu_gdn_args a) {
+    pdl_wait();
+    const int c = blockIdx.x;
+    const int64_t ch = (int64_t)blockIdx.y * blockDim.x + threadIdx.x, t0 = a.chunks[4 * c];
+    if (ch >= a.cd || t0 == p.item_t0[a.chunks[4 * c + 2]]) return;
+    float *sv = a.chunk_ws + (size_t)c * (a.K - 1) * a.cd + ch;
+    for (int j = 0; j < a.K - 1; j++) sv[j * a.cd] = a.qkv[(t0 - (a.K - 1) + j) * a.cd + ch];
+}
+
+__global__ void __launch_bounds__(CONV_THREADS) k_gdn_conv_chunk(cu_plan p, cu_gdn_args a) {
+    pdl_wait();
+    const int c = blockIdx.x, it = a.chunks[4 * c + 2];
+    const int64_t ch = (int64_t)blockIdx.y * blockDim.x + threadIdx.x, t0 = a.chunks[4 * c], n = a.chunks[4 * c + 1];
+    if (ch >= a.cd) return;
+    const bool first = t0 == p.item_t0[it], last = t0 + n == p.item_t0[it + 1];
+    float *st = a.conv_state + (size_t)p.slot[it] * a.conv_stride + ch;
+    float *win = first ? st : a.chunk_ws + (size_t)c * (a.K - 1) * a.cd + ch;
+    float *col = a.qkv + t0 * a.cd + ch;
+    float sv[3], tap[4];
+#pragma unroll
+    for (int j = 0; j < 3; j++) sv[j] = win[j * a.cd];
+#pragma unroll
+    for (int j = 0; j < 4; j++) tap[j] = a.conv_t[j * a.cd + ch];
+    conv4_run(col, n, a.cd, sv, tap);
+    if (last)
+#pragma unroll
+        for (int j = 0; j < 3; j++) st[j * a.cd] = sv[j];
+}
+
+static void cu_gdn_conv_chunked(cu_stream s, const cu_plan *p, const cu_gdn_args *a) {
+    dim3 g((unsigned)a->n_chunks, (unsigned)((a->cd + CONV_THREADS - 1) / CONV_THREADS));
+    launch_pdl(k_gdn_conv_save, g, dim3(CONV_THREADS), 0, s, *p, *a);
+    launch_pdl(k_gdn_conv_chunk, g, dim3(CONV_THREADS), 0, s, *p, *a);
 }
 
 /* the L2 norms of every token's q and k heads, in place (q also by 1 / sqrt(Dk)): a warp per
- * (token, key head); columns lane, lane + 32, ... then a butterfly */
-__global__ void k_gdn_qknorm(cu_gdn_args a) {
+ * (token, key head), NORM_WARPS a block; columns lane, lane + 32, ... then a butterfly */
+#define NORM_WARPS 8 /* (token, head) pairs a block, a warp each */
+__global__ void k_gdn_qknorm(cu_gdn_args a, int64_t pairs) {
     pdl_wait();
-    const int64_t t = blockIdx.x;
-    const int g = blockIdx.y, lane = threadIdx.x;
+    const int64_t pr = (int64_t)blockIdx.x * NORM_WARPS + threadIdx.y;
+    if (pr >= pairs) return;
+    const int64_t t = pr / a.Hk;
+    const int g = (int)(pr % a.Hk), lane = threadIdx.x;
     for (int which = 0; which < 2; which++) {
         float *v = a.qkv + t * a.cd + (which ? a.kd : 0) + (int64_t)g * a.Dk;
         float ss = 0.0f;
@@ -198,11 +253,13 @@ __global__ void __launch_bounds__(32 * GDN_WARPS) k_gdn_recur(cu_plan p, cu_gdn_
         if (on && r0 + m < Dk) *(float2 *)(Sg + (size_t)(r0 + m) * Dv + i0) = make_float2(S0[m], S1[m]);
 }
 
-/* gated RMSNorm: norm(o) * w * silu(z), a warp per (token, value head) */
-__global__ void k_gdn_gnorm(cu_gdn_args a) {
+/* gated RMSNorm: norm(o) * w * silu(z), a warp per (token, value head), NORM_WARPS a block */
+__global__ void k_gdn_gnorm(cu_gdn_args a, int64_t pairs) {
     pdl_wait();
-    const int64_t t = blockIdx.x;
-    const int h = blockIdx.y;
+    const int64_t pr = (int64_t)blockIdx.x * NORM_WARPS + threadIdx.y;
+    if (pr >= pairs) return;
+    const int64_t t = pr / a.Hv;
+    const int h = (int)(pr % a.Hv);
     float *o = a.mix + t * a.vd + (int64_t)h * a.Dv;
     const float *z = a.z + t * a.vd + (int64_t)h * a.Dv;
     float ss = 0.0f;
@@ -223,20 +280,25 @@ static int gdn_rows(int Dk) {
 extern "C" void cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int max_item_tokens) {
     (void)max_item_tokens;
     if (p->n_tokens <= 0) return;
-    dim3 gc((unsigned)p->n_items, (unsigned)((a->cd + CONV_THREADS - 1) / CONV_THREADS));
-    launch_pdl(k_gdn_conv, gc, dim3(CONV_THREADS), 0, s, *p, *a);
-    launch_pdl(k_gdn_qknorm, dim3((unsigned)p->n_tokens, (unsigned)a->Hk), dim3(32), 0, s, *a);
+    if (a->n_chunks > 0 && a->K == 4) {
+        cu_gdn_conv_chunked(s, p, a);
+    } else {
+        dim3 gc((unsigned)p->n_items, (unsigned)((a->cd + CONV_THREADS - 1) / CONV_THREADS));
+        launch_pdl(k_gdn_conv, gc, dim3(CONV_THREADS), 0, s, *p, *a);
+    }
+    const int64_t qk_pairs = p->n_tokens * a->Hk, v_pairs = p->n_tokens * a->Hv;
+    launch_pdl(k_gdn_qknorm, dim3((unsigned)((qk_pairs + NORM_WARPS - 1) / NORM_WARPS)), dim3(32, NORM_WARPS), 0, s, *a, qk_pairs);
     dim3 gr((unsigned)p->n_items, (unsigned)a->Hv, (unsigned)((a->Dv + 8 * GDN_WARPS - 1) / (8 * GDN_WARPS)));
     const size_t shm = gdn_smem(a->Dk);
-    switch (gdn_rows(a->Dk)) {
+    switch (a->n_chunks > 0 ? -1 : gdn_rows(a->Dk)) {
+    case -1: cu_gdn_chunked(s, p, a); break;
     case 2: launch_pdl(k_gdn_recur<2>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a); break;
     case 4: launch_pdl(k_gdn_recur<4>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a); break;
     case 8: launch_pdl(k_gdn_recur<8>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a); break;
     case 16: launch_pdl(k_gdn_recur<16>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a); break;
     default: launch_pdl(k_gdn_recur<32>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a); break;
     }
-    dim3 gn((unsigned)p->n_tokens, (unsigned)a->Hv);
-    launch_pdl(k_gdn_gnorm, gn, dim3(32), 0, s, *a);
+    launch_pdl(k_gdn_gnorm, dim3((unsigned)((v_pairs + NORM_WARPS - 1) / NORM_WARPS)), dim3(32, NORM_WARPS), 0, s, *a, v_pairs);
 }
 
 /* key dims at most 256 (a lane's registers hold 32 rows); key and value dims multiples of 4

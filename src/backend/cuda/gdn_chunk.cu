@@ -1,0 +1,407 @@
+/* ==== CUDA kernels: the chunked delta rule (see cuda_kernels.h) ====
+ *
+ * The delta rule of many-token items in `bf16` precision, 64 tokens at a time on tensor
+ * cores (tf32 operands, fp32 accumulation and state). Per value head, for a chunk of n <= 64
+ * tokens whose log decays cumulate to g (g_s = sum of l_u, u <= s, from the chunk's start):
+ *
+ *   A[s][j] = beta_s exp(g_s - g_j) (k_s . k_j), j < s        (strictly lower)
+ *   (I + A) W = diag(beta exp(g)) K,  (I + A) U = diag(beta) V  (forward substitution)
+ *   P[t][s] = exp(g_t - g_s) (q_t . k_s), s <= t
+ *
+ * and then, from the state S [Dk][Dv] at the chunk's start,
+ *
+ *   D = U - W S                       (each token's beta-weighted error, as the steps make it)
+ *   O = diag(exp(g)) Q S + P D        (the chunk's outputs)
+ *   S <- exp(g_last) S + K^T diag(exp(g_last - g)) D
+ *
+ * which is the per-step recurrence of gdn.cu rearranged (exactly, in real arithmetic). The
+ * first part has no dependence between chunks: k_gdn_cprep runs a block per (chunk, head),
+ * the two Gram products on tensor cores and the substitution a thread per column, and
+ * writes W, U, P and g to the chunk workspace. The second is the only sequential part:
+ * k_gdn_cscan runs a block per (item, head, 32 state columns) over the item's chunks in
+ * order, the state in shared memory, the three products on tensor cores; two such blocks
+ * share an SM, each one's loads running while the other computes. The workspace holds
+ * ws_chunks chunks; cu_gdn_chunked runs a step's chunks in slabs of that many. Products are
+ * mma.sync m16n8k8 with tf32 operands (rounded to nearest) and fp32 sums.
+ *
+ * Rows past a partial chunk's end are zeros (beta 0, k 0, q 0, g constant), so they change
+ * neither the outputs nor the state.
+ */
+#include "backend/cuda/cu_common.cuh"
+
+#define GC 64          /* tokens a chunk */
+#define GC_THREADS 256 /* both kernels */
+#define GC_COLS 32     /* state columns a scan block */
+
+__device__ __forceinline__ uint32_t tf32_of(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+/* d += a b for a 16 x 8 tile over 8 of k: a (row-major, lane l: rows l/4 and l/4 + 8, columns
+ * l%4 and l%4 + 4), b (columns l/4, rows l%4 and l%4 + 4), d (rows l/4 and l/4 + 8, columns
+ * 2 (l%4) and 2 (l%4) + 1) */
+__device__ __forceinline__ void mma_tf32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* a's fragment of rows r0 .. r0 + 15, columns k0 .. k0 + 7 of a row-major smem matrix */
+__device__ __forceinline__ void frag_a(uint32_t (&f)[4], const float *m, int ld, int r0, int k0, int lane) {
+    const float *e = m + (r0 + (lane >> 2)) * ld + k0 + (lane & 3);
+    f[0] = tf32_of(e[0]), f[1] = tf32_of(e[8 * ld]), f[2] = tf32_of(e[4]), f[3] = tf32_of(e[8 * ld + 4]);
+}
+
+/* ---- the chunk's own part: W, U, P, g ---- */
+
+/* shared memory, floats: q and k [GC][DK + 4] (row-major), A [GC][GC + 4], beta and g [GC] */
+template <int DK> constexpr size_t cprep_floats() { return (size_t)2 * GC * (DK + 4) + GC * (GC + 4) + 2 * GC; }
+
+template <int DK>
+__global__ void __launch_bounds__(GC_THREADS) k_gdn_cprep(cu_gdn_args a, int c0) {
+    pdl_wait();
+    extern __shared__ float4 cp_sh4[];
+    constexpr int SW = DK + 4, LA = GC + 4;
+    const int Dv = a.Dv;
+    float *Qs = (float *)cp_sh4, *Ks = Qs + GC * SW, *A = Ks + GC * SW, *bt = A + GC * LA, *g = bt + GC;
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, h = blockIdx.y, c = c0 + blockIdx.x;
+    const int64_t t0 = a.chunks[4 * c];
+    const int n = a.chunks[4 * c + 1], kh = h / (a.Hv / a.Hk);
+    float *W = a.chunk_ws + ((size_t)blockIdx.x * a.Hv + h) * (size_t)cu_gdn_chunk_floats(DK, Dv);
+    float *U = W + GC * DK, *P = U + GC * Dv, *G = P + GC * GC;
+    /* q and k of the chunk (zeros past its end) */
+    for (int e = tid; e < GC * DK / 4; e += GC_THREADS) {
+        const int r = e / (DK / 4), i = e % (DK / 4) * 4;
+        float4 q = make_float4(0.0f, 0.0f, 0.0f, 0.0f), k = q;
+        if (r < n) {
+            const float *row = a.qkv + (t0 + r) * a.cd + (int64_t)kh * DK + i;
+            q = *(const float4 *)row;
+            k = *(const float4 *)(row + a.kd);
+        }
+        *(float4 *)(Qs + r * SW + i) = q;
+        *(float4 *)(Ks + r * SW + i) = k;
+    }
+    /* beta and the cumulated log decay (warp 0: an inclusive scan of each half, then the
+     * second half on the first's total; constant past the end) */
+    if (tid < 32) {
+        float l[2], b[2];
+        for (int half = 0; half < 2; half++) {
+            const int r = tid + 32 * half;
+            b[half] = 0.0f, l[half] = 0.0f;
+            if (r < n) {
+                b[half] = sigmoidf_(a.b[(t0 + r) * a.Hv + h]);
+                l[half] = a.neg_exp_a[h] * softplusf_(a.a[(t0 + r) * a.Hv + h] + a.dt_bias[h]);
+            }
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const float u = __shfl_up_sync(FULL, l[half], o);
+                if (tid >= o) l[half] += u;
+            }
+        }
+        l[1] += __shfl_sync(FULL, l[0], 31);
+        for (int half = 0; half < 2; half++) {
+            bt[tid + 32 * half] = b[half];
+            g[tid + 32 * half] = l[half];
+            G[tid + 32 * half] = l[half];
+        }
+    }
+    __syncthreads();
+    /* k_r . k_j and q_r . k_j on tensor cores: warp w the rows 16 (w / 2) .. + 15, columns
+     * 32 (w % 2) .. + 31 (tiles wholly above the diagonal left zero), into A and P */
+    {
+        const int m0 = 16 * (w >> 1), n0 = 32 * (w & 1), gid = lane >> 2, tig = lane & 3;
+        float kk[4][4] = {}, qk[4][4] = {};
+#pragma unroll
+        for (int k0 = 0; k0 < DK; k0 += 8) {
+            uint32_t fk[4], fq[4];
+            frag_a(fk, Ks, SW, m0, k0, lane);
+            frag_a(fq, Qs, SW, m0, k0, lane);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                if (n0 + 8 * j > m0 + 15) continue;
+                const float *br = Ks + (n0 + 8 * j + gid) * SW + k0 + tig; /* b[i][col] = k_col[i] */
+                const uint32_t b0 = tf32_of(br[0]), b1 = tf32_of(br[4]);
+                mma_tf32(kk[j], fk[0], fk[1], fk[2], fk[3], b0, b1);
+                mma_tf32(qk[j], fq[0], fq[1], fq[2], fq[3], b0, b1);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int r = m0 + gid + 8 * hh, col = n0 + 8 * j + 2 * tig;
+                float av[2], pv[2];
+#pragma unroll
+                for (int v = 0; v < 2; v++) {
+                    const float d = expf(g[r] - g[col + v]);
+                    av[v] = col + v < r ? bt[r] * d * kk[j][2 * hh + v] : 0.0f;
+                    pv[v] = col + v <= r ? d * qk[j][2 * hh + v] : 0.0f;
+                }
+                *(float2 *)(A + r * LA + col) = make_float2(av[0], av[1]);
+                *(float2 *)(P + r * GC + col) = make_float2(pv[0], pv[1]);
+            }
+    }
+    __syncthreads();
+    /* (I + A) X = R by forward substitution, a thread per column of [W | U], the column in
+     * registers; A's rows read four at a time (the same address across the block) */
+    for (int col = tid; col < DK + Dv; col += GC_THREADS) {
+        float x[GC];
+        if (col < DK) {
+#pragma unroll
+            for (int r = 0; r < GC; r++) x[r] = bt[r] * expf(g[r]) * Ks[r * SW + col];
+        } else {
+            const float *v = a.qkv + t0 * a.cd + 2 * a.kd + (int64_t)h * Dv + (col - DK);
+#pragma unroll
+            for (int r = 0; r < GC; r++) x[r] = r < n ? bt[r] * v[(int64_t)r * a.cd] : 0.0f;
+        }
+#pragma unroll
+        for (int r = 1; r < GC; r++) {
+            float acc = x[r];
+#pragma unroll
+            for (int j = 0; j < (r & ~3); j += 4) {
+                const float4 e = *(const float4 *)(A + r * LA + j);
+                acc = fmaf(-e.x, x[j], acc);
+                acc = fmaf(-e.y, x[j + 1], acc);
+                acc = fmaf(-e.z, x[j + 2], acc);
+                acc = fmaf(-e.w, x[j + 3], acc);
+            }
+#pragma unroll
+            for (int j = r & ~3; j < r; j++) acc = fmaf(-A[r * LA + j], x[j], acc);
+            x[r] = acc;
+        }
+        if (col < DK) {
+#pragma unroll
+            for (int r = 0; r < GC; r++) W[r * DK + col] = x[r];
+        } else {
+#pragma unroll
+            for (int r = 0; r < GC; r++) U[r * Dv + (col - DK)] = x[r];
+        }
+    }
+}
+
+/* ---- the scan over an item's chunks ---- */
+
+/* shared memory, floats: X (q [GC][DK + 4], then k [GC][DK + 8]), Y (w [GC][DK + 4], then d
+ * [GC][GC_COLS + 8]), P [GC][GC + 4], the state [DK][GC_COLS + 8], g and exp(g_last - g)
+ * [GC]. Strides that keep every fragment's 32 loads on distinct banks: a row-major a (rows
+ * lane/4 apart) wants a stride of 4 mod 32, a transposed one or a b (rows lane%4 apart) 8. */
+#define CS_LD (GC_COLS + 8)
+/* the floats of X and of Y: the widest of what each holds in turn */
+template <int DK> __host__ __device__ constexpr int cscan_buf() { return GC * (DK + 8 > CS_LD ? DK + 8 : CS_LD); }
+template <int DK> constexpr size_t cscan_floats() {
+    return (size_t)2 * cscan_buf<DK>() + GC * (GC + 4) + (size_t)DK * CS_LD + 2 * GC;
+}
+
+template <int DK>
+__global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cscan(cu_plan p, cu_gdn_args a, int c0, int c1) {
+    pdl_wait();
+    const int it = blockIdx.x, h = blockIdx.y, col0 = blockIdx.z * GC_COLS;
+    int cb = a.item_chunk[it], ce = a.item_chunk[it + 1];
+    cb = cb > c0 ? cb : c0;
+    ce = ce < c1 ? ce : c1;
+    if (cb >= ce) return;
+    extern __shared__ float4 cs_sh4[];
+    constexpr int SW = DK + 4, SK = DK + 8, LP = GC + 4;
+    const int Dv = a.Dv, kh = h / (a.Hv / a.Hk);
+    const int nc = Dv - col0 < GC_COLS ? Dv - col0 : GC_COLS; /* a multiple of 8 */
+    float *X = (float *)cs_sh4, *Y = X + cscan_buf<DK>(), *Ps = Y + cscan_buf<DK>(), *Ss = Ps + GC * LP, *gs = Ss + DK * CS_LD, *es = gs + GC;
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gid = lane >> 2, tig = lane & 3;
+    const size_t CF = (size_t)cu_gdn_chunk_floats(DK, Dv);
+    float *Sg = a.rec_state + (size_t)p.slot[it] * a.rec_stride + (size_t)h * DK * Dv + col0;
+    for (int e = tid; e < DK * GC_COLS; e += GC_THREADS) {
+        const int i = e / GC_COLS, j = e % GC_COLS;
+        Ss[i * CS_LD + j] = j < nc ? Sg[(size_t)i * Dv + j] : 0.0f;
+    }
+    /* a chunk's W and g into Y, its q into X; its P; its k into X */
+    auto issue_wq = [&](int c) {
+        const float *ws = a.chunk_ws + ((size_t)(c - c0) * a.Hv + h) * CF;
+        const int64_t t0 = a.chunks[4 * c];
+        const int n = a.chunks[4 * c + 1];
+        for (int e = tid; e < GC * DK / 4; e += GC_THREADS) {
+            const int r = e / (DK / 4), i = e % (DK / 4) * 4;
+            cp_async16(Y + r * SW + i, ws + r * DK + i, 16);
+            cp_async16(X + r * SW + i, a.qkv + (t0 + (r < n ? r : 0)) * a.cd + (int64_t)kh * DK + i, r < n ? 16 : 0);
+        }
+        if (tid < GC / 4) cp_async16(gs + 4 * tid, ws + GC * (DK + Dv) + GC * GC + 4 * tid, 16);
+    };
+    auto issue_p = [&](int c) {
+        const float *P = a.chunk_ws + ((size_t)(c - c0) * a.Hv + h) * CF + GC * (DK + Dv);
+        for (int e = tid; e < GC * GC / 4; e += GC_THREADS) {
+            const int r = e / (GC / 4), j = e % (GC / 4) * 4;
+            cp_async16(Ps + r * LP + j, P + r * GC + j, 16);
+        }
+    };
+    auto issue_k = [&](int c) {
+        const int64_t t0 = a.chunks[4 * c];
+        const int n = a.chunks[4 * c + 1];
+        for (int e = tid; e < GC * DK / 4; e += GC_THREADS) {
+            const int r = e / (DK / 4), i = e % (DK / 4) * 4;
+            cp_async16(X + r * SK + i, a.qkv + (t0 + (r < n ? r : 0)) * a.cd + a.kd + (int64_t)kh * DK + i, r < n ? 16 : 0);
+        }
+    };
+    issue_wq(cb);
+    issue_p(cb);
+    cp_async_commit();
+    /* phases A and B: warp w the rows 16 (w / 2) .. + 15 and columns 16 (w % 2) .. + 15 */
+    const int mA = 16 * (w >> 1), nA = 16 * (w & 1);
+    for (int c = cb; c < ce; c++) {
+        const int64_t t0 = a.chunks[4 * c];
+        const int n = a.chunks[4 * c + 1];
+        /* this thread's U, ahead of the product it is subtracted from */
+        const float *U = a.chunk_ws + ((size_t)(c - c0) * a.Hv + h) * CF + GC * DK + col0;
+        float2 u[2][2];
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const int col = nA + 8 * j + 2 * tig;
+            const bool on = col < nc;
+            u[j][0] = on ? *(const float2 *)(U + (size_t)(mA + gid) * Dv + col) : make_float2(0.0f, 0.0f);
+            u[j][1] = on ? *(const float2 *)(U + (size_t)(mA + gid + 8) * Dv + col) : make_float2(0.0f, 0.0f);
+        }
+        cp_async_wait<0>();
+        __syncthreads(); /* W, q, g, P; the state */
+        /* A: D = U - W S */
+        float acc[2][4] = {};
+#pragma unroll
+        for (int k0 = 0; k0 < DK; k0 += 8) {
+            uint32_t f[4];
+            frag_a(f, Y, SW, mA, k0, lane);
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const float *sr = Ss + (k0 + tig) * CS_LD + nA + 8 * j + gid;
+                mma_tf32(acc[j], f[0], f[1], f[2], f[3], tf32_of(sr[0]), tf32_of(sr[4 * CS_LD]));
+            }
+        }
+        const float g_last = gs[GC - 1], dec0 = expf(gs[mA + gid]), dec1 = expf(gs[mA + gid + 8]);
+        if (tid < GC) es[tid] = expf(g_last - gs[tid]);
+        __syncthreads(); /* W read */
+        float *Ds = Y;
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const int col = nA + 8 * j + 2 * tig, r0 = mA + gid;
+            *(float2 *)(Ds + r0 * CS_LD + col) = make_float2(u[j][0].x - acc[j][0], u[j][0].y - acc[j][1]);
+            *(float2 *)(Ds + (r0 + 8) * CS_LD + col) = make_float2(u[j][1].x - acc[j][2], u[j][1].y - acc[j][3]);
+        }
+        __syncthreads(); /* D */
+        /* B: O = diag(exp(g)) Q S + P D */
+#pragma unroll
+        for (int j = 0; j < 2; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+#pragma unroll
+        for (int k0 = 0; k0 < DK; k0 += 8) {
+            uint32_t f[4];
+            frag_a(f, X, SW, mA, k0, lane);
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const float *sr = Ss + (k0 + tig) * CS_LD + nA + 8 * j + gid;
+                mma_tf32(acc[j], f[0], f[1], f[2], f[3], tf32_of(sr[0]), tf32_of(sr[4 * CS_LD]));
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 2; j++) acc[j][0] *= dec0, acc[j][1] *= dec0, acc[j][2] *= dec1, acc[j][3] *= dec1;
+#pragma unroll
+        for (int k0 = 0; k0 < GC; k0 += 8) {
+            if (k0 > mA + 8) break; /* P is lower triangular */
+            uint32_t f[4];
+            frag_a(f, Ps, LP, mA, k0, lane);
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const float *dr = Ds + (k0 + tig) * CS_LD + nA + 8 * j + gid;
+                mma_tf32(acc[j], f[0], f[1], f[2], f[3], tf32_of(dr[0]), tf32_of(dr[4 * CS_LD]));
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const int col = nA + 8 * j + 2 * tig, r0 = mA + gid, r1 = r0 + 8;
+            if (col >= nc) continue;
+            float *o = a.mix + t0 * a.vd + (int64_t)h * Dv + col0 + col;
+            if (r0 < n) *(float2 *)(o + (int64_t)r0 * a.vd) = make_float2(acc[j][0], acc[j][1]);
+            if (r1 < n) *(float2 *)(o + (int64_t)r1 * a.vd) = make_float2(acc[j][2], acc[j][3]);
+        }
+        __syncthreads(); /* q, P and the state read */
+        issue_k(c);
+        cp_async_commit();
+        if (c + 1 < ce) issue_p(c + 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads(); /* k */
+        /* C: S = exp(g_last) S + K^T diag(e) D, warp w the rows 16 w, 16 (w + 8), ... and every
+         * column */
+        const float dl = expf(g_last);
+        for (int m0 = 16 * w; m0 < DK; m0 += 16 * 8) {
+            float sa[4][4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int col = 8 * j + 2 * tig;
+                const float2 s0 = *(const float2 *)(Ss + (m0 + gid) * CS_LD + col);
+                const float2 s1 = *(const float2 *)(Ss + (m0 + gid + 8) * CS_LD + col);
+                sa[j][0] = dl * s0.x, sa[j][1] = dl * s0.y, sa[j][2] = dl * s1.x, sa[j][3] = dl * s1.y;
+            }
+#pragma unroll
+            for (int k0 = 0; k0 < GC; k0 += 8) {
+                const float *kr = X + (k0 + tig) * SK + m0 + gid; /* a[i][r] = k_r[i] */
+                const uint32_t a0 = tf32_of(kr[0]), a1 = tf32_of(kr[8]), a2 = tf32_of(kr[4 * SK]), a3 = tf32_of(kr[4 * SK + 8]);
+                const float e0 = es[k0 + tig], e1 = es[k0 + tig + 4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const float *dr = Ds + (k0 + tig) * CS_LD + 8 * j + gid;
+                    mma_tf32(sa[j], a0, a1, a2, a3, tf32_of(dr[0] * e0), tf32_of(dr[4 * CS_LD] * e1));
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int col = 8 * j + 2 * tig;
+                *(float2 *)(Ss + (m0 + gid) * CS_LD + col) = make_float2(sa[j][0], sa[j][1]);
+                *(float2 *)(Ss + (m0 + gid + 8) * CS_LD + col) = make_float2(sa[j][2], sa[j][3]);
+            }
+        }
+        __syncthreads(); /* the state; k and D read */
+        if (c + 1 < ce) issue_wq(c + 1);
+        cp_async_commit();
+    }
+    cp_async_wait<0>();
+    for (int e = tid; e < DK * GC_COLS; e += GC_THREADS) {
+        const int i = e / GC_COLS, j = e % GC_COLS;
+        if (j < nc) Sg[(size_t)i * Dv + j] = Ss[i * CS_LD + j];
+    }
+}
+
+template <int DK> static int chunked_prepare() {
+    if (cudaFuncSetAttribute(k_gdn_cprep<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)(cprep_floats<DK>() * sizeof(float))) != cudaSuccess)
+        return -1;
+    return cudaFuncSetAttribute(k_gdn_cscan<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)(cscan_floats<DK>() * sizeof(float))) == cudaSuccess ? 0 : -1;
+}
+
+extern "C" int cu_gdn_chunked_prepare(int Dk, int Dv) {
+    if (Dv < 8 || Dv % 8 != 0 || Dk + Dv > 2 * GC_THREADS) return -1;
+    switch (Dk) {
+    case 16: return chunked_prepare<16>();
+    case 32: return chunked_prepare<32>();
+    case 64: return chunked_prepare<64>();
+    case 128: return chunked_prepare<128>();
+    default: return -1;
+    }
+}
+
+template <int DK> static void chunked_run(cu_stream s, const cu_plan *p, const cu_gdn_args *a) {
+    for (int c0 = 0; c0 < a->n_chunks; c0 += a->ws_chunks) {
+        const int c1 = c0 + a->ws_chunks < a->n_chunks ? c0 + a->ws_chunks : a->n_chunks;
+        launch_pdl(k_gdn_cprep<DK>, dim3((unsigned)(c1 - c0), (unsigned)a->Hv), dim3(GC_THREADS),
+                   cprep_floats<DK>() * sizeof(float), s, *a, c0);
+        dim3 gs((unsigned)p->n_items, (unsigned)a->Hv, (unsigned)((a->Dv + GC_COLS - 1) / GC_COLS));
+        launch_pdl(k_gdn_cscan<DK>, gs, dim3(GC_THREADS), cscan_floats<DK>() * sizeof(float), s, *p, *a, c0, c1);
+    }
+}
+
+extern "C" void cu_gdn_chunked(cu_stream s, const cu_plan *p, const cu_gdn_args *a) {
+    switch (a->Dk) {
+    case 16: chunked_run<16>(s, p, a); break;
+    case 32: chunked_run<32>(s, p, a); break;
+    case 64: chunked_run<64>(s, p, a); break;
+    default: chunked_run<128>(s, p, a); break;
+    }
+}
