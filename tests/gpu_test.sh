@@ -97,6 +97,20 @@ else
     nok "perplexity in bf16: '$p3', exact '$p2' ($(head -c 300 "$T/perr3"))"
 fi
 
+# compact logit rows made on the device (the top tokens and log-sum-exp, a kilobyte a token):
+# the same draws as from whole rows of the same GPU, log-probabilities within rounding
+gen() { "$S" generate --device cuda -m models/tiny-fortune --ids 1,2,3,4,5,6 -n 40 --temp 0.8 --top-k 20 --top-p 0.95 \
+    --seed 11 --logprobs 3 "$@"; }
+gen >"$T/top" 2>"$T/toperr"
+gen --full-logits >"$T/full" 2>>"$T/toperr"
+if [ -s "$T/top" ] && [ "$(head -1 "$T/top")" = "$(head -1 "$T/full")" ] &&
+    paste -d' ' "$T/top" "$T/full" | awk 'NR > 1 { h = NF / 2; for (i = 1; i <= h; i++) { split($i, a, ":"); split($(i + h), b, ":");
+        x = (a[2] == "" ? a[1] : a[2]) - (b[2] == "" ? b[1] : b[2]); if (x < 0) x = -x; if (x > 2e-6) bad = 1 } } END { exit bad }'; then
+    ok "sampling from compact rows on the GPU: the whole rows' $(head -1 "$T/top" | wc -w) tokens (temperature 0.8, top-k 20, top-p 0.95), log-probabilities within 2e-6"
+else
+    nok "compact rows on the GPU: '$(head -1 "$T/top")' against whole rows '$(head -1 "$T/full")' ($(head -c 300 "$T/toperr"))"
+fi
+
 if command -v node >/dev/null 2>&1 && [ -d tests/e2e/node_modules/openai ]; then
     STRAND_DEVICE=cuda bash tests/server_e2e_test.sh >"$T/e2e" 2>&1
     if [ $? -eq 0 ] && ! grep -q '^not ok' "$T/e2e"; then

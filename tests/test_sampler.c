@@ -17,6 +17,73 @@ static int32_t sample(const st_sampling *p, st_sampler_state *st, const float *l
     return st_sampler_sample(S, p, st, l, hist, n_prompt, n_hist, nlp, lp);
 }
 
+
+/* Compact rows (st_logit_top): sampling from a row's top ST_TOP_MAX and its log-sum-exp gives
+ * the full row's token, draw and log-probabilities, for every setting st_sampler_top_ok takes */
+static void test_compact_rows(void) {
+    enum { VB = 5000 };
+    st_error err = {0};
+    st_sampler *SB = NULL;
+    if (!CHECK(st_sampler_create(VB, &SB, &err) == ST_OK, "sampler for %d tokens", VB)) return;
+    static float row[VB], work[VB];
+    static st_logit_top top;
+    const float temps[] = {0.0f, 0.3f, 0.7f, 1.0f, 2.0f};
+    const int ks[] = {1, 5, 20, 64};
+    const float ps[] = {1.0f, 0.8f, 0.95f}, mins[] = {0.0f, 0.05f};
+    int cases = 0, same = 0, taken = 0, lp_same = 0;
+    uint64_t seed = 42;
+    for (int r = 0; r < 24; r++) {
+        /* rows of different spreads (a peaked one, a flat one, ties) */
+        const float spread = r % 3 == 0 ? 1.0f : r % 3 == 1 ? 4.0f : 12.0f;
+        for (int i = 0; i < VB; i++) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            row[i] = spread * ((float)(seed >> 40) / 16777216.0f - 0.5f);
+            if (r % 4 == 3 && i % 97 == 0) row[i] = row[0]; /* exact ties */
+        }
+        st_logit_top_make(row, VB, &top);
+        for (size_t a = 0; a < sizeof temps / sizeof temps[0]; a++)
+            for (size_t b = 0; b < sizeof ks / sizeof ks[0]; b++)
+                for (size_t c = 0; c < sizeof ps / sizeof ps[0]; c++)
+                    for (size_t d = 0; d < sizeof mins / sizeof mins[0]; d++) {
+                        st_sampling p = st_sampling_default();
+                        p.temperature = temps[a];
+                        p.top_k = ks[b];
+                        p.top_p = ps[c];
+                        p.min_p = mins[d];
+                        p.seed = (uint64_t)(r * 1000 + cases);
+                        p.has_seed = 1;
+                        taken += st_sampler_top_ok(&p);
+                        st_sampler_state s1, s2;
+                        st_sampler_state_init(&s1, &p);
+                        s2 = s1;
+                        st_logprobs l1, l2;
+                        memcpy(work, row, sizeof row);
+                        const int32_t t1 = st_sampler_sample(SB, &p, &s1, work, NULL, 0, 0, 20, &l1);
+                        const int32_t t2 = st_sampler_sample_top(SB, &p, &s2, &top, 20, &l2);
+                        cases++;
+                        same += t1 == t2 && !memcmp(&s1, &s2, sizeof s1);
+                        lp_same += l1.logprob == l2.logprob && l1.n_top == l2.n_top &&
+                                   !memcmp(l1.top_tokens, l2.top_tokens, sizeof l1.top_tokens[0] * (size_t)l1.n_top) &&
+                                   !memcmp(l1.top_logprobs, l2.top_logprobs, sizeof l1.top_logprobs[0] * (size_t)l1.n_top);
+                    }
+    }
+    CHECK(taken == cases, "st_sampler_top_ok takes greedy and top_k <= %d without bias or penalties (%d of %d)",
+          ST_TOP_SAMPLE_MAX, taken, cases);
+    CHECK(same == cases && lp_same == cases,
+          "a compact row samples as its full row: %d of %d draws and %d log-probability sets equal", same, cases, lp_same);
+    st_sampling p = st_sampling_default();
+    p.temperature = 1.0f;
+    CHECK(!st_sampler_top_ok(&p), "top_k 0 at temperature 1 needs the full row");
+    p.top_k = 20;
+    p.presence_penalty = 0.5f;
+    CHECK(!st_sampler_top_ok(&p), "penalties need the full row");
+    for (int i = 0; i < VB; i++) row[i] = (float)i;
+    row[7] = NAN;
+    st_logit_top_make(row, VB, &top);
+    CHECK(!top.finite && top.n == ST_TOP_MAX, "a row with a NaN is marked not finite");
+    st_sampler_destroy(SB);
+}
+
 int main(void) {
     st_error err = {0};
     if (!CHECK(st_sampler_create(V, &S, &err) == ST_OK, "sampler created")) return tap_done();
@@ -174,5 +241,6 @@ int main(void) {
     p.bias[0] = (st_logit_bias){V, 1};
     CHECK(st_sampling_validate(&p, V, &err) == ST_ERR_ARG, "bias on a token outside the vocabulary rejected (%s)", err.msg);
     st_sampler_destroy(S);
+    test_compact_rows();
     return tap_done();
 }

@@ -70,7 +70,7 @@ static st_status decode_step(st_cache *cache, st_fwd *f, st_seq *seqs, int B, in
                              st_batch_item *items, float *logits, st_error *err) {
     for (int s = 0; s < B; s++) {
         next[s] = (int32_t)((k * 7919LL + s * 104729LL) % vocab);
-        items[s] = (st_batch_item){&seqs[s], &next[s], 1, ST_LOGITS_LAST};
+        items[s] = (st_batch_item){&seqs[s], &next[s], 1, ST_LOGITS_LAST_TOP}; /* what a sampler needs */
     }
     return st_batch_run(cache, f, items, B, logits, err);
 }

@@ -19,11 +19,14 @@ static void usage(void) {
     fprintf(stderr,
             "usage: strand generate -m DIR (--ids 1,2,3 [--image FILE ...] | --batch-file F) -n N [--print-ids]\n"
             "                       [sampling options] [--ctx N] [--chunk N] [--kv-dtype f32|bf16]\n"
+            "                       [--full-logits]\n"
             "  Prints the generated ids space-separated, one line per prompt (after each line,\n"
             "  with --logprobs N, one line per token: id logprob | alternative:logprob ...).\n"
             "  --batch-file F: one prompt per line (comma-separated ids); all run as one batch.\n"
             "  --ctx N: context length (default: the model's max_position_embeddings).\n"
-            "  --chunk N: tokens per step while prefilling (default 512).\n%s",
+            "  --chunk N: tokens per step while prefilling (default 512).\n"
+            "  --full-logits: sample from whole logit rows even where a row's top tokens settle\n"
+            "  the draw (compact rows: on a GPU, a kilobyte a token comes back; same tokens).\n%s",
             cli_sampling_help());
 }
 
@@ -120,6 +123,7 @@ int cmd_generate(int argc, char **argv) {
     const char *dir = NULL, *ids_s = NULL, *batch = NULL, *image_path[MAX_IMAGES];
     int n_images = 0;
     long long n_new = -1, chunk = 512, ctx = 0;
+    int full_logits = 0;
     st_kv_dtype kvd = ST_KV_F32;
     st_req_params rp = st_req_default_params();
     for (int i = 1; i < argc; i++) {
@@ -142,6 +146,8 @@ int cmd_generate(int argc, char **argv) {
             if (!(batch = cli_value(argc, argv, &i))) return 2;
         } else if (!strcmp(a, "-n")) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 0, 1 << 30, &n_new)) return 2;
+        } else if (!strcmp(a, "--full-logits")) {
+            full_logits = 1;
         } else if (!strcmp(a, "--chunk")) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 1, 1 << 20, &chunk)) return 2;
         } else if (!strcmp(a, "--ctx")) {
@@ -218,6 +224,7 @@ int cmd_generate(int argc, char **argv) {
     sp.mem_budget = st_sched_memory_budget(m, be, 0.9);
     sp.backend = be;
     sp.images = n_images > 0;
+    sp.logits_top = !full_logits;
     for (int i = 0; i < n; i++) {
         if (lens[i] >= ctx) {
             st_error_set(&err, ST_ERR_LIMIT, "prompt %d has %d tokens; the context length is %lld",

@@ -38,10 +38,31 @@ typedef enum st_kv_dtype {
 } st_kv_dtype;
 
 enum {
-    ST_LOGITS_NONE = 0, /* no logits for this item */
-    ST_LOGITS_LAST = 1, /* logits of the item's last token */
-    ST_LOGITS_ALL = 2,  /* logits of every token of the item */
+    ST_LOGITS_NONE = 0,     /* no logits for this item */
+    ST_LOGITS_LAST = 1,     /* logits of the item's last token */
+    ST_LOGITS_ALL = 2,      /* logits of every token of the item */
+    ST_LOGITS_LAST_TOP = 3, /* the last token's row in compact form (st_logit_top) */
 };
+
+/* the logit rows an item of n tokens gets in mode m (ST_LOGITS_*) */
+static inline int64_t st_logits_rows(int32_t m, int64_t n) {
+    return m == ST_LOGITS_ALL ? n : m == ST_LOGITS_LAST || m == ST_LOGITS_LAST_TOP;
+}
+
+/* A logit row in compact form: what a sampler needs to draw from the most likely tokens and
+ * report their log-probabilities, so that a device sends back a kilobyte a row instead of
+ * the vocabulary. The ST_TOP_MAX largest logits (ties to the lower id) in descending order,
+ * log(sum exp(l)) over the whole row, and whether every logit was finite. It sits at the
+ * start of the row's place in the logits (vocab floats: a vocabulary of at least
+ * sizeof(st_logit_top) / 4 tokens). sampler/sampler.c's st_logit_top_make is the reference. */
+#define ST_TOP_MAX 128
+typedef struct st_logit_top {
+    int32_t n;      /* entries: min(ST_TOP_MAX, vocab) */
+    int32_t finite; /* 1: every logit of the row finite */
+    double lse;     /* max + log(sum exp(l - max)), summed in double in id order (0 if not finite) */
+    int32_t id[ST_TOP_MAX];
+    float val[ST_TOP_MAX];
+} st_logit_top;
 
 /* ---- the step plan ---- */
 
@@ -237,6 +258,8 @@ struct st_backend {
                                 NULL for a process on its own. On rank 0, st_fwd sends every
                                 context, step and copy to the other ranks (dist/relay.h). */
     int relay_ctxs;          /* contexts st_fwd made on it so far (their ids for the relay) */
+    int logits_top;          /* 1: ops->logits writes ST_LOGITS_LAST_TOP rows compact itself
+                                (else st_fwd_run compacts the whole rows it wrote) */
 };
 
 void st_backend_destroy(st_backend *b);

@@ -77,7 +77,7 @@ st_status st_plan_add(st_plan_buf *b, const int32_t *tokens, int n, int64_t pos0
     pl->n_tokens += n;
     ((int64_t *)pl->item_t0)[i + 1] = pl->n_tokens;
     ((int64_t *)pl->block_t0)[i + 1] = bt + n_blocks;
-    pl->n_logit_rows += logits == ST_LOGITS_ALL ? n : logits == ST_LOGITS_LAST;
+    pl->n_logit_rows += st_logits_rows(logits, n);
     pl->n_items = i + 1;
     return ST_OK;
 }

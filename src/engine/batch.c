@@ -4,7 +4,7 @@
 int64_t st_batch_logit_rows(const st_batch_item *items, int n_items) {
     int64_t n = 0;
     for (int i = 0; i < n_items; i++)
-        n += items[i].logits == ST_LOGITS_ALL ? items[i].n_tokens : items[i].logits == ST_LOGITS_LAST;
+        n += st_logits_rows(items[i].logits, items[i].n_tokens);
     return n;
 }
 

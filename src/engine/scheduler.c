@@ -133,6 +133,7 @@ st_sched_params st_sched_default_params(void) {
         .max_queue = 256,
         .stall_timeout_s = 60.0,
         .head_wait_s = 10.0,
+        .logits_top = 1,
         .backend = NULL,
     };
     return p;
@@ -918,10 +919,20 @@ static int is_stop_token(const st_sched *s, const rec *c, int32_t t) {
     return 0;
 }
 
-/* After the model produced logits for c: sample, emit, and maybe finish. */
-static void on_logits(st_sched *s, rec *c, float *logits) {
+/* the logits mode of c's next row: compact where its sampling needs no more */
+static int32_t row_mode(const st_sched *s, const rec *c) {
+    const int fits = (int64_t)sizeof(st_logit_top) <= s->m->cfg.vocab_size * (int64_t)sizeof(float);
+    return s->p.logits_top && fits && !c->gram_on && !c->fork_pending && st_sampler_top_ok(&c->r->p.sampling)
+               ? ST_LOGITS_LAST_TOP
+               : ST_LOGITS_LAST;
+}
+
+/* After the model produced logits for c (a compact row when top): sample, emit, and maybe
+ * finish. */
+static void on_logits(st_sched *s, rec *c, float *logits, int top) {
     req *r = c->r;
-    if (!st_logits_finite(logits, s->m->cfg.vocab_size)) {
+    const st_logit_top *row_top = top ? (const st_logit_top *)(void *)logits : NULL;
+    if (top ? !row_top->finite : !st_logits_finite(logits, s->m->cfg.vocab_size)) {
         snprintf(c->error, sizeof c->error,
                  "the model produced non-finite logits (NaN or infinity) at position %lld",
                  (long long)c->n_hist);
@@ -929,7 +940,7 @@ static void on_logits(st_sched *s, rec *c, float *logits) {
         return;
     }
     /* JSON output: only tokens that keep the reply inside the grammar (after any reasoning) */
-    const int constrain = c->gram_on && !(c->tx && st_textout_in_reasoning(c->tx));
+    const int constrain = !top && c->gram_on && !(c->tx && st_textout_in_reasoning(c->tx));
     const int may_end = constrain && c->gram.mode == ST_GRAM_GBNF && !r->p.ignore_eos && st_gram_may_end(&c->gram);
     if (constrain) {
         int64_t n = st_gram_mask(s->gram, r->schema, &c->gram, s->gram_mask);
@@ -947,8 +958,9 @@ static void on_logits(st_sched *s, rec *c, float *logits) {
     }
     const int want_lp = r->p.logprobs >= 0;
     st_logprobs *lp = want_lp || r->p.sum_logprobs ? &c->lp : NULL;
-    int32_t t = st_sampler_sample(s->sampler, &r->p.sampling, &c->ss, logits, c->hist,
-                                  c->n_prompt, c->n_hist, want_lp ? r->p.logprobs : 0, lp);
+    int32_t t = top ? st_sampler_sample_top(s->sampler, &r->p.sampling, &c->ss, row_top, want_lp ? r->p.logprobs : 0, lp)
+                    : st_sampler_sample(s->sampler, &r->p.sampling, &c->ss, logits, c->hist, c->n_prompt, c->n_hist,
+                                        want_lp ? r->p.logprobs : 0, lp);
     if (constrain && !(may_end && is_stop_token(s, c, t)) && !st_gram_advance(s->gram, r->schema, &c->gram, t)) {
         /* the mask let only such tokens through */
         snprintf(c->error, sizeof c->error, "token %d does not continue the constrained reply (a bug)", t);
@@ -1093,7 +1105,7 @@ static void fork_choices(st_sched *s, rec *parent, const float *row) {
         rec *c = &s->recs[kids[i]];
         if (!c->r) continue;
         memcpy(s->fork_logits, row, (size_t)V * sizeof *row);
-        on_logits(s, c, s->fork_logits);
+        on_logits(s, c, s->fork_logits, 0);
     }
 }
 
@@ -1167,7 +1179,7 @@ int st_sched_step(st_sched *s) {
         rec *c = &s->recs[i];
         paused += c->r && c->paused;
         if (!c->r || c->n_fed < c->n_prompt || c->paused) continue;
-        s->items[n] = (st_batch_item){&c->seq, &c->hist[c->n_hist - 1], 1, ST_LOGITS_LAST};
+        s->items[n] = (st_batch_item){&c->seq, &c->hist[c->n_hist - 1], 1, row_mode(s, c)};
         s->item_rec[n++] = i;
     }
     for (;;) {
@@ -1186,7 +1198,7 @@ int st_sched_step(st_sched *s) {
         if (take > budget) take = budget;
         take = chunk_for_snapshots(s, c, take);
         s->items[n] = (st_batch_item){&c->seq, &c->hist[c->n_fed], (int)take,
-                                      c->n_fed + take == c->n_prompt ? ST_LOGITS_LAST : ST_LOGITS_NONE};
+                                      c->n_fed + take == c->n_prompt ? row_mode(s, c) : ST_LOGITS_NONE};
         s->item_rec[n++] = best;
         budget -= (int)take;
     }
@@ -1212,7 +1224,7 @@ int st_sched_step(st_sched *s) {
                 if (s->items[k].logits == ST_LOGITS_NONE) continue;
                 float *lg = s->logits + row * s->m->cfg.vocab_size;
                 if (c->fork_pending && c->n_fed == c->n_prompt) fork_choices(s, c, lg);
-                on_logits(s, c, lg);
+                on_logits(s, c, lg, s->items[k].logits == ST_LOGITS_LAST_TOP);
                 row++;
             }
             pthread_mutex_lock(&s->mu);

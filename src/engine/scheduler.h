@@ -178,6 +178,10 @@ typedef struct st_sched_params {
     int prefix_cache;        /* keep KV blocks and state snapshots for reuse (default 0) */
     int snapshots;           /* the snapshot pool with prefix_cache; 0 = 4 x max_seqs + 4 */
     int snapshot_every;      /* blocks between the snapshots of a prompt; 0 = 32 */
+    int logits_top;          /* 1 (default): a sequence whose sampling a row's top tokens settle
+                                (greedy, or top_k <= ST_TOP_SAMPLE_MAX; no bias, penalties or
+                                grammar) gets compact logit rows (st_logit_top; a GPU sends back
+                                a kilobyte, not the vocabulary); 0: whole rows for every one */
     st_backend *backend;     /* borrowed (it must outlive the scheduler); NULL = a CPU backend
                                 with default parameters, made and owned by the scheduler */
 } st_sched_params;

@@ -6,6 +6,7 @@
 
 #include "dist/comm.h"
 #include "dist/relay.h"
+#include "sampler/sampler.h"
 
 struct st_fwd {
     st_backend *b;       /* borrowed */
@@ -161,9 +162,9 @@ static st_status check_plan(const st_fwd *f, const st_step_plan *pl, st_error *e
                     return st_error_set(err, ST_ERR_ARG, "batch item %d: KV block %d outside [0, %lld)", i, bl[j],
                                         (long long)f->p.n_blocks);
         }
-        if (pl->logits[i] < ST_LOGITS_NONE || pl->logits[i] > ST_LOGITS_ALL)
+        if (pl->logits[i] < ST_LOGITS_NONE || pl->logits[i] > ST_LOGITS_LAST_TOP)
             return st_error_set(err, ST_ERR_ARG, "batch item %d: logits mode %d", i, pl->logits[i]);
-        rows += pl->logits[i] == ST_LOGITS_ALL ? n : pl->logits[i] == ST_LOGITS_LAST;
+        rows += st_logits_rows(pl->logits[i], n);
     }
     if (rows != pl->n_logit_rows) return st_error_set(err, ST_ERR_ARG, "plan: logit rows do not add up");
     if (pl->n_embeds) {
@@ -181,6 +182,20 @@ static st_status check_plan(const st_fwd *f, const st_step_plan *pl, st_error *e
             if (pl->mrope[t] < 0 || pl->mrope[t] > (1 << 30))
                 return st_error_set(err, ST_ERR_ARG, "plan: rotary position %d out of range", pl->mrope[t]);
     return ST_OK;
+}
+
+/* the ST_LOGITS_LAST_TOP rows of a step's logits, made compact in place (for backends that
+ * write them whole) */
+static void compact_rows(const st_step_plan *pl, int64_t V, float *logits) {
+    int64_t row = 0;
+    for (int i = 0; i < pl->n_items; i++) {
+        if (pl->logits[i] == ST_LOGITS_LAST_TOP) {
+            st_logit_top top;
+            st_logit_top_make(logits + row * V, V, &top);
+            memcpy(logits + row * V, &top, sizeof top);
+        }
+        row += st_logits_rows(pl->logits[i], pl->item_t0[i + 1] - pl->item_t0[i]);
+    }
 }
 
 st_status st_fwd_run(st_fwd *f, const st_step_plan *plan, float *logits, st_error *err) {
@@ -244,5 +259,7 @@ st_status st_fwd_run(st_fwd *f, const st_step_plan *plan, float *logits, st_erro
         f->hook(f->hook_user, cfg->n_layers, T, d, f->hook_buf);
     }
     op->logits(c, logits); /* NULL on a follower: a shard still takes part in the gathers */
-    return op->step_end(c, err);
+    st = op->step_end(c, err);
+    if (st == ST_OK && logits && !f->b->logits_top) compact_rows(plan, cfg->vocab_size, logits);
+    return st;
 }

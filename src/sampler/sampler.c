@@ -135,6 +135,15 @@ void st_sampler_destroy(st_sampler *s) {
     free(s);
 }
 
+/* max + log(sum exp(x - max)) over x[0..v), in double, in index order */
+static double row_lse(const float *x, int64_t v) {
+    double mx = -INFINITY, sum = 0;
+    for (int64_t i = 0; i < v; i++)
+        if (x[i] > mx) mx = x[i];
+    for (int64_t i = 0; i < v; i++) sum += exp((double)x[i] - mx);
+    return mx + log(sum);
+}
+
 /* the n largest values of x (ties to the lower index), descending */
 static int top_n(const float *x, int64_t v, int n, int32_t *tok, float *val) {
     int k = 0;
@@ -169,6 +178,44 @@ static int32_t draw(st_sampler_state *st, const cand *c, int64_t n) {
         if (u < acc) return c[j].t;
     }
     return c[n - 1].t;
+}
+
+/* Temperature, min-p, top-k, top-p and the draw over candidates c[0..n) (weights from the
+ * largest logit mx; in id order), as both entry points share them. */
+static int32_t choose(const st_sampling *p, st_sampler_state *st, cand *c, int64_t n) {
+    /* min-p: below min_p times the most likely token (weight 1) */
+    if (p->min_p > 0.0f) {
+        int64_t k = 0;
+        for (int64_t j = 0; j < n; j++)
+            if (c[j].p >= p->min_p) c[k++] = c[j];
+        n = k;
+    }
+    int need_order = (p->top_k > 0 && p->top_k < n) || p->top_p < 1.0f;
+    if (need_order) {
+        qsort(c, (size_t)n, sizeof *c, cand_desc);
+        if (p->top_k > 0 && p->top_k < n) n = p->top_k;
+        if (p->top_p < 1.0f) {
+            double total = 0, cum = 0;
+            for (int64_t j = 0; j < n; j++) total += c[j].p;
+            for (int64_t j = 0; j < n; j++) {
+                cum += c[j].p;
+                if (cum >= (double)p->top_p * total) {
+                    n = j + 1;
+                    break;
+                }
+            }
+        }
+    }
+    return draw(st, c, n);
+}
+
+/* a candidate's weight exp((l - max) / T), or 0 when it is below 1e-12 (not drawable at
+ * double precision) */
+static int weight_of(float l, float mx, float inv_t, float *w) {
+    const float e = (l - mx) * inv_t;
+    if (e < -27.6f) return 0;
+    *w = expf(e);
+    return 1;
 }
 
 int32_t st_sampler_sample(st_sampler *s, const st_sampling *p, st_sampler_state *st,
@@ -206,55 +253,70 @@ int32_t st_sampler_sample(st_sampler *s, const st_sampling *p, st_sampler_state 
         float mx = -INFINITY;
         for (int64_t i = 0; i < V; i++)
             if (logits[i] > mx) mx = logits[i];
-        /* candidates: tokens whose weight exp((l - max)/T) is above 1e-12 (the rest cannot
-         * be drawn at double precision) */
         cand *c = s->cands;
         int64_t n = 0;
-        for (int64_t i = 0; i < V; i++) {
-            float e = (logits[i] - mx) * inv_t;
-            if (e < -27.6f) continue;
-            c[n].p = expf(e);
-            c[n++].t = (int32_t)i;
-        }
-        /* min-p: below min_p times the most likely token (weight 1) */
-        if (p->min_p > 0.0f) {
-            int64_t k = 0;
-            for (int64_t j = 0; j < n; j++)
-                if (c[j].p >= p->min_p) c[k++] = c[j];
-            n = k;
-        }
-        int need_order = (p->top_k > 0 && p->top_k < n) || p->top_p < 1.0f;
-        if (need_order) {
-            qsort(c, (size_t)n, sizeof *c, cand_desc);
-            if (p->top_k > 0 && p->top_k < n) n = p->top_k;
-            if (p->top_p < 1.0f) {
-                double total = 0, cum = 0;
-                for (int64_t j = 0; j < n; j++) total += c[j].p;
-                for (int64_t j = 0; j < n; j++) {
-                    cum += c[j].p;
-                    if (cum >= (double)p->top_p * total) {
-                        n = j + 1;
-                        break;
-                    }
-                }
-            }
-        }
-        chosen = draw(st, c, n);
+        for (int64_t i = 0; i < V; i++)
+            if (weight_of(logits[i], mx, inv_t, &c[n].p)) c[n++].t = (int32_t)i;
+        chosen = choose(p, st, c, n);
     }
     if (lp) {
         /* the model's own distribution: log-softmax of the raw logits */
         const float *raw = s->raw;
-        double mxr = -INFINITY, sum = 0;
-        for (int64_t i = 0; i < V; i++)
-            if (raw[i] > mxr) mxr = raw[i];
-        for (int64_t i = 0; i < V; i++) sum += exp((double)raw[i] - mxr);
-        double lse = mxr + log(sum);
+        const double lse = row_lse(raw, V);
         lp->token = chosen;
         lp->logprob = (float)((double)raw[chosen] - lse);
         int nt = n_logprobs < 0 ? 0 : n_logprobs > ST_MAX_LOGPROBS ? ST_MAX_LOGPROBS : n_logprobs;
         lp->n_top = nt ? top_n(raw, V, nt, lp->top_tokens, lp->top_logprobs) : 0;
         for (int i = 0; i < lp->n_top; i++)
             lp->top_logprobs[i] = (float)((double)lp->top_logprobs[i] - lse);
+    }
+    return chosen;
+}
+
+void st_logit_top_make(const float *row, int64_t vocab, st_logit_top *out) {
+    const int n = vocab < ST_TOP_MAX ? (int)vocab : ST_TOP_MAX;
+    out->n = top_n(row, vocab, n, out->id, out->val);
+    out->finite = st_logits_finite(row, vocab);
+    out->lse = out->finite ? row_lse(row, vocab) : 0.0;
+}
+
+int st_sampler_top_ok(const st_sampling *p) {
+    return p->n_bias == 0 && p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
+           p->frequency_penalty == 0.0f &&
+           (p->temperature == 0.0f || (p->top_k >= 1 && p->top_k <= ST_TOP_SAMPLE_MAX));
+}
+
+static int by_token(const void *a, const void *b) {
+    const cand *x = a, *y = b;
+    return x->t < y->t ? -1 : x->t > y->t;
+}
+
+int32_t st_sampler_sample_top(st_sampler *s, const st_sampling *p, st_sampler_state *st, const st_logit_top *top,
+                              int n_logprobs, st_logprobs *lp) {
+    int32_t chosen = top->id[0];
+    float chosen_l = top->val[0];
+    if (!(p->temperature == 0.0f || p->top_k == 1)) {
+        /* the candidates the full row gives, in id order: every token of weight at least that
+         * of the top_k-th is here unless the list's last ties it (then the list's ties stand in) */
+        const float inv_t = 1.0f / p->temperature, mx = top->val[0];
+        cand *c = s->cands;
+        int64_t n = 0;
+        for (int j = 0; j < top->n; j++)
+            if (weight_of(top->val[j], mx, inv_t, &c[n].p)) c[n++].t = top->id[j];
+        qsort(c, (size_t)n, sizeof *c, by_token);
+        chosen = choose(p, st, c, n);
+        for (int j = 0; j < top->n; j++)
+            if (top->id[j] == chosen) chosen_l = top->val[j];
+    }
+    if (lp) {
+        lp->token = chosen;
+        lp->logprob = (float)((double)chosen_l - top->lse);
+        int nt = n_logprobs < 0 ? 0 : n_logprobs > ST_MAX_LOGPROBS ? ST_MAX_LOGPROBS : n_logprobs;
+        lp->n_top = nt < top->n ? nt : top->n;
+        for (int i = 0; i < lp->n_top; i++) {
+            lp->top_tokens[i] = top->id[i];
+            lp->top_logprobs[i] = (float)((double)top->val[i] - top->lse);
+        }
     }
     return chosen;
 }

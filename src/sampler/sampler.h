@@ -13,6 +13,7 @@
 
 #include <stdint.h>
 
+#include "backend/backend.h"
 #include "core/status.h"
 
 #define ST_MAX_LOGPROBS 20
@@ -74,5 +75,19 @@ void st_sampler_destroy(st_sampler *s);
 int32_t st_sampler_sample(st_sampler *s, const st_sampling *p, st_sampler_state *st,
                           float *logits, const int32_t *history, int64_t n_prompt,
                           int64_t n_history, int n_logprobs, st_logprobs *lp);
+
+/* Compact logit rows (backend/backend.h's st_logit_top: the top tokens and log-sum-exp that
+ * a GPU sends back instead of the vocabulary). st_logit_top_make is the reference every
+ * backend's compaction equals (ids and values exactly; lse in the same order on the CPU).
+ * st_sampler_top_ok: 1 when the request's sampling can be done from such a row alone (no
+ * bias or penalties, greedy or top_k <= ST_TOP_SAMPLE_MAX); st_sampler_sample_top then gives
+ * what st_sampler_sample gives on the full row (the same draw from the same stream, and the
+ * same log-probabilities), except where the list's last entry ties the top_k-th in weight:
+ * the tied tokens inside the list stand for those outside. */
+#define ST_TOP_SAMPLE_MAX 64
+void st_logit_top_make(const float *row, int64_t vocab, st_logit_top *out);
+int st_sampler_top_ok(const st_sampling *p);
+int32_t st_sampler_sample_top(st_sampler *s, const st_sampling *p, st_sampler_state *st, const st_logit_top *top,
+                              int n_logprobs, st_logprobs *lp);
 
 #endif /* ST_SAMPLER_SAMPLER_H */

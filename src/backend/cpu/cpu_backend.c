@@ -1172,7 +1172,7 @@ static void cpu_logits(st_bctx *base, float *out) {
         if (pl->logits[i] == ST_LOGITS_ALL) {
             memcpy(c->gath + rows * d, c->xn + t * d, (size_t)(n * d) * sizeof(float));
             rows += n;
-        } else if (pl->logits[i] == ST_LOGITS_LAST) {
+        } else if (pl->logits[i] == ST_LOGITS_LAST || pl->logits[i] == ST_LOGITS_LAST_TOP) {
             memcpy(c->gath + rows * d, c->xn + (t + n - 1) * d, (size_t)d * sizeof(float));
             rows++;
         }

@@ -20,6 +20,15 @@
 #include "backend/cuda.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/moe_route.h"
+
+#include <stddef.h>
+
+/* the device writes compact rows in the host's layout */
+_Static_assert(sizeof(cu_logit_top) == sizeof(st_logit_top) && CU_TOP_MAX == ST_TOP_MAX &&
+                   offsetof(cu_logit_top, lse) == offsetof(st_logit_top, lse) &&
+                   offsetof(cu_logit_top, id) == offsetof(st_logit_top, id) &&
+                   offsetof(cu_logit_top, val) == offsetof(st_logit_top, val),
+               "cu_logit_top is st_logit_top");
 #include "model/model.h"
 
 /* ---------------------------------------------------------------------------------------- */
@@ -379,6 +388,7 @@ static st_status cuda_create(const st_model *m, const st_cuda_params *p, const s
     const st_config *c = &m->cfg;
     b->base.ops = &cuda_ops;
     b->base.m = m;
+    b->base.logits_top = 1; /* compact rows made on the device (sample.cu) */
     b->base.shard = *shard;
     b->device = p->device;
     b->mm_mode = p->no_tensor_cores ? CU_MM_FMA : p->precision == ST_PRECISION_BF16 ? CU_MM_BF16 : CU_MM_EXACT;
@@ -566,7 +576,7 @@ static int64_t xs_tokens(int64_t max_tokens) { return max_tokens < 16 ? 16 : max
 
 /* where each part of the plan sits in its staging (bytes from the start) */
 typedef struct plan_layout {
-    size_t tokens, item_t0, pos0, slot, block_t0, blocks, tok_item, rows, mrope, chunks, item_chunk, total;
+    size_t tokens, item_t0, pos0, slot, block_t0, blocks, tok_item, rows, mrope, chunks, item_chunk, top_rows, total;
 } plan_layout;
 
 /* the most chunks of the chunked delta rule a step cuts (each item's last may be partial) */
@@ -623,6 +633,11 @@ typedef struct cuda_ctx {
                           device, owned */
     int xs_holds; /* the st_act buffer whose split xs holds now, or -1 */
     float *chunk_ws;          /* the chunked delta rule's [chunk_ws_floats]; device, owned */
+    /* compact logit rows: each logit row's mode, the compact rows' places in their pass of
+     * LOGIT_CHUNK rows (the plan's top_rows, in row order), the records */
+    uint8_t *row_top;         /* [max_tokens] 1: the row is compact; host, owned */
+    cu_logit_top *d_tops;     /* [LOGIT_CHUNK] device, owned */
+    cu_logit_top *h_tops;     /* [LOGIT_CHUNK] pinned, owned */
     int n_chunks;             /* this step's chunks (0: the per-step rule) */
     float *att_split;         /* decode attention's chunks [cu_attn_split_floats(att_split_chunks)]; device, owned */
     int64_t att_split_chunks; /* 0: decode attention not split */
@@ -682,6 +697,7 @@ static plan_layout layout_of(const st_ctx_params *p, int64_t cap_blocks) {
     l.mrope = at, at += align8(T * 12);
     l.chunks = at, at += (size_t)max_chunks_of(p) * 16;
     l.item_chunk = at, at += align8(4 * (n + 1));
+    l.top_rows = at, at += align8(T * 4);
     l.total = at;
     return l;
 }
@@ -709,7 +725,7 @@ static void cuda_ctx_plan(const st_backend *base, const st_ctx_params *p, st_ctx
     floats += (cu_split_elems(xs_tokens(p->max_tokens), b->tiled_cols) + 1) / 2;
     floats += cu_mm_part_elems(p->max_tokens, widest_out(b)) + ws_floats(b);
     floats += cu_attn_split_floats(split_chunks(b, p), b->nh, b->hd);
-    floats += chunk_ws_floats(b, p);
+    floats += chunk_ws_floats(b, p) + LOGIT_CHUNK * sizeof(cu_logit_top) / sizeof(float);
     out->scratch_bytes = floats * sizeof(float) + 2 * layout_of(p, cap_blocks_of(b, p)).total +
                          T * (size_t)(b->E + 4 * b->topk + 2) * 4;
     out->total_bytes = (size_t)p->n_blocks * out->kv_block_bytes + (size_t)(p->n_slots + p->n_snapshots) * out->slot_bytes +
@@ -723,13 +739,16 @@ static void cuda_ctx_destroy(st_bctx *base) {
     if (c->stream) cudaStreamSynchronize(c->stream);
     float *bufs[] = {c->x,   c->xn,   c->out, c->p1,   c->p2,   c->p3, c->p4, c->mix, c->gath,
                      c->gout, c->lg, c->small, (float *)c->mms.xs, c->mms.part, c->mms.wpart,
-                     (float *)c->mms.wcount, c->att_split, c->conv, c->rec, c->d_w, c->chunk_ws};
+                     (float *)c->mms.wcount, c->att_split, c->conv, c->rec, c->d_w, c->chunk_ws,
+                     (float *)c->d_tops};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) cudaFree(bufs[i]);
     if (c->kv) cudaFree(c->kv);
     if (c->d_plan) cudaFree(c->d_plan);
     if (c->d_list) cudaFree(c->d_list);
     if (c->h_plan) cudaFreeHost(c->h_plan);
+    if (c->h_tops) cudaFreeHost(c->h_tops);
+    free(c->row_top);
     if (c->h_router) cudaFreeHost(c->h_router);
     if (c->h_list) cudaFreeHost(c->h_list);
     if (c->h_w) cudaFreeHost(c->h_w);
@@ -836,6 +855,13 @@ static st_status cuda_ctx_create(st_backend *base, const st_ctx_params *p, st_bc
     if (st == ST_OK && (e = cudaMallocHost((void **)&c->h_plan, l.total)) != cudaSuccess)
         st = cuda_fail(err, e, "pinned staging");
     c->bytes += 2 * l.total;
+    /* compact logit rows */
+    if (st == ST_OK) st = dev_alloc(b, LOGIT_CHUNK * sizeof(cu_logit_top), (void **)&c->d_tops, err);
+    if (st == ST_OK && (e = cudaMallocHost((void **)&c->h_tops, LOGIT_CHUNK * sizeof(cu_logit_top))) != cudaSuccess)
+        st = cuda_fail(err, e, "pinned staging");
+    c->row_top = calloc((size_t)T, 1);
+    if (st == ST_OK && !c->row_top) st = fail(err, ST_ERR_NOMEM, "out of memory");
+    c->bytes += 2 * LOGIT_CHUNK * sizeof(cu_logit_top);
     /* MoE routing */
     if (st == ST_OK && b->E) {
         const size_t nk = (size_t)T * (size_t)b->topk;
@@ -899,9 +925,16 @@ static st_status cuda_step_begin(st_bctx *base, const st_step_plan *pl, st_error
         if (!pl->mrope)
             for (int64_t t = t0; t < t1; t++) m3[3 * t] = m3[3 * t + 1] = m3[3 * t + 2] = (int32_t)(pl->pos0[i] + t - t0);
         if (pl->logits[i] == ST_LOGITS_ALL)
-            for (int64_t t = t0; t < t1; t++) rows[nr++] = (int32_t)t;
-        else if (pl->logits[i] == ST_LOGITS_LAST)
-            rows[nr++] = (int32_t)(t1 - 1);
+            for (int64_t t = t0; t < t1; t++) c->row_top[nr] = 0, rows[nr++] = (int32_t)t;
+        else if (pl->logits[i] == ST_LOGITS_LAST || pl->logits[i] == ST_LOGITS_LAST_TOP)
+            c->row_top[nr] = pl->logits[i] == ST_LOGITS_LAST_TOP, rows[nr++] = (int32_t)(t1 - 1);
+    }
+    /* the compact rows' places in their logits pass */
+    {
+        int32_t *tr = (int32_t *)(h + l.top_rows);
+        int64_t k = 0;
+        for (int64_t r = 0; r < nr; r++)
+            if (c->row_top[r]) tr[k++] = (int32_t)(r % LOGIT_CHUNK);
     }
     /* the chunked delta rule's chunks: 64 tokens from each item's start, the last partial */
     c->n_chunks = 0;
@@ -1335,15 +1368,33 @@ static void cuda_logits(st_bctx *base, float *out) {
     if (!out) return; /* nothing asked for */
     const cuda_backend *b = c->b;
     const int64_t rows = c->hp->n_logit_rows;
+    const int32_t *d_top = (const int32_t *)(c->d_plan + c->layout.top_rows);
+    int64_t tops = 0; /* compact rows of the passes before */
     for (int64_t r0 = 0; r0 < rows; r0 += LOGIT_CHUNK) {
         const int64_t n = rows - r0 < LOGIT_CHUNK ? rows - r0 : LOGIT_CHUNK;
+        int64_t nt = 0;
+        for (int64_t j = 0; j < n; j++) nt += c->row_top[r0 + j];
         tm_start(c);
         cu_gather_rows(c->stream, c->xn, b->d, c->plan.rows + r0, n, c->gath);
         cu_matmul(c->stream, &b->lm_head, c->gath, b->d, n, c->lg, b->V, b->mm_mode, &c->mms);
-        note(c, cudaMemcpyAsync(out + r0 * b->V, c->lg, (size_t)(n * b->V) * sizeof(float), cudaMemcpyDeviceToHost,
-                                c->stream));
+        if (nt) {
+            cu_logit_tops(c->stream, c->lg, b->V, d_top + tops, nt, c->d_tops);
+            note(c, cudaMemcpyAsync(c->h_tops, c->d_tops, (size_t)nt * sizeof(cu_logit_top), cudaMemcpyDeviceToHost,
+                                    c->stream));
+        }
+        for (int64_t j = 0; j < n;) { /* the whole rows, a run at a time */
+            int64_t e = j;
+            while (e < n && !c->row_top[r0 + e]) e++;
+            if (e > j)
+                note(c, cudaMemcpyAsync(out + (r0 + j) * b->V, c->lg + j * b->V, (size_t)((e - j) * b->V) * sizeof(float),
+                                        cudaMemcpyDeviceToHost, c->stream));
+            j = e + 1;
+        }
         tm_stop(c, TK_LOGITS);
         note(c, cudaStreamSynchronize(c->stream));
+        for (int64_t j = 0, k = 0; j < n; j++)
+            if (c->row_top[r0 + j]) memcpy(out + (r0 + j) * b->V, &c->h_tops[k++], sizeof(cu_logit_top));
+        tops += nt;
     }
 }
 
