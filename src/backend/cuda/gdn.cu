@@ -149,10 +149,10 @@ __device__ __forceinline__ void cp_async_4(void *smem, const void *gmem) {
 }
 
 template <int RP>
-__global__ void __launch_bounds__(32 * GDN_WARPS) k_gdn_recur(cu_plan p, cu_gdn_args a) {
+__global__ void __launch_bounds__(32 * GDN_WARPS) k_gdn_recur(cu_plan p, cu_gdn_args a, int CL) {
     pdl_wait();
     extern __shared__ float4 gsh4[];
-    float *gsh = (float *)gsh4; /* [2][GDN_CHUNK][gdn_token_floats(Dk)] */
+    float *gsh = (float *)gsh4; /* [2][CL][gdn_token_floats(Dk)]: CL <= GDN_CHUNK tokens a chunk */
     const int it = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
     const int ra = lane >> 2, Dk = a.Dk, Dv = a.Dv, g = h / (a.Hv / a.Hk), r0 = ra * RP, TS = gdn_token_floats(Dk);
     const int c0 = blockIdx.z * 8 * GDN_WARPS;           /* the block's first column */
@@ -166,13 +166,13 @@ __global__ void __launch_bounds__(32 * GDN_WARPS) k_gdn_recur(cu_plan p, cu_gdn_
         if (on && r0 + m < Dk) v = *(const float2 *)(Sg + (size_t)(r0 + m) * Dv + i0);
         S0[m] = v.x, S1[m] = v.y;
     }
-    const int64_t t0 = p.item_t0[it], n = p.item_t0[it + 1] - t0, nch = (n + GDN_CHUNK - 1) / GDN_CHUNK;
+    const int64_t t0 = p.item_t0[it], n = p.item_t0[it + 1] - t0, nch = (n + CL - 1) / CL;
     const float dtb = a.dt_bias[h], nea = a.neg_exp_a[h];
     /* chunk c's inputs into buffer c & 1: q and k as 16-byte pieces, v likewise, b and a as words */
     auto issue = [&](int64_t c) {
-        float *buf = gsh + (c & 1) * GDN_CHUNK * TS;
-        const int64_t tc = t0 + c * GDN_CHUNK;
-        const int nu = n - c * GDN_CHUNK < GDN_CHUNK ? (int)(n - c * GDN_CHUNK) : GDN_CHUNK;
+        float *buf = gsh + (c & 1) * CL * TS;
+        const int64_t tc = t0 + c * CL;
+        const int nu = n - c * CL < CL ? (int)(n - c * CL) : CL;
         const int qk4 = 2 * Dk / 4;
         for (int i = tid; i < nu * qk4; i += 32 * GDN_WARPS) {
             const int u = i / qk4, f = i % qk4, which = f >= Dk / 4, e = (f % (Dk / 4)) * 4;
@@ -195,8 +195,8 @@ __global__ void __launch_bounds__(32 * GDN_WARPS) k_gdn_recur(cu_plan p, cu_gdn_
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads(); /* chunk c is in */
-        float *buf = gsh + (c & 1) * GDN_CHUNK * TS;
-        const int nu = n - c * GDN_CHUNK < GDN_CHUNK ? (int)(n - c * GDN_CHUNK) : GDN_CHUNK;
+        float *buf = gsh + (c & 1) * CL * TS;
+        const int nu = n - c * CL < CL ? (int)(n - c * CL) : CL;
         if (tid < nu) { /* b, a into beta and the decay alpha, off the steps' chain */
             float *ba = buf + tid * TS + 2 * Dk + 8 * GDN_WARPS;
             const float bt = ba[0], at = ba[1];
@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(32 * GDN_WARPS) k_gdn_recur(cu_plan p, cu_gdn_
         __syncthreads();
         for (int u = 0; u < nu; u++) {
             const float *tk = buf + u * TS;
-            const int64_t t = t0 + c * GDN_CHUNK + u;
+            const int64_t t = t0 + c * CL + u;
             float q[RP], k[RP];
 #pragma unroll
             for (int m = 0; m < RP; m++) {
@@ -269,7 +269,8 @@ __global__ void k_gdn_gnorm(cu_gdn_args a, int64_t pairs) {
     for (int r = threadIdx.x; r < a.Dv; r += 32) o[r] = o[r] * rs * a.norm_w[r] * siluf_(z[r]);
 }
 
-static size_t gdn_smem(int Dk) { return (size_t)2 * GDN_CHUNK * gdn_token_floats(Dk) * sizeof(float); }
+/* for chunks of cl tokens (a decode step's one token takes little, so more blocks share an SM) */
+static size_t gdn_smem(int Dk, int cl) { return (size_t)2 * cl * gdn_token_floats(Dk) * sizeof(float); }
 
 /* the rows a lane of k_gdn_recur holds (Dk / 8 rounded up to a kernel's), 0: none */
 static int gdn_rows(int Dk) {
@@ -278,7 +279,6 @@ static int gdn_rows(int Dk) {
 }
 
 extern "C" void cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int max_item_tokens) {
-    (void)max_item_tokens;
     if (p->n_tokens <= 0) return;
     if (a->n_chunks > 0 && a->K == 4) {
         cu_gdn_conv_chunked(s, p, a);
@@ -289,14 +289,15 @@ extern "C" void cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int 
     const int64_t qk_pairs = p->n_tokens * a->Hk, v_pairs = p->n_tokens * a->Hv;
     launch_pdl(k_gdn_qknorm, dim3((unsigned)((qk_pairs + NORM_WARPS - 1) / NORM_WARPS)), dim3(32, NORM_WARPS), 0, s, *a, qk_pairs);
     dim3 gr((unsigned)p->n_items, (unsigned)a->Hv, (unsigned)((a->Dv + 8 * GDN_WARPS - 1) / (8 * GDN_WARPS)));
-    const size_t shm = gdn_smem(a->Dk);
+    const int cl = max_item_tokens < GDN_CHUNK ? (max_item_tokens > 0 ? max_item_tokens : 1) : GDN_CHUNK;
+    const size_t shm = gdn_smem(a->Dk, cl);
     switch (a->n_chunks > 0 ? -1 : gdn_rows(a->Dk)) {
     case -1: cu_gdn_chunked(s, p, a); break;
-    case 2: launch_pdl(k_gdn_recur<2>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a); break;
-    case 4: launch_pdl(k_gdn_recur<4>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a); break;
-    case 8: launch_pdl(k_gdn_recur<8>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a); break;
-    case 16: launch_pdl(k_gdn_recur<16>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a); break;
-    default: launch_pdl(k_gdn_recur<32>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a); break;
+    case 2: launch_pdl(k_gdn_recur<2>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a, cl); break;
+    case 4: launch_pdl(k_gdn_recur<4>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a, cl); break;
+    case 8: launch_pdl(k_gdn_recur<8>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a, cl); break;
+    case 16: launch_pdl(k_gdn_recur<16>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a, cl); break;
+    default: launch_pdl(k_gdn_recur<32>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a, cl); break;
     }
     launch_pdl(k_gdn_gnorm, dim3((unsigned)((v_pairs + NORM_WARPS - 1) / NORM_WARPS)), dim3(32, NORM_WARPS), 0, s, *a, v_pairs);
 }
@@ -305,7 +306,7 @@ extern "C" void cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int 
  * (16-byte copies); the shared memory of the largest kernel allowed */
 extern "C" int cu_gdn_prepare(int Dk, int Dv) {
     if (Dk < 4 || Dk % 4 != 0 || gdn_rows(Dk) == 0 || Dv < 4 || Dv % 4 != 0) return -1;
-    const int shm = (int)gdn_smem(Dk);
+    const int shm = (int)gdn_smem(Dk, GDN_CHUNK);
     cudaFuncSetAttribute(k_gdn_recur<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, shm);
     cudaFuncSetAttribute(k_gdn_recur<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, shm);
     cudaFuncSetAttribute(k_gdn_recur<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, shm);
