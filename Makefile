@@ -51,7 +51,7 @@ endif
 # the matrix-product bench (bench/cuda/mmv_bench.cu): the backend's kernels side by side
 # (`make mmv-bench`; not part of `all`: it compiles the kernels a second time)
 mmv-bench: $(BUILD)/mmv_bench
-MMV_BENCH_CU := $(addprefix src/backend/cuda/,elementwise.cu matmul.cu matmul_bf16.cu matmul_q.cu matmul_wgmma.cu gdn.cu gdn_chunk.cu)
+MMV_BENCH_CU := $(addprefix src/backend/cuda/,elementwise.cu matmul.cu matmul_bf16.cu matmul_q.cu matmul_wgmma.cu gdn.cu gdn_chunk.cu sample.cu)
 $(BUILD)/mmv_bench: bench/cuda/mmv_bench.cu $(MMV_BENCH_CU) $(CUDA_H)
 	@mkdir -p $(dir $@)
 	@echo "  NVCC    $<"

@@ -21,12 +21,16 @@
  *   build/mmv_bench gdn [reps]       the delta rule of one 27B layer (conv, norms, rule, gated
  *                                    norm) per step against chunked (gdn_chunk.cu): agreement
  *                                    of outputs and state, ms; exits 1 where they disagree
+ *   build/mmv_bench top [reps]       compact logit rows (sample.cu) of 1 and 64 rows of the 27B
+ *                                    vocabulary against a host reference, and their time;
+ *                                    exits 1 where they differ
  *   build/mmv_bench prof R C T P     one product, for a profiler
  */
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <algorithm>
 #include <vector>
 
 #include "backend/cuda/cu_common.cuh"
@@ -38,6 +42,7 @@
 #include "backend/cuda/matmul_wgmma.cu"
 #include "backend/cuda/gdn.cu"
 #include "backend/cuda/gdn_chunk.cu"
+#include "backend/cuda/sample.cu"
 
 #define CK(x)                                                                                            \
     do {                                                                                                 \
@@ -899,7 +904,82 @@ static int gdnbench(int reps) {
     return bad;
 }
 
+/* ---- compact logit rows (sample.cu) against a host reference ---- */
+
+static int topbench(int reps) {
+    const int64_t V = 248320;
+    cudaStream_t s;
+    CK(cudaStreamCreate(&s));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    int bad = 0;
+    for (int n : {1, 64}) {
+        std::vector<float> h((size_t)n * V);
+        uint64_t x = 12345 + n;
+        for (size_t i = 0; i < h.size(); i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            h[i] = 8.0f * ((float)(x >> 40) / 16777216.0f - 0.5f);
+        }
+        for (int r = 0; r < n; r++) /* ties across segments */
+            for (int64_t i = 7; i < V; i += 9001) h[(size_t)r * V + i] = 3.9990234375f;
+        h[5] = -1e30f;
+        float *d;
+        int32_t *rows;
+        cu_logit_top *out;
+        void *scratch;
+        CK(cudaMalloc(&d, h.size() * 4));
+        CK(cudaMalloc(&rows, n * 4));
+        CK(cudaMalloc(&out, n * sizeof(cu_logit_top)));
+        CK(cudaMalloc(&scratch, cu_logit_top_scratch(n, V)));
+        std::vector<int32_t> hr(n);
+        for (int r = 0; r < n; r++) hr[r] = n - 1 - r; /* rows in another order */
+        CK(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(rows, hr.data(), n * 4, cudaMemcpyHostToDevice));
+        cu_logit_tops(s, d, V, rows, n, scratch, out);
+        CK(cudaStreamSynchronize(s));
+        CK(cudaGetLastError());
+        std::vector<cu_logit_top> ho(n);
+        CK(cudaMemcpy(ho.data(), out, n * sizeof(cu_logit_top), cudaMemcpyDeviceToHost));
+        double worst_lse = 0;
+        int wrong = 0;
+        for (int r = 0; r < n; r++) {
+            const float *row = h.data() + (size_t)hr[r] * V;
+            std::vector<int32_t> idx(V);
+            for (int64_t i = 0; i < V; i++) idx[i] = (int32_t)i;
+            std::partial_sort(idx.begin(), idx.begin() + CU_TOP_MAX, idx.end(), [&](int32_t a, int32_t b) {
+                return row[a] > row[b] || (row[a] == row[b] && a < b);
+            });
+            double mx = -INFINITY, sum = 0;
+            for (int64_t i = 0; i < V; i++) mx = row[i] > mx ? row[i] : mx;
+            for (int64_t i = 0; i < V; i++) sum += exp((double)row[i] - mx);
+            const double lse = mx + log(sum);
+            const cu_logit_top &t = ho[r];
+            wrong += t.n != CU_TOP_MAX || t.finite != 1;
+            for (int j = 0; j < CU_TOP_MAX && j < t.n; j++) wrong += t.id[j] != idx[j] || t.val[j] != row[idx[j]];
+            const double e = fabs(t.lse - lse) / fabs(lse);
+            worst_lse = e > worst_lse ? e : worst_lse;
+        }
+        const bool ok = wrong == 0 && worst_lse < 1e-12;
+        bad |= !ok;
+        CK(cudaEventRecord(e0, s));
+        for (int i = 0; i < reps; i++) cu_logit_tops(s, d, V, rows, n, scratch, out);
+        CK(cudaEventRecord(e1, s));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        printf("top %2d rows of %lld: %d entries differ from the host's, lse within %.1e; %.1f us%s\n", n, (long long)V,
+               wrong, worst_lse, 1e3 * ms / reps, ok ? "" : "  FAILED");
+        CK(cudaFree(d));
+        CK(cudaFree(rows));
+        CK(cudaFree(out));
+        CK(cudaFree(scratch));
+    }
+    return bad;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "top")) return topbench(argc > 2 ? atoi(argv[2]) : 20);
     if (argc > 1 && !strcmp(argv[1], "gdn")) return gdnbench(argc > 2 ? atoi(argv[2]) : 10);
     if (argc > 1 && !strcmp(argv[1], "sweep")) return sweep(argc > 2 ? atoi(argv[2]) : 10, argc > 3 ? argv[3] : NULL);
     if (argc > 5 && !strcmp(argv[1], "prof")) return prof(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]));

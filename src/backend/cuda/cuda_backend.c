@@ -388,7 +388,7 @@ static st_status cuda_create(const st_model *m, const st_cuda_params *p, const s
     const st_config *c = &m->cfg;
     b->base.ops = &cuda_ops;
     b->base.m = m;
-    b->base.logits_top = 1; /* compact rows made on the device (sample.cu) */
+    b->base.logits_top = cu_logit_top_segs(m->cfg.vocab_size) > 0; /* compact rows made on the device (sample.cu) */
     b->base.shard = *shard;
     b->device = p->device;
     b->mm_mode = p->no_tensor_cores ? CU_MM_FMA : p->precision == ST_PRECISION_BF16 ? CU_MM_BF16 : CU_MM_EXACT;
@@ -637,6 +637,7 @@ typedef struct cuda_ctx {
      * LOGIT_CHUNK rows (the plan's top_rows, in row order), the records */
     uint8_t *row_top;         /* [max_tokens] 1: the row is compact; host, owned */
     cu_logit_top *d_tops;     /* [LOGIT_CHUNK] device, owned */
+    void *d_top_scratch;      /* [cu_logit_top_scratch(LOGIT_CHUNK, V)] bytes; device, owned */
     cu_logit_top *h_tops;     /* [LOGIT_CHUNK] pinned, owned */
     int n_chunks;             /* this step's chunks (0: the per-step rule) */
     float *att_split;         /* decode attention's chunks [cu_attn_split_floats(att_split_chunks)]; device, owned */
@@ -725,7 +726,7 @@ static void cuda_ctx_plan(const st_backend *base, const st_ctx_params *p, st_ctx
     floats += (cu_split_elems(xs_tokens(p->max_tokens), b->tiled_cols) + 1) / 2;
     floats += cu_mm_part_elems(p->max_tokens, widest_out(b)) + ws_floats(b);
     floats += cu_attn_split_floats(split_chunks(b, p), b->nh, b->hd);
-    floats += chunk_ws_floats(b, p) + LOGIT_CHUNK * sizeof(cu_logit_top) / sizeof(float);
+    floats += chunk_ws_floats(b, p) + (LOGIT_CHUNK * sizeof(cu_logit_top) + cu_logit_top_scratch(LOGIT_CHUNK, b->V)) / sizeof(float);
     out->scratch_bytes = floats * sizeof(float) + 2 * layout_of(p, cap_blocks_of(b, p)).total +
                          T * (size_t)(b->E + 4 * b->topk + 2) * 4;
     out->total_bytes = (size_t)p->n_blocks * out->kv_block_bytes + (size_t)(p->n_slots + p->n_snapshots) * out->slot_bytes +
@@ -740,7 +741,7 @@ static void cuda_ctx_destroy(st_bctx *base) {
     float *bufs[] = {c->x,   c->xn,   c->out, c->p1,   c->p2,   c->p3, c->p4, c->mix, c->gath,
                      c->gout, c->lg, c->small, (float *)c->mms.xs, c->mms.part, c->mms.wpart,
                      (float *)c->mms.wcount, c->att_split, c->conv, c->rec, c->d_w, c->chunk_ws,
-                     (float *)c->d_tops};
+                     (float *)c->d_tops, (float *)c->d_top_scratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) cudaFree(bufs[i]);
     if (c->kv) cudaFree(c->kv);
@@ -857,6 +858,9 @@ static st_status cuda_ctx_create(st_backend *base, const st_ctx_params *p, st_bc
     c->bytes += 2 * l.total;
     /* compact logit rows */
     if (st == ST_OK) st = dev_alloc(b, LOGIT_CHUNK * sizeof(cu_logit_top), (void **)&c->d_tops, err);
+    if (st == ST_OK && b->base.logits_top)
+        st = dev_alloc(b, cu_logit_top_scratch(LOGIT_CHUNK, b->V), &c->d_top_scratch, err);
+    c->bytes += cu_logit_top_scratch(LOGIT_CHUNK, b->V);
     if (st == ST_OK && (e = cudaMallocHost((void **)&c->h_tops, LOGIT_CHUNK * sizeof(cu_logit_top))) != cudaSuccess)
         st = cuda_fail(err, e, "pinned staging");
     c->row_top = calloc((size_t)T, 1);
@@ -927,7 +931,7 @@ static st_status cuda_step_begin(st_bctx *base, const st_step_plan *pl, st_error
         if (pl->logits[i] == ST_LOGITS_ALL)
             for (int64_t t = t0; t < t1; t++) c->row_top[nr] = 0, rows[nr++] = (int32_t)t;
         else if (pl->logits[i] == ST_LOGITS_LAST || pl->logits[i] == ST_LOGITS_LAST_TOP)
-            c->row_top[nr] = pl->logits[i] == ST_LOGITS_LAST_TOP, rows[nr++] = (int32_t)(t1 - 1);
+            c->row_top[nr] = pl->logits[i] == ST_LOGITS_LAST_TOP && c->b->base.logits_top, rows[nr++] = (int32_t)(t1 - 1);
     }
     /* the compact rows' places in their logits pass */
     {
@@ -1378,7 +1382,7 @@ static void cuda_logits(st_bctx *base, float *out) {
         cu_gather_rows(c->stream, c->xn, b->d, c->plan.rows + r0, n, c->gath);
         cu_matmul(c->stream, &b->lm_head, c->gath, b->d, n, c->lg, b->V, b->mm_mode, &c->mms);
         if (nt) {
-            cu_logit_tops(c->stream, c->lg, b->V, d_top + tops, nt, c->d_tops);
+            cu_logit_tops(c->stream, c->lg, b->V, d_top + tops, nt, c->d_top_scratch, c->d_tops);
             note(c, cudaMemcpyAsync(c->h_tops, c->d_tops, (size_t)nt * sizeof(cu_logit_top), cudaMemcpyDeviceToHost,
                                     c->stream));
         }

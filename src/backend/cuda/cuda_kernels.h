@@ -188,8 +188,10 @@ void cu_gdn_chunked(cu_stream s, const cu_plan *p, const cu_gdn_args *a);
 
 /* Compact logit rows (sample.cu): for each of n rows of lg [.][V] (their indices in rows,
  * device), the CU_TOP_MAX largest logits (ties to the lower id) in descending order,
- * log-sum-exp in double and whether the row is finite; out [n] in device memory. The layout
- * is backend/backend.h's st_logit_top (cuda_backend.c checks it). */
+ * log-sum-exp in double and whether the row is finite; out [n] in device memory, through
+ * scratch [cu_logit_top_scratch(n, V)] bytes of device memory. The layout is
+ * backend/backend.h's st_logit_top (cuda_backend.c checks it). cu_logit_top_segs: the
+ * segments a row is cut into, 0 where the vocabulary is too large (over 256 K ids). */
 #define CU_TOP_MAX 128
 typedef struct cu_logit_top {
     int32_t n, finite;
@@ -197,7 +199,10 @@ typedef struct cu_logit_top {
     int32_t id[CU_TOP_MAX];
     float val[CU_TOP_MAX];
 } cu_logit_top;
-void cu_logit_tops(cu_stream s, const float *lg, int64_t V, const int32_t *rows, int64_t n, cu_logit_top *out);
+int cu_logit_top_segs(int64_t V);
+size_t cu_logit_top_scratch(int64_t rows, int64_t V);
+void cu_logit_tops(cu_stream s, const float *lg, int64_t V, const int32_t *rows, int64_t n, void *scratch,
+                   cu_logit_top *out);
 
 /* Attention of one layer: q/k norm and RoPE (P1 [T][nh][q|gate][hd], P2 [T][nkv][hd]),
  * K and V (P3) into the pool at layer li; then per query causal softmax over its item's

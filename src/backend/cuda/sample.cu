@@ -1,76 +1,101 @@
 /* ==== CUDA kernels: compact logit rows (see cuda_kernels.h) ====
  *
- * A block per row turns the vocabulary's logits into a cu_logit_top: the CU_TOP_MAX largest
- * (ties to the lower id) and log-sum-exp, so that a decode step sends back a kilobyte a
- * sequence. The largest are found by a radix select on order-preserving keys (four passes
- * of 8 bits from the top, each a histogram of the keys that match the digits so far), which
- * gives the CU_TOP_MAX-th key exactly; the keys above it all belong, and of those equal to
- * it the lowest ids. The few selected are then sorted (bitonic, by key and id). The sum of
- * exp(l - max) is taken in double, each thread over a fixed stride of ids, then over the
- * threads in a fixed tree: the same bits whatever else the batch holds. The host's
+ * The vocabulary's logits of a row become a cu_logit_top: the CU_TOP_MAX largest (ties to
+ * the lower id) and log-sum-exp, so that a decode step sends back a kilobyte a sequence.
+ * Two kernels, so that one row's work spreads over many SMs:
+ *   k_top_seg    a block per (row, segment of about 8 K ids): the segment's keys (order-
+ *                preserving images of the floats) into shared memory, its largest and the
+ *                sum of exp(l - that) in double, and its CU_TOP_MAX largest by a radix
+ *                select (four passes of 8 bits from the top, each a histogram of the keys
+ *                that match the digits so far: the CU_TOP_MAX-th key exactly; the keys above
+ *                it all belong, of those equal to it the lowest ids);
+ *   k_top_merge  a block per row: the segments' candidates sorted (bitonic, by key and then
+ *                the lower id) and the first CU_TOP_MAX kept, the sums combined in segment
+ *                order. Every element of the row's top is in its segment's top, so the
+ *                result is the row's top.
+ * Every order is fixed by the row's length alone (each thread a fixed stride of ids, fixed
+ * trees, segments in order): the same bits whatever else the batch holds. The host's
  * reference is sampler.c's st_logit_top_make (ids and values equal; lse within rounding).
  */
 #include "backend/cuda/cu_common.cuh"
 
-#define TOP_THREADS 1024
-#define TIE_CAP 1024 /* ties of the threshold collected in parallel; more: one thread walks the row */
+#define SEG_THREADS 256
+#define SEG_LEN 8192  /* ids a segment at most (its keys in shared memory) */
+#define SEG_MAX 32    /* segments a row at most: a vocabulary of up to 256 K ids */
+#define MERGE_THREADS 1024
+
+/* a segment's result */
+typedef struct top_seg {
+    float max;
+    int32_t finite, n;
+    double sum; /* of exp(l - max) */
+    unsigned long long cand[CU_TOP_MAX]; /* key << 32 | ~id, unsorted */
+} top_seg;
 
 /* a key that orders as the float does (NaN above +inf; such a row is reported not finite) */
 __device__ __forceinline__ uint32_t key_of(float x) {
     const uint32_t u = __float_as_uint(x);
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
+__device__ __forceinline__ float float_of(uint32_t k) {
+    return __uint_as_float((k & 0x80000000u) ? (k ^ 0x80000000u) : ~k);
+}
 
-__global__ void __launch_bounds__(TOP_THREADS) k_logit_top(const float *lg, int64_t V, const int32_t *rows,
-                                                           cu_logit_top *out) {
+extern "C" int cu_logit_top_segs(int64_t V) {
+    const int64_t s = (V + SEG_LEN - 1) / SEG_LEN;
+    return s <= SEG_MAX ? (int)s : 0;
+}
+
+extern "C" size_t cu_logit_top_scratch(int64_t rows, int64_t V) {
+    return (size_t)rows * (size_t)cu_logit_top_segs(V) * sizeof(top_seg);
+}
+
+__global__ void __launch_bounds__(SEG_THREADS) k_top_seg(const float *lg, int64_t V, const int32_t *rows, top_seg *seg) {
+    __shared__ uint32_t keys[SEG_LEN];
     __shared__ unsigned hist[256];
-    __shared__ double red_s[TOP_THREADS / 32];
-    __shared__ float red_m[TOP_THREADS / 32];
-    __shared__ int red_f[TOP_THREADS / 32];
-    __shared__ unsigned long long sel[CU_TOP_MAX];
-    __shared__ int32_t ties[TIE_CAP];
+    __shared__ float red_m[SEG_THREADS / 32];
+    __shared__ int red_f[SEG_THREADS / 32];
+    __shared__ double red_s[SEG_THREADS / 32];
     __shared__ unsigned n_gt, n_tie, pick_bin, pick_left;
-    __shared__ float row_max;
+    __shared__ int32_t ties[SEG_THREADS];
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
-    const float *x = lg + (int64_t)rows[blockIdx.x] * V;
-    cu_logit_top *o = out + blockIdx.x;
-    const int K = V < CU_TOP_MAX ? (int)V : CU_TOP_MAX;
-    /* the row's largest and whether it is finite */
-    float m = -INFINITY;
+    const int64_t s0 = (int64_t)blockIdx.y * SEG_LEN, len = V - s0 < SEG_LEN ? V - s0 : SEG_LEN;
+    top_seg *o = seg + (size_t)blockIdx.x * gridDim.y + blockIdx.y;
+    const float *x = lg + (int64_t)rows[blockIdx.x] * V + s0;
+    /* keys, the largest, finiteness */
+    uint32_t km = 0;
     int fin = 1;
-    for (int64_t i = tid; i < V; i += TOP_THREADS) {
+    for (int i = tid; i < len; i += SEG_THREADS) {
         const float v = x[i];
+        const uint32_t k = key_of(v);
+        keys[i] = k;
         fin &= (__float_as_uint(v) & 0x7f800000u) != 0x7f800000u;
-        m = fmaxf(m, v);
+        km = k > km ? k : km;
     }
     for (int s = 16; s > 0; s >>= 1) {
-        m = fmaxf(m, __shfl_xor_sync(FULL, m, s));
+        const uint32_t ok = __shfl_xor_sync(FULL, km, s);
+        km = ok > km ? ok : km;
         fin &= __shfl_xor_sync(FULL, fin, s);
     }
-    if (lane == 0) red_m[w] = m, red_f[w] = fin;
+    if (lane == 0) red_m[w] = float_of(km), red_f[w] = fin;
     __syncthreads();
-    if (tid == 0) {
-        float mm = red_m[0];
-        int ff = red_f[0];
-        for (int i = 1; i < TOP_THREADS / 32; i++) mm = fmaxf(mm, red_m[i]), ff &= red_f[i];
-        row_max = mm;
-        o->finite = ff;
-    }
-    __syncthreads();
-    /* log-sum-exp in double: each thread its stride of ids in order, then a fixed tree */
-    const double mx = (double)row_max;
+    float mx = red_m[0];
+    fin = red_f[0];
+    for (int i = 1; i < SEG_THREADS / 32; i++) mx = fmaxf(mx, red_m[i]), fin &= red_f[i];
+    /* sum of exp(l - max) in double: each thread its stride, then a fixed tree */
     double sum = 0.0;
-    for (int64_t i = tid; i < V; i += TOP_THREADS) sum += exp((double)x[i] - mx);
+    for (int i = tid; i < len; i += SEG_THREADS) sum += exp((double)float_of(keys[i]) - (double)mx);
     for (int s = 16; s > 0; s >>= 1) sum += __shfl_xor_sync(FULL, sum, s);
     if (lane == 0) red_s[w] = sum;
     /* the K-th largest key, 8 bits a pass */
+    const int K = len < CU_TOP_MAX ? (int)len : CU_TOP_MAX;
     uint32_t prefix = 0, mask = 0;
     unsigned left = (unsigned)K;
     for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int i = tid; i < 256; i += TOP_THREADS) hist[i] = 0;
+        for (int i = tid; i < 256; i += SEG_THREADS) hist[i] = 0;
         __syncthreads();
-        for (int64_t i = tid; i < V; i += TOP_THREADS) {
-            const uint32_t k = key_of(x[i]);
+        for (int i = tid; i < len; i += SEG_THREADS) {
+            const uint32_t k = keys[i];
             if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 255u], 1u);
         }
         __syncthreads();
@@ -88,63 +113,94 @@ __global__ void __launch_bounds__(TOP_THREADS) k_logit_top(const float *lg, int6
         __syncthreads();
     }
     if (tid == 0) {
-        double s = 0.0;
-        for (int i = 0; i < TOP_THREADS / 32; i++) s += red_s[i];
-        o->lse = o->finite ? mx + log(s) : 0.0;
+        double t = 0.0;
+        for (int i = 0; i < SEG_THREADS / 32; i++) t += red_s[i];
+        o->max = mx, o->finite = fin, o->n = K, o->sum = t;
         n_gt = 0, n_tie = 0;
     }
     __syncthreads();
-    /* the keys above the threshold (K - left of them), and the threshold's ties */
+    /* the keys above the threshold, and its ties */
     const uint32_t thr = prefix;
-    for (int64_t i = tid; i < V; i += TOP_THREADS) {
-        const uint32_t k = key_of(x[i]);
-        if (k > thr) {
-            sel[atomicAdd(&n_gt, 1u)] = ((unsigned long long)k << 32) | (0xffffffffu - (uint32_t)i);
-        } else if (k == thr) {
+    for (int i = tid; i < len; i += SEG_THREADS) {
+        const uint32_t k = keys[i];
+        const unsigned long long c = ((unsigned long long)k << 32) | (0xffffffffu - (uint32_t)(s0 + i));
+        if (k > thr) o->cand[atomicAdd(&n_gt, 1u)] = c;
+        else if (k == thr) {
             const unsigned at = atomicAdd(&n_tie, 1u);
-            if (at < TIE_CAP) ties[at] = (int32_t)i;
+            if (at < SEG_THREADS) ties[at] = i;
         }
     }
     __syncthreads();
-    const unsigned G = n_gt, need = (unsigned)K - G; /* need == left */
-    if (n_tie <= TIE_CAP) {
-        /* the need lowest ids of the ties: each tie's rank among them */
-        for (unsigned j = tid; j < n_tie; j += TOP_THREADS) {
-            const int32_t id = ties[j];
+    const unsigned G = n_gt, need = (unsigned)K - G;
+    if (n_tie <= SEG_THREADS) { /* the need lowest ids of the ties: each one's rank among them */
+        if ((unsigned)tid < n_tie) {
+            const int32_t i = ties[tid];
             unsigned rank = 0;
-            for (unsigned q = 0; q < n_tie; q++) rank += ties[q] < id;
-            if (rank < need) sel[G + rank] = ((unsigned long long)thr << 32) | (0xffffffffu - (uint32_t)id);
+            for (unsigned q = 0; q < n_tie; q++) rank += ties[q] < i;
+            if (rank < need) o->cand[G + rank] = ((unsigned long long)thr << 32) | (0xffffffffu - (uint32_t)(s0 + i));
         }
     } else if (tid == 0) {
         unsigned got = 0;
-        for (int64_t i = 0; i < V && got < need; i++)
-            if (key_of(x[i]) == thr) sel[G + got++] = ((unsigned long long)thr << 32) | (0xffffffffu - (uint32_t)i);
+        for (int i = 0; i < len && got < need; i++)
+            if (keys[i] == thr) o->cand[G + got++] = ((unsigned long long)thr << 32) | (0xffffffffu - (uint32_t)(s0 + i));
     }
-    for (int j = K + tid; j < CU_TOP_MAX; j += TOP_THREADS) sel[j] = 0; /* below every key */
+}
+
+__global__ void __launch_bounds__(MERGE_THREADS) k_top_merge(const top_seg *seg, int segs, cu_logit_top *out) {
+    __shared__ unsigned long long c[SEG_MAX * CU_TOP_MAX];
+    const int tid = threadIdx.x, r = blockIdx.x;
+    const top_seg *sg = seg + (size_t)r * segs;
+    int total = 0;
+    for (int s = 0; s < segs; s++) total += sg[s].n;
+    int P = 1;
+    while (P < total) P <<= 1;
+    for (int i = tid; i < P; i += MERGE_THREADS) { /* segment s's candidates after those before it */
+        unsigned long long v = 0; /* below every key */
+        int at = i;
+        for (int s = 0; s < segs; s++) {
+            if (at < sg[s].n) {
+                v = sg[s].cand[at];
+                break;
+            }
+            at -= sg[s].n;
+        }
+        c[i] = v;
+    }
     __syncthreads();
-    /* bitonic sort, descending (by key, then by the lower id) */
-    for (int size = 2; size <= CU_TOP_MAX; size <<= 1)
+    /* bitonic sort, descending */
+    for (int size = 2; size <= P; size <<= 1)
         for (int stride = size >> 1; stride > 0; stride >>= 1) {
-            if (tid < CU_TOP_MAX) {
-                const int j = tid ^ stride;
-                if (j > tid) {
-                    const bool desc = (tid & size) == 0;
-                    const unsigned long long a = sel[tid], b = sel[j];
-                    if (desc ? a < b : a > b) sel[tid] = b, sel[j] = a;
+            for (int i = tid; i < P; i += MERGE_THREADS) {
+                const int j = i ^ stride;
+                if (j > i) {
+                    const bool desc = (i & size) == 0;
+                    const unsigned long long a = c[i], b = c[j];
+                    if (desc ? a < b : a > b) c[i] = b, c[j] = a;
                 }
             }
             __syncthreads();
         }
+    cu_logit_top *o = out + r;
+    const int K = total < CU_TOP_MAX ? total : CU_TOP_MAX;
     if (tid < K) {
-        const uint32_t id = 0xffffffffu - (uint32_t)(sel[tid] & 0xffffffffu);
-        o->id[tid] = (int32_t)id;
-        o->val[tid] = x[id];
+        o->id[tid] = (int32_t)(0xffffffffu - (uint32_t)(c[tid] & 0xffffffffu));
+        o->val[tid] = float_of((uint32_t)(c[tid] >> 32));
     }
-    if (tid == 0) o->n = K;
+    if (tid == 0) {
+        float mx = -INFINITY;
+        int fin = 1;
+        for (int s = 0; s < segs; s++) mx = fmaxf(mx, sg[s].max), fin &= sg[s].finite;
+        double sum = 0.0;
+        for (int s = 0; s < segs; s++) sum += sg[s].sum * exp((double)sg[s].max - (double)mx);
+        o->n = K, o->finite = fin;
+        o->lse = fin ? (double)mx + log(sum) : 0.0;
+    }
 }
 
-extern "C" void cu_logit_tops(cu_stream s, const float *lg, int64_t V, const int32_t *rows, int64_t n,
-                             cu_logit_top *out) {
-    if (n <= 0) return;
-    k_logit_top<<<(unsigned)n, TOP_THREADS, 0, s>>>(lg, V, rows, out);
+extern "C" void cu_logit_tops(cu_stream s, const float *lg, int64_t V, const int32_t *rows, int64_t n, void *scratch,
+                              cu_logit_top *out) {
+    const int segs = cu_logit_top_segs(V);
+    if (n <= 0 || segs == 0) return;
+    k_top_seg<<<dim3((unsigned)n, (unsigned)segs), SEG_THREADS, 0, s>>>(lg, V, rows, (top_seg *)scratch);
+    k_top_merge<<<(unsigned)n, MERGE_THREADS, 0, s>>>((const top_seg *)scratch, segs, out);
 }
