@@ -91,19 +91,20 @@ __global__ void __launch_bounds__(NORM_THREADS) k_add_norm(float *x, const float
     if (!apply) return;
     ss = block_sum(ss, red);
     const float r = 1.0f / sqrtf(ss / (float)d + eps);
-    if (held) {
+    const int64_t ldxs = (d + 31) / 32 * 32, pstride = (int64_t)gridDim.x * ldxs;
+    if (held) { /* the split from the registers (ldxs <= 8 NORM_THREADS too) */
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             const int64_t c = threadIdx.x + (int64_t)i * NORM_THREADS;
-            if (c < d) xn[t * d + c] = v[i] * r * w[c];
+            const float y = c < d ? v[i] * r * w[c] : 0.0f;
+            if (c < d) xn[t * d + c] = y;
+            if (xs && c < ldxs) put_parts(xs, parts, pstride, t * ldxs + c, y);
         }
     } else {
         for (int64_t c = threadIdx.x; c < d; c += NORM_THREADS) xn[t * d + c] = xr[c] * r * w[c];
-    }
-    if (xs) {
-        const int64_t ldxs = (d + 31) / 32 * 32, pstride = (int64_t)gridDim.x * ldxs;
-        for (int64_t c = threadIdx.x; c < ldxs; c += NORM_THREADS)
-            put_parts(xs, parts, pstride, t * ldxs + c, c < d ? xn[t * d + c] : 0.0f); /* this thread's own */
+        if (xs)
+            for (int64_t c = threadIdx.x; c < ldxs; c += NORM_THREADS)
+                put_parts(xs, parts, pstride, t * ldxs + c, c < d ? xn[t * d + c] : 0.0f); /* this thread's own */
     }
 }
 
