@@ -866,13 +866,8 @@ static int gdnbench(int reps) {
             launch_pdl(k_gdn_conv, gc, dim3(CONV_THREADS), 0, s, p, a);
         });
         const double t_convc = time_ms([&] { cu_gdn_conv_chunked(s, &p, &a); });
-        const int64_t qp = T * Hk, vp = T * Hv;
-        const double t_qk = time_ms([&] {
-            launch_pdl(k_gdn_qknorm, dim3((unsigned)((qp + NORM_WARPS - 1) / NORM_WARPS)), dim3(32, NORM_WARPS), 0, s, a, qp);
-        });
-        const double t_gn = time_ms([&] {
-            launch_pdl(k_gdn_gnorm, dim3((unsigned)((vp + NORM_WARPS - 1) / NORM_WARPS)), dim3(32, NORM_WARPS), 0, s, a, vp);
-        });
+        const double t_qk = time_ms([&] { launch_pdl(k_gdn_qknorm, dim3((unsigned)T, (unsigned)Hk), dim3(32), 0, s, a); });
+        const double t_gn = time_ms([&] { launch_pdl(k_gdn_gnorm, dim3((unsigned)T, (unsigned)Hv), dim3(32), 0, s, a); });
         const double t_prep = time_ms([&] {
             for (int c0 = 0; c0 < nch; c0 += ws_chunks) {
                 const int c1 = c0 + ws_chunks < nch ? c0 + ws_chunks : nch;

@@ -68,17 +68,24 @@ __global__ void __launch_bounds__(CONV_THREADS) k_gdn_conv(cu_plan p, cu_gdn_arg
 }
 
 /* The conv of a step cut into the chunked rule's chunks (a thread per (chunk, channel), so
- * that a long item's tokens run in parallel): the K - 1 inputs before each chunk that is not
- * its item's first are saved first (save [n_chunks][K - 1][cd], the chunk workspace), as the
- * conv overwrites them; then each chunk runs from its window (the state or the saved inputs)
+ * that a long item's tokens run in parallel): each chunk's window is saved first (save
+ * [n_chunks][K - 1][cd], the chunk workspace): the K - 1 inputs before it, which the conv
+ * overwrites, or for an item's first chunk the state, which its last chunk rewrites; then
+ * each chunk runs from its window
  * in the same order of sums as k_gdn_conv, and an item's last chunk leaves its window in the
  * state. K = 4 only (others take k_gdn_conv). */
 __global__ void k_gdn_conv_save(cu_plan p, cu_gdn_args a) {
     pdl_wait();
     const int c = blockIdx.x;
+    const int it = a.chunks[4 * c + 2];
     const int64_t ch = (int64_t)blockIdx.y * blockDim.x + threadIdx.x, t0 = a.chunks[4 * c];
-    if (ch >= a.cd || t0 == p.item_t0[a.chunks[4 * c + 2]]) return;
+    if (ch >= a.cd) return;
     float *sv = a.chunk_ws + (size_t)c * (a.K - 1) * a.cd + ch;
+    if (t0 == p.item_t0[it]) { /* the item's first chunk: the state (its last chunk rewrites it) */
+        const float *st = a.conv_state + (size_t)p.slot[it] * a.conv_stride + ch;
+        for (int j = 0; j < a.K - 1; j++) sv[j * a.cd] = st[j * a.cd];
+        return;
+    }
     for (int j = 0; j < a.K - 1; j++) sv[j * a.cd] = a.qkv[(t0 - (a.K - 1) + j) * a.cd + ch];
 }
 
@@ -87,9 +94,9 @@ __global__ void __launch_bounds__(CONV_THREADS) k_gdn_conv_chunk(cu_plan p, cu_g
     const int c = blockIdx.x, it = a.chunks[4 * c + 2];
     const int64_t ch = (int64_t)blockIdx.y * blockDim.x + threadIdx.x, t0 = a.chunks[4 * c], n = a.chunks[4 * c + 1];
     if (ch >= a.cd) return;
-    const bool first = t0 == p.item_t0[it], last = t0 + n == p.item_t0[it + 1];
+    const bool last = t0 + n == p.item_t0[it + 1];
     float *st = a.conv_state + (size_t)p.slot[it] * a.conv_stride + ch;
-    float *win = first ? st : a.chunk_ws + (size_t)c * (a.K - 1) * a.cd + ch;
+    const float *win = a.chunk_ws + (size_t)c * (a.K - 1) * a.cd + ch;
     float *col = a.qkv + t0 * a.cd + ch;
     float sv[3], tap[4];
 #pragma unroll
@@ -109,14 +116,11 @@ static void cu_gdn_conv_chunked(cu_stream s, const cu_plan *p, const cu_gdn_args
 }
 
 /* the L2 norms of every token's q and k heads, in place (q also by 1 / sqrt(Dk)): a warp per
- * (token, key head), NORM_WARPS a block; columns lane, lane + 32, ... then a butterfly */
-#define NORM_WARPS 8 /* (token, head) pairs a block, a warp each */
-__global__ void k_gdn_qknorm(cu_gdn_args a, int64_t pairs) {
+ * (token, key head); columns lane, lane + 32, ... then a butterfly */
+__global__ void k_gdn_qknorm(cu_gdn_args a) {
     pdl_wait();
-    const int64_t pr = (int64_t)blockIdx.x * NORM_WARPS + threadIdx.y;
-    if (pr >= pairs) return;
-    const int64_t t = pr / a.Hk;
-    const int g = (int)(pr % a.Hk), lane = threadIdx.x;
+    const int64_t t = blockIdx.x;
+    const int g = blockIdx.y, lane = threadIdx.x;
     for (int which = 0; which < 2; which++) {
         float *v = a.qkv + t * a.cd + (which ? a.kd : 0) + (int64_t)g * a.Dk;
         float ss = 0.0f;
@@ -253,13 +257,11 @@ __global__ void __launch_bounds__(32 * GDN_WARPS) k_gdn_recur(cu_plan p, cu_gdn_
         if (on && r0 + m < Dk) *(float2 *)(Sg + (size_t)(r0 + m) * Dv + i0) = make_float2(S0[m], S1[m]);
 }
 
-/* gated RMSNorm: norm(o) * w * silu(z), a warp per (token, value head), NORM_WARPS a block */
-__global__ void k_gdn_gnorm(cu_gdn_args a, int64_t pairs) {
+/* gated RMSNorm: norm(o) * w * silu(z), a warp per (token, value head) */
+__global__ void k_gdn_gnorm(cu_gdn_args a) {
     pdl_wait();
-    const int64_t pr = (int64_t)blockIdx.x * NORM_WARPS + threadIdx.y;
-    if (pr >= pairs) return;
-    const int64_t t = pr / a.Hv;
-    const int h = (int)(pr % a.Hv);
+    const int64_t t = blockIdx.x;
+    const int h = blockIdx.y;
     float *o = a.mix + t * a.vd + (int64_t)h * a.Dv;
     const float *z = a.z + t * a.vd + (int64_t)h * a.Dv;
     float ss = 0.0f;
@@ -286,8 +288,10 @@ extern "C" void cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int 
         dim3 gc((unsigned)p->n_items, (unsigned)((a->cd + CONV_THREADS - 1) / CONV_THREADS));
         launch_pdl(k_gdn_conv, gc, dim3(CONV_THREADS), 0, s, *p, *a);
     }
-    const int64_t qk_pairs = p->n_tokens * a->Hk, v_pairs = p->n_tokens * a->Hv;
-    launch_pdl(k_gdn_qknorm, dim3((unsigned)((qk_pairs + NORM_WARPS - 1) / NORM_WARPS)), dim3(32, NORM_WARPS), 0, s, *a, qk_pairs);
+    /* one warp a block: 8 a block made the per-step rule after them 1.4x slower on one long
+     * prompt (8.7 -> 12.2 ms a 27B layer at 8,192 tokens on the H200), though the norms
+     * alone were faster */
+    launch_pdl(k_gdn_qknorm, dim3((unsigned)p->n_tokens, (unsigned)a->Hk), dim3(32), 0, s, *a);
     dim3 gr((unsigned)p->n_items, (unsigned)a->Hv, (unsigned)((a->Dv + 8 * GDN_WARPS - 1) / (8 * GDN_WARPS)));
     const int cl = max_item_tokens < GDN_CHUNK ? (max_item_tokens > 0 ? max_item_tokens : 1) : GDN_CHUNK;
     const size_t shm = gdn_smem(a->Dk, cl);
@@ -299,7 +303,7 @@ extern "C" void cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int 
     case 16: launch_pdl(k_gdn_recur<16>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a, cl); break;
     default: launch_pdl(k_gdn_recur<32>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a, cl); break;
     }
-    launch_pdl(k_gdn_gnorm, dim3((unsigned)((v_pairs + NORM_WARPS - 1) / NORM_WARPS)), dim3(32, NORM_WARPS), 0, s, *a, v_pairs);
+    launch_pdl(k_gdn_gnorm, dim3((unsigned)p->n_tokens, (unsigned)a->Hv), dim3(32), 0, s, *a);
 }
 
 /* key dims at most 256 (a lane's registers hold 32 rows); key and value dims multiples of 4
