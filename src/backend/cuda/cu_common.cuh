@@ -129,6 +129,23 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+__device__ __forceinline__ uint32_t tf32_of(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+/* d += a b for a 16 x 8 tile over 8 of k: a (row-major, lane l: rows l/4 and l/4 + 8, columns
+ * l%4 and l%4 + 4), b (columns l/4, rows l%4 and l%4 + 4), d (rows l/4 and l/4 + 8, columns
+ * 2 (l%4) and 2 (l%4) + 1) */
+__device__ __forceinline__ void mma_tf32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 /* a streamed weight load: read once, kept out of L1 */
 __device__ __forceinline__ uint4 ldg_stream(const uint16_t *p) {
     uint4 v;

@@ -858,9 +858,10 @@ static st_status cuda_ctx_create(st_backend *base, const st_ctx_params *p, st_bc
     c->bytes += 2 * l.total;
     /* compact logit rows */
     if (st == ST_OK) st = dev_alloc(b, LOGIT_CHUNK * sizeof(cu_logit_top), (void **)&c->d_tops, err);
-    if (st == ST_OK && b->base.logits_top)
+    if (st == ST_OK && b->base.logits_top) {
         st = dev_alloc(b, cu_logit_top_scratch(LOGIT_CHUNK, b->V), &c->d_top_scratch, err);
-    c->bytes += cu_logit_top_scratch(LOGIT_CHUNK, b->V);
+        c->bytes += cu_logit_top_scratch(LOGIT_CHUNK, b->V);
+    }
     if (st == ST_OK && (e = cudaMallocHost((void **)&c->h_tops, LOGIT_CHUNK * sizeof(cu_logit_top))) != cudaSuccess)
         st = cuda_fail(err, e, "pinned staging");
     c->row_top = calloc((size_t)T, 1);

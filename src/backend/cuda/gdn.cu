@@ -30,6 +30,21 @@ __device__ __forceinline__ void conv4_run(float *col, int64_t n, int64_t cd, flo
     }
 }
 
+/* K = 4 from a window win (3 values cd apart) and the channel's taps (4, cd apart); the
+ * window after the last token into out where it is not NULL */
+__device__ __forceinline__ void conv4_from(float *col, int64_t n, int64_t cd, const float *win, const float *taps,
+                                           float *out) {
+    float sv[3], tap[4];
+#pragma unroll
+    for (int j = 0; j < 3; j++) sv[j] = win[j * cd];
+#pragma unroll
+    for (int j = 0; j < 4; j++) tap[j] = taps[j * cd];
+    conv4_run(col, n, cd, sv, tap);
+    if (out)
+#pragma unroll
+        for (int j = 0; j < 3; j++) out[j * cd] = sv[j];
+}
+
 /* any K: the window in st ([K - 1] values cd apart), updated in place */
 __device__ __forceinline__ void conv_run(float *col, int64_t n, int64_t cd, float *st, const float *taps, int K) {
     for (int64_t i = 0; i < n; i++) {
@@ -53,18 +68,8 @@ __global__ void __launch_bounds__(CONV_THREADS) k_gdn_conv(cu_plan p, cu_gdn_arg
     const int64_t t0 = p.item_t0[it], n = p.item_t0[it + 1] - t0;
     float *st = a.conv_state + (size_t)p.slot[it] * a.conv_stride + ch;
     float *col = a.qkv + t0 * a.cd + ch;
-    if (a.K == 4) {
-        float sv[3], tap[4];
-#pragma unroll
-        for (int j = 0; j < 3; j++) sv[j] = st[j * a.cd];
-#pragma unroll
-        for (int j = 0; j < 4; j++) tap[j] = a.conv_t[j * a.cd + ch];
-        conv4_run(col, n, a.cd, sv, tap);
-#pragma unroll
-        for (int j = 0; j < 3; j++) st[j * a.cd] = sv[j];
-        return;
-    }
-    conv_run(col, n, a.cd, st, a.conv_t + ch, a.K);
+    if (a.K == 4) conv4_from(col, n, a.cd, st, a.conv_t + ch, st);
+    else conv_run(col, n, a.cd, st, a.conv_t + ch, a.K);
 }
 
 /* The conv of a step cut into the chunked rule's chunks (a thread per (chunk, channel), so
@@ -97,16 +102,7 @@ __global__ void __launch_bounds__(CONV_THREADS) k_gdn_conv_chunk(cu_plan p, cu_g
     const bool last = t0 + n == p.item_t0[it + 1];
     float *st = a.conv_state + (size_t)p.slot[it] * a.conv_stride + ch;
     const float *win = a.chunk_ws + (size_t)c * (a.K - 1) * a.cd + ch;
-    float *col = a.qkv + t0 * a.cd + ch;
-    float sv[3], tap[4];
-#pragma unroll
-    for (int j = 0; j < 3; j++) sv[j] = win[j * a.cd];
-#pragma unroll
-    for (int j = 0; j < 4; j++) tap[j] = a.conv_t[j * a.cd + ch];
-    conv4_run(col, n, a.cd, sv, tap);
-    if (last)
-#pragma unroll
-        for (int j = 0; j < 3; j++) st[j * a.cd] = sv[j];
+    conv4_from(a.qkv + t0 * a.cd + ch, n, a.cd, win, a.conv_t + ch, last ? st : NULL);
 }
 
 static void cu_gdn_conv_chunked(cu_stream s, const cu_plan *p, const cu_gdn_args *a) {

@@ -33,27 +33,27 @@
 #define GC_THREADS 256 /* both kernels */
 #define GC_COLS 32     /* state columns a scan block */
 
-__device__ __forceinline__ uint32_t tf32_of(float x) {
-    uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-    return r;
-}
-
-/* d += a b for a 16 x 8 tile over 8 of k: a (row-major, lane l: rows l/4 and l/4 + 8, columns
- * l%4 and l%4 + 4), b (columns l/4, rows l%4 and l%4 + 4), d (rows l/4 and l/4 + 8, columns
- * 2 (l%4) and 2 (l%4) + 1) */
-__device__ __forceinline__ void mma_tf32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 /* a's fragment of rows r0 .. r0 + 15, columns k0 .. k0 + 7 of a row-major smem matrix */
 __device__ __forceinline__ void frag_a(uint32_t (&f)[4], const float *m, int ld, int r0, int k0, int lane) {
     const float *e = m + (r0 + (lane >> 2)) * ld + k0 + (lane & 3);
     f[0] = tf32_of(e[0]), f[1] = tf32_of(e[8 * ld]), f[2] = tf32_of(e[4]), f[3] = tf32_of(e[8 * ld + 4]);
+}
+
+/* acc[j] += A B for rows m0 .. m0 + 15 and the 8-column tiles n0 and n0 + 8, over k < k_end:
+ * A row-major (stride lda), B [k][n] (stride ldb) in shared memory */
+__device__ __forceinline__ void mma_16x16(float (&acc)[2][4], const float *A, int lda, const float *B, int ldb, int m0,
+                                          int n0, int k_end, int lane) {
+    const int gid = lane >> 2, tig = lane & 3;
+#pragma unroll 4
+    for (int k0 = 0; k0 < k_end; k0 += 8) {
+        uint32_t f[4];
+        frag_a(f, A, lda, m0, k0, lane);
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const float *br = B + (k0 + tig) * ldb + n0 + 8 * j + gid;
+            mma_tf32(acc[j], f[0], f[1], f[2], f[3], tf32_of(br[0]), tf32_of(br[4 * ldb]));
+        }
+    }
 }
 
 /* ---- the chunk's own part: W, U, P, g ---- */
@@ -265,16 +265,7 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cscan(cu_plan p, cu_gdn_a
         __syncthreads(); /* W, q, g, P; the state */
         /* A: D = U - W S */
         float acc[2][4] = {};
-#pragma unroll
-        for (int k0 = 0; k0 < DK; k0 += 8) {
-            uint32_t f[4];
-            frag_a(f, Y, SW, mA, k0, lane);
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const float *sr = Ss + (k0 + tig) * CS_LD + nA + 8 * j + gid;
-                mma_tf32(acc[j], f[0], f[1], f[2], f[3], tf32_of(sr[0]), tf32_of(sr[4 * CS_LD]));
-            }
-        }
+        mma_16x16(acc, Y, SW, Ss, CS_LD, mA, nA, DK, lane);
         const float g_last = gs[GC - 1], dec0 = expf(gs[mA + gid]), dec1 = expf(gs[mA + gid + 8]);
         if (tid < GC) es[tid] = expf(g_last - gs[tid]);
         __syncthreads(); /* W read */
@@ -289,29 +280,10 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cscan(cu_plan p, cu_gdn_a
         /* B: O = diag(exp(g)) Q S + P D */
 #pragma unroll
         for (int j = 0; j < 2; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-#pragma unroll
-        for (int k0 = 0; k0 < DK; k0 += 8) {
-            uint32_t f[4];
-            frag_a(f, X, SW, mA, k0, lane);
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const float *sr = Ss + (k0 + tig) * CS_LD + nA + 8 * j + gid;
-                mma_tf32(acc[j], f[0], f[1], f[2], f[3], tf32_of(sr[0]), tf32_of(sr[4 * CS_LD]));
-            }
-        }
+        mma_16x16(acc, X, SW, Ss, CS_LD, mA, nA, DK, lane);
 #pragma unroll
         for (int j = 0; j < 2; j++) acc[j][0] *= dec0, acc[j][1] *= dec0, acc[j][2] *= dec1, acc[j][3] *= dec1;
-#pragma unroll
-        for (int k0 = 0; k0 < GC; k0 += 8) {
-            if (k0 > mA + 8) break; /* P is lower triangular */
-            uint32_t f[4];
-            frag_a(f, Ps, LP, mA, k0, lane);
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const float *dr = Ds + (k0 + tig) * CS_LD + nA + 8 * j + gid;
-                mma_tf32(acc[j], f[0], f[1], f[2], f[3], tf32_of(dr[0]), tf32_of(dr[4 * CS_LD]));
-            }
-        }
+        mma_16x16(acc, Ps, LP, Ds, CS_LD, mA, nA, mA + 16, lane); /* P is lower triangular */
 #pragma unroll
         for (int j = 0; j < 2; j++) {
             const int col = nA + 8 * j + 2 * tig, r0 = mA + gid, r1 = r0 + 8;
