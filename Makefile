@@ -39,7 +39,7 @@ CUDA_LIB := $(BUILD)/libstrand-cuda.so
 # CUDA-core products' 30 instantiations, about half the compile time), so that -j2 ends sooner
 CUDA_CU  := src/backend/cuda/matmul.cu $(filter-out src/backend/cuda/matmul.cu,$(sort $(wildcard src/backend/cuda/*.cu)))
 # the headers the kernel files include
-CUDA_H   := src/backend/cuda/cuda_kernels.h $(wildcard src/backend/cuda/*.cuh)
+CUDA_H   := $(wildcard src/backend/cuda/*.h) $(wildcard src/backend/cuda/*.cuh)
 CUDA_C   := $(sort $(wildcard src/backend/cuda/*.c))
 CUDA_OBJ := $(CUDA_CU:%.cu=$(BUILD)/obj/%.cu.o) $(CUDA_C:%.c=$(BUILD)/obj/%.pic.o)
 # the backend's host code is built on its own flags: nvcc links the shared object without a

@@ -111,6 +111,30 @@ else
     nok "compact rows on the GPU: '$(head -1 "$T/top")' against whole rows '$(head -1 "$T/full")' ($(head -c 300 "$T/toperr"))"
 fi
 
+# tensor parallelism on the GPU: shards of every fixture as ranks of one process on this GPU
+# (host all-reduces through the relay), and the NCCL communicator of one GPU
+timeout 300 build/tests/test_cuda_tp >"$T/tp" 2>&1
+if [ $? -eq 0 ] && grep -q '^# [0-9]* passed, 0 failed' "$T/tp" && grep -q 'CUDA shards' "$T/tp"; then
+    w=$(grep '^ok.*CUDA shards' "$T/tp" | grep -o 'worst [0-9.e+-]*' | awk '{print $2}' | sort -g | tail -1)
+    nc=$(grep -c '^ok.*through NCCL on one GPU' "$T/tp")
+    ok "tensor parallelism on CUDA: $(grep -c '^ok.*CUDA shards' "$T/tp") sharded runs match the whole model (worst $w); $nc models through NCCL of one GPU the same bits"
+else
+    nok "tensor parallelism on CUDA: $(summary "$T/tp")"
+    grep '^not ok' "$T/tp" | head -8 | sed 's/^/#   /'
+fi
+a=$("$S" generate --device cuda -m $D/fixtures/tiny-b --ids 1,2,3,4,5 -n 16 2>/dev/null)
+b=$(STRAND_NCCL=1 timeout 120 "$S" generate --device cuda -m $D/fixtures/tiny-b --ids 1,2,3,4,5 -n 16 2>"$T/nerr")
+if [ -n "$a" ] && [ "$a" = "$b" ] && grep -q 'NCCL' "$T/nerr"; then ok "STRAND_NCCL=1 strand generate --device cuda: the engine through NCCL's communicator of one GPU, the same 16 tokens ($(grep -o 'NCCL [0-9.]*, 1 rank' "$T/nerr" | head -1))"
+else nok "generate through NCCL gave '$b', without '$a' ($(head -c 300 "$T/nerr"))"; fi
+
+# the vision tower on the GPU: tiny-vl's embeddings against the reference's
+build/tests/test_vision >"$T/vis" 2>&1
+if [ $? -eq 0 ] && grep -q '^# [0-9]* passed, 0 failed' "$T/vis" && grep -q '^ok.*(cuda kernels): embeddings within' "$T/vis"; then
+    ok "$(grep '^ok.*(cuda kernels): embeddings within' "$T/vis" | sed 's/^ok [0-9]* - //')"
+else
+    nok "the vision tower on the GPU: $(grep '^not ok' "$T/vis" | head -3 | tr '\n' ' ')"
+fi
+
 if command -v node >/dev/null 2>&1 && [ -d tests/e2e/node_modules/openai ]; then
     STRAND_DEVICE=cuda bash tests/server_e2e_test.sh >"$T/e2e" 2>&1
     if [ $? -eq 0 ] && ! grep -q '^not ok' "$T/e2e"; then

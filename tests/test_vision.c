@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cuda.h"
 #include "jpeg_write.h"
 #include "kit.h"
 #include "model/model.h"
@@ -37,11 +38,20 @@ static double rel_err(const float *a, const float *b, int64_t n) {
     return mb > 0 ? md / mb : md;
 }
 
-static void test_embeds(const char *dir, const st_checkpoint *g, const st_kernels *k, const char *kname) {
+/* gpu: the tower's arithmetic on the CUDA device (st_cuda_vision_create) */
+static void test_embeds(const char *dir, const st_checkpoint *g, const st_kernels *k, const char *kname, int gpu) {
     st_error err = {0};
     st_vision_tower *v = NULL;
     if (!CHECK(st_vision_load(dir, k, &v, &err) == ST_OK, "tiny-vl's tower loads (%s kernels): %s", kname, err.msg))
         return;
+    if (gpu) {
+        st_vision_device *d = NULL;
+        if (!CHECK(st_cuda_vision_create(NULL, v, &d, &err) == ST_OK, "tiny-vl's tower on the GPU (%s)", err.msg)) {
+            st_vision_free(v);
+            return;
+        }
+        st_vision_set_device(v, d);
+    }
     const st_tensor *p0 = need(g, "img0.pixel_values"), *p2 = need(g, "img2.pixel_values");
     const st_tensor *g0 = need(g, "img0.grid_thw"), *g2 = need(g, "img2.grid_thw"), *ref = need(g, "vision.embeds");
     if (!p0 || !p2 || !g0 || !g2 || !ref) {
@@ -412,9 +422,12 @@ int main(void) {
     st_error err = {0};
     st_checkpoint *g = NULL;
     if (CHECK(st_checkpoint_open(gpath, &g, &err) == ST_OK, "tiny-vl goldens open (%s)", err.msg)) {
-        test_embeds(dir, g, st_kernels_ref(), "ref");
+        test_embeds(dir, g, st_kernels_ref(), "ref", 0);
         const st_kernels *best = st_kernels_best();
-        test_embeds(dir, g, best, best->name);
+        test_embeds(dir, g, best, best->name, 0);
+        char why[400];
+        if (st_cuda_available(NULL, why, sizeof why)) test_embeds(dir, g, best, "cuda", 1);
+        else CHECK(1, "the tower on the GPU skipped: no CUDA backend here (%.300s)", why);
         test_prompt(dir, g);
         test_prompt_files(dir, g);
         test_sched(dir, g);

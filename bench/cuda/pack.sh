@@ -12,7 +12,7 @@ mkdir -p "$(dirname "$out")"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/build/tests" "$tmp/build/syslib"
-bins="strand libstrand-cuda.so tests/test_alloc tests/test_backend_ops tests/test_fixtures tests/test_prefix"
+bins="strand libstrand-cuda.so tests/test_alloc tests/test_backend_ops tests/test_fixtures tests/test_prefix tests/test_cuda_tp tests/test_vision"
 [ -x build/mmv_bench ] && bins="$bins mmv_bench"
 for f in $bins; do
     strip -o "$tmp/build/$f" "build/$f"

@@ -20,20 +20,24 @@ static double tower_flops(const st_vision_config *c, double n) {
 }
 
 int bench_vision(const char *dir, const long long (*sizes)[2], int n, int threads, const st_kernels *k, double seconds,
-                 int json, st_error *err) {
+                 int json, const st_device_params *dp, st_error *err) {
     st_vision_tower *vt = NULL;
     st_vision_pp pp;
     if (st_vision_load(dir, k ? k : st_kernels_best(), &vt, err) != ST_OK) return -1;
     const int nt = threads > 0 ? threads : st_default_threads();
-    if (st_vision_set_threads(vt, nt, err) != ST_OK || st_vision_pp_load(dir, &pp, err) != ST_OK) {
+    if (st_vision_set_threads(vt, nt, err) != ST_OK || st_vision_pp_load(dir, &pp, err) != ST_OK ||
+        st_vision_place(vt, dp, err) != ST_OK) {
         st_vision_free(vt);
         return -1;
     }
     const st_vision_config *c = &vt->cfg;
+    char where[96];
+    if (vt->dev) snprintf(where, sizeof where, "on %s", vt->dev->name);
+    else snprintf(where, sizeof where, "%d threads", nt);
     if (!json)
-        printf("vision tower: depth %d, hidden %d, %d heads, MLP %d, out %d; %d threads\n\n%-11s %-11s %7s %7s %10s %10s "
+        printf("vision tower: depth %d, hidden %d, %d heads, MLP %d, out %d; %s\n\n%-11s %-11s %7s %7s %10s %10s "
                "%9s %9s\n",
-               c->depth, c->hidden, c->heads, c->intermediate, c->out_hidden, nt, "image", "resized", "patches", "tokens",
+               c->depth, c->hidden, c->heads, c->intermediate, c->out_hidden, where, "image", "resized", "patches", "tokens",
                "preproc ms", "tower s", "images/s", "GFLOP/s");
     int rc = 0;
     for (int i = 0; i < n && rc == 0; i++) {

@@ -302,6 +302,17 @@ st_device_params cli_device_params(void) {
     const char *d = g_device ? g_device : getenv("STRAND_DEVICE");
     if (d && *d && st_device_parse(d, &p.kind) != 0)
         fprintf(stderr, "strand: warning: STRAND_DEVICE=%s is not a device (cpu, cuda, auto); using auto\n", d);
+    /* a job's ranks on one host take one GPU each (the launcher's local rank); NCCL between
+     * them unless STRAND_NCCL=0 (then through the host over MPI); STRAND_NCCL=1 on its own
+     * runs the all-reduces through a NCCL communicator of one GPU */
+    p.cuda.comm = g_comm;
+    const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    if (!lr || !*lr) lr = getenv("MPI_LOCALRANKID");
+    if (g_comm && g_comm->world > 1 && lr && *lr) p.cuda.device = (int)strtol(lr, NULL, 10);
+    const char *dev = getenv("STRAND_CUDA_DEVICE");
+    if (dev && *dev) p.cuda.device = (int)strtol(dev, NULL, 10);
+    const char *nc = getenv("STRAND_NCCL");
+    p.cuda.nccl = nc && *nc ? strcmp(nc, "0") != 0 : (g_comm && g_comm->world > 1);
     return p;
 }
 
@@ -334,6 +345,12 @@ st_status cli_vision_prompt(const char *dir, const st_model *m, int32_t **ids, i
     if (st == ST_OK) { /* $STRAND_THREADS, else every CPU */
         const int nt = st_threads_parse(getenv("STRAND_THREADS"));
         st = st_vision_set_threads(*vt, nt > 0 ? nt : st_default_threads(), err);
+    }
+    if (st == ST_OK) { /* on the GPU where the model runs there */
+        const st_device_params dp = cli_device_params();
+        st_error verr = {0};
+        if (st_vision_place(*vt, &dp, &verr) != ST_OK)
+            fprintf(stderr, "strand: warning: the vision tower stays on the CPU: %s\n", verr.msg);
     }
     if (st == ST_OK) st = st_vision_pp_load(dir, &pp, err);
     int32_t *x = NULL;

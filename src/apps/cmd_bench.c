@@ -363,8 +363,9 @@ int cmd_bench(int argc, char **argv) {
     if (n_images) { /* the image path instead of the speed table */
         if (!dir) return cli_failf("bench --image: give a checkpoint with a vision tower (-m DIR)");
         st_error verr = {0};
+        const st_device_params vdp = cli_device_params();
         return bench_vision(dir, (const long long(*)[2])images, n_images, (int)threads,
-                            kname ? st_kernels_by_name(kname) : NULL, decode_s, json, &verr) == 0
+                            kname ? st_kernels_by_name(kname) : NULL, decode_s, json, &vdp, &verr) == 0
                    ? 0
                    : cli_fail(&verr);
     }

@@ -26,12 +26,18 @@ typedef struct st_cuda_params {
     int no_tensor_cores;    /* 1: bf16 matrices on the CUDA cores too (fp32 FMAs; for comparison) */
     const char *library;    /* path of libstrand-cuda.so; NULL = next to the executable, or
                                one folder up from it (tests), or the loader's search path */
+    struct st_comm *comm;   /* borrowed: the job this process is one rank of (dist/comm.h), or
+                               NULL. With world > 1 the backend computes its rank's shard */
+    int nccl;               /* 1: the all-reduces and the logits' gathers run over NCCL between
+                               the job's GPUs (alone: a communicator of one GPU, the same
+                               calls); 0: through host memory over comm */
 } st_cuda_params;
 
 st_cuda_params st_cuda_default_params(void);
 
-/* A CUDA backend for the whole model m (borrowed). ST_ERR_UNSUPPORTED when the library, the
- * driver or the device is missing (the message says which). */
+/* A CUDA backend for m (borrowed): the whole model, or with p->comm of world > 1 the shard
+ * of its rank (st_shard_make). ST_ERR_UNSUPPORTED when the library, the driver or the device
+ * is missing (the message says which) or the shard is one the kernels do not take. */
 st_status st_backend_cuda_create(const st_model *m, const st_cuda_params *p, st_backend **out,
                                  st_error *err);
 
@@ -77,8 +83,15 @@ int st_bctx_cuda_time_ops(st_bctx *c, int on);
 /* The times since the last read (then cleared); n = 0 when c is not a CUDA context. */
 void st_bctx_cuda_op_times(st_bctx *c, st_cuda_op_times *out);
 
+/* The vision tower v (borrowed: its weights are copied) on the device p names, for
+ * st_vision_set_device (vision/tower.h). ST_ERR_UNSUPPORTED where no CUDA device is usable. */
+struct st_vision_tower;
+struct st_vision_device;
+st_status st_cuda_vision_create(const st_cuda_params *p, const struct st_vision_tower *v,
+                                struct st_vision_device **out, st_error *err);
+
 /* ---- the entry points the shared object exports (the loader's side of the contract) ---- */
-#define ST_CUDA_ABI 4
+#define ST_CUDA_ABI 5
 typedef struct st_cuda_entry {
     int abi;                                /* ST_CUDA_ABI */
     const st_backend_ops *ops;              /* the ops table (identifies its backends) */
@@ -92,6 +105,8 @@ typedef struct st_cuda_entry {
     void (*graphs)(const st_bctx *c, int64_t *captures, int64_t *launches);
     int (*time_ops)(st_bctx *c, int on);
     void (*op_times)(st_bctx *c, st_cuda_op_times *out);
+    st_status (*vision_create)(const struct st_vision_tower *v, int device, struct st_vision_device **out,
+                               st_error *err);
 } st_cuda_entry;
 /* the symbol: const st_cuda_entry *st_cuda_entry_get(void) */
 #define ST_CUDA_ENTRY_SYMBOL "st_cuda_entry_get"

@@ -7,9 +7,11 @@
 #include <string.h>
 
 #include "core/plugin.h"
+#include "dist/comm.h"
 
 st_cuda_params st_cuda_default_params(void) {
-    st_cuda_params p = {.device = 0, .library = NULL, .precision = ST_PRECISION_EXACT, .no_tensor_cores = 0};
+    st_cuda_params p = {.device = 0, .library = NULL, .precision = ST_PRECISION_EXACT, .no_tensor_cores = 0,
+                        .comm = NULL, .nccl = 0};
     return p;
 }
 
@@ -57,10 +59,13 @@ st_status st_backend_cuda_create(const st_model *m, const st_cuda_params *p, st_
     if (!e) return st_error_set(err, ST_ERR_UNSUPPORTED, "%s", why);
     if (!e->available(p->device, why, sizeof why))
         return st_error_set(err, ST_ERR_UNSUPPORTED, "no usable CUDA device: %s", why);
-    st_shard whole;
-    st_status st = st_shard_make(m, 0, 1, &whole, err);
+    st_shard sh;
+    const int world = p->comm ? p->comm->world : 1, rank = p->comm ? p->comm->rank : 0;
+    st_status st = st_shard_make(m, rank, world, &sh, err);
     if (st != ST_OK) return st;
-    return e->create(m, p, &whole, out, err);
+    st = e->create(m, p, &sh, out, err);
+    if (st == ST_OK) (*out)->comm = p->comm;
+    return st;
 }
 
 int st_backend_is_cuda(const st_backend *b) {
@@ -100,4 +105,17 @@ void st_bctx_cuda_graphs(const st_bctx *c, int64_t *captures, int64_t *launches)
 void st_backend_cuda_describe(const st_backend *b, char *buf, size_t cap) {
     if (cap) buf[0] = 0;
     if (st_backend_is_cuda(b)) g_entry->describe(b, buf, cap);
+}
+
+st_status st_cuda_vision_create(const st_cuda_params *p, const struct st_vision_tower *v,
+                                struct st_vision_device **out, st_error *err) {
+    *out = NULL;
+    st_cuda_params dp = st_cuda_default_params();
+    if (!p) p = &dp;
+    char why[512] = "";
+    const st_cuda_entry *e = load(p, why, sizeof why);
+    if (!e) return st_error_set(err, ST_ERR_UNSUPPORTED, "%s", why);
+    if (!e->available(p->device, why, sizeof why))
+        return st_error_set(err, ST_ERR_UNSUPPORTED, "no usable CUDA device for the vision tower: %s", why);
+    return e->vision_create(v, p->device, out, err);
 }

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "dist/comm.h"
+#include "vision/tower.h"
 
 st_device_params st_device_default_params(void) {
     st_device_params p;
@@ -36,12 +37,9 @@ st_status st_backend_create(const st_model *m, const st_device_params *p, st_bac
     st_device_params dp = st_device_default_params();
     if (!p) p = &dp;
     const st_comm *comm = p->cpu.comm;
-    if (comm && comm->world > 1) { /* a rank of a job: its shard, on the CPU */
+    const int gpu = p->kind == ST_DEVICE_CUDA || (p->kind == ST_DEVICE_AUTO && st_cuda_available(&p->cuda, NULL, 0));
+    if (comm && comm->world > 1 && !gpu) { /* a rank of a job: its shard, on the CPU */
         *out = NULL;
-        if (p->kind == ST_DEVICE_CUDA)
-            return st_error_set(err, ST_ERR_UNSUPPORTED,
-                                "tensor parallelism runs on the CPU backend for now (NCCL between GPUs is not built yet): "
-                                "use --device cpu under mpirun");
         if (p->precision != ST_PRECISION_EXACT)
             return st_error_set(err, ST_ERR_UNSUPPORTED, "--precision bf16 needs a GPU: the CPU backend computes exact only");
         st_shard sh;
@@ -49,9 +47,10 @@ st_status st_backend_create(const st_model *m, const st_device_params *p, st_bac
         if (st != ST_OK) return st;
         return st_backend_cpu_create(m, &p->cpu, &sh, out, err);
     }
-    if (p->kind == ST_DEVICE_CUDA || (p->kind == ST_DEVICE_AUTO && st_cuda_available(&p->cuda, NULL, 0))) {
+    if (gpu) { /* the whole model, or under a job its rank's shard (p->cuda.comm) */
         st_cuda_params cp = p->cuda;
         cp.precision = p->precision;
+        if (!cp.comm) cp.comm = (st_comm *)comm;
         return st_backend_cuda_create(m, &cp, out, err);
     }
     *out = NULL;
@@ -71,4 +70,14 @@ void st_backend_describe(const st_backend *b, char *buf, size_t cap) {
     } else {
         snprintf(buf, cap, "%s", b ? b->ops->name : "none");
     }
+}
+
+st_status st_vision_place(struct st_vision_tower *v, const st_device_params *p, st_error *err) {
+    st_device_params dp = st_device_default_params();
+    if (!p) p = &dp;
+    if (p->kind == ST_DEVICE_CPU || (p->kind == ST_DEVICE_AUTO && !st_cuda_available(&p->cuda, NULL, 0))) return ST_OK;
+    st_vision_device *d = NULL;
+    st_status st = st_cuda_vision_create(&p->cuda, v, &d, err);
+    if (st == ST_OK) st_vision_set_device(v, d);
+    return st;
 }

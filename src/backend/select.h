@@ -32,6 +32,12 @@ int st_precision_parse(const char *s, st_precision *out);
  * cuda where none can be made, with the reason. */
 st_status st_backend_create(const st_model *m, const st_device_params *p, st_backend **out, st_error *err);
 
+/* Put vision tower v on the GPU when p picks one (cuda; auto where a GPU is here): its
+ * arithmetic then runs there (vision/tower.h st_vision_set_device). ST_OK leaving it on the
+ * host's kernels otherwise; an error where cuda is asked for and the tower cannot go there. */
+struct st_vision_tower;
+st_status st_vision_place(struct st_vision_tower *v, const st_device_params *p, st_error *err);
+
 /* "cpu (avx512, 2 threads)" or "cuda (NVIDIA H200, ...)", for start-up lines. */
 void st_backend_describe(const st_backend *b, char *buf, size_t cap);
 

@@ -155,7 +155,7 @@ static st_status load_all(srv *s, st_error *err) {
         s->ct = NULL;
     }
     s->think_split = st_tok_token_to_id(s->tok, "</think>", 8) >= 0;
-    /* images: the tower on the CPU (whichever backend runs the language model) */
+    /* images: the tower on the GPU where the language model runs there, else on the CPU */
     snprintf(s->no_images, sizeof s->no_images, "this model takes no images");
     if (s->m->cfg.has_vision && s->m->cfg.image_token_id >= 0) {
         st_error verr = {0};
@@ -167,6 +167,10 @@ static st_status load_all(srv *s, st_error *err) {
             snprintf(s->no_images, sizeof s->no_images, "the model's vision tower does not load: %.100s", verr.msg);
             st_vision_free(s->vt);
             s->vt = NULL;
+        } else if (st_vision_place(s->vt, &s->p.device, &verr) != ST_OK) {
+            ST_WARN("the vision tower stays on the CPU: %s", verr.msg);
+        } else if (s->vt->dev) {
+            ST_INFO("the vision tower runs on %s", s->vt->dev->name);
         }
     }
     st_sched_params sp = st_sched_default_params();

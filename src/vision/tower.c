@@ -273,7 +273,13 @@ void st_vision_free(st_vision_tower *v) {
     free(v->mnorm_w), free(v->mnorm_b), free(v->mfc1_b), free(v->mfc2_b);
     if (v->ck) st_checkpoint_close(v->ck);
     st_pool_destroy(v->pool);
+    if (v->dev) v->dev->destroy(v->dev);
     free(v);
+}
+
+void st_vision_set_device(st_vision_tower *v, st_vision_device *d) {
+    if (v->dev && v->dev != d) v->dev->destroy(v->dev);
+    v->dev = d;
 }
 
 st_status st_vision_set_threads(st_vision_tower *v, int n, st_error *err) {
@@ -407,79 +413,84 @@ static void patch_coords(int64_t i, int64_t w, int m, int64_t *ph, int64_t *pw) 
     *pw = (blk % bw) * m + in % m;
 }
 
-st_status st_vision_encode(const st_vision_tower *v, const float *pixels, const int32_t (*grid)[3], int n_img,
-                           float *out, st_error *err) {
+/* The patch embedding's position rows (pos [N][H], the learned table interpolated to each
+ * image's grid) and the rotary tables (cs, sn [N][hd]), per image in merge-block order,
+ * each frame; seg[n_seg] the (first patch, patches) of each frame. */
+static void vision_positions(const st_vision_tower *v, const int32_t (*grid)[3], int n_img, float *pos, float *cs,
+                             float *sn, int64_t (*seg)[2]) {
     const st_vision_config *c = &v->cfg;
-    const int m = c->merge, S = c->pos_side, nh = c->heads, hd = c->head_dim;
-    const int64_t H = c->hidden, I = c->intermediate, D = st_vision_patch_dim(v);
-    int64_t N = 0;
+    const int m = c->merge, S = c->pos_side, hd = c->head_dim;
+    const int64_t H = c->hidden;
+    const int q = hd / 4; /* frequencies per axis */
+    int64_t at = 0;
+    int ns = 0;
     for (int i = 0; i < n_img; i++) {
         const int64_t t = grid[i][0], h = grid[i][1], w = grid[i][2];
-        if (t < 1 || h < 1 || w < 1 || h % m || w % m || t * h * w > ((int64_t)1 << 26))
-            return st_error_set(err, ST_ERR_ARG, "image %d: grid %lldx%lldx%lld must be positive with h and w "
-                                                 "multiples of %d", i, (long long)t, (long long)h, (long long)w, m);
-        N += t * h * w;
+        for (int64_t f = 0; f < t; f++) {
+            seg[ns][0] = at;
+            seg[ns][1] = h * w;
+            ns++;
+            for (int64_t j = 0; j < h * w; j++, at++) {
+                int64_t ph, pw;
+                patch_coords(j, w, m, &ph, &pw);
+                const float ys = linspace_at((float)(S - 1), h, ph), xs = linspace_at((float)(S - 1), w, pw);
+                const int64_t y0 = (int64_t)ys, x0 = (int64_t)xs;
+                const int64_t y1 = y0 + 1 < S ? y0 + 1 : S - 1, x1 = x0 + 1 < S ? x0 + 1 : S - 1;
+                const float dy = ys - (float)y0, dx = xs - (float)x0;
+                const float w00 = (1 - dy) * (1 - dx), w01 = (1 - dy) * dx, w10 = dy * (1 - dx), w11 = dy * dx;
+                const float *p00 = v->pos + (y0 * S + x0) * H, *p01 = v->pos + (y0 * S + x1) * H;
+                const float *p10 = v->pos + (y1 * S + x0) * H, *p11 = v->pos + (y1 * S + x1) * H;
+                float *e = pos + at * H;
+                for (int64_t d = 0; d < H; d++) e[d] = ((w00 * p00[d] + w01 * p01[d]) + w10 * p10[d]) + w11 * p11[d];
+                for (int k = 0; k < q; k++) {
+                    const double inv = 1.0 / pow(c->rope_theta, (double)(2 * k) / (double)(hd / 2));
+                    const float ah = (float)ph * (float)inv, aw = (float)pw * (float)inv;
+                    const float a4[2] = {ah, aw};
+                    for (int ax = 0; ax < 2; ax++) {
+                        const float ang = a4[ax];
+                        for (int rep = 0; rep < 2; rep++) {
+                            const int64_t jj = at * hd + rep * (hd / 2) + ax * q + k;
+                            cs[jj] = cosf(ang);
+                            sn[jj] = sinf(ang);
+                        }
+                    }
+                }
+            }
+        }
     }
+}
+
+/* The tower's arithmetic on the host's kernels: E [N][H] holds the position rows on entry */
+static st_status encode_host(const st_vision_tower *v, const float *pixels, int64_t N, float *E, const float *cs,
+                             const float *sn, const int64_t (*seg)[2], int n_seg, float *out, st_error *err) {
+    const st_vision_config *c = &v->cfg;
+    const int m = c->merge, nh = c->heads, hd = c->head_dim;
+    const int64_t H = c->hidden, I = c->intermediate, D = st_vision_patch_dim(v);
     const int64_t W3 = 3 * H > I ? 3 * H : I;
     int64_t widest = D > I ? D : I;
     if ((int64_t)m * m * H > widest) widest = (int64_t)m * m * H;
     const size_t scratch_n = (size_t)st_kernels_matmul_scratch(widest) + 16;
-    float *E = malloc((size_t)(N * H) * sizeof(float)), *A = malloc((size_t)(N * H) * sizeof(float));
+    float *A = malloc((size_t)(N * H) * sizeof(float));
     float *Q = malloc((size_t)(N * W3) * sizeof(float)), *O = malloc((size_t)(N * H) * sizeof(float));
-    float *cs = malloc((size_t)(N * hd) * sizeof(float)), *sn = malloc((size_t)(N * hd) * sizeof(float));
     const int nth = v->pool ? st_pool_size(v->pool) : 1;
     const size_t scratch_t = (scratch_n + 15) / 16 * 16; /* each thread's, 64-byte aligned */
     float *sc = malloc((size_t)N * (size_t)nth * sizeof(float));
     float *scratch = aligned_alloc(64, scratch_t * (size_t)nth * sizeof(float));
     st_status st = ST_OK;
-    if (!E || !A || !Q || !O || !cs || !sn || !sc || !scratch) {
+    if (!A || !Q || !O || !sc || !scratch) {
         st = st_error_set(err, ST_ERR_NOMEM, "vision tower: out of memory for %lld patches", (long long)N);
         goto done;
     }
-    /* 1. patch embedding */
-    linear(v, &v->patch, v->patch_b, pixels, N, E, scratch, scratch_t);
-    /* 2. interpolated positions, 3. rotary angles (per image, merge-block order, each frame) */
-    {
-        const int q = hd / 4; /* frequencies per axis */
-        int64_t at = 0;
-        for (int i = 0; i < n_img; i++) {
-            const int64_t t = grid[i][0], h = grid[i][1], w = grid[i][2];
-            for (int64_t f = 0; f < t; f++)
-                for (int64_t j = 0; j < h * w; j++, at++) {
-                    int64_t ph, pw;
-                    patch_coords(j, w, m, &ph, &pw);
-                    const float ys = linspace_at((float)(S - 1), h, ph), xs = linspace_at((float)(S - 1), w, pw);
-                    const int64_t y0 = (int64_t)ys, x0 = (int64_t)xs;
-                    const int64_t y1 = y0 + 1 < S ? y0 + 1 : S - 1, x1 = x0 + 1 < S ? x0 + 1 : S - 1;
-                    const float dy = ys - (float)y0, dx = xs - (float)x0;
-                    const float w00 = (1 - dy) * (1 - dx), w01 = (1 - dy) * dx, w10 = dy * (1 - dx), w11 = dy * dx;
-                    const float *p00 = v->pos + (y0 * S + x0) * H, *p01 = v->pos + (y0 * S + x1) * H;
-                    const float *p10 = v->pos + (y1 * S + x0) * H, *p11 = v->pos + (y1 * S + x1) * H;
-                    float *e = E + at * H;
-                    for (int64_t d = 0; d < H; d++) e[d] += ((w00 * p00[d] + w01 * p01[d]) + w10 * p10[d]) + w11 * p11[d];
-                    for (int k = 0; k < q; k++) {
-                        const double inv = 1.0 / pow(c->rope_theta, (double)(2 * k) / (double)(hd / 2));
-                        const float ah = (float)ph * (float)inv, aw = (float)pw * (float)inv;
-                        const float a4[2] = {ah, aw};
-                        for (int ax = 0; ax < 2; ax++) {
-                            const float ang = a4[ax];
-                            for (int rep = 0; rep < 2; rep++) {
-                                const int64_t jj = at * hd + rep * (hd / 2) + ax * q + k;
-                                cs[jj] = cosf(ang);
-                                sn[jj] = sinf(ang);
-                            }
-                        }
-                    }
-                }
-        }
-    }
+    /* 1. patch embedding, 2. plus the interpolated positions */
+    linear(v, &v->patch, v->patch_b, pixels, N, A, scratch, scratch_t);
+    for (int64_t i = 0; i < N * H; i++) E[i] = A[i] + E[i];
     /* 4-5. the blocks; attention within each (image, frame) segment */
     for (int b = 0; b < c->depth; b++) {
         const st_vision_block *B = &v->blocks[b];
         layer_norm(E, N, H, B->norm1_w, B->norm1_b, A);
         linear(v, &B->qkv, B->qkv_b, A, N, Q, scratch, scratch_t);
         const int half = hd / 2;
-        for (int64_t n = 0; n < N; n++) /* rotary on q and k */
+        for (int64_t n = 0; n < N; n++) /* 3. rotary on q and k */
             for (int part = 0; part < 2; part++)
                 for (int h = 0; h < nh; h++) {
                     float *x = Q + n * 3 * H + part * H + (int64_t)h * hd;
@@ -490,14 +501,11 @@ st_status st_vision_encode(const st_vision_tower *v, const float *pixels, const 
                         x[j + half] = x1 * cn[j + half] + x0 * sn_[j + half];
                     }
                 }
-        int64_t s0 = 0;
-        for (int i = 0; i < n_img; i++)
-            for (int64_t f = 0; f < grid[i][0]; f++) {
-                att_job aj = {Q, O, sc, s0, (int64_t)grid[i][1] * grid[i][2], H, N, nh, hd};
-                if (v->pool) st_pool_run(v->pool, att_fn, &aj);
-                else att_fn(&aj, 0, 1);
-                s0 += aj.L;
-            }
+        for (int si = 0; si < n_seg; si++) {
+            att_job aj = {Q, O, sc, seg[si][0], seg[si][1], H, N, nh, hd};
+            if (v->pool) st_pool_run(v->pool, att_fn, &aj);
+            else att_fn(&aj, 0, 1);
+        }
         linear(v, &B->proj, B->proj_b, O, N, A, scratch, scratch_t);
         for (int64_t i = 0; i < N * H; i++) E[i] += A[i];
         layer_norm(E, N, H, B->norm2_w, B->norm2_b, A);
@@ -521,6 +529,36 @@ st_status st_vision_encode(const st_vision_tower *v, const float *pixels, const 
         free(Y);
     }
 done:
-    free(E), free(A), free(Q), free(O), free(cs), free(sn), free(sc), free(scratch);
+    free(A), free(Q), free(O), free(sc), free(scratch);
+    return st;
+}
+
+st_status st_vision_encode(const st_vision_tower *v, const float *pixels, const int32_t (*grid)[3], int n_img,
+                           float *out, st_error *err) {
+    const st_vision_config *c = &v->cfg;
+    const int m = c->merge, hd = c->head_dim;
+    const int64_t H = c->hidden;
+    int64_t N = 0, n_seg = 0;
+    for (int i = 0; i < n_img; i++) {
+        const int64_t t = grid[i][0], h = grid[i][1], w = grid[i][2];
+        if (t < 1 || h < 1 || w < 1 || h % m || w % m || t * h * w > ((int64_t)1 << 26))
+            return st_error_set(err, ST_ERR_ARG, "image %d: grid %lldx%lldx%lld must be positive with h and w "
+                                                 "multiples of %d", i, (long long)t, (long long)h, (long long)w, m);
+        N += t * h * w;
+        n_seg += t;
+    }
+    if (n_seg > INT32_MAX) return st_error_set(err, ST_ERR_ARG, "vision tower: %lld frames", (long long)n_seg);
+    float *E = malloc((size_t)(N * H) * sizeof(float));
+    float *cs = malloc((size_t)(N * hd) * sizeof(float)), *sn = malloc((size_t)(N * hd) * sizeof(float));
+    int64_t(*seg)[2] = malloc((size_t)(n_seg ? n_seg : 1) * sizeof *seg);
+    st_status st;
+    if (!E || !cs || !sn || !seg) {
+        st = st_error_set(err, ST_ERR_NOMEM, "vision tower: out of memory for %lld patches", (long long)N);
+    } else {
+        vision_positions(v, grid, n_img, E, cs, sn, seg);
+        st = v->dev ? v->dev->encode(v->dev, pixels, N, E, cs, sn, (const int64_t(*)[2])seg, (int)n_seg, out, err)
+                    : encode_host(v, pixels, N, E, cs, sn, (const int64_t(*)[2])seg, (int)n_seg, out, err);
+    }
+    free(E), free(cs), free(sn), free(seg);
     return st;
 }

@@ -31,8 +31,24 @@ typedef struct st_vision_block {
     float *qkv_b, *proj_b, *fc1_b, *fc2_b;        /* owned */
 } st_vision_block;
 
+/* The tower's arithmetic on a device (the CUDA backend's: st_cuda_vision_create in
+ * backend/cuda.h). st_vision_encode keeps the position work on the host and hands it:
+ * pixels [N][patch_dim], pos [N][hidden] (the interpolated position rows, added after the
+ * patch embedding's bias), cs, sn [N][head_dim] (the rotary tables: x[j] = x[j] cs[j] -
+ * x[j + hd/2] sn[j], x[j + hd/2] = x[j + hd/2] cs[j + hd/2] + x[j] sn[j + hd/2]), seg[n_seg]
+ * = (first patch, patches) of each attention segment (an image's frame), all host memory;
+ * it writes out [N / merge^2][out_hidden] (host). The device computes in fp32. */
+typedef struct st_vision_device st_vision_device;
+struct st_vision_device {
+    st_status (*encode)(st_vision_device *d, const float *pixels, int64_t N, const float *pos, const float *cs,
+                        const float *sn, const int64_t (*seg)[2], int n_seg, float *out, st_error *err);
+    void (*destroy)(st_vision_device *d);
+    char name[64]; /* for reports: "cuda (NVIDIA H200)" */
+};
+
 typedef struct st_vision_tower {
     st_vision_config cfg;
+    st_vision_device *dev;        /* owned (st_vision_set_device), or NULL: the host's kernels */
     struct st_checkpoint *ck;     /* owned: the mapping the matrices borrow */
     const st_kernels *k;          /* borrowed */
     struct st_pool *pool;         /* owned (st_vision_set_threads), or NULL: one thread */
@@ -55,6 +71,10 @@ void st_vision_free(st_vision_tower *v);
 /* Run the products and the attention on n threads (a pool the tower owns; 1: none). The
  * results are the same bits for any n. One st_vision_encode at a time on a tower. */
 st_status st_vision_set_threads(st_vision_tower *v, int n, st_error *err);
+
+/* Run the tower on device d (owned by v from here; NULL: back to the host's kernels, the
+ * previous device destroyed). */
+void st_vision_set_device(st_vision_tower *v, st_vision_device *d);
 
 /* Columns of one patch row of pixel_values (in_channels * temporal * patch * patch). */
 int64_t st_vision_patch_dim(const st_vision_tower *v);

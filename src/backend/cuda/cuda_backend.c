@@ -19,6 +19,9 @@
 
 #include "backend/cuda.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/nccl_comm.h"
+#include "backend/cuda/vision_cuda.h"
+#include "dist/comm.h"
 #include "backend/moe_route.h"
 
 #include <stddef.h>
@@ -81,9 +84,16 @@ typedef struct cuda_backend {
     cu_mat embed, lm_head;
     const float *final_norm, *inv_freq;
     const int32_t *rope_axis;   /* [rope_dim / 2] the M-RoPE axis (t, h, w) of each frequency */
-    /* shapes (world 1) */
-    int64_t d, V, cd, kd, vd, I;
+    /* shapes: the shard's (base.shard; world 1: the model's). V is the whole vocabulary (the
+     * logit rows' width), Vl the LM head rows this rank holds ([vocab0, vocab0 + Vl)), Vmax
+     * the most any rank holds (the gathers' slices) */
+    int64_t d, V, Vl, Vmax, vocab0, cd, kd, vd, I;
     int nh, nkv, hd, Hk, Hv, Dk, Dv, K, E, topk, norm_topk, rope_dim;
+    int world, rank;
+    struct st_comm *comm;   /* borrowed: the job (world > 1), or NULL */
+    cu_nccl *nccl;          /* owned: the all-reduces and gathers over NCCL, or NULL (host) */
+    uint8_t *gather;        /* [gather_bytes] host: a shard's matrix made contiguous for its upload */
+    size_t gather_bytes;
     float eps;
     double upload_s;
     int mm_mode;            /* CU_MM_* for bf16 matrices */
@@ -270,13 +280,115 @@ static void put_mat(uploader *u, const st_matrix *w, cu_mat *out) {
     }
 }
 
-/* every weight of the model, through u */
+/* ---- a shard's matrices: views of the model's (as tensor/matrix.c makes them; the shared
+ * object calls nothing of libstrand), made contiguous in host memory for their upload ---- */
+
+static st_matrix view_rows(const st_matrix *w, int64_t r0, int64_t n) {
+    st_matrix v = *w;
+    const int64_t ld = w->ld ? w->ld : w->cols;
+    v.rows = n;
+    v.ld = ld;
+    v.pack = ST_WPACK_NONE;
+    v.packed = NULL;
+    if (!w->data) return v; /* synthetic: a shape */
+    if (w->fmt == ST_WFMT_AFFINE) {
+        const size_t es = dtype_size(w->sdtype), lds = (size_t)(ld / w->group);
+        v.data = (const uint8_t *)w->data + (size_t)r0 * (size_t)(ld * w->bits / 8);
+        v.scales = (const uint8_t *)w->scales + (size_t)r0 * lds * es;
+        v.biases = (const uint8_t *)w->biases + (size_t)r0 * lds * es;
+    } else {
+        v.data = (const uint8_t *)w->data + (size_t)r0 * (size_t)ld * (w->fmt == ST_WFMT_F32 ? 4 : 2);
+    }
+    return v;
+}
+
+static st_matrix view_cols(const st_matrix *w, int64_t c0, int64_t n) {
+    st_matrix v = *w;
+    v.cols = n;
+    v.ld = w->ld ? w->ld : w->cols;
+    v.pack = ST_WPACK_NONE;
+    v.packed = NULL;
+    if (!w->data) return v;
+    if (w->fmt == ST_WFMT_AFFINE) {
+        const size_t es = dtype_size(w->sdtype);
+        v.data = (const uint8_t *)w->data + (size_t)(c0 * w->bits / 8);
+        v.scales = (const uint8_t *)w->scales + (size_t)(c0 / w->group) * es;
+        v.biases = (const uint8_t *)w->biases + (size_t)(c0 / w->group) * es;
+    } else {
+        v.data = (const uint8_t *)w->data + (size_t)c0 * (w->fmt == ST_WFMT_F32 ? 4 : 2);
+    }
+    return v;
+}
+
+/* The views parts[n] (one width, one format) one under the other as one contiguous matrix:
+ * in b->gather while copying (the sizing pass only counts its bytes), or the view itself
+ * when it already is one. Valid until the next call. */
+static st_matrix stacked(uploader *u, const st_matrix *parts, int n) {
+    cuda_backend *b = u->b;
+    st_matrix o = parts[0];
+    for (int i = 1; i < n; i++) o.rows += parts[i].rows;
+    const int contiguous = n == 1 && (!parts[0].ld || parts[0].ld == parts[0].cols);
+    if (!parts[0].data || contiguous) {
+        o.ld = 0;
+        return o;
+    }
+    const int aff = o.fmt == ST_WFMT_AFFINE;
+    const size_t es = aff ? dtype_size(o.sdtype) : o.fmt == ST_WFMT_F32 ? 4 : 2;
+    const size_t drow = aff ? (size_t)(o.cols * o.bits / 8) : (size_t)o.cols * es;
+    const size_t srow = aff ? (size_t)(o.cols / o.group) * es : 0;
+    const size_t bytes = (size_t)o.rows * (drow + 2 * srow);
+    if (bytes > b->gather_bytes) b->gather_bytes = bytes;
+    o.ld = 0;
+    if (!u->copy) return o; /* sizing: the shape, and data still set (so it is uploaded) */
+    uint8_t *dp = b->gather, *sp = dp + (size_t)o.rows * drow, *bp = sp + (size_t)o.rows * srow;
+    for (int i = 0; i < n; i++) {
+        const st_matrix *w = &parts[i];
+        const int64_t ld = w->ld ? w->ld : w->cols;
+        const size_t dld = aff ? (size_t)(ld * w->bits / 8) : (size_t)ld * es, sld = aff ? (size_t)(ld / w->group) * es : 0;
+        for (int64_t r = 0; r < w->rows; r++) {
+            memcpy(dp, (const uint8_t *)w->data + (size_t)r * dld, drow), dp += drow;
+            if (!aff) continue;
+            memcpy(sp, (const uint8_t *)w->scales + (size_t)r * sld, srow), sp += srow;
+            memcpy(bp, (const uint8_t *)w->biases + (size_t)r * sld, srow), bp += srow;
+        }
+    }
+    o.data = b->gather;
+    if (aff) {
+        o.scales = b->gather + (size_t)o.rows * drow;
+        o.biases = b->gather + (size_t)o.rows * (drow + srow);
+    }
+    return o;
+}
+
+/* rows [r0, r0 + n) of w, uploaded */
+static void put_rows(uploader *u, const st_matrix *w, int64_t r0, int64_t n, cu_mat *out) {
+    if (r0 == 0 && n == w->rows) {
+        put_mat(u, w, out);
+        return;
+    }
+    const st_matrix v = view_rows(w, r0, n), g = stacked(u, &v, 1);
+    put_mat(u, &g, out);
+}
+
+/* columns [c0, c0 + n) of w, uploaded */
+static void put_cols(uploader *u, const st_matrix *w, int64_t c0, int64_t n, cu_mat *out) {
+    if (c0 == 0 && n == w->cols) {
+        put_mat(u, w, out);
+        return;
+    }
+    const st_matrix v = view_cols(w, c0, n), g = stacked(u, &v, 1);
+    put_mat(u, &g, out);
+}
+
+/* every weight of the shard (world 1: of the model), through u */
 static void put_model(uploader *u, const st_model *m, float *conv_tmp) {
     cuda_backend *b = u->b;
     const st_config *c = &m->cfg;
-    put_mat(u, &m->embed, &b->embed);
-    if (m->tied) b->lm_head = b->embed;
-    else put_mat(u, &m->lm_head, &b->lm_head);
+    const st_shard *s = &b->base.shard;
+    put_mat(u, &m->embed, &b->embed); /* whole: a lookup reads only its rows */
+    const st_matrix *head = m->tied ? &m->embed : &m->lm_head;
+    if (m->tied && b->Vl == b->V) b->lm_head = b->embed;
+    else put_rows(u, head, b->vocab0, b->Vl, &b->lm_head);
     b->final_norm = put_vec(u, m->final_norm, (size_t)b->d);
     float *inv = conv_tmp; /* scratch: [K * cd] is at least rope_dim / 2 */
     for (int i = 0; i < c->rope_dim / 2; i++)
@@ -294,29 +406,44 @@ static void put_model(uploader *u, const st_model *m, float *conv_tmp) {
         o->input_norm = put_vec(u, L->input_norm, (size_t)b->d);
         o->post_norm = put_vec(u, L->post_norm, (size_t)b->d);
         if (L->kind == ST_LAYER_LINEAR) {
-            put_mat(u, &L->in_qkv, &o->w[ST_W_IN_QKV]);
-            put_mat(u, &L->in_z, &o->w[ST_W_IN_Z]);
-            put_mat(u, &L->in_b, &o->w[ST_W_IN_B]);
-            put_mat(u, &L->in_a, &o->w[ST_W_IN_A]);
-            put_mat(u, &L->out_proj, &o->w[ST_W_OUT_PROJ]);
-            for (int64_t ch = 0; ch < b->cd; ch++)
-                for (int j = 0; j < b->K; j++) conv_tmp[j * b->cd + ch] = L->conv_w[ch * b->K + j];
+            /* the local heads' q, k and v channels: three row sections of in_proj_qkv (and of
+             * the conv's channels) */
+            const int64_t kdg = st_config_key_dim(c);
+            const int64_t sec[3][2] = {{(int64_t)s->lin_k0 * b->Dk, b->kd},
+                                       {kdg + (int64_t)s->lin_k0 * b->Dk, b->kd},
+                                       {2 * kdg + (int64_t)s->lin_v0 * b->Dv, b->vd}};
+            if (b->world == 1) {
+                put_mat(u, &L->in_qkv, &o->w[ST_W_IN_QKV]);
+            } else {
+                st_matrix parts[3];
+                for (int k = 0; k < 3; k++) parts[k] = view_rows(&L->in_qkv, sec[k][0], sec[k][1]);
+                const st_matrix g = stacked(u, parts, 3);
+                put_mat(u, &g, &o->w[ST_W_IN_QKV]);
+            }
+            put_rows(u, &L->in_z, (int64_t)s->lin_v0 * b->Dv, b->vd, &o->w[ST_W_IN_Z]);
+            put_rows(u, &L->in_b, s->lin_v0, b->Hv, &o->w[ST_W_IN_B]);
+            put_rows(u, &L->in_a, s->lin_v0, b->Hv, &o->w[ST_W_IN_A]);
+            put_cols(u, &L->out_proj, (int64_t)s->lin_v0 * b->Dv, b->vd, &o->w[ST_W_OUT_PROJ]);
+            for (int k = 0, ch = 0; k < 3; k++) /* tap-major */
+                for (int64_t e = 0; e < sec[k][1]; e++, ch++)
+                    for (int j = 0; j < b->K; j++) conv_tmp[j * b->cd + ch] = L->conv_w[(sec[k][0] + e) * b->K + j];
             o->conv_t = put_vec(u, conv_tmp, (size_t)(b->K * b->cd));
-            o->dt_bias = put_vec(u, L->dt_bias, (size_t)b->Hv);
-            o->neg_exp_a = put_vec(u, L->neg_exp_a, (size_t)b->Hv);
+            o->dt_bias = put_vec(u, L->dt_bias + s->lin_v0, (size_t)b->Hv);
+            o->neg_exp_a = put_vec(u, L->neg_exp_a + s->lin_v0, (size_t)b->Hv);
             o->gdn_norm = put_vec(u, L->gdn_norm, (size_t)b->Dv);
         } else {
-            put_mat(u, &L->q_proj, &o->w[ST_W_Q]);
-            put_mat(u, &L->k_proj, &o->w[ST_W_K]);
-            put_mat(u, &L->v_proj, &o->w[ST_W_V]);
-            put_mat(u, &L->o_proj, &o->w[ST_W_O]);
+            const int64_t hd = b->hd;
+            put_rows(u, &L->q_proj, (int64_t)s->head0 * 2 * hd, (int64_t)b->nh * 2 * hd, &o->w[ST_W_Q]);
+            put_rows(u, &L->k_proj, (int64_t)s->kv_head0 * hd, (int64_t)b->nkv * hd, &o->w[ST_W_K]);
+            put_rows(u, &L->v_proj, (int64_t)s->kv_head0 * hd, (int64_t)b->nkv * hd, &o->w[ST_W_V]);
+            put_cols(u, &L->o_proj, (int64_t)s->head0 * hd, (int64_t)b->nh * hd, &o->w[ST_W_O]);
             o->q_norm = put_vec(u, L->q_norm, (size_t)b->hd);
             o->k_norm = put_vec(u, L->k_norm, (size_t)b->hd);
         }
         if (!c->is_moe) {
-            put_mat(u, &L->gate, &o->w[ST_W_GATE]);
-            put_mat(u, &L->up, &o->w[ST_W_UP]);
-            put_mat(u, &L->down, &o->w[ST_W_DOWN]);
+            put_rows(u, &L->gate, s->inter0, s->inter, &o->w[ST_W_GATE]);
+            put_rows(u, &L->up, s->inter0, s->inter, &o->w[ST_W_UP]);
+            put_cols(u, &L->down, s->inter0, s->inter, &o->w[ST_W_DOWN]);
             continue;
         }
         put_mat(u, &L->router, &o->router);
@@ -324,15 +451,15 @@ static void put_model(uploader *u, const st_model *m, float *conv_tmp) {
         o->exp_up = o->exp_gate + b->E;
         o->exp_down = o->exp_up + b->E;
         for (int e = 0; e < b->E; e++) {
-            put_mat(u, &L->exp_gate[e], &o->exp_gate[e]);
-            put_mat(u, &L->exp_up[e], &o->exp_up[e]);
-            put_mat(u, &L->exp_down[e], &o->exp_down[e]);
+            put_rows(u, &L->exp_gate[e], s->moe_inter0, s->moe_inter, &o->exp_gate[e]);
+            put_rows(u, &L->exp_up[e], s->moe_inter0, s->moe_inter, &o->exp_up[e]);
+            put_cols(u, &L->exp_down[e], s->moe_inter0, s->moe_inter, &o->exp_down[e]);
         }
         o->has_shared = L->has_shared;
         if (L->has_shared) {
-            put_mat(u, &L->sh_gate, &o->sh_gate);
-            put_mat(u, &L->sh_up, &o->sh_up);
-            put_mat(u, &L->sh_down, &o->sh_down);
+            put_rows(u, &L->sh_gate, s->shared_inter0, s->shared_inter, &o->sh_gate);
+            put_rows(u, &L->sh_up, s->shared_inter0, s->shared_inter, &o->sh_up);
+            put_cols(u, &L->sh_down, s->shared_inter0, s->shared_inter, &o->sh_down);
             put_mat(u, &L->sh_expert_gate, &o->sh_egate);
         }
     }
@@ -342,6 +469,8 @@ static void cuda_destroy(st_backend *base) {
     cuda_backend *b = (cuda_backend *)base;
     if (!b) return;
     if (b->weights) cudaFree(b->weights);
+    cu_nccl_destroy(b->nccl);
+    free(b->gather);
     free(b->layers);
     free(b->experts);
     free(b);
@@ -371,9 +500,32 @@ static st_status cuda_create(const st_model *m, const st_cuda_params *p, const s
     if (m->cfg.is_moe && m->cfg.n_experts > 1024)
         return fail(err, ST_ERR_UNSUPPORTED, "the CUDA backend routes at most 1024 experts (the model has %d)",
                     m->cfg.n_experts);
-    if (shard && shard->world != 1)
-        return fail(err, ST_ERR_UNSUPPORTED, "the CUDA backend computes a whole model (world 1), not a shard of %d",
-                    shard->world);
+    const int world = shard->world;
+    if (world > 1 && (!p->comm || p->comm->world != world || p->comm->rank != shard->rank))
+        return fail(err, ST_ERR_ARG, "a CUDA shard of %d ranks needs its job's communicator", world);
+    /* the kernels map a local query head to a local KV head (and a GDN value head to its key
+     * head) by the local ratio: every rank's heads must cover whole groups */
+    {
+        const st_config *mc = &m->cfg;
+        const int g = mc->n_kv_heads ? mc->n_heads / mc->n_kv_heads : 1, lr = shard->n_kv_heads ? shard->n_heads / shard->n_kv_heads : 1;
+        for (int j = 0; m->n_full && j < shard->n_heads; j++)
+            if ((shard->head0 + j) / g - shard->kv_head0 != j / lr)
+                return fail(err, ST_ERR_UNSUPPORTED,
+                            "the CUDA backend needs each rank's query heads to share whole KV heads: %d ranks give "
+                            "rank %d query heads %d..%d over KV heads %d..%d (use a world size that divides the %d KV heads, "
+                            "or one they divide)",
+                            world, shard->rank, shard->head0, shard->head0 + shard->n_heads - 1, shard->kv_head0,
+                            shard->kv_head0 + shard->n_kv_heads - 1, mc->n_kv_heads);
+        const int gv = mc->lin_n_key_heads ? mc->lin_n_value_heads / mc->lin_n_key_heads : 1;
+        const int lv = shard->lin_k_heads ? shard->lin_v_heads / shard->lin_k_heads : 1;
+        for (int j = 0; m->n_linear && j < shard->lin_v_heads; j++)
+            if ((shard->lin_v0 + j) / gv - shard->lin_k0 != j / lv)
+                return fail(err, ST_ERR_UNSUPPORTED,
+                            "the CUDA backend needs each rank's GDN value heads to share whole key heads: %d ranks give "
+                            "rank %d value heads %d..%d over key heads %d..%d",
+                            world, shard->rank, shard->lin_v0, shard->lin_v0 + shard->lin_v_heads - 1, shard->lin_k0,
+                            shard->lin_k0 + shard->lin_k_heads - 1);
+    }
     if (m->n_full > 0 && !cu_attention_fits(m->cfg.n_heads, m->cfg.n_kv_heads, m->cfg.head_dim))
         return fail(err, ST_ERR_UNSUPPORTED,
                     "the CUDA backend's attention takes at most 48 query heads a KV head and head dims up to 256 "
@@ -398,27 +550,34 @@ static st_status cuda_create(const st_model *m, const st_cuda_params *p, const s
         snprintf(b->name, sizeof b->name, "%s", prop.name);
         b->total_mem = prop.totalGlobalMem;
     }
+    b->world = world;
+    b->rank = shard->rank;
+    b->comm = world > 1 ? p->comm : NULL;
     b->d = c->hidden_size;
     b->V = c->vocab_size;
-    b->nh = c->n_heads;
-    b->nkv = c->n_kv_heads;
+    b->Vl = shard->vocab;
+    b->vocab0 = shard->vocab0;
+    b->Vmax = (c->vocab_size + world - 1) / world; /* st_shard_vocab's widest slice (an even split) */
+    ST_ASSERT(b->Vl <= b->Vmax);
+    b->nh = shard->n_heads;
+    b->nkv = shard->n_kv_heads;
     b->hd = c->head_dim;
-    b->Hk = c->lin_n_key_heads;
-    b->Hv = c->lin_n_value_heads;
+    b->Hk = shard->lin_k_heads;
+    b->Hv = shard->lin_v_heads;
     b->Dk = c->lin_key_head_dim;
     b->Dv = c->lin_value_head_dim;
-    b->kd = st_config_key_dim(c);
-    b->vd = st_config_value_dim(c);
-    b->cd = st_config_conv_dim(c);
+    b->kd = (int64_t)b->Hk * b->Dk;
+    b->vd = (int64_t)b->Hv * b->Dv;
+    b->cd = 2 * b->kd + b->vd;
     b->K = c->conv_kernel;
     b->E = c->is_moe ? c->n_experts : 0;
     b->topk = c->is_moe ? c->n_experts_per_tok : 0;
     b->norm_topk = c->norm_topk_prob;
     b->rope_dim = c->rope_dim;
     b->eps = c->rms_norm_eps;
-    int64_t I = c->intermediate_size;
-    if (c->moe_intermediate_size > I) I = c->moe_intermediate_size;
-    if (c->shared_expert_intermediate_size > I) I = c->shared_expert_intermediate_size;
+    int64_t I = c->is_moe ? 0 : shard->inter;
+    if (c->is_moe && shard->moe_inter > I) I = shard->moe_inter;
+    if (c->is_moe && shard->shared_inter > I) I = shard->shared_inter;
     b->I = I;
     b->layers = calloc((size_t)(c->n_layers ? c->n_layers : 1), sizeof *b->layers);
     const size_t n_exp = c->is_moe ? (size_t)c->n_layers * 3 * (size_t)b->E : 1;
@@ -435,6 +594,8 @@ static st_status cuda_create(const st_model *m, const st_cuda_params *p, const s
     b->weight_bytes = u.at;
     st_status st = dev_alloc(b, b->weight_bytes, (void **)&b->weights, err);
     if (st == ST_OK && b->stage_bytes && !m->synthetic) st = dev_alloc(b, b->stage_bytes, (void **)&b->stage, err);
+    if (st == ST_OK && b->gather_bytes && !(b->gather = malloc(b->gather_bytes)))
+        st = fail(err, ST_ERR_NOMEM, "out of memory for a %zu MiB shard matrix", b->gather_bytes >> 20);
     if (st == ST_OK) {
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -477,6 +638,10 @@ static st_status cuda_create(const st_model *m, const st_cuda_params *p, const s
         cudaFree(b->stage);
         b->stage = NULL;
     }
+    free(b->gather);
+    b->gather = NULL;
+    /* NCCL between the job's GPUs (or one GPU on its own), else the host over the job's comm */
+    if (st == ST_OK && p->nccl) st = cu_nccl_create(b->comm, p->device, &b->nccl, err);
     if (st == ST_OK && m->n_linear && cu_gdn_prepare(b->Dk, b->Dv) != 0)
         st = fail(err, ST_ERR_UNSUPPORTED, "CUDA: a %dx%d delta-rule state head is not supported (key and value dims multiples of 4, key dims at most 256)",
                   b->Dk, b->Dv);
@@ -537,6 +702,14 @@ static void cuda_describe(const st_backend *base, char *buf, size_t cap) {
     snprintf(buf, cap, "%s, %.1f GiB; weights %.2f GiB uploaded in %.2f s (%.1f GB/s); precision %s", b->name,
              (double)b->total_mem / (double)(1u << 30), (double)b->weight_bytes / (double)(1u << 30), b->upload_s,
              b->upload_s > 0 ? (double)b->weight_bytes / b->upload_s / 1e9 : 0.0, modes[b->mm_mode]);
+    const size_t at = strlen(buf);
+    char nc[96] = "";
+    if (b->nccl) cu_nccl_describe(b->nccl, nc, sizeof nc);
+    if (b->world > 1)
+        snprintf(buf + at, cap > at ? cap - at : 0, "; rank %d of %d's shard, all-reduces over %s", b->rank, b->world,
+                 b->nccl ? nc : "the host");
+    else if (b->nccl)
+        snprintf(buf + at, cap > at ? cap - at : 0, "; all-reduces over %s", nc);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -613,13 +786,13 @@ enum { G_EAGER = 0, G_CAPTURE = 1, G_REPLAY = 2 };
 
 /* the kinds of op timed for st_bctx_cuda_op_times */
 enum { TK_EMBED, TK_NORM, TK_GDN_IN, TK_GDN_OUT, TK_QKV, TK_O, TK_GATE_UP, TK_DOWN, TK_GDN, TK_ATTN_PREP,
-       TK_ATTENTION, TK_MOE, TK_LOGITS, TK_COUNT };
+       TK_ATTENTION, TK_MOE, TK_LOGITS, TK_ALLREDUCE, TK_COUNT };
 static const char *const tk_name[TK_COUNT] = {
     "embedding",        "norms (add + RMSNorm)", "GDN in-projections", "GDN out_proj",
     "attention q/k/v",  "attention o_proj",      "MLP gate/up + SwiGLU", "MLP down",
     "delta rule (conv, q/k norms, state steps, gated norm)", "q/k norm, RoPE, KV write", "attention",
-    "MoE",              "LM head, logits to the host"};
-enum { OP_EMBED = 1, OP_ADD_NORM, OP_MATMUL, OP_GDN, OP_ATTN_PREP, OP_ATTENTION };
+    "MoE",              "LM head, logits to the host", "all-reduces (tensor parallelism)"};
+enum { OP_EMBED = 1, OP_ADD_NORM, OP_MATMUL, OP_GDN, OP_ATTN_PREP, OP_ATTENTION, OP_ALLREDUCE };
 
 typedef struct cuda_ctx {
     st_bctx base;
@@ -643,6 +816,13 @@ typedef struct cuda_ctx {
     float *att_split;         /* decode attention's chunks [cu_attn_split_floats(att_split_chunks)]; device, owned */
     int64_t att_split_chunks; /* 0: decode attention not split */
     int64_t w1, w2, w3, wm;
+    /* tensor parallelism (world > 1, or NCCL on its own) */
+    float *lg_part;           /* [LOGIT_CHUNK][Vmax] this rank's vocabulary slice of some logit rows; device, owned */
+    float *lg_all;            /* NCCL: [world][LOGIT_CHUNK][Vmax] every rank's; device, owned */
+    float *h_part;            /* host path: [max(T * d, LOGIT_CHUNK * Vmax)] pinned, owned */
+    float *h_all;             /* host path: [world][max(T * d, LOGIT_CHUNK * Vmax)], owned */
+    int comm_failed;          /* a collective failed this step: step_end reports comm_error */
+    char comm_error[512];
     /* storage */
     void *kv;
     size_t kv_block_elems, kv_elem, kv_bytes;
@@ -727,6 +907,8 @@ static void cuda_ctx_plan(const st_backend *base, const st_ctx_params *p, st_ctx
     floats += cu_mm_part_elems(p->max_tokens, widest_out(b)) + ws_floats(b);
     floats += cu_attn_split_floats(split_chunks(b, p), b->nh, b->hd);
     floats += chunk_ws_floats(b, p) + (LOGIT_CHUNK * sizeof(cu_logit_top) + cu_logit_top_scratch(LOGIT_CHUNK, b->V)) / sizeof(float);
+    if (b->world > 1) /* the logit slices and gathers (NCCL on the device, else through the host) */
+        floats += (size_t)LOGIT_CHUNK * (size_t)b->Vmax * (b->nccl ? 1 + (size_t)b->world : 1);
     out->scratch_bytes = floats * sizeof(float) + 2 * layout_of(p, cap_blocks_of(b, p)).total +
                          T * (size_t)(b->E + 4 * b->topk + 2) * 4;
     out->total_bytes = (size_t)p->n_blocks * out->kv_block_bytes + (size_t)(p->n_slots + p->n_snapshots) * out->slot_bytes +
@@ -741,7 +923,7 @@ static void cuda_ctx_destroy(st_bctx *base) {
     float *bufs[] = {c->x,   c->xn,   c->out, c->p1,   c->p2,   c->p3, c->p4, c->mix, c->gath,
                      c->gout, c->lg, c->small, (float *)c->mms.xs, c->mms.part, c->mms.wpart,
                      (float *)c->mms.wcount, c->att_split, c->conv, c->rec, c->d_w, c->chunk_ws,
-                     (float *)c->d_tops, (float *)c->d_top_scratch};
+                     (float *)c->d_tops, (float *)c->d_top_scratch, c->lg_part, c->lg_all};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) cudaFree(bufs[i]);
     if (c->kv) cudaFree(c->kv);
@@ -749,6 +931,8 @@ static void cuda_ctx_destroy(st_bctx *base) {
     if (c->d_list) cudaFree(c->d_list);
     if (c->h_plan) cudaFreeHost(c->h_plan);
     if (c->h_tops) cudaFreeHost(c->h_tops);
+    if (c->h_part) cudaFreeHost(c->h_part);
+    free(c->h_all);
     free(c->row_top);
     if (c->h_router) cudaFreeHost(c->h_router);
     if (c->h_list) cudaFreeHost(c->h_list);
@@ -825,6 +1009,22 @@ static st_status cuda_ctx_create(st_backend *base, const st_ctx_params *p, st_bc
         c->mms.wpart_elems = (int64_t)cu_ws_part_elems();
         c->mms.wcount_n = counts;
         c->bytes += ws_floats(b) * sizeof(float);
+    }
+    /* the all-reduces' and the logit gathers' buffers */
+    if (st == ST_OK && b->world > 1) {
+        const size_t lg = (size_t)LOGIT_CHUNK * (size_t)b->Vmax, red = (size_t)T * (size_t)b->d;
+        const size_t hn = lg > red ? lg : red;
+        st = dev_alloc(b, lg * sizeof(float), (void **)&c->lg_part, err);
+        c->bytes += lg * sizeof(float);
+        if (st == ST_OK && b->nccl) {
+            st = dev_alloc(b, (size_t)b->world * lg * sizeof(float), (void **)&c->lg_all, err);
+            c->bytes += (size_t)b->world * lg * sizeof(float);
+        } else if (st == ST_OK) {
+            if ((e = cudaMallocHost((void **)&c->h_part, hn * sizeof(float))) != cudaSuccess)
+                st = cuda_fail(err, e, "pinned staging");
+            c->h_all = malloc((size_t)b->world * hn * sizeof(float));
+            if (st == ST_OK && !c->h_all) st = fail(err, ST_ERR_NOMEM, "out of memory");
+        }
     }
     /* decode attention's chunks */
     c->att_split_chunks = split_chunks(b, p);
@@ -1129,6 +1329,88 @@ static void do_attention(cuda_ctx *c, int layer) {
     cu_attention(c->stream, &c->plan, &a, &kv);
 }
 
+/* ---- tensor parallelism ---- */
+
+static void comm_fail(cuda_ctx *c, const char *why) {
+    if (c->comm_failed) return;
+    c->comm_failed = 1;
+    snprintf(c->comm_error, sizeof c->comm_error, "%s", why);
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* recv[world][n] (host) = every rank's send[n] (host) over the job's communicator */
+static int host_allgather(cuda_ctx *c, const float *send, int64_t n, float *recv) {
+    struct st_comm *m = c->b->comm;
+    if (c->comm_failed) return -1;
+    if (m->broken || m->ops->allgather(m, send, (size_t)n * sizeof(float), recv) != 0) {
+        char why[320];
+        snprintf(why, sizeof why, "all-gather over %d ranks failed: %.250s", m->world, m->error);
+        comm_fail(c, why);
+        return -1;
+    }
+    return 0;
+}
+
+/* buf[n] (device) = its sum over the ranks: NCCL's on the device, or every rank's partial
+ * through the host, added in rank order (as dist/comm.c's st_comm_allreduce_sum: every rank
+ * the same bits) */
+static void do_allreduce(cuda_ctx *c, st_act a) {
+    cuda_backend *b = c->b;
+    float *buf = act(c, a);
+    const int64_t n = c->T * b->d;
+    if (b->nccl) {
+        if (cu_nccl_allreduce(b->nccl, buf, (size_t)n, c->stream)) comm_fail(c, cu_nccl_error(b->nccl));
+        if (b->comm) b->comm->allreduces++;
+        return;
+    }
+    const double t0 = now_s();
+    note(c, cudaMemcpyAsync(c->h_part, buf, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
+    note(c, cudaStreamSynchronize(c->stream));
+    if (host_allgather(c, c->h_part, n, c->h_all)) return;
+    for (int64_t e = 0; e < n; e++) {
+        float sum = c->h_all[e];
+        for (int r = 1; r < b->world; r++) sum += c->h_all[(int64_t)r * n + e];
+        c->h_part[e] = sum;
+    }
+    note(c, cudaMemcpyAsync(buf, c->h_part, (size_t)n * sizeof(float), cudaMemcpyHostToDevice, c->stream));
+    b->comm->allreduces++;
+    b->comm->allreduce_s += now_s() - t0;
+}
+
+/* lg[n][V] (device) = every rank's slice lg_part[n][Vmax] in its vocabulary columns */
+static void gather_logits(cuda_ctx *c, int64_t n) {
+    cuda_backend *b = c->b;
+    const size_t slice = (size_t)n * (size_t)b->Vmax;
+    const float *all = c->lg_all;
+    enum cudaMemcpyKind kind = cudaMemcpyDeviceToDevice;
+    const double t0 = now_s();
+    if (b->nccl) {
+        if (cu_nccl_allgather(b->nccl, c->lg_part, c->lg_all, slice, c->stream)) {
+            comm_fail(c, cu_nccl_error(b->nccl));
+            return;
+        }
+    } else {
+        note(c, cudaMemcpyAsync(c->h_part, c->lg_part, slice * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
+        note(c, cudaStreamSynchronize(c->stream));
+        if (host_allgather(c, c->h_part, (int64_t)slice, c->h_all)) return;
+        all = c->h_all;
+        kind = cudaMemcpyHostToDevice;
+    }
+    for (int k = 0; k < b->world; k++) { /* st_shard_vocab's even split */
+        const int64_t v0 = b->V * k / b->world, nv = b->V * (k + 1) / b->world - v0;
+        note(c, cudaMemcpy2DAsync(c->lg + v0, (size_t)b->V * sizeof(float), all + (size_t)k * slice,
+                                  (size_t)b->Vmax * sizeof(float), (size_t)nv * sizeof(float), (size_t)n, kind, c->stream));
+    }
+    if (!b->nccl) note(c, cudaStreamSynchronize(c->stream)); /* h_all is the next gather's */
+    b->comm->gathers++;
+    b->comm->gather_s += now_s() - t0;
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* graphs
  *
@@ -1157,6 +1439,7 @@ static void run_op(cuda_ctx *c, const g_op *o) {
     case OP_GDN: do_gdn(c, o->layer); break;
     case OP_ATTN_PREP: do_attn_prep(c, o->layer); break;
     case OP_ATTENTION: do_attention(c, o->layer); break;
+    case OP_ALLREDUCE: do_allreduce(c, (st_act)o->a); break;
     default: break;
     }
 }
@@ -1242,6 +1525,7 @@ static void graph_finish(cuda_ctx *c) {
 static void graph_begin(cuda_ctx *c, const st_step_plan *pl) {
     c->graph_mode = G_EAGER;
     if (c->timing || c->b->E || pl->n_tokens != pl->n_items || pl->n_tokens > c->p.n_slots) return;
+    if (c->b->world > 1 && !c->b->nccl) return; /* the host's all-reduces: a graph could hold no step */
     c->graph_T = pl->n_tokens;
     g_slot *g = &c->graphs[c->graph_T];
     if (g->refused) return;
@@ -1260,8 +1544,9 @@ static void graph_begin(cuda_ctx *c, const st_step_plan *pl) {
 /* an op of the layer loop: held by the graph, or run now (between its timing events) */
 static void layer_op(cuda_ctx *c, const g_op *o) {
     if (graph_op(c, o)) return;
-    static const int kind[] = {[OP_EMBED] = TK_EMBED, [OP_ADD_NORM] = TK_NORM, [OP_GDN] = TK_GDN,
-                               [OP_ATTN_PREP] = TK_ATTN_PREP, [OP_ATTENTION] = TK_ATTENTION};
+    static const int kind[] = {[OP_EMBED] = TK_EMBED,           [OP_ADD_NORM] = TK_NORM,
+                               [OP_GDN] = TK_GDN,               [OP_ATTN_PREP] = TK_ATTN_PREP,
+                               [OP_ATTENTION] = TK_ATTENTION,   [OP_ALLREDUCE] = TK_ALLREDUCE};
     tm_start(c);
     run_op(c, o);
     tm_stop(c, o->kind == OP_MATMUL ? tm_kind_of(o->mm[0].w) : kind[o->kind]);
@@ -1363,15 +1648,19 @@ static void cuda_moe(st_bctx *base, int layer) {
 }
 
 static void cuda_allreduce(st_bctx *base, st_act a) {
-    ((cuda_ctx *)base)->xs_holds = -1;
-    (void)a; /* world 1 */
+    cuda_ctx *c = (cuda_ctx *)base;
+    c->xs_holds = -1;
+    if (c->b->world == 1 && !c->b->nccl) return; /* nothing to sum */
+    if (!c->b->nccl && c->graph_mode != G_EAGER) graph_abort(c); /* the host's sums are not a graph's */
+    const g_op o = {.kind = OP_ALLREDUCE, .a = (int)a};
+    layer_op(c, &o);
 }
 
 static void cuda_logits(st_bctx *base, float *out) {
     cuda_ctx *c = (cuda_ctx *)base;
     graph_finish(c);
-    if (!out) return; /* nothing asked for */
     const cuda_backend *b = c->b;
+    if (!out && b->world == 1) return; /* nothing asked for (a shard takes part in the gathers) */
     const int64_t rows = c->hp->n_logit_rows;
     const int32_t *d_top = (const int32_t *)(c->d_plan + c->layout.top_rows);
     int64_t tops = 0; /* compact rows of the passes before */
@@ -1381,7 +1670,16 @@ static void cuda_logits(st_bctx *base, float *out) {
         for (int64_t j = 0; j < n; j++) nt += c->row_top[r0 + j];
         tm_start(c);
         cu_gather_rows(c->stream, c->xn, b->d, c->plan.rows + r0, n, c->gath);
-        cu_matmul(c->stream, &b->lm_head, c->gath, b->d, n, c->lg, b->V, b->mm_mode, &c->mms);
+        if (b->world > 1) { /* this rank's vocabulary slice, then every rank's */
+            cu_matmul(c->stream, &b->lm_head, c->gath, b->d, n, c->lg_part, b->Vmax, b->mm_mode, &c->mms);
+            gather_logits(c, n);
+            if (!out || c->comm_failed) {
+                tm_stop(c, TK_LOGITS);
+                continue;
+            }
+        } else {
+            cu_matmul(c->stream, &b->lm_head, c->gath, b->d, n, c->lg, b->V, b->mm_mode, &c->mms);
+        }
         if (nt) {
             cu_logit_tops(c->stream, c->lg, b->V, d_top + tops, nt, c->d_top_scratch, c->d_tops);
             note(c, cudaMemcpyAsync(c->h_tops, c->d_tops, (size_t)nt * sizeof(cu_logit_top), cudaMemcpyDeviceToHost,
@@ -1421,10 +1719,18 @@ static void cuda_write(st_bctx *base, st_act a, int64_t width, const float *in) 
 static st_status cuda_step_end(st_bctx *base, st_error *err) {
     cuda_ctx *c = (cuda_ctx *)base;
     graph_finish(c);
+    /* NCCL's collectives of a job: a peer that died or hangs is an error, not a wait for ever */
+    if (c->b->nccl && c->b->world > 1 && !c->comm_failed &&
+        cu_nccl_wait(c->b->nccl, c->stream, c->b->comm->timeout_s) != 0)
+        comm_fail(c, cu_nccl_error(c->b->nccl));
     note(c, cudaStreamSynchronize(c->stream));
     note(c, cudaGetLastError());
     tm_collect(c);
     c->hp = NULL;
+    if (c->comm_failed) { /* the job is broken (the scheduler ends on ST_ERR_IO) */
+        c->comm_failed = 0;
+        return fail(err, ST_ERR_IO, "tensor parallelism: %s", c->comm_error);
+    }
     if (c->first_error != cudaSuccess) return cuda_fail(err, c->first_error, "a step");
     return ST_OK;
 }
@@ -1546,6 +1852,7 @@ static const st_cuda_entry entry = {
     .graphs = cuda_graphs,
     .time_ops = cuda_time_ops,
     .op_times = cuda_op_times,
+    .vision_create = cuda_vision_create,
 };
 
 __attribute__((visibility("default"))) const st_cuda_entry *st_cuda_entry_get(void) { return &entry; }
