@@ -164,6 +164,10 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     float d[128];
 #pragma unroll
     for (int i = 0; i < 128; i++) d[i] = 0.0f;
+    /* one stage's MMAs stay in flight while the next stage's are issued: a stage is freed
+     * once the group after it has been committed and its own has completed (the tensor
+     * cores never wait for the barrier round trip; the order of the sums is unchanged) */
+    int prev = -1;
     for (int i = 0; i < nk; i++) {
         const int s = i % WG_STAGES;
         mbar_wait(full + 8 * s, (i / WG_STAGES) & 1);
@@ -178,10 +182,13 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                           wg_desc(st + 2 * WG_A_STEP + h * WG_B_STEP + 32 * kk));
         }
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
         wg_fence_regs(d);
-        if (lane == 0) mbar_arrive(empty + 8 * s);
+        if (prev >= 0 && lane == 0) mbar_arrive(empty + 8 * prev);
+        prev = s;
     }
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    wg_fence_regs(d);
     /* d[4j + e]: row 16 warp + g (+ 8 for e >= 2), token 8j + 2t + (e & 1) */
     const int g = lane / 4, t = lane % 4;
     const int64_t r0 = (int64_t)rb * WG_BM + c * 64 + warp * 16 + g, n0 = (int64_t)tb * WG_BN + 2 * t;
