@@ -5,6 +5,7 @@
 #ifndef ST_TESTS_KIT_H
 #define ST_TESTS_KIT_H
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,6 +45,25 @@ __attribute__((unused)) static st_backend *kit_backend(const st_model *m, const 
     }
     if (st_backend_cpu_create(m, p ? p : &e, NULL, &b, err) != ST_OK) return NULL;
     return b;
+}
+
+/* The largest error of rows[V] a against b, each row's relative to its largest |b| (and at
+ * least 1): max over rows of max |a - b| / max(1, max |b|); NaN sticks. */
+__attribute__((unused)) static double kit_row_err(const float *a, const float *b, int64_t rows, int64_t V) {
+    double worst = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        double mx = 1, d = 0;
+        for (int64_t j = 0; j < V; j++) {
+            const double bv = fabs((double)b[r * V + j]);
+            if (bv > mx) mx = bv;
+        }
+        for (int64_t j = 0; j < V; j++) {
+            const double e = fabs((double)a[r * V + j] - (double)b[r * V + j]);
+            if (!(e <= d)) d = e;
+        }
+        if (!(d / mx <= worst)) worst = d / mx;
+    }
+    return worst;
 }
 
 /* A forward context on b for the cache's sequences, max_tokens per step. */

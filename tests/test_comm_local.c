@@ -139,16 +139,7 @@ static void job(const st_model *m, int world, const int32_t *want_tok, const flo
         pthread_join(th[r], NULL);
         if (st == ST_OK && fo[r].st != ST_OK) st = fo[r].st, err = fo[r].err;
     }
-    double worst = 0; /* relative to each row's largest logit (and at least 1) */
-    for (int64_t k = 0; st == ST_OK && k < n_new; k++) {
-        double mx = 1, d = 0;
-        for (int64_t v = 0; v < V; v++) {
-            if (fabs((double)want_lg[k * V + v]) > mx) mx = fabs((double)want_lg[k * V + v]);
-            const double e = fabs((double)lg[k * V + v] - (double)want_lg[k * V + v]);
-            if (!(e <= d)) d = e;
-        }
-        if (!(d / mx <= worst)) worst = d / mx;
-    }
+    const double worst = st == ST_OK ? kit_row_err(lg, want_lg, n_new, V) : INFINITY;
     CHECK(st == ST_OK && !memcmp(tok, want_tok, (size_t)n_new * sizeof *tok) && worst <= 1e-5,
           "tiny-b over %d in-process ranks through the relay: the whole model's %d greedy tokens, logits within 1e-5 "
           "of each row's largest (worst %.2e; %lld all-reduces on rank 0) %s",

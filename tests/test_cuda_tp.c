@@ -49,24 +49,6 @@ static void *follow_main(void *arg) {
     return NULL;
 }
 
-/* max over rows of max |a - b| / max(1, max |b|) */
-static double row_err(const float *a, const float *b, int64_t rows, int64_t V) {
-    double worst = 0;
-    for (int64_t r = 0; r < rows; r++) {
-        double mx = 1, d = 0;
-        for (int64_t j = 0; j < V; j++) {
-            const double bv = fabs((double)b[r * V + j]);
-            if (bv > mx) mx = bv;
-        }
-        for (int64_t j = 0; j < V; j++) {
-            const double e = fabs((double)a[r * V + j] - (double)b[r * V + j]);
-            if (!(e <= d)) d = e;
-        }
-        if (!(d / mx <= worst)) worst = d / mx;
-    }
-    return worst;
-}
-
 typedef struct step_spec {
     int n_items, seq[2], t0[2], n[2], logits[2];
 } step_spec;
@@ -120,7 +102,7 @@ static st_status run_steps(const st_model *m, st_backend *whole, st_backend *oth
             if (st != ST_OK) break;
             st_batch_commit(cache, items, steps[s].n_items);
             const int64_t rows = pb.plan.n_logit_rows;
-            const double e = row_err(got, want, rows, V);
+            const double e = kit_row_err(got, want, rows, V);
             if (!(e <= *worst)) *worst = e;
             *same &= !memcmp(got, want, (size_t)(rows * V) * sizeof(float));
         }

@@ -50,22 +50,6 @@ static void *rank_main(void *arg) {
     return NULL;
 }
 
-/* max over rows of max |a - b| / max(1, max |b|) */
-static double row_err(const float *a, const float *b, int64_t rows, int64_t V) {
-    double worst = 0;
-    for (int64_t r = 0; r < rows; r++) {
-        double mx = 1, d = 0;
-        for (int64_t j = 0; j < V; j++) {
-            double bv = fabs((double)b[r * V + j]);
-            if (bv > mx) mx = bv;
-            double e = fabs((double)a[r * V + j] - (double)b[r * V + j]);
-            if (!(e <= d)) d = e;
-        }
-        if (!(d / mx <= worst)) worst = d / mx;
-    }
-    return worst;
-}
-
 /* The steps: two sequences' prompts (one in two chunks), then decode steps of both. */
 typedef struct step_spec {
     int n_items;
@@ -149,7 +133,7 @@ static void run_world(const char *dir, const st_model *m, const int32_t *ids, in
             }
             st_batch_commit(cache, items, steps[s].n_items);
             const int64_t rows = pb.plan.n_logit_rows;
-            double e = row_err(got[0], want, rows, V);
+            double e = kit_row_err(got[0], want, rows, V);
             if (!(e <= worst)) worst = e;
             for (int r = 1; r < world; r++) same &= !memcmp(got[r], got[0], (size_t)(rows * V) * sizeof(float));
         }

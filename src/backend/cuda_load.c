@@ -49,16 +49,29 @@ int st_cuda_available(const st_cuda_params *p, char *why, size_t why_cap) {
     return 0;
 }
 
+/* the library's entry where p's device is usable, else NULL with ST_ERR_UNSUPPORTED saying why
+ * (`what`: what the device is for) */
+static const st_cuda_entry *usable(const st_cuda_params *p, const char *what, st_error *err) {
+    char why[512] = "";
+    const st_cuda_entry *e = load(p, why, sizeof why);
+    if (!e) {
+        st_error_set(err, ST_ERR_UNSUPPORTED, "%s", why);
+        return NULL;
+    }
+    if (!e->available(p->device, why, sizeof why)) {
+        st_error_set(err, ST_ERR_UNSUPPORTED, "no usable CUDA device%s: %s", what, why);
+        return NULL;
+    }
+    return e;
+}
+
 st_status st_backend_cuda_create(const st_model *m, const st_cuda_params *p, st_backend **out,
                                  st_error *err) {
     *out = NULL;
     st_cuda_params dp = st_cuda_default_params();
     if (!p) p = &dp;
-    char why[512] = "";
-    const st_cuda_entry *e = load(p, why, sizeof why);
-    if (!e) return st_error_set(err, ST_ERR_UNSUPPORTED, "%s", why);
-    if (!e->available(p->device, why, sizeof why))
-        return st_error_set(err, ST_ERR_UNSUPPORTED, "no usable CUDA device: %s", why);
+    const st_cuda_entry *e = usable(p, "", err);
+    if (!e) return ST_ERR_UNSUPPORTED;
     st_shard sh;
     const int world = p->comm ? p->comm->world : 1, rank = p->comm ? p->comm->rank : 0;
     st_status st = st_shard_make(m, rank, world, &sh, err);
@@ -112,10 +125,6 @@ st_status st_cuda_vision_create(const st_cuda_params *p, const struct st_vision_
     *out = NULL;
     st_cuda_params dp = st_cuda_default_params();
     if (!p) p = &dp;
-    char why[512] = "";
-    const st_cuda_entry *e = load(p, why, sizeof why);
-    if (!e) return st_error_set(err, ST_ERR_UNSUPPORTED, "%s", why);
-    if (!e->available(p->device, why, sizeof why))
-        return st_error_set(err, ST_ERR_UNSUPPORTED, "no usable CUDA device for the vision tower: %s", why);
-    return e->vision_create(v, p->device, out, err);
+    const st_cuda_entry *e = usable(p, " for the vision tower", err);
+    return e ? e->vision_create(v, p->device, out, err) : ST_ERR_UNSUPPORTED;
 }

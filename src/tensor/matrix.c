@@ -11,49 +11,6 @@ int st_affine_bits_supported(int bits) {
     return bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8;
 }
 
-st_matrix st_matrix_rows(const st_matrix *m, int64_t r0, int64_t n) {
-    ST_ASSERT(r0 >= 0 && n >= 0 && r0 + n <= m->rows);
-    st_matrix v = *m;
-    const int64_t ld = st_matrix_ld(m);
-    v.rows = n;
-    v.pack = ST_WPACK_NONE;
-    v.packed = NULL;
-    v.ld = ld;
-    if (m->fmt == ST_WFMT_AFFINE) {
-        const size_t es = st_dtype_size(m->sdtype), lds = (size_t)(ld / m->group);
-        v.data = (const uint8_t *)m->data + (size_t)r0 * (size_t)(ld * m->bits / 8);
-        v.scales = (const uint8_t *)m->scales + (size_t)r0 * lds * es;
-        v.biases = (const uint8_t *)m->biases + (size_t)r0 * lds * es;
-    } else {
-        v.data = (const uint8_t *)m->data + (size_t)r0 * (size_t)ld * (m->fmt == ST_WFMT_F32 ? 4 : 2);
-    }
-    return v;
-}
-
-int st_matrix_cols_ok(const st_matrix *m, int64_t c0, int64_t n) {
-    if (c0 < 0 || n < 1 || c0 + n > m->cols) return 0;
-    if (m->fmt != ST_WFMT_AFFINE) return 1;
-    return c0 % m->group == 0 && n % m->group == 0 && (c0 * m->bits) % 32 == 0;
-}
-
-st_matrix st_matrix_cols(const st_matrix *m, int64_t c0, int64_t n) {
-    ST_ASSERT(st_matrix_cols_ok(m, c0, n));
-    st_matrix v = *m;
-    v.cols = n;
-    v.pack = ST_WPACK_NONE;
-    v.packed = NULL;
-    v.ld = st_matrix_ld(m);
-    if (m->fmt == ST_WFMT_AFFINE) {
-        const size_t es = st_dtype_size(m->sdtype);
-        v.data = (const uint8_t *)m->data + (size_t)(c0 * m->bits / 8);
-        v.scales = (const uint8_t *)m->scales + (size_t)(c0 / m->group) * es;
-        v.biases = (const uint8_t *)m->biases + (size_t)(c0 / m->group) * es;
-    } else {
-        v.data = (const uint8_t *)m->data + (size_t)c0 * (m->fmt == ST_WFMT_F32 ? 4 : 2);
-    }
-    return v;
-}
-
 size_t st_matrix_row_bytes(const st_matrix *m) {
     switch (m->fmt) {
     case ST_WFMT_F32: return (size_t)m->cols * 4;

@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/status.h"
 #include "tensor/dtype.h"
 
 /* Storage format of a weight matrix (append-only). */
@@ -62,12 +63,60 @@ typedef struct st_matrix {
 /* Elements from one row to the next. */
 static inline int64_t st_matrix_ld(const st_matrix *m) { return m->ld ? m->ld : m->cols; }
 
-/* A view of rows [r0, r0 + n) of m (unpacked; shares m's storage). */
-st_matrix st_matrix_rows(const st_matrix *m, int64_t r0, int64_t n);
+/* Views of a matrix (unpacked; sharing its storage): header-only, so that the backends' own
+ * shared objects (the CUDA backend's upload of a shard) take the same views. A matrix without
+ * storage (a synthetic model's shape) gives a view without storage. */
+
+/* bytes of an AFFINE matrix's scale or bias (F32, F16 or BF16) */
+static inline size_t st_matrix_scale_bytes(const st_matrix *m) { return m->sdtype == ST_DTYPE_F32 ? 4 : 2; }
+
+/* A view of rows [r0, r0 + n) of m. */
+static inline st_matrix st_matrix_rows(const st_matrix *m, int64_t r0, int64_t n) {
+    ST_ASSERT(r0 >= 0 && n >= 0 && r0 + n <= m->rows);
+    st_matrix v = *m;
+    const int64_t ld = st_matrix_ld(m);
+    v.rows = n;
+    v.pack = ST_WPACK_NONE;
+    v.packed = NULL;
+    v.ld = ld;
+    if (!m->data) return v;
+    if (m->fmt == ST_WFMT_AFFINE) {
+        const size_t es = st_matrix_scale_bytes(m), lds = (size_t)(ld / m->group);
+        v.data = (const uint8_t *)m->data + (size_t)r0 * (size_t)(ld * m->bits / 8);
+        v.scales = (const uint8_t *)m->scales + (size_t)r0 * lds * es;
+        v.biases = (const uint8_t *)m->biases + (size_t)r0 * lds * es;
+    } else {
+        v.data = (const uint8_t *)m->data + (size_t)r0 * (size_t)ld * (m->fmt == ST_WFMT_F32 ? 4 : 2);
+    }
+    return v;
+}
+
 /* 1 when columns [c0, c0 + n) of m can be a view: whole quantization groups for AFFINE. */
-int st_matrix_cols_ok(const st_matrix *m, int64_t c0, int64_t n);
-/* A view of columns [c0, c0 + n) of m (st_matrix_cols_ok must hold; unpacked). */
-st_matrix st_matrix_cols(const st_matrix *m, int64_t c0, int64_t n);
+static inline int st_matrix_cols_ok(const st_matrix *m, int64_t c0, int64_t n) {
+    if (c0 < 0 || n < 1 || c0 + n > m->cols) return 0;
+    if (m->fmt != ST_WFMT_AFFINE) return 1;
+    return c0 % m->group == 0 && n % m->group == 0 && (c0 * m->bits) % 32 == 0;
+}
+
+/* A view of columns [c0, c0 + n) of m (st_matrix_cols_ok must hold). */
+static inline st_matrix st_matrix_cols(const st_matrix *m, int64_t c0, int64_t n) {
+    st_matrix v = *m;
+    v.cols = n;
+    v.pack = ST_WPACK_NONE;
+    v.packed = NULL;
+    v.ld = st_matrix_ld(m);
+    if (!m->data) return v; /* a shape (whose groups a synthetic shard need not respect) */
+    ST_ASSERT(st_matrix_cols_ok(m, c0, n));
+    if (m->fmt == ST_WFMT_AFFINE) {
+        const size_t es = st_matrix_scale_bytes(m);
+        v.data = (const uint8_t *)m->data + (size_t)(c0 * m->bits / 8);
+        v.scales = (const uint8_t *)m->scales + (size_t)(c0 / m->group) * es;
+        v.biases = (const uint8_t *)m->biases + (size_t)(c0 / m->group) * es;
+    } else {
+        v.data = (const uint8_t *)m->data + (size_t)c0 * (m->fmt == ST_WFMT_F32 ? 4 : 2);
+    }
+    return v;
+}
 
 /* Bytes one row occupies (data plus scales and biases). */
 size_t st_matrix_row_bytes(const st_matrix *m);

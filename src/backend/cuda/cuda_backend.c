@@ -280,45 +280,8 @@ static void put_mat(uploader *u, const st_matrix *w, cu_mat *out) {
     }
 }
 
-/* ---- a shard's matrices: views of the model's (as tensor/matrix.c makes them; the shared
- * object calls nothing of libstrand), made contiguous in host memory for their upload ---- */
-
-static st_matrix view_rows(const st_matrix *w, int64_t r0, int64_t n) {
-    st_matrix v = *w;
-    const int64_t ld = w->ld ? w->ld : w->cols;
-    v.rows = n;
-    v.ld = ld;
-    v.pack = ST_WPACK_NONE;
-    v.packed = NULL;
-    if (!w->data) return v; /* synthetic: a shape */
-    if (w->fmt == ST_WFMT_AFFINE) {
-        const size_t es = dtype_size(w->sdtype), lds = (size_t)(ld / w->group);
-        v.data = (const uint8_t *)w->data + (size_t)r0 * (size_t)(ld * w->bits / 8);
-        v.scales = (const uint8_t *)w->scales + (size_t)r0 * lds * es;
-        v.biases = (const uint8_t *)w->biases + (size_t)r0 * lds * es;
-    } else {
-        v.data = (const uint8_t *)w->data + (size_t)r0 * (size_t)ld * (w->fmt == ST_WFMT_F32 ? 4 : 2);
-    }
-    return v;
-}
-
-static st_matrix view_cols(const st_matrix *w, int64_t c0, int64_t n) {
-    st_matrix v = *w;
-    v.cols = n;
-    v.ld = w->ld ? w->ld : w->cols;
-    v.pack = ST_WPACK_NONE;
-    v.packed = NULL;
-    if (!w->data) return v;
-    if (w->fmt == ST_WFMT_AFFINE) {
-        const size_t es = dtype_size(w->sdtype);
-        v.data = (const uint8_t *)w->data + (size_t)(c0 * w->bits / 8);
-        v.scales = (const uint8_t *)w->scales + (size_t)(c0 / w->group) * es;
-        v.biases = (const uint8_t *)w->biases + (size_t)(c0 / w->group) * es;
-    } else {
-        v.data = (const uint8_t *)w->data + (size_t)c0 * (w->fmt == ST_WFMT_F32 ? 4 : 2);
-    }
-    return v;
-}
+/* ---- a shard's matrices: views of the model's (tensor/matrix.h's, header-only), made
+ * contiguous in host memory for their upload ---- */
 
 /* The views parts[n] (one width, one format) one under the other as one contiguous matrix:
  * in b->gather while copying (the sizing pass only counts its bytes), or the view itself
@@ -366,7 +329,7 @@ static void put_rows(uploader *u, const st_matrix *w, int64_t r0, int64_t n, cu_
         put_mat(u, w, out);
         return;
     }
-    const st_matrix v = view_rows(w, r0, n), g = stacked(u, &v, 1);
+    const st_matrix v = st_matrix_rows(w, r0, n), g = stacked(u, &v, 1);
     put_mat(u, &g, out);
 }
 
@@ -376,7 +339,7 @@ static void put_cols(uploader *u, const st_matrix *w, int64_t c0, int64_t n, cu_
         put_mat(u, w, out);
         return;
     }
-    const st_matrix v = view_cols(w, c0, n), g = stacked(u, &v, 1);
+    const st_matrix v = st_matrix_cols(w, c0, n), g = stacked(u, &v, 1);
     put_mat(u, &g, out);
 }
 
@@ -416,7 +379,7 @@ static void put_model(uploader *u, const st_model *m, float *conv_tmp) {
                 put_mat(u, &L->in_qkv, &o->w[ST_W_IN_QKV]);
             } else {
                 st_matrix parts[3];
-                for (int k = 0; k < 3; k++) parts[k] = view_rows(&L->in_qkv, sec[k][0], sec[k][1]);
+                for (int k = 0; k < 3; k++) parts[k] = st_matrix_rows(&L->in_qkv, sec[k][0], sec[k][1]);
                 const st_matrix g = stacked(u, parts, 3);
                 put_mat(u, &g, &o->w[ST_W_IN_QKV]);
             }
