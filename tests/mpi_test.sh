@@ -82,8 +82,12 @@ c=$(grep -c "do not split over 3 ranks" "$T/err")
 if [ $rc -ne 0 ] && [ "$c" -ge 3 ]; then ok "tiny-a over 3 ranks is refused on every rank ($c times: $(grep -m1 'split' "$T/err"))"
 else nok "tiny-a over 3 ranks: rc $rc, $c refusals ($(head -c 300 "$T/err"))"; fi
 job 2 generate --device cuda -m $D/tiny-a --ids 1,2 -n 2 >"$T/out" 2>"$T/err"
-if [ $? -ne 0 ] && grep -q "tensor parallelism runs on the CPU backend" "$T/err"; then ok "--device cuda under mpirun is refused (no NCCL yet)"
-else nok "--device cuda under mpirun: $(head -c 300 "$T/err")"; fi
+rc=$?
+c=$(grep -cE "no usable CUDA device|CUDA backend library could not be loaded" "$T/err")
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
+    ok "--device cuda under mpirun: a GPU is here (tests/test_cuda_tp.c and make test-gpu run the CUDA shards)"
+elif [ $rc -ne 0 ] && [ "$c" -ge 2 ]; then ok "--device cuda under mpirun without a GPU: a clear error on every rank ($(grep -m1 -E 'CUDA' "$T/err"))"
+else nok "--device cuda under mpirun without a GPU: rc $rc, $c errors ($(head -c 300 "$T/err"))"; fi
 job 2 tokenize -m $D/tiny-a --text hi >"$T/out" 2>"$T/err"
 if [ $? -ne 0 ] && grep -q "does not run as a tensor-parallel job" "$T/err"; then ok "tokenize under mpirun is refused, saying what runs"
 else nok "tokenize under mpirun: $(head -c 300 "$T/err")"; fi
