@@ -3,7 +3,10 @@
 # this there): the GPU tests, the wgmma products against k_gemm, and `strand bench` on the
 # 27B shape in both precisions with each prefill's device time by operation. Logs go to
 # OUTDIR (default bench/out/gpu); a summary is printed last.
-#   bench/cuda/gpu_session.sh [OUTDIR] [tests|wg|bench|mlx ...]   (default: all four)
+#   bench/cuda/gpu_session.sh [OUTDIR] [tests|wg|bench|mlx|tp|vision|long ...]   (default: the first four)
+# tp: tests/test_cuda_tp.c with timestamps, and (with build/mpi from pack.sh --mpi) 2 ranks of
+# mpirun on this GPU against one process; vision: the tower's images/s; long: the 0.8B shape's
+# 210,668 -> 243,192-token prefix scenario.
 set -u
 cd "$(dirname "$0")/../.."
 O=${1:-bench/out/gpu}
@@ -43,6 +46,28 @@ if has mlx; then
             grep -A16 'decode step at batch 1 ' "$O/bench_${dt}_$prec.err"
         done
     done
+fi
+if has tp; then
+    NCCL_DEBUG=WARN timeout 240 build/tests/test_cuda_tp 2>&1 | while IFS= read -r l; do echo "$(date +%T) $l"; done >"$O/tp.txt"
+    cat "$O/tp.txt"
+    if [ -f build/mpi/env.sh ]; then
+        a=$($S generate --device cuda -m tests/data/fixtures/tiny-b --ids 1,2,3,4,5 -n 16 2>/dev/null)
+        b=$(. build/mpi/env.sh && timeout 120 mpirun --allow-run-as-root --oversubscribe -np 2 -x STRAND_CUDA_DEVICE=0 \
+            -x STRAND_NCCL=0 -x LD_LIBRARY_PATH $S generate --device cuda -m tests/data/fixtures/tiny-b --ids 1,2,3,4,5 \
+            -n 16 2>"$O/mpirun_tp.err")
+        echo "mpirun -np 2, CUDA shards on one GPU: '$b' (one process: '$a')"
+        tail -5 "$O/mpirun_tp.err"
+    fi
+fi
+if has vision; then
+    timeout 100 $S synth --preset tiny --vision-full --tokenizer tests/data/tokenizers/qwen3 -o /tmp/tvf >/dev/null 2>&1
+    timeout 100 $S bench --device cuda -m /tmp/tvf --image 1024x768,448x448 --decode-s 3 >"$O/vision.txt" 2>&1
+    cat "$O/vision.txt"
+fi
+if has long; then
+    timeout 300 $S bench --device cuda --synth 0.8b --dtype bf16 --precision bf16 --kv-dtype bf16 --prefix --prefix-turns 2 \
+        --prefix-long 210668,243192 >"$O/prefix_long.txt" 2>&1
+    tail -8 "$O/prefix_long.txt"
 fi
 if has tests; then
     timeout 300 tests/gpu_test.sh >"$O/test_gpu.txt" 2>&1
