@@ -134,7 +134,15 @@ static void job(const st_model *m, int world, const int32_t *want_tok, const flo
     float *lg = calloc((size_t)(n_new * V), sizeof(float));
     if (st == ST_OK) st = st_backend_create(m, &p, &b, &err);
     if (st == ST_OK) st = greedy(b, m, n_new, tok, lg, &err);
-    if (b) st_relay_end(b, &(st_error){0});
+    /* on rank 0 destroying the backend ends the job's work (the followers return); with
+     * world 2 the end is sent first by hand, and the destroy must not send it again (it
+     * would wait out the watchdog for followers that are gone) */
+    if (world == 2 && b) st_relay_end(b, &(st_error){0});
+    const double t_end = st_now_s();
+    st_backend_destroy(b);
+    const double end_s = st_now_s() - t_end;
+    b = NULL;
+    if (world == 2) CHECK(end_s < 5.0, "st_relay_end, then the backend's destroy: the end is sent once (%.2f s)", end_s);
     for (int r = 1; r <= started; r++) {
         pthread_join(th[r], NULL);
         if (st == ST_OK && fo[r].st != ST_OK) st = fo[r].st, err = fo[r].err;
@@ -144,7 +152,6 @@ static void job(const st_model *m, int world, const int32_t *want_tok, const flo
           "tiny-b over %d in-process ranks through the relay: the whole model's %d greedy tokens, logits within 1e-5 "
           "of each row's largest (worst %.2e; %lld all-reduces on rank 0) %s",
           world, n_new, worst, (long long)(ranks[0] ? ranks[0]->allreduces : 0), err.msg);
-    st_backend_destroy(b);
     for (int r = 0; r < world; r++) st_comm_destroy(ranks[r]);
     free(lg);
 }

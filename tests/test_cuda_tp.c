@@ -149,10 +149,8 @@ static void run_world(const char *name, const st_model *m, st_backend *whole, co
     if (st == ST_OK) st = run_steps(m, whole, b0, ids, PROMPT, &worst, &same, &err);
     char desc[600] = "";
     if (b0) st_backend_describe(b0, desc, sizeof desc);
-    if (b0) {
-        st_error e2 = {0};
-        st_relay_end(b0, &e2); /* the followers return */
-    }
+    st_backend_destroy(b0); /* on rank 0 it ends the job's work: the followers return */
+    b0 = NULL;
     for (int r = 1; r <= started; r++) {
         pthread_join(th[r], NULL);
         if (st == ST_OK && fol[r].st != ST_OK) st = fol[r].st, err = fol[r].err;
@@ -161,7 +159,6 @@ static void run_world(const char *name, const st_model *m, st_backend *whole, co
           "%s over %d CUDA shards on one GPU (host all-reduces, the relay): prefill chunks, ragged batches and decode "
           "match the whole model within %.0e (worst %.2e; %.1f s) [%s] %s",
           name, world, TOL, worst, st_now_s() - t0, strstr(desc, "rank") ? strstr(desc, "rank") : desc, err.msg);
-    st_backend_destroy(b0);
     for (int r = 0; r < world; r++) st_comm_destroy(ranks[r]);
 }
 

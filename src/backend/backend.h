@@ -258,6 +258,7 @@ struct st_backend {
                                 NULL for a process on its own. On rank 0, st_fwd sends every
                                 context, step and copy to the other ranks (dist/relay.h). */
     int relay_ctxs;          /* contexts st_fwd made on it so far (their ids for the relay) */
+    int relay_ended;         /* 1: st_relay_end has told the other ranks the work is over */
     int logits_top;          /* 1: ops->logits writes ST_LOGITS_LAST_TOP rows compact itself
                                 (else st_fwd_run compacts the whole rows it wrote) */
 };

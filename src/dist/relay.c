@@ -82,6 +82,8 @@ st_status st_relay_kv_copy(st_backend *b, int id, int32_t from, int32_t to, st_e
 }
 
 st_status st_relay_end(st_backend *b, st_error *err) {
+    if (b->relay_ended) return ST_OK; /* once: the followers have returned */
+    b->relay_ended = 1;
     relay_msg m = {.kind = MSG_END};
     return send_msg(b, &m, err);
 }

@@ -35,7 +35,7 @@ st_status st_relay_enable_embeds(st_backend *b, int id, st_error *err);
 st_status st_relay_step(st_backend *b, int id, const st_step_plan *plan, void *pack, st_error *err);
 st_status st_relay_state_copy(st_backend *b, int id, int from, int to, st_error *err);
 st_status st_relay_kv_copy(st_backend *b, int id, int32_t from, int32_t to, st_error *err);
-/* the job's work is over: every follower returns */
+/* the job's work is over: every follower returns (once; st_backend_destroy calls it too) */
 st_status st_relay_end(st_backend *b, st_error *err);
 
 /* ---- every other rank ---- */
