@@ -28,9 +28,8 @@ typedef struct nccl_api {
     const char *(*error_string)(ncclResult_t);
 } nccl_api;
 
-/* The library, opened once a process and never closed (NCCL keeps threads and state of its
- * own; on the H200 a process that closed it after its first communicator and opened it again
- * for a second hung there). */
+/* The library, opened once a process and never closed: NCCL keeps threads and state of its
+ * own, which must not outlive its code. */
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static void *g_lib;
 static nccl_api g_api;
