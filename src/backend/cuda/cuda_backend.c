@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "backend/cuda.h"
+#include "backend/cuda/cu_error.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/nccl_comm.h"
 #include "backend/cuda/vision_cuda.h"
@@ -35,23 +36,11 @@ _Static_assert(sizeof(cu_logit_top) == sizeof(st_logit_top) && CU_TOP_MAX == ST_
 #include "model/model.h"
 
 /* ---------------------------------------------------------------------------------------- */
-/* errors (the shared object's own: libstrand's st_error_set is not linked in) */
-
-static st_status fail(st_error *err, st_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static st_status fail(st_error *err, st_status st, const char *fmt, ...) {
-    if (err) {
-        err->status = st;
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-        va_end(ap);
-    }
-    return st;
-}
+/* errors (cu_error.h: the shared object's own st_error_set) */
 
 static st_status cuda_fail(st_error *err, cudaError_t e, const char *what) {
-    return fail(err, e == cudaErrorMemoryAllocation ? ST_ERR_NOMEM : ST_ERR_INTERNAL, "CUDA: %s: %s", what,
-                cudaGetErrorString(e));
+    return cu_error_set(err, e == cudaErrorMemoryAllocation ? ST_ERR_NOMEM : ST_ERR_INTERNAL, "CUDA: %s: %s", what,
+                        cudaGetErrorString(e));
 }
 
 static size_t dtype_size(st_dtype d) { return d == ST_DTYPE_F32 ? 4 : 2; }
@@ -112,8 +101,8 @@ static st_status dev_alloc(cuda_backend *b, size_t bytes, void **out, st_error *
     cudaError_t e = cudaMalloc(out, bytes);
     if (e != cudaSuccess) {
         *out = NULL;
-        return fail(err, ST_ERR_NOMEM, "CUDA: cannot allocate %zu MiB on the device: %s", bytes >> 20,
-                    cudaGetErrorString(e));
+        return cu_error_set(err, ST_ERR_NOMEM, "CUDA: cannot allocate %zu MiB on the device: %s", bytes >> 20,
+                            cudaGetErrorString(e));
     }
     b->allocs++;
     return ST_OK;
@@ -307,7 +296,8 @@ static st_matrix stacked(uploader *u, const st_matrix *parts, int n) {
     for (int i = 0; i < n; i++) {
         const st_matrix *w = &parts[i];
         const int64_t ld = w->ld ? w->ld : w->cols;
-        const size_t dld = aff ? (size_t)(ld * w->bits / 8) : (size_t)ld * es, sld = aff ? (size_t)(ld / w->group) * es : 0;
+        const size_t dld = aff ? (size_t)(ld * w->bits / 8) : (size_t)ld * es;
+        const size_t sld = aff ? (size_t)(ld / w->group) * es : 0;
         for (int64_t r = 0; r < w->rows; r++) {
             memcpy(dp, (const uint8_t *)w->data + (size_t)r * dld, drow), dp += drow;
             if (!aff) continue;
@@ -461,45 +451,46 @@ static st_status cuda_create(const st_model *m, const st_cuda_params *p, const s
                              st_error *err) {
     *out = NULL;
     if (m->cfg.is_moe && m->cfg.n_experts > 1024)
-        return fail(err, ST_ERR_UNSUPPORTED, "the CUDA backend routes at most 1024 experts (the model has %d)",
-                    m->cfg.n_experts);
+        return cu_error_set(err, ST_ERR_UNSUPPORTED, "the CUDA backend routes at most 1024 experts (the model has %d)",
+                            m->cfg.n_experts);
     const int world = shard->world;
     if (world > 1 && (!p->comm || p->comm->world != world || p->comm->rank != shard->rank))
-        return fail(err, ST_ERR_ARG, "a CUDA shard of %d ranks needs its job's communicator", world);
+        return cu_error_set(err, ST_ERR_ARG, "a CUDA shard of %d ranks needs its job's communicator", world);
     /* the kernels map a local query head to a local KV head (and a GDN value head to its key
      * head) by the local ratio: every rank's heads must cover whole groups */
     {
         const st_config *mc = &m->cfg;
-        const int g = mc->n_kv_heads ? mc->n_heads / mc->n_kv_heads : 1, lr = shard->n_kv_heads ? shard->n_heads / shard->n_kv_heads : 1;
+        const int g = mc->n_kv_heads ? mc->n_heads / mc->n_kv_heads : 1;
+        const int lr = shard->n_kv_heads ? shard->n_heads / shard->n_kv_heads : 1;
         for (int j = 0; m->n_full && j < shard->n_heads; j++)
             if ((shard->head0 + j) / g - shard->kv_head0 != j / lr)
-                return fail(err, ST_ERR_UNSUPPORTED,
-                            "the CUDA backend needs each rank's query heads to share whole KV heads: %d ranks give "
-                            "rank %d query heads %d..%d over KV heads %d..%d (use a world size that divides the %d KV heads, "
-                            "or one they divide)",
-                            world, shard->rank, shard->head0, shard->head0 + shard->n_heads - 1, shard->kv_head0,
-                            shard->kv_head0 + shard->n_kv_heads - 1, mc->n_kv_heads);
+                return cu_error_set(err, ST_ERR_UNSUPPORTED,
+                                    "the CUDA backend needs each rank's query heads to share whole KV heads: %d "
+                                    "ranks give rank %d query heads %d..%d over KV heads %d..%d (use a world size "
+                                    "that divides the %d KV heads, or one they divide)",
+                                    world, shard->rank, shard->head0, shard->head0 + shard->n_heads - 1,
+                                    shard->kv_head0, shard->kv_head0 + shard->n_kv_heads - 1, mc->n_kv_heads);
         const int gv = mc->lin_n_key_heads ? mc->lin_n_value_heads / mc->lin_n_key_heads : 1;
         const int lv = shard->lin_k_heads ? shard->lin_v_heads / shard->lin_k_heads : 1;
         for (int j = 0; m->n_linear && j < shard->lin_v_heads; j++)
             if ((shard->lin_v0 + j) / gv - shard->lin_k0 != j / lv)
-                return fail(err, ST_ERR_UNSUPPORTED,
-                            "the CUDA backend needs each rank's GDN value heads to share whole key heads: %d ranks give "
-                            "rank %d value heads %d..%d over key heads %d..%d",
-                            world, shard->rank, shard->lin_v0, shard->lin_v0 + shard->lin_v_heads - 1, shard->lin_k0,
-                            shard->lin_k0 + shard->lin_k_heads - 1);
+                return cu_error_set(err, ST_ERR_UNSUPPORTED,
+                                    "the CUDA backend needs each rank's GDN value heads to share whole key heads: "
+                                    "%d ranks give rank %d value heads %d..%d over key heads %d..%d",
+                                    world, shard->rank, shard->lin_v0, shard->lin_v0 + shard->lin_v_heads - 1,
+                                    shard->lin_k0, shard->lin_k0 + shard->lin_k_heads - 1);
     }
     if (m->n_full > 0 && !cu_attention_fits(m->cfg.n_heads, m->cfg.n_kv_heads, m->cfg.head_dim))
-        return fail(err, ST_ERR_UNSUPPORTED,
-                    "the CUDA backend's attention takes at most 48 query heads a KV head and head dims up to 256 "
-                    "(the model has %d heads over %d KV heads of %d dims)",
-                    m->cfg.n_heads, m->cfg.n_kv_heads, m->cfg.head_dim);
+        return cu_error_set(err, ST_ERR_UNSUPPORTED,
+                            "the CUDA backend's attention takes at most 48 query heads a KV head and head dims up to 256 "
+                            "(the model has %d heads over %d KV heads of %d dims)",
+                            m->cfg.n_heads, m->cfg.n_kv_heads, m->cfg.head_dim);
     cudaError_t e = cudaSetDevice(p->device);
     if (e != cudaSuccess) return cuda_fail(err, e, "selecting the device");
     cu_mm_init();
     cu_attention_init(m->cfg.head_dim);
     cuda_backend *b = calloc(1, sizeof *b);
-    if (!b) return fail(err, ST_ERR_NOMEM, "out of memory");
+    if (!b) return cu_error_set(err, ST_ERR_NOMEM, "out of memory");
     const st_config *c = &m->cfg;
     b->base.ops = &cuda_ops;
     b->base.m = m;
@@ -550,7 +541,7 @@ static st_status cuda_create(const st_model *m, const st_cuda_params *p, const s
     if (!b->layers || !b->experts || !tmp) {
         free(tmp);
         cuda_destroy(&b->base);
-        return fail(err, ST_ERR_NOMEM, "out of memory");
+        return cu_error_set(err, ST_ERR_NOMEM, "out of memory");
     }
     uploader u = {.b = b, .err = cudaSuccess, .synthetic = m->synthetic, .key = m->synth_seed};
     put_model(&u, m, tmp);
@@ -558,7 +549,7 @@ static st_status cuda_create(const st_model *m, const st_cuda_params *p, const s
     st_status st = dev_alloc(b, b->weight_bytes, (void **)&b->weights, err);
     if (st == ST_OK && b->stage_bytes && !m->synthetic) st = dev_alloc(b, b->stage_bytes, (void **)&b->stage, err);
     if (st == ST_OK && b->gather_bytes && !(b->gather = malloc(b->gather_bytes)))
-        st = fail(err, ST_ERR_NOMEM, "out of memory for a %zu MiB shard matrix", b->gather_bytes >> 20);
+        st = cu_error_set(err, ST_ERR_NOMEM, "out of memory for a %zu MiB shard matrix", b->gather_bytes >> 20);
     if (st == ST_OK) {
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -606,8 +597,8 @@ static st_status cuda_create(const st_model *m, const st_cuda_params *p, const s
     /* NCCL between the job's GPUs (or one GPU on its own), else the host over the job's comm */
     if (st == ST_OK && p->nccl) st = cu_nccl_create(b->comm, p->device, &b->nccl, err);
     if (st == ST_OK && m->n_linear && cu_gdn_prepare(b->Dk, b->Dv) != 0)
-        st = fail(err, ST_ERR_UNSUPPORTED, "CUDA: a %dx%d delta-rule state head is not supported (key and value dims multiples of 4, key dims at most 256)",
-                  b->Dk, b->Dv);
+        st = cu_error_set(err, ST_ERR_UNSUPPORTED, "CUDA: a %dx%d delta-rule state head is not supported (key and value dims multiples of 4, key dims at most 256)",
+                          b->Dk, b->Dv);
     /* the chunked rule's tf32 products are `bf16` precision's; `exact` keeps every step's
      * sums in one order, so a prefill's split into steps changes no bit */
     b->gdn_chunked = st == ST_OK && m->n_linear && b->mm_mode == CU_MM_BF16 && cu_gdn_chunked_prepare(b->Dk, b->Dv) == 0;
@@ -924,10 +915,10 @@ static st_status cuda_ctx_create(st_backend *base, const st_ctx_params *p, st_bc
     const st_model *m = b->base.m;
     if (p->max_tokens < 1 || p->n_slots < 1 || p->block_size < 1 || p->max_seq_len < 1 || p->n_blocks < 0 ||
         p->n_snapshots < 0 || p->n_snapshots > (1 << 20))
-        return fail(err, ST_ERR_ARG, "context: bad parameters");
+        return cu_error_set(err, ST_ERR_ARG, "context: bad parameters");
     cudaSetDevice(b->device);
     cuda_ctx *c = calloc(1, sizeof *c);
-    if (!c) return fail(err, ST_ERR_NOMEM, "out of memory");
+    if (!c) return cu_error_set(err, ST_ERR_NOMEM, "out of memory");
     c->base.b = base;
     c->b = b;
     c->p = *p;
@@ -986,7 +977,7 @@ static st_status cuda_ctx_create(st_backend *base, const st_ctx_params *p, st_bc
             if ((e = cudaMallocHost((void **)&c->h_part, hn * sizeof(float))) != cudaSuccess)
                 st = cuda_fail(err, e, "pinned staging");
             c->h_all = malloc((size_t)b->world * hn * sizeof(float));
-            if (st == ST_OK && !c->h_all) st = fail(err, ST_ERR_NOMEM, "out of memory");
+            if (st == ST_OK && !c->h_all) st = cu_error_set(err, ST_ERR_NOMEM, "out of memory");
         }
     }
     /* decode attention's chunks */
@@ -1028,7 +1019,7 @@ static st_status cuda_ctx_create(st_backend *base, const st_ctx_params *p, st_bc
     if (st == ST_OK && (e = cudaMallocHost((void **)&c->h_tops, LOGIT_CHUNK * sizeof(cu_logit_top))) != cudaSuccess)
         st = cuda_fail(err, e, "pinned staging");
     c->row_top = calloc((size_t)T, 1);
-    if (st == ST_OK && !c->row_top) st = fail(err, ST_ERR_NOMEM, "out of memory");
+    if (st == ST_OK && !c->row_top) st = cu_error_set(err, ST_ERR_NOMEM, "out of memory");
     c->bytes += 2 * LOGIT_CHUNK * sizeof(cu_logit_top);
     /* MoE routing */
     if (st == ST_OK && b->E) {
@@ -1041,14 +1032,14 @@ static st_status cuda_ctx_create(st_backend *base, const st_ctx_params *p, st_bc
         if (st == ST_OK) st = dev_alloc(b, nk * sizeof(float), (void **)&c->d_w, err);
         c->h_sel = malloc(nk * sizeof(int32_t));
         c->h_selw = malloc(nk * sizeof(float));
-        if (st == ST_OK && (!c->h_sel || !c->h_selw)) st = fail(err, ST_ERR_NOMEM, "out of memory");
+        if (st == ST_OK && (!c->h_sel || !c->h_selw)) st = cu_error_set(err, ST_ERR_NOMEM, "out of memory");
         c->bytes += nk * 16 + (size_t)T * (size_t)b->E * 4;
     }
     /* graphs: MoE steps sync with the host (routing), so only dense models capture */
     c->max_ops = 16 * (m->cfg.n_layers + 1) + 8;
     c->log = calloc((size_t)c->max_ops, sizeof *c->log);
     c->graphs = calloc((size_t)p->n_slots + 1, sizeof *c->graphs);
-    if (st == ST_OK && (!c->log || !c->graphs)) st = fail(err, ST_ERR_NOMEM, "out of memory");
+    if (st == ST_OK && (!c->log || !c->graphs)) st = cu_error_set(err, ST_ERR_NOMEM, "out of memory");
     if (st != ST_OK) {
         cuda_ctx_destroy(&c->base);
         return st;
@@ -1692,7 +1683,7 @@ static st_status cuda_step_end(st_bctx *base, st_error *err) {
     c->hp = NULL;
     if (c->comm_failed) { /* the job is broken (the scheduler ends on ST_ERR_IO) */
         c->comm_failed = 0;
-        return fail(err, ST_ERR_IO, "tensor parallelism: %s", c->comm_error);
+        return cu_error_set(err, ST_ERR_IO, "tensor parallelism: %s", c->comm_error);
     }
     if (c->first_error != cudaSuccess) return cuda_fail(err, c->first_error, "a step");
     return ST_OK;

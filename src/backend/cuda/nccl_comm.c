@@ -1,6 +1,7 @@
 /* ==== NCCL for the CUDA backend (see nccl_comm.h) ==== */
 #define _POSIX_C_SOURCE 200809L
 #include "backend/cuda/nccl_comm.h"
+#include "backend/cuda/cu_error.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -66,14 +67,6 @@ struct cu_nccl {
     char error[256];
 };
 
-static st_status nfail(st_error *err, st_status st, const char *fmt, const char *a, const char *b) {
-    if (err) {
-        err->status = st;
-        snprintf(err->msg, sizeof err->msg, fmt, a, b);
-    }
-    return st;
-}
-
 static int note(cu_nccl *n, ncclResult_t r, const char *what) {
     if (r == ncclSuccess || r == ncclInProgress) return 0;
     snprintf(n->error, sizeof n->error, "NCCL: %s: %s", what, n->f.error_string ? n->f.error_string(r) : "error");
@@ -90,12 +83,12 @@ static double now_s(void) {
 st_status cu_nccl_create(struct st_comm *comm, int device, cu_nccl **out, st_error *err) {
     *out = NULL;
     cu_nccl *n = calloc(1, sizeof *n);
-    if (!n) return nfail(err, ST_ERR_NOMEM, "%s%s", "out of memory", "");
+    if (!n) return cu_error_set(err, ST_ERR_NOMEM, "out of memory");
     pthread_once(&g_once, open_nccl);
     if (!g_lib) {
         free(n);
-        return nfail(err, ST_ERR_UNSUPPORTED, "NCCL: %s%s", g_why,
-                     "; install NCCL or run the all-reduces through the host (STRAND_NCCL=0)");
+        return cu_error_set(err, ST_ERR_UNSUPPORTED,
+                            "NCCL: %s; install NCCL or run the all-reduces through the host (STRAND_NCCL=0)", g_why);
     }
     n->f = g_api;
     n->rank = comm ? comm->rank : 0;
@@ -119,7 +112,7 @@ st_status cu_nccl_create(struct st_comm *comm, int device, cu_nccl **out, st_err
         n->broken = 1;
     }
     if (n->broken) {
-        st_status st = nfail(err, ST_ERR_IO, "%s%s", n->error, "");
+        st_status st = cu_error_set(err, ST_ERR_IO, "%s", n->error);
         cu_nccl_destroy(n);
         return st;
     }

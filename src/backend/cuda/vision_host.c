@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cuda/cu_error.h"
 #include "backend/cuda/vision_cuda.h"
 #include "backend/cuda/vision_kernels.h"
 #include "vision/tower.h"
@@ -31,24 +32,12 @@
 #define VIS_LN_EPS 1e-6f /* the tower's LayerNorms (as vision/tower.c) */
 
 /* ---------------------------------------------------------------------------------------- */
-/* errors (the shared object's own: libstrand's st_error_set is not linked in) */
-
-static st_status vfail(st_error *err, st_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static st_status vfail(st_error *err, st_status st, const char *fmt, ...) {
-    if (err) {
-        err->status = st;
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-        va_end(ap);
-    }
-    return st;
-}
+/* errors (cu_error.h: the shared object's own) */
 
 /* ST_OK for cudaSuccess; else ST_ERR_NOMEM (allocation) or ST_ERR_INTERNAL naming `what` */
 static st_status vcheck(st_error *err, int e, const char *what) {
     if (e == (int)cudaSuccess) return ST_OK;
-    return vfail(err, e == (int)cudaErrorMemoryAllocation ? ST_ERR_NOMEM : ST_ERR_INTERNAL,
+    return cu_error_set(err, e == (int)cudaErrorMemoryAllocation ? ST_ERR_NOMEM : ST_ERR_INTERNAL,
                  "CUDA vision tower: %s: %s", what, cudaGetErrorString((cudaError_t)e));
 }
 
@@ -198,12 +187,12 @@ static void up_all(vis_up *u, vis_dev *d, const st_vision_tower *v) {
 /* a matrix the device takes: dense f32/f16/bf16 of [rows][cols] */
 static st_status check_mat(const st_matrix *m, const char *name, int64_t rows, int64_t cols, st_error *err) {
     if (m->fmt != ST_WFMT_F32 && m->fmt != ST_WFMT_F16 && m->fmt != ST_WFMT_BF16)
-        return vfail(err, ST_ERR_UNSUPPORTED, "CUDA vision tower: %s is not f32, f16 or bf16", name);
+        return cu_error_set(err, ST_ERR_UNSUPPORTED, "CUDA vision tower: %s is not f32, f16 or bf16", name);
     if (m->rows != rows || m->cols != cols || !m->data || st_matrix_ld(m) < cols)
-        return vfail(err, ST_ERR_SHAPE, "CUDA vision tower: %s is [%lld][%lld], expected [%lld][%lld]", name,
+        return cu_error_set(err, ST_ERR_SHAPE, "CUDA vision tower: %s is [%lld][%lld], expected [%lld][%lld]", name,
                      (long long)m->rows, (long long)m->cols, (long long)rows, (long long)cols);
     if (cols > ((int64_t)1 << 30))
-        return vfail(err, ST_ERR_UNSUPPORTED, "CUDA vision tower: %s has %lld columns", name, (long long)cols);
+        return cu_error_set(err, ST_ERR_UNSUPPORTED, "CUDA vision tower: %s has %lld columns", name, (long long)cols);
     return ST_OK;
 }
 
@@ -211,10 +200,10 @@ static st_status check_tower(const st_vision_tower *v, st_error *err) {
     const st_vision_config *c = &v->cfg;
     if (c->depth < 0 || c->hidden < 1 || c->heads < 1 || c->head_dim < 2 || c->head_dim % 2 ||
         (int64_t)c->heads * c->head_dim != c->hidden || c->intermediate < 1 || c->out_hidden < 1 || c->merge < 1)
-        return vfail(err, ST_ERR_ARG, "CUDA vision tower: bad config (hidden %d, heads %d, head_dim %d)", c->hidden,
+        return cu_error_set(err, ST_ERR_ARG, "CUDA vision tower: bad config (hidden %d, heads %d, head_dim %d)", c->hidden,
                      c->heads, c->head_dim);
     if (c->head_dim > CU_VIS_ATT_HD_MAX || c->heads > 65535)
-        return vfail(err, ST_ERR_UNSUPPORTED, "CUDA vision tower: head dims up to %d (the tower has %d heads of %d)",
+        return cu_error_set(err, ST_ERR_UNSUPPORTED, "CUDA vision tower: head dims up to %d (the tower has %d heads of %d)",
                      CU_VIS_ATT_HD_MAX, c->heads, c->head_dim);
     const int64_t H = c->hidden, I = c->intermediate, M = (int64_t)c->merge * c->merge * H;
     const int64_t D = (int64_t)c->in_channels * c->temporal * c->patch * c->patch;
@@ -251,7 +240,7 @@ static st_status ensure_act(vis_dev *d, int64_t n, st_error *err) {
     const int rc = (int)cudaMalloc(&d->act, 2 * e + q + r + y);
     if (rc != (int)cudaSuccess) {
         d->act = NULL;
-        return vfail(err, rc == (int)cudaErrorMemoryAllocation ? ST_ERR_NOMEM : ST_ERR_INTERNAL,
+        return cu_error_set(err, rc == (int)cudaErrorMemoryAllocation ? ST_ERR_NOMEM : ST_ERR_INTERNAL,
                      "CUDA vision tower: allocating %.1f MiB of activations for %lld patches: %s",
                      (double)(2 * e + q + r + y) / (1024.0 * 1024.0), (long long)n,
                      cudaGetErrorString((cudaError_t)rc));
@@ -275,7 +264,7 @@ static st_status ensure_tiles(vis_dev *d, int64_t n, st_error *err) {
     d->tiles_d = NULL;
     d->tiles_cap = 0;
     if (!(d->tiles_h = malloc((size_t)cap * 3 * sizeof(int64_t))))
-        return vfail(err, ST_ERR_NOMEM, "CUDA vision tower: out of memory for %lld attention tiles", (long long)n);
+        return cu_error_set(err, ST_ERR_NOMEM, "CUDA vision tower: out of memory for %lld attention tiles", (long long)n);
     const int rc = (int)cudaMalloc((void **)&d->tiles_d, (size_t)cap * 3 * sizeof(int64_t));
     if (rc != (int)cudaSuccess) {
         d->tiles_d = NULL;
@@ -338,15 +327,15 @@ static st_status vis_encode(st_vision_device *base, const float *pixels, int64_t
     const int64_t H = c->hidden, hd = c->head_dim, m2 = (int64_t)c->merge * c->merge;
     if (N <= 0) return ST_OK;
     if (N % m2)
-        return vfail(err, ST_ERR_ARG, "CUDA vision tower: %lld patches do not divide by the merge block %lld",
+        return cu_error_set(err, ST_ERR_ARG, "CUDA vision tower: %lld patches do not divide by the merge block %lld",
                      (long long)N, (long long)m2);
     if (!pixels || !pos || !cs || !sn || !seg || !out || n_seg < 1)
-        return vfail(err, ST_ERR_ARG, "CUDA vision tower: missing inputs");
+        return cu_error_set(err, ST_ERR_ARG, "CUDA vision tower: missing inputs");
     /* the segments must tile [0, N) in order */
     int64_t at = 0, n_tiles = 0;
     for (int i = 0; i < n_seg; i++) {
         if (seg[i][0] != at || seg[i][1] < 1 || seg[i][1] > N - at)
-            return vfail(err, ST_ERR_ARG,
+            return cu_error_set(err, ST_ERR_ARG,
                          "CUDA vision tower: segment %d (%lld, %lld) does not follow the previous ones (at %lld of "
                          "%lld patches)",
                          i, (long long)seg[i][0], (long long)seg[i][1], (long long)at, (long long)N);
@@ -354,7 +343,7 @@ static st_status vis_encode(st_vision_device *base, const float *pixels, int64_t
         n_tiles += (seg[i][1] + CU_VIS_ATT_Q - 1) / CU_VIS_ATT_Q;
     }
     if (at != N)
-        return vfail(err, ST_ERR_ARG, "CUDA vision tower: the segments cover %lld of %lld patches", (long long)at,
+        return cu_error_set(err, ST_ERR_ARG, "CUDA vision tower: the segments cover %lld of %lld patches", (long long)at,
                      (long long)N);
     st_status st = vcheck(err, (int)cudaSetDevice(d->device), "selecting the device");
     if (st == ST_OK) st = ensure_act(d, N, err);
@@ -423,7 +412,7 @@ st_status cuda_vision_create(const st_vision_tower *v, int device, st_vision_dev
     const st_vision_config *c = &v->cfg;
     if ((st = vcheck(err, cu_vis_attention_init(c->head_dim), "preparing the attention kernel")) != ST_OK) return st;
     vis_dev *d = calloc(1, sizeof *d);
-    if (!d) return vfail(err, ST_ERR_NOMEM, "out of memory");
+    if (!d) return cu_error_set(err, ST_ERR_NOMEM, "out of memory");
     d->base.encode = vis_encode;
     d->base.destroy = vis_destroy;
     d->device = device;
@@ -439,7 +428,7 @@ st_status cuda_vision_create(const st_vision_tower *v, int device, st_vision_dev
         snprintf(d->base.name, sizeof d->base.name, "cuda (device %d)", device);
     if (c->depth > 0 && !(d->blocks = calloc((size_t)c->depth, sizeof *d->blocks))) {
         free(d);
-        return vfail(err, ST_ERR_NOMEM, "out of memory");
+        return cu_error_set(err, ST_ERR_NOMEM, "out of memory");
     }
     st = vcheck(err, (int)cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking), "creating a stream");
     vis_up u = {0};
@@ -448,7 +437,7 @@ st_status cuda_vision_create(const st_vision_tower *v, int device, st_vision_dev
         const int rc = (int)cudaMalloc(&d->weights, u.off);
         if (rc != (int)cudaSuccess) {
             d->weights = NULL;
-            st = vfail(err, rc == (int)cudaErrorMemoryAllocation ? ST_ERR_NOMEM : ST_ERR_INTERNAL,
+            st = cu_error_set(err, rc == (int)cudaErrorMemoryAllocation ? ST_ERR_NOMEM : ST_ERR_INTERNAL,
                        "CUDA vision tower: allocating %.1f MiB for the weights: %s",
                        (double)u.off / (1024.0 * 1024.0), cudaGetErrorString((cudaError_t)rc));
         }
