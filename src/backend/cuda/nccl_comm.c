@@ -105,7 +105,12 @@ st_status cu_nccl_create(struct st_comm *comm, int device, cu_nccl **out, st_err
         }
     }
     cudaSetDevice(device);
-    if (!n->broken) note(n, n->f.comm_init_rank(&n->comm, n->world, id, n->rank), "ncclCommInitRank");
+    if (!n->broken && note(n, n->f.comm_init_rank(&n->comm, n->world, id, n->rank), "ncclCommInitRank") != 0 &&
+        n->world > 1) { /* NCCL takes one rank a GPU */
+        const size_t at = strlen(n->error);
+        snprintf(n->error + at, sizeof n->error - at,
+                 " (each rank needs a GPU of its own; STRAND_NCCL=0 runs the all-reduces through the host)");
+    }
     if (!n->broken && cudaEventCreateWithFlags(&n->done, cudaEventDisableTiming) != cudaSuccess) {
         cudaGetLastError();
         snprintf(n->error, sizeof n->error, "NCCL: cannot make an event");
