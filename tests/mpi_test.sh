@@ -133,16 +133,22 @@ fault() {
     for i in $(seq 100); do [ -s "$T/stream" ] && break; sleep 0.05; done
     local t0=$(date +%s.%N) tev=""
     kill -$sig "$pid1"
-    # /health while the job goes down: 503 with the reason, until the server is gone
-    for i in $(seq 200); do
+    # /health while the job goes down: 503 with the reason, until the server is gone; the job's
+    # end is timed when it is first seen gone (a /health request may be waiting its 0.3 s then)
+    local tend=""
+    for i in $(seq 400); do
         [ -z "$tev" ] && grep -q '^data: {"error"' "$T/stream" && tev=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
-        curl -s -m 1 "$url/health" >"$T/h1" 2>/dev/null || break
+        kill -0 $job 2>/dev/null || { tend=$(date +%s.%N); break; }
+        curl -s -m 0.3 "$url/health" >"$T/h1" 2>/dev/null || break
         grep -q unhealthy "$T/h1" && cp "$T/h1" "$T/health"
         sleep 0.05
     done
     local rc=0 gone=0
-    for i in $(seq 150); do kill -0 $job 2>/dev/null || { gone=1; break; }; sleep 0.1; done
-    local dt=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+    for i in $(seq 300); do
+        kill -0 $job 2>/dev/null || { gone=1; [ -n "$tend" ] || tend=$(date +%s.%N); break; }
+        sleep 0.05
+    done
+    local dt=$(awk -v a="$t0" -v b="${tend:-$(date +%s.%N)}" 'BEGIN { printf "%.1f", b - a }')
     if [ $gone = 1 ]; then wait $job; rc=$?; else kill -9 $job "$pid1" 2>/dev/null; wait $job 2>/dev/null; rc=-1; fi
     kill -CONT "$pid1" 2>/dev/null
     wait $client 2>/dev/null
