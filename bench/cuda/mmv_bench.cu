@@ -479,11 +479,36 @@ static int prof(int64_t rows, int64_t cols, int64_t T, int P) {
     CK(cudaMalloc(&xs, cu_split_elems(T, cols) * 2));
     CK(cudaMalloc(&y, T * rows * 4));
     CK(cudaMalloc(&part, cu_mm_part_elems(T, rows) * 4));
-    const cu_mm_scratch sc = {xs, T < 16 ? 16 : T, part, (int64_t)cu_mm_part_elems(T, rows)};
+    /* as the backend runs it: in `bf16`, wgmma where the device has it */
+    cu_mm_scratch sc = {xs, T < 16 ? 16 : T, part, (int64_t)cu_mm_part_elems(T, rows), P == 1 ? cu_wgmma_available() : NULL};
+    float *wpart;
+    int32_t *wcount;
+    CK(cudaMalloc(&wpart, cu_ws_part_elems() * 4));
+    CK(cudaMalloc(&wcount, cu_ws_counts(rows) * 4));
+    CK(cudaMemset(wcount, 0, cu_ws_counts(rows) * 4));
+    sc.wpart = wpart, sc.wpart_elems = (int64_t)cu_ws_part_elems(), sc.wcount = wcount, sc.wcount_n = cu_ws_counts(rows);
     const cu_mat w = {CU_FMT_BF16_TILED, 0, 0, 0, rows, cols, wt, NULL, NULL};
     for (int i = 0; i < 3; i++) cu_matmul(s, &w, x, cols, T, y, rows, P == 3 ? CU_MM_EXACT : CU_MM_BF16, &sc);
     CK(cudaStreamSynchronize(s));
     printf("prof %lld x %lld, %lld tokens, %d parts: done\n", (long long)rows, (long long)cols, (long long)T, P);
+    return 0;
+}
+
+/* ---- `mmv_bench qprof ROWS COLS T P BITS`: the backend's MLX product (groups of 64) of one
+ * shape, over each of its 1 GiB of copies once, 3 rounds (for a profiler: ncu --kernel-name
+ * regex:k_qmv --launch-skip 40 --launch-count 2 build/mmv_bench qprof 34816 5120 1 1 4) ---- */
+static int qprof(int64_t rows, int64_t cols, int64_t T, int P, int bits) {
+    cudaStream_t s;
+    CK(cudaStreamCreate(&s));
+    cu_mm_init();
+    q_case qc = q_case_make(s, rows, cols, bits, 64, T < 16 ? 16 : T);
+    const cu_mm_scratch sc = {qc.xs, T < 16 ? 16 : T, NULL, 0};
+    for (int r = 0; r < 3; r++)
+        for (const auto &w : qc.ws) cu_matmul(s, &w, qc.x, cols, T, qc.y, rows, P == 3 ? CU_MM_EXACT : CU_MM_BF16, &sc);
+    CK(cudaStreamSynchronize(s));
+    printf("qprof %lld x %lld, %d-bit, %lld tokens, %d parts: %d launches a round\n", (long long)rows, (long long)cols, bits,
+           (long long)T, P, (int)qc.ws.size());
+    q_case_free(qc);
     return 0;
 }
 
@@ -762,7 +787,7 @@ static double rel_diff(const float *a, const float *b, size_t n) {
 static int gdnbench(int reps) {
     const int Hk = 16, Hv = 48, Dk = 128, Dv = 128, K = 4;
     const int64_t kd = Hk * Dk, vd = Hv * Dv, cd = 2 * kd + vd;
-    const struct { int items; int64_t len; } cases[] = {{1, 8192}, {1, 1000}, {4, 2000}, {16, 130}, {1, 63}};
+    const struct { int items; int64_t len; } cases[] = {{1, 8192}, {1, 1000}, {4, 2000}, {16, 130}, {1, 63}, {64, 1}, {16, 1}, {1, 1}};
     cudaStream_t s;
     CK(cudaStreamCreate(&s));
     cudaEvent_t e0, e1;
@@ -882,11 +907,36 @@ static int gdnbench(int reps) {
                 launch_pdl(k_gdn_cscan<128>, g3, dim3(GC_THREADS), cscan_floats<128>() * sizeof(float), s, p, a, c0, c1);
             }
         });
+        const int rec_cl = cs.len < GDN_CHUNK ? (int)cs.len : GDN_CHUNK;
+        const double t_rec = time_ms([&] {
+            dim3 gr((unsigned)p.n_items, (unsigned)Hv, (unsigned)((Dv + 8 * GDN_WARPS - 1) / (8 * GDN_WARPS)));
+            launch_pdl(k_gdn_recur<16>, gr, dim3(32 * GDN_WARPS), gdn_smem(Dk, rec_cl), s, p, a, rec_cl);
+        });
         printf("gdn %2d x %5lld tokens: per step %8.3f ms, chunked %8.3f ms; outputs differ by %.2e, state by %.2e of their"
                " largest, the conv's %s%s\n", cs.items, (long long)cs.len, ms[0], ms[1], dm, dsv,
                conv_same ? "bits equal" : "bits DIFFER", ok ? "" : "  FAILED");
         printf("    alone: conv %.3f ms, chunked conv %.3f, q/k norms %.3f, gated norm %.3f, chunks' part %.3f, scan %.3f ms\n",
                t_conv, t_convc, t_qk, t_gn, t_prep, t_scan);
+        printf("    the per-step rule alone %.3f ms: %.0f GB/s of its state read and written\n", t_rec,
+               2.0 * rec_n * 4 / (t_rec * 1e-3) / 1e9);
+        if (cs.len == 1) { /* a decode step's kernel against the per-step one, from the same random state */
+            float *st0 = dev_floats((int64_t)rec_n, 7, -1.0f, 1.0f);
+            dim3 gr((unsigned)p.n_items, (unsigned)Hv, (unsigned)((Dv + 8 * GDN_WARPS - 1) / (8 * GDN_WARPS)));
+            dim3 grd(gr.x, gr.y, (unsigned)((Dv + GDN_DEC_COLS - 1) / GDN_DEC_COLS));
+            for (int k = 0; k < 2; k++) {
+                a.mix = mix[k], a.rec_state = rec[k];
+                CK(cudaMemcpy(rec[k], st0, rec_n * 4, cudaMemcpyDeviceToDevice));
+                if (k) launch_pdl(k_gdn_dec<16>, grd, dim3(32 * GDN_WARPS), 0, s, p, a);
+                else launch_pdl(k_gdn_recur<16>, gr, dim3(32 * GDN_WARPS), gdn_smem(Dk, 1), s, p, a, 1);
+                CK(cudaStreamSynchronize(s));
+            }
+            const bool same = same_bits(mix[0], mix[1], (size_t)T * vd) && same_bits(rec[0], rec[1], rec_n);
+            bad |= !same;
+            const double t_dec = time_ms([&] { launch_pdl(k_gdn_dec<16>, grd, dim3(32 * GDN_WARPS), 0, s, p, a); });
+            printf("    the decode step's rule alone %.3f ms: %.0f GB/s; its outputs and state %s the per-step rule's\n", t_dec,
+                   2.0 * rec_n * 4 / (t_dec * 1e-3) / 1e9, same ? "the same bits as" : "DIFFER from");
+            CK(cudaFree(st0));
+        }
         float *fr[] = {qkv0, z, bb, aa, conv_t, normw, qkv, mix[0], mix[1], rec[0], rec[1], conv_st, dtb, nea, ws,
                        qkv_after[0], qkv_after[1]};
         for (float *f : fr) CK(cudaFree(f));
@@ -978,6 +1028,8 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "gdn")) return gdnbench(argc > 2 ? atoi(argv[2]) : 10);
     if (argc > 1 && !strcmp(argv[1], "sweep")) return sweep(argc > 2 ? atoi(argv[2]) : 10, argc > 3 ? argv[3] : NULL);
     if (argc > 5 && !strcmp(argv[1], "prof")) return prof(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]));
+    if (argc > 6 && !strcmp(argv[1], "qprof"))
+        return qprof(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]), atoi(argv[6]));
     if (argc > 1 && !strcmp(argv[1], "q")) return qbench(argc > 2 ? atoi(argv[2]) : 20);
     if (argc > 1 && !strcmp(argv[1], "qv")) return qvbench(argc > 2 ? atoi(argv[2]) : 20);
     if (argc > 1 && !strcmp(argv[1], "wg")) return wgbench(argc > 2 ? atoi(argv[2]) : 10, argc > 3 ? argv[3] : NULL);

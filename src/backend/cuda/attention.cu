@@ -262,11 +262,11 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) k_attention(cu_plan p, cu_attn
 #define ATC_PAD 8 /* bf16 of padding a shared row: a fragment's 8 rows fall in distinct banks */
 #define ATC_KI (ATT_CH * (ATT_THREADS / 8) / ATT_THREADS) /* a thread's 8-element pieces of a chunk's K, at most */
 
-static size_t atc_smem(int hd, int qp, int kp) {
-    const size_t qs = (size_t)hd + ATC_PAD, vs = ATT_CH + ATC_PAD;
+/* atc_tile's shared memory for up to 8 * nq queries (nq query tiles) */
+static size_t atc_smem(int hd, int qp, int kp, int nq = ATT_Q / 8) {
+    const size_t qs = (size_t)hd + ATC_PAD, vs = ATT_CH + ATC_PAD, qm = (size_t)8 * nq;
     const size_t kv = (size_t)ATT_CH * qs > (size_t)hd * vs ? (size_t)ATT_CH * qs : (size_t)hd * vs;
-    return ATT_Q * 8 + ATT_CH * 8 + 4 * ATT_Q * 4 + (size_t)ATT_Q * (ATT_CH + 1) * 4 +
-           2 * ((size_t)qp * ATT_Q * qs + (size_t)qp * ATT_Q * vs + (size_t)kp * kv);
+    return qm * 8 + ATT_CH * 8 + 4 * qm * 4 + qm * (ATT_CH + 1) * 4 + 2 * ((size_t)qp * qm * qs + (size_t)qp * qm * vs + (size_t)kp * kv);
 }
 
 /* 8 consecutive pool elements (hd is a multiple of 16, rows start 32-byte aligned) */
@@ -320,25 +320,28 @@ __device__ __forceinline__ void atc_mma(float (&d)[4], const uint32_t (&a)[KP][4
 /* One tile's attention for KV head h: tokens t0 .. t0 + nt - 1 of item it. SPLIT: chunk cs alone
  * (positions cs * ATT_CH ..), its raw results out to part instead of merged: for query qi,
  * part[qi * (hd + 2)] = mc, [+ 1] = lc, [+ 2 + e] = oc_e (k_attn_merge merges them as this
- * does: from m = -inf, l = 0, o = 0 every chunk in order, so the same bits). */
-template <int QP, int KP, bool SPLIT>
+ * does: from m = -inf, l = 0, o = 0 every chunk in order, so the same bits). NQ: the
+ * query tiles of 8 it takes at most (6: ATT_Q; 1: a decode unit's G <= 8 queries). */
+template <int QP, int KP, bool SPLIT, int NQ = ATT_Q / 8>
 __device__ __forceinline__ void atc_tile(const cu_plan &p, const cu_attn_args &a, const cu_kv &kv, int it, int64_t t0,
                                          int64_t nt, int h, int64_t cs, float *part) {
+    constexpr int QM = 8 * NQ, NS = NQ < 3 ? NQ : 3; /* queries at most; query tiles a scoring warp */
+    static_assert(NQ <= 6, "two rows of four scoring warps take the query tiles");
     extern __shared__ int64_t sh64[];
     __syncthreads(); /* a block taking tiles in turn: the last one's reads of shared memory are done */
     const int hd = a.hd, G = a.nh / a.nkv, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3, QS = hd + ATC_PAD, VS = ATT_CH + ATC_PAD, H8 = hd / 8;
-    int64_t *qpos = sh64, *krow = sh64 + ATT_Q; /* krow: the chunk's K rows in the pool (V: + vstep) */
-    float *sm_m = (float *)(krow + ATT_CH), *sm_l = sm_m + ATT_Q, *sm_a = sm_l + ATT_Q, *sm_b = sm_a + ATT_Q;
-    float *st = sm_b + ATT_Q;                                 /* scores [ATT_Q][ATT_CH + 1] */
-    uint16_t *qs = (uint16_t *)(st + ATT_Q * (ATT_CH + 1));   /* queries [QP][ATT_Q][QS] */
-    uint16_t *ws = qs + QP * ATT_Q * QS;                      /* weights [QP][ATT_Q][VS] */
-    uint16_t *kvs = ws + QP * ATT_Q * VS;                     /* K [KP][ATT_CH][QS], then V^T [KP][hd][VS] */
+    int64_t *qpos = sh64, *krow = sh64 + QM; /* krow: the chunk's K rows in the pool (V: + vstep) */
+    float *sm_m = (float *)(krow + ATT_CH), *sm_l = sm_m + QM, *sm_a = sm_l + QM, *sm_b = sm_a + QM;
+    float *st = sm_b + QM;                                 /* scores [QM][ATT_CH + 1] */
+    uint16_t *qs = (uint16_t *)(st + QM * (ATT_CH + 1));   /* queries [QP][QM][QS] */
+    uint16_t *ws = qs + QP * QM * QS;                      /* weights [QP][QM][VS] */
+    uint16_t *kvs = ws + QP * QM * VS;                     /* K [KP][ATT_CH][QS], then V^T [KP][hd][VS] */
     const int kvstride = ATT_CH * QS > hd * VS ? ATT_CH * QS : hd * VS;
     const int Q = (int)nt * G, nqt = (Q + 7) / 8;
     const int64_t pos_first = p.pos0[it] + (t0 - p.item_t0[it]), pos_last = pos_first + nt - 1;
     const float scale = 1.0f / sqrtf((float)hd);
-    for (int i = tid; i < ATT_Q * H8; i += ATT_THREADS) {
+    for (int i = tid; i < QM * H8; i += ATT_THREADS) {
         const int qi = i / H8, e0 = (i % H8) * 8;
         float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
         if (qi < Q) {
@@ -349,19 +352,19 @@ __device__ __forceinline__ void atc_tile(const cu_plan &p, const cu_attn_args &a
         uint4 o[QP];
         split8<QP>(v, o);
 #pragma unroll
-        for (int q = 0; q < QP; q++) *(uint4 *)(qs + q * ATT_Q * QS + qi * QS + e0) = o[q];
+        for (int q = 0; q < QP; q++) *(uint4 *)(qs + q * QM * QS + qi * QS + e0) = o[q];
     }
-    if (tid < ATT_Q) {
+    if (tid < QM) {
         sm_m[tid] = -INFINITY;
         sm_l[tid] = 0.0f;
         qpos[tid] = pos_first + (tid < Q ? tid / G : 0);
     }
     const bool pv = 32 * warp < hd; /* this warp's dims 32 warp .. + 31 of the output */
-    float o[2][6][4];
+    float o[2][NQ][4];
 #pragma unroll
     for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-        for (int n = 0; n < 6; n++) o[mi][n][0] = o[mi][n][1] = o[mi][n][2] = o[mi][n][3] = 0.0f;
+        for (int n = 0; n < NQ; n++) o[mi][n][0] = o[mi][n][1] = o[mi][n][2] = o[mi][n][3] = 0.0f;
     const int64_t vstep = (int64_t)kv.nkv * kv.block_size * hd; /* a V row from its K row */
     const int64_t c_first = SPLIT ? cs * ATT_CH : 0, c_last = SPLIT ? c_first : pos_last;
     for (int64_t c0 = c_first; c0 <= c_last; c0 += ATT_CH) {
@@ -388,11 +391,11 @@ __device__ __forceinline__ void atc_tile(const cu_plan &p, const cu_attn_args &a
             }
         }
         __syncthreads();
-        { /* scores: warp w takes position tile w % 4 and query tiles (w / 4) * 3 .. + 2 */
-            const int mt = warp & 3, n0 = (warp >> 2) * 3;
-            float sc[3][4];
+        { /* scores: warp w takes position tile w % 4 and query tiles (w / 4) * NS .. + NS - 1 */
+            const int mt = warp & 3, n0 = (warp >> 2) * NS;
+            float sc[NS][4];
 #pragma unroll
-            for (int n = 0; n < 3; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+            for (int n = 0; n < NS; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
             if (n0 < nqt) {
 #pragma unroll 1
                 for (int ks = 0; ks < hd / 16; ks++) {
@@ -404,19 +407,19 @@ __device__ __forceinline__ void atc_tile(const cu_plan &p, const cu_attn_args &a
                         af[j][2] = *(const uint32_t *)(kb + 8), af[j][3] = *(const uint32_t *)(kb + 8 * QS + 8);
                     }
 #pragma unroll
-                    for (int n = 0; n < 3; n++) {
+                    for (int n = 0; n < NS; n++) {
                         if (n0 + n >= nqt) break;
                         uint32_t bf[QP][2];
 #pragma unroll
                         for (int i = 0; i < QP; i++) {
-                            const uint16_t *qb = qs + i * ATT_Q * QS + ((n0 + n) * 8 + g) * QS + ks * 16 + 2 * t;
+                            const uint16_t *qb = qs + i * QM * QS + ((n0 + n) * 8 + g) * QS + ks * 16 + 2 * t;
                             bf[i][0] = *(const uint32_t *)qb, bf[i][1] = *(const uint32_t *)(qb + 8);
                         }
                         atc_mma<QP, KP>(sc[n], af, bf);
                     }
                 }
 #pragma unroll
-                for (int n = 0; n < 3; n++) {
+                for (int n = 0; n < NS; n++) {
                     if (n0 + n >= nqt) break;
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
@@ -466,8 +469,8 @@ __device__ __forceinline__ void atc_tile(const cu_plan &p, const cu_attn_args &a
 #pragma unroll
                 for (int i = 0; i < QP; i++) {
                     const uint16_t h0 = f2bf16(r0), h1 = f2bf16(r1);
-                    ws[i * ATT_Q * VS + q * VS + lane] = h0;
-                    ws[i * ATT_Q * VS + q * VS + lane + 32] = h1;
+                    ws[i * QM * VS + q * VS + lane] = h0;
+                    ws[i * QM * VS + q * VS + lane + 32] = h1;
                     r0 -= bf16f(h0), r1 -= bf16f(h1);
                 }
                 const float lc = warp_sum(__fadd_rn(e0, e1));
@@ -483,11 +486,11 @@ __device__ __forceinline__ void atc_tile(const cu_plan &p, const cu_attn_args &a
             }
         __syncthreads();
         if (pv) { /* the chunk's output for this warp's 32 dims and every query tile, then the merge */
-            float oc[2][6][4];
+            float oc[2][NQ][4];
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-                for (int n = 0; n < 6; n++) oc[mi][n][0] = oc[mi][n][1] = oc[mi][n][2] = oc[mi][n][3] = 0.0f;
+                for (int n = 0; n < NQ; n++) oc[mi][n][0] = oc[mi][n][1] = oc[mi][n][2] = oc[mi][n][3] = 0.0f;
 #pragma unroll 1 /* the kernel's code stays within the instruction cache */
             for (int ks = 0; ks < ATT_CH / 16; ks++) {
                 uint32_t av[2][KP][4];
@@ -501,12 +504,12 @@ __device__ __forceinline__ void atc_tile(const cu_plan &p, const cu_attn_args &a
                         av[mi][j][2] = in ? *(const uint32_t *)(vb + 8) : 0u, av[mi][j][3] = in ? *(const uint32_t *)(vb + 8 * VS + 8) : 0u;
                     }
 #pragma unroll
-                for (int n = 0; n < 6; n++) {
+                for (int n = 0; n < NQ; n++) {
                     if (n >= nqt) break;
                     uint32_t bw[QP][2];
 #pragma unroll
                     for (int i = 0; i < QP; i++) {
-                        const uint16_t *wb = ws + i * ATT_Q * VS + (n * 8 + g) * VS + ks * 16 + 2 * t;
+                        const uint16_t *wb = ws + i * QM * VS + (n * 8 + g) * VS + ks * 16 + 2 * t;
                         bw[i][0] = *(const uint32_t *)wb, bw[i][1] = *(const uint32_t *)(wb + 8);
                     }
 #pragma unroll
@@ -516,7 +519,7 @@ __device__ __forceinline__ void atc_tile(const cu_plan &p, const cu_attn_args &a
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-                for (int n = 0; n < 6; n++) {
+                for (int n = 0; n < NQ; n++) {
                     if (n >= nqt) break;
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
@@ -532,12 +535,12 @@ __device__ __forceinline__ void atc_tile(const cu_plan &p, const cu_attn_args &a
     }
     if (SPLIT) return;
     __syncthreads();
-    float *ot = (float *)qs; /* the outputs before the gate, [ATT_Q][hd]: qs, ws and kvs (free now) hold them */
+    float *ot = (float *)qs; /* the outputs before the gate, [QM][hd]: qs, ws and kvs (free now) hold them */
     if (pv)
 #pragma unroll
         for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-            for (int n = 0; n < 6; n++) {
+            for (int n = 0; n < NQ; n++) {
                 if (n >= nqt) break;
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
@@ -580,15 +583,15 @@ __device__ __forceinline__ int64_t dec_chunks(const cu_plan &p, int items) {
     return n;
 }
 
-template <int QP, int KP>
-__global__ void __launch_bounds__(ATT_THREADS, 1) k_attn_split(cu_plan p, cu_attn_args a, cu_kv kv) {
+template <int QP, int KP, int NQ>
+__global__ void __launch_bounds__(ATT_THREADS, NQ == 1 ? 2 : 1) k_attn_split(cu_plan p, cu_attn_args a, cu_kv kv) {
     pdl_wait();
     const int64_t total = dec_chunks(p, p.n_items);
     const int G = a.nh / a.nkv;
     if (total > a.split_chunks) {
         for (int64_t u = blockIdx.x; u < (int64_t)p.n_items * a.nkv; u += gridDim.x) {
             const int it = (int)(u / a.nkv);
-            atc_tile<QP, KP, false>(p, a, kv, it, p.item_t0[it], 1, (int)(u % a.nkv), 0, NULL);
+            atc_tile<QP, KP, false, NQ>(p, a, kv, it, p.item_t0[it], 1, (int)(u % a.nkv), 0, NULL);
         }
         return;
     }
@@ -599,7 +602,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) k_attn_split(cu_plan p, cu_att
         const int h = (int)(u % a.nkv);
         while (cg >= first + p.pos0[it] / ATT_CH + 1) first += p.pos0[it] / ATT_CH + 1, it++;
         float *part = a.split + ((size_t)cg * a.nh + (size_t)h * G) * (a.hd + 2);
-        atc_tile<QP, KP, true>(p, a, kv, it, p.item_t0[it], 1, h, cg - first, part);
+        atc_tile<QP, KP, true, NQ>(p, a, kv, it, p.item_t0[it], 1, h, cg - first, part);
     }
 }
 
@@ -872,10 +875,26 @@ extern "C" void cu_attention(cu_stream s, const cu_plan *p, const cu_attn_args *
         int dev = 0, sms = 0;
         cudaGetDevice(&dev);
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        const dim3 sgrid((unsigned)(2 * (sms > 0 ? sms : 1))); /* two resident an SM where they fit */
-        if (parts == 3 && !kv->bf16) launch_pdl(k_attn_split<3, 3>, sgrid, blk, atc_smem(a->hd, 3, 3), s, *p, *a, *kv);
-        else if (parts == 3) launch_pdl(k_attn_split<3, 1>, sgrid, blk, atc_smem(a->hd, 3, 1), s, *p, *a, *kv);
-        else launch_pdl(k_attn_split<1, 1>, sgrid, blk, atc_smem(a->hd, 1, 1), s, *p, *a, *kv);
+        /* a unit's queries are one token's G: one query tile where G <= 8 (NQ 1: a sixth of the
+         * registers and shared memory of six tiles, so blocks share an SM), else six */
+#define SPLIT_LAUNCH(QP, KP, NQ)                                                                            \
+    do {                                                                                                      \
+        int per = 0;                                                                                          \
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_attn_split<QP, KP, NQ>, ATT_THREADS,            \
+                                                      atc_smem(a->hd, QP, KP, NQ));                           \
+        const dim3 sgrid((unsigned)((per > 0 ? per : 1) * (sms > 0 ? sms : 1))); /* the blocks that stay */ \
+        launch_pdl(k_attn_split<QP, KP, NQ>, sgrid, blk, atc_smem(a->hd, QP, KP, NQ), s, *p, *a, *kv);         \
+    } while (0)
+        if (G <= 8) {
+            if (parts == 3 && !kv->bf16) SPLIT_LAUNCH(3, 3, 1);
+            else if (parts == 3) SPLIT_LAUNCH(3, 1, 1);
+            else SPLIT_LAUNCH(1, 1, 1);
+        } else {
+            if (parts == 3 && !kv->bf16) SPLIT_LAUNCH(3, 3, 6);
+            else if (parts == 3) SPLIT_LAUNCH(3, 1, 6);
+            else SPLIT_LAUNCH(1, 1, 6);
+        }
+#undef SPLIT_LAUNCH
         launch_pdl(k_attn_merge, dim3((unsigned)p->n_items, (unsigned)a->nh), dim3((unsigned)((a->hd + 31) / 32 * 32)), 0,
                    s, *p, *a);
         return;
@@ -897,9 +916,12 @@ extern "C" void cu_attention_init(int hd) {
     cudaFuncSetAttribute(k_attn_tc<3, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)atc_smem(hd, 3, 3));
     cudaFuncSetAttribute(k_attn_tc<3, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)atc_smem(hd, 3, 1));
     cudaFuncSetAttribute(k_attn_tc<1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)atc_smem(hd, 1, 1));
-    cudaFuncSetAttribute(k_attn_split<3, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)atc_smem(hd, 3, 3));
-    cudaFuncSetAttribute(k_attn_split<3, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)atc_smem(hd, 3, 1));
-    cudaFuncSetAttribute(k_attn_split<1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)atc_smem(hd, 1, 1));
+    cudaFuncSetAttribute(k_attn_split<3, 3, 6>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)atc_smem(hd, 3, 3, 6));
+    cudaFuncSetAttribute(k_attn_split<3, 1, 6>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)atc_smem(hd, 3, 1, 6));
+    cudaFuncSetAttribute(k_attn_split<1, 1, 6>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)atc_smem(hd, 1, 1, 6));
+    cudaFuncSetAttribute(k_attn_split<3, 3, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)atc_smem(hd, 3, 3, 1));
+    cudaFuncSetAttribute(k_attn_split<3, 1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)atc_smem(hd, 3, 1, 1));
+    cudaFuncSetAttribute(k_attn_split<1, 1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)atc_smem(hd, 1, 1, 1));
 #define FA_ATTR(HD)                                                                                            \
     cudaFuncSetAttribute(k_attn_fa<HD, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fa_smem<HD>()); \
     cudaFuncSetAttribute(k_attn_fa<HD, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fa_smem<HD>())

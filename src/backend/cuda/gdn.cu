@@ -148,6 +148,48 @@ __device__ __forceinline__ void cp_async_4(void *smem, const void *gmem) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(sa), "l"(gmem));
 }
 
+/* One token's step of a lane's state rows (k_gdn_recur's and k_gdn_dec's one arithmetic):
+ * decay, the error k.S of its two columns, the update and the output q.S, each dot product
+ * summed over the lane's rows (even and odd apart) and then over the lanes 4, 8 and 16 apart */
+template <int RP>
+__device__ __forceinline__ void gdn_token(float (&S0)[RP], float (&S1)[RP], const float (&q)[RP], const float (&k)[RP],
+                                          float2 v, float beta, float alpha, float &o0, float &o1) {
+    float e[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}}; /* [column][even/odd rows] */
+#pragma unroll
+    for (int m = 0; m < RP; m++) {
+        S0[m] *= alpha;
+        S1[m] *= alpha;
+        e[0][m & 1] = fmaf(S0[m], k[m], e[0][m & 1]);
+        e[1][m & 1] = fmaf(S1[m], k[m], e[1][m & 1]);
+    }
+    float e0 = e[0][0] + e[0][1], e1 = e[1][0] + e[1][1];
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) {
+        e0 += __shfl_xor_sync(FULL, e0, o);
+        e1 += __shfl_xor_sync(FULL, e1, o);
+    }
+    const float d0 = beta * (v.x - e0), d1 = beta * (v.y - e1);
+    float o2[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+#pragma unroll
+    for (int m = 0; m < RP; m++) {
+        S0[m] = fmaf(d0, k[m], S0[m]);
+        S1[m] = fmaf(d1, k[m], S1[m]);
+        o2[0][m & 1] = fmaf(S0[m], q[m], o2[0][m & 1]);
+        o2[1][m & 1] = fmaf(S1[m], q[m], o2[1][m & 1]);
+    }
+    o0 = o2[0][0] + o2[0][1], o1 = o2[1][0] + o2[1][1];
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) {
+        o0 += __shfl_xor_sync(FULL, o0, o);
+        o1 += __shfl_xor_sync(FULL, o1, o);
+    }
+}
+/* a token's beta and decay alpha from its b and a */
+__device__ __forceinline__ void gdn_gates(float bt, float at, float dtb, float nea, float &beta, float &alpha) {
+    beta = sigmoidf_(bt);
+    alpha = expf(nea * softplusf_(at + dtb));
+}
+
 template <int RP>
 __global__ void __launch_bounds__(32 * GDN_WARPS) k_gdn_recur(cu_plan p, cu_gdn_args a, int CL) {
     pdl_wait();
@@ -199,9 +241,7 @@ __global__ void __launch_bounds__(32 * GDN_WARPS) k_gdn_recur(cu_plan p, cu_gdn_
         const int nu = n - c * CL < CL ? (int)(n - c * CL) : CL;
         if (tid < nu) { /* b, a into beta and the decay alpha, off the steps' chain */
             float *ba = buf + tid * TS + 2 * Dk + 8 * GDN_WARPS;
-            const float bt = ba[0], at = ba[1];
-            ba[0] = sigmoidf_(bt);
-            ba[1] = expf(nea * softplusf_(at + dtb));
+            gdn_gates(ba[0], ba[1], dtb, nea, ba[0], ba[1]);
         }
         __syncthreads();
         for (int u = 0; u < nu; u++) {
@@ -215,35 +255,8 @@ __global__ void __launch_bounds__(32 * GDN_WARPS) k_gdn_recur(cu_plan p, cu_gdn_
             }
             const float2 v = on ? *(const float2 *)(tk + 2 * Dk + (i0 - c0)) : make_float2(0.0f, 0.0f);
             const float beta = tk[2 * Dk + 8 * GDN_WARPS], alpha = tk[2 * Dk + 8 * GDN_WARPS + 1];
-            float e[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}}; /* [column][even/odd rows] */
-#pragma unroll
-            for (int m = 0; m < RP; m++) {
-                S0[m] *= alpha;
-                S1[m] *= alpha;
-                e[0][m & 1] = fmaf(S0[m], k[m], e[0][m & 1]);
-                e[1][m & 1] = fmaf(S1[m], k[m], e[1][m & 1]);
-            }
-            float e0 = e[0][0] + e[0][1], e1 = e[1][0] + e[1][1];
-#pragma unroll
-            for (int o = 4; o < 32; o <<= 1) {
-                e0 += __shfl_xor_sync(FULL, e0, o);
-                e1 += __shfl_xor_sync(FULL, e1, o);
-            }
-            const float d0 = beta * (v.x - e0), d1 = beta * (v.y - e1);
-            float o2[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
-#pragma unroll
-            for (int m = 0; m < RP; m++) {
-                S0[m] = fmaf(d0, k[m], S0[m]);
-                S1[m] = fmaf(d1, k[m], S1[m]);
-                o2[0][m & 1] = fmaf(S0[m], q[m], o2[0][m & 1]);
-                o2[1][m & 1] = fmaf(S1[m], q[m], o2[1][m & 1]);
-            }
-            float o0 = o2[0][0] + o2[0][1], o1 = o2[1][0] + o2[1][1];
-#pragma unroll
-            for (int o = 4; o < 32; o <<= 1) {
-                o0 += __shfl_xor_sync(FULL, o0, o);
-                o1 += __shfl_xor_sync(FULL, o1, o);
-            }
+            float o0, o1;
+            gdn_token(S0, S1, q, k, v, beta, alpha, o0, o1);
             if (ra == 0 && on) *(float2 *)(a.mix + t * a.vd + (int64_t)h * Dv + i0) = make_float2(o0, o1);
         }
     }
@@ -251,6 +264,57 @@ __global__ void __launch_bounds__(32 * GDN_WARPS) k_gdn_recur(cu_plan p, cu_gdn_
 #pragma unroll
     for (int m = 0; m < RP; m++)
         if (on && r0 + m < Dk) *(float2 *)(Sg + (size_t)(r0 + m) * Dv + i0) = make_float2(S0[m], S1[m]);
+}
+
+/* The delta rule of a decode step (every item one token): k_gdn_recur's rows a lane and
+ * arithmetic (gdn_token, so the same bits), without its chunks, and with four columns a lane
+ * (two gdn_tokens: a column's sums are its own) so that four lanes read 64 bytes of a state
+ * row as one run. The token's q and k rows, v columns, b and a are read straight from global
+ * memory (the four lanes of a row share them through L1) instead of through shared memory:
+ * the chunk copies' index arithmetic was most of k_gdn_recur's instructions at one token, and
+ * the state's read and write are what is left. A block: GDN_WARPS warps of 16 columns. */
+#define GDN_DEC_COLS (16 * GDN_WARPS)
+template <int RP>
+__global__ void __launch_bounds__(32 * GDN_WARPS) k_gdn_dec(cu_plan p, cu_gdn_args a) {
+    pdl_wait();
+    const int it = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int ra = lane >> 2, Dk = a.Dk, Dv = a.Dv, g = h / (a.Hv / a.Hk), r0 = ra * RP;
+    const int i0 = blockIdx.z * GDN_DEC_COLS + w * 16 + 4 * (lane & 3); /* columns i0 .. i0 + 3 */
+    const bool on = i0 < Dv;                                              /* Dv is a multiple of 4 */
+    float *Sg = a.rec_state + (size_t)p.slot[it] * a.rec_stride + (size_t)h * Dv * Dk;
+    float S[4][RP];
+#pragma unroll
+    for (int m = 0; m < RP; m++) {
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (on && r0 + m < Dk) v = *(const float4 *)(Sg + (size_t)(r0 + m) * Dv + i0);
+        S[0][m] = v.x, S[1][m] = v.y, S[2][m] = v.z, S[3][m] = v.w;
+    }
+    const int64_t t = p.item_t0[it];
+    const float *qr = a.qkv + t * a.cd + (int64_t)g * Dk, *kr = qr + a.kd;
+    float q[RP], k[RP];
+    /* Dk and r0 are multiples of 4 where RP is (cu_gdn_prepare): whole 16-byte pieces in or out */
+#pragma unroll
+    for (int m = 0; m < RP; m += (RP % 4 == 0 ? 4 : 1)) {
+        if constexpr (RP % 4 == 0) {
+            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f), y = x;
+            if (r0 + m < Dk) x = *(const float4 *)(qr + r0 + m), y = *(const float4 *)(kr + r0 + m);
+            q[m] = x.x, q[m + 1] = x.y, q[m + 2] = x.z, q[m + 3] = x.w;
+            k[m] = y.x, k[m + 1] = y.y, k[m + 2] = y.z, k[m + 3] = y.w;
+        } else {
+            q[m] = r0 + m < Dk ? qr[r0 + m] : 0.0f;
+            k[m] = r0 + m < Dk ? kr[r0 + m] : 0.0f;
+        }
+    }
+    const float4 v = on ? *(const float4 *)(a.qkv + t * a.cd + 2 * a.kd + (int64_t)h * Dv + i0)
+                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float beta, alpha, o[4];
+    gdn_gates(a.b[t * a.Hv + h], a.a[t * a.Hv + h], a.dt_bias[h], a.neg_exp_a[h], beta, alpha);
+    gdn_token(S[0], S[1], q, k, make_float2(v.x, v.y), beta, alpha, o[0], o[1]);
+    gdn_token(S[2], S[3], q, k, make_float2(v.z, v.w), beta, alpha, o[2], o[3]);
+    if (ra == 0 && on) *(float4 *)(a.mix + t * a.vd + (int64_t)h * Dv + i0) = make_float4(o[0], o[1], o[2], o[3]);
+#pragma unroll
+    for (int m = 0; m < RP; m++)
+        if (on && r0 + m < Dk) *(float4 *)(Sg + (size_t)(r0 + m) * Dv + i0) = make_float4(S[0][m], S[1][m], S[2][m], S[3][m]);
 }
 
 /* gated RMSNorm: norm(o) * w * silu(z), a warp per (token, value head) */
@@ -276,6 +340,14 @@ static int gdn_rows(int Dk) {
     return r <= 2 ? 2 : r <= 4 ? 4 : r <= 8 ? 8 : r <= 16 ? 16 : r <= 32 ? 32 : 0;
 }
 
+/* the per-step rule of RP rows a lane: k_gdn_dec for a decode step, else k_gdn_recur */
+template <int RP>
+static void gdn_rule(cu_stream s, dim3 gr, const cu_plan *p, const cu_gdn_args *a, bool dec, size_t shm, int cl) {
+    if (dec) launch_pdl(k_gdn_dec<RP>, dim3(gr.x, gr.y, (unsigned)((a->Dv + GDN_DEC_COLS - 1) / GDN_DEC_COLS)),
+                        dim3(32 * GDN_WARPS), 0, s, *p, *a);
+    else launch_pdl(k_gdn_recur<RP>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a, cl);
+}
+
 extern "C" void cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int max_item_tokens) {
     if (p->n_tokens <= 0) return;
     if (a->n_chunks > 0 && a->K == 4) {
@@ -291,13 +363,14 @@ extern "C" void cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int 
     dim3 gr((unsigned)p->n_items, (unsigned)a->Hv, (unsigned)((a->Dv + 8 * GDN_WARPS - 1) / (8 * GDN_WARPS)));
     const int cl = max_item_tokens < GDN_CHUNK ? (max_item_tokens > 0 ? max_item_tokens : 1) : GDN_CHUNK;
     const size_t shm = gdn_smem(a->Dk, cl);
+    const bool dec = max_item_tokens == 1 && p->n_tokens == p->n_items; /* a decode step: k_gdn_dec */
     switch (a->n_chunks > 0 ? -1 : gdn_rows(a->Dk)) {
     case -1: cu_gdn_chunked(s, p, a); break;
-    case 2: launch_pdl(k_gdn_recur<2>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a, cl); break;
-    case 4: launch_pdl(k_gdn_recur<4>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a, cl); break;
-    case 8: launch_pdl(k_gdn_recur<8>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a, cl); break;
-    case 16: launch_pdl(k_gdn_recur<16>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a, cl); break;
-    default: launch_pdl(k_gdn_recur<32>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a, cl); break;
+    case 2: gdn_rule<2>(s, gr, p, a, dec, shm, cl); break;
+    case 4: gdn_rule<4>(s, gr, p, a, dec, shm, cl); break;
+    case 8: gdn_rule<8>(s, gr, p, a, dec, shm, cl); break;
+    case 16: gdn_rule<16>(s, gr, p, a, dec, shm, cl); break;
+    default: gdn_rule<32>(s, gr, p, a, dec, shm, cl); break;
     }
     launch_pdl(k_gdn_gnorm, dim3((unsigned)p->n_tokens, (unsigned)a->Hv), dim3(32), 0, s, *a);
 }
