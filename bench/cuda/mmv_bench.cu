@@ -403,10 +403,12 @@ struct qv_case {
 };
 #define QV(B, P, D, MINB, MT)                                                                                           \
     {"P" #P " D" #D " B" #MINB " MT" #MT, launch_qmvp_v<P, 1, B, 2, D, MINB, MT>, qmvp_attr_v<P, 1, B, 2, D, MINB, MT>}
-static const qv_case<4> qv4[] = {QV(4, 1, 6, 3, 2), QV(4, 1, 8, 3, 1), QV(4, 1, 10, 3, 1), QV(4, 1, 8, 2, 2),
-                                 QV(4, 1, 10, 2, 2), QV(4, 3, 6, 3, 2), QV(4, 3, 10, 3, 1)};
-static const qv_case<8> qv8[] = {QV(8, 1, 3, 3, 2), QV(8, 1, 6, 3, 1), QV(8, 1, 4, 2, 2), QV(8, 1, 5, 2, 2), QV(8, 1, 8, 2, 1),
-                                 QV(8, 3, 3, 3, 2), QV(8, 3, 6, 3, 1)};
+static const qv_case<4> qv4[] = {QV(4, 1, 6, 3, 2), QV(4, 1, 8, 3, 1),  QV(4, 1, 10, 3, 1), QV(4, 1, 8, 2, 2),
+                                 QV(4, 1, 10, 2, 2), QV(4, 1, 3, 3, 4), QV(4, 1, 4, 2, 4),  QV(4, 1, 5, 2, 4),
+                                 QV(4, 3, 6, 3, 2), QV(4, 3, 10, 3, 1), QV(4, 3, 4, 2, 4)};
+static const qv_case<8> qv8[] = {QV(8, 1, 3, 3, 2), QV(8, 1, 6, 3, 1), QV(8, 1, 4, 2, 2), QV(8, 1, 5, 2, 2),
+                                 QV(8, 1, 8, 2, 1), QV(8, 1, 3, 1, 4), QV(8, 1, 5, 1, 4), QV(8, 3, 3, 3, 2),
+                                 QV(8, 3, 6, 3, 1)};
 #undef QV
 template <int BITS, size_t N>
 static void qv_run(const qv_case<BITS> (&cases)[N], cudaStream_t s, cudaEvent_t e0, cudaEvent_t e1, int reps) {

@@ -463,15 +463,22 @@ static void launch_qmv_b(cu_stream s, const mm_group &g, int64_t nblk, const uin
 /* blocks an SM: 3 (2 where 3 token tiles or more want the registers) */
 template <int NTC>
 static constexpr int qmvp_minb() { return NTC <= 2 ? 3 : 2; }
-template <int P, int NTC, int BITS, int GS, int MT>
+template <int P, int NTC, int BITS, int GS, int MT, int MINB = qmvp_minb<NTC>()>
 static constexpr int qmvp_depth() {
     /* about 5 KB of values in flight a warp (3 slots at least; measured with mmv_bench qv), as
-     * deep as qmvp_minb blocks an SM allow */
+     * deep as MINB blocks an SM allow */
     constexpr int per = GS * 32 * 2 * BITS * MT, ahead = (5120 + per - 1) / per;
     constexpr int want = ahead + 1 < 3 ? 3 : ahead + 1;
-    constexpr int fit = (int)((227 * 1024 / qmvp_minb<NTC>() - 1024 - MM_SPLITS * MT * NTC * 128 * 4) /
+    constexpr int fit = (int)((227 * 1024 / MINB - 1024 - MM_SPLITS * MT * NTC * 128 * 4) /
                               (MM_SPLITS * MT * qmvp_tile<BITS, GS>()));
     return want < fit ? want : fit;
+}
+/* one token tile: the third shape, two blocks an SM of twice the tiles (4-bit) or deeper
+ * rings (8-bit), for matrices whose tiles leave the two-tile blocks' slots unevenly used */
+template <int NTC, int BITS, int GS>
+__host__ __device__ constexpr int qmvp_mt_deep() {
+    /* (4-bit groups of 128: four tiles' ring would be under 3 slots deep) */
+    return NTC == 1 && qmvp_mt<NTC, BITS, GS>() == 2 ? (BITS == 8 ? 2 : GS <= 2 ? 4 : 0) : 0;
 }
 template <int P, int NTC, int BITS, int GS, int D, int MINB, int MT>
 static void qmvp_attr_v() {
@@ -484,6 +491,8 @@ static void qmvp_attr() {
     constexpr int MT = qmvp_mt<NTC, BITS, GS>();
     qmvp_attr_v<P, NTC, BITS, GS, qmvp_depth<P, NTC, BITS, GS, MT>(), qmvp_minb<NTC>(), MT>();
     if (MT == 2) qmvp_attr_v<P, NTC, BITS, GS, qmvp_depth<P, NTC, BITS, GS, 1>(), qmvp_minb<NTC>(), 1>();
+    constexpr int MD = qmvp_mt_deep<NTC, BITS, GS>();
+    if (MD) qmvp_attr_v<P, NTC, BITS, GS, qmvp_depth<P, NTC, BITS, GS, MD ? MD : 1, 2>(), 2, MD ? MD : 1>();
 }
 template <int P, int NTC, int BITS>
 static void qmvp_attr_b() {
@@ -503,17 +512,36 @@ static void launch_qmvp_v(cu_stream s, mm_group g, const uint16_t *xs, int64_t l
     launch_pdl(k_qmvp<P, NTC, BITS, GS, D, MINB, MT>, dim3(mmvp_grid(nblk, MINB)), dim3(32 * MM_SPLITS),
                qmvp_smem<NTC, BITS, GS, D, MT>(), s, g, nblk, xs, ldxs, n);
 }
-/* two tiles a block where the tiles are many; where they are fewer than two for each resident
- * block (the long rows of the down projection and out_proj: 320 tiles on 132 SMs), one, which
- * keeps every block busy (mmv_bench qv, 4-bit at one token: 1,953 against 1,762 GB/s on the
- * down projection, 1,650 against 1,433 on out_proj; 8-bit 2,633 against 2,320) */
+/* the share of the resident blocks' turns that the blocks of MT tiles fill (the last round of
+ * a grid of B an SM may leave slots idle) */
+static double qmvp_fill(const mm_group &g, int MT, int B) {
+    mm_group gm = g;
+    const int64_t units = group_blocks(&gm, MT), slots = (int64_t)B * mm_sms(), rounds = (units + slots - 1) / slots;
+    return rounds > 0 ? (double)units / (double)(rounds * slots) : 0.0;
+}
+/* Two tiles a block, three blocks an SM, but where the tiles are fewer than two for each
+ * resident block (the long rows of the down projection and out_proj: 320 tiles on 132 SMs):
+ * one, which keeps every block busy; and for one token tile, where the last round of
+ * two-tile blocks would leave more of the resident blocks idle than the other shape's:
+ * blocks of four tiles (4-bit) or of two with a deeper ring (8-bit), two an SM (the 896 to
+ * 1,024 tiles of the attention and GDN in-projections). mmv_bench qv at one token, groups
+ * of 64, GB/s: 4-bit down projection 1,936 (one tile) against 1,828 (two), GDN
+ * in-projections 2,899 (four) against 1,948 (two), attention q/k/v 2,665 against 1,688,
+ * gate/up 2,740 (two) against 2,556 (four); 8-bit GDN in-projections 3,543 against 2,520,
+ * attention 3,248 against 2,221, gate/up 3,454 (three an SM) against 3,360. No shape
+ * changes a bit. */
 template <int P, int NTC, int BITS, int GS>
 static void launch_qmvp_g(cu_stream s, mm_group g, const uint16_t *xs, int64_t ldxs, int64_t n) {
-    constexpr int MT = qmvp_mt<NTC, BITS, GS>(), B = qmvp_minb<NTC>();
+    constexpr int MT = qmvp_mt<NTC, BITS, GS>(), B = qmvp_minb<NTC>(), MD = qmvp_mt_deep<NTC, BITS, GS>();
     if (MT == 2) {
         mm_group g1 = g;
         if (group_blocks(&g1, 1) < (int64_t)2 * B * mm_sms()) {
             launch_qmvp_v<P, NTC, BITS, GS, qmvp_depth<P, NTC, BITS, GS, 1>(), B, 1>(s, g, xs, ldxs, n);
+            return;
+        }
+        if (MD && qmvp_fill(g, MD, 2) > qmvp_fill(g, 2, B)) {
+            constexpr int M = MD ? MD : 1;
+            launch_qmvp_v<P, NTC, BITS, GS, qmvp_depth<P, NTC, BITS, GS, M, 2>(), 2, M>(s, g, xs, ldxs, n);
             return;
         }
     }
