@@ -3,10 +3,16 @@
 # this there): the GPU tests, the wgmma products against k_gemm, and `strand bench` on the
 # 27B shape in both precisions with each prefill's device time by operation. Logs go to
 # OUTDIR (default bench/out/gpu); a summary is printed last.
-#   bench/cuda/gpu_session.sh [OUTDIR] [tests|wg|bench|mlx|tp|vision|long ...]   (default: the first four)
+#   bench/cuda/gpu_session.sh [OUTDIR] [tests|wg|bench|mlx|tp|vision|long|prof ...]   (default: the first four)
 # tp: tests/test_cuda_tp.c with timestamps, and (with build/mpi from pack.sh --mpi) 2 ranks of
 # mpirun on this GPU against one process; vision: the tower's images/s; long: the 0.8B shape's
-# 210,668 -> 243,192-token prefix scenario.
+# 210,668 -> 243,192-token prefix scenario; prof: Nsight Compute (ncu --set full) on one launch
+# of each decode kernel that sets a 27B step's time (the MLX products at one token, the bf16
+# one at one and 64 tokens, the decode attention and delta rule at 64 sequences), each as
+# OUTDIR/ncu_NAME.txt
+# with its instructions' counts and stall samples in OUTDIR/ncu_NAME_src.csv.
+# Many files: where few come back (the device tool), give an OUTDIR outside the returned
+# folder and tar it into that folder.
 set -u
 cd "$(dirname "$0")/../.."
 O=${1:-bench/out/gpu}
@@ -68,6 +74,26 @@ if has long; then
     timeout 300 $S bench --device cuda --synth 0.8b --dtype bf16 --precision bf16 --kv-dtype bf16 --prefix --prefix-turns 2 \
         --prefix-long 210668,243192 >"$O/prefix_long.txt" 2>&1
     tail -8 "$O/prefix_long.txt"
+fi
+if has prof; then
+    # name, kernel, launches to skip, command (mmv_bench qprof/prof: one shape as the backend runs it)
+    while read -r name kern skip cmd; do
+        [ -n "$name" ] || continue
+        timeout 120 ncu --clock-control none --set full --import-source no --kernel-name "regex:$kern" \
+            --launch-skip "$skip" --launch-count 1 -o "$O/ncu_$name" $cmd >"$O/ncu_$name.log" 2>&1
+        ncu -i "$O/ncu_$name.ncu-rep" >"$O/ncu_$name.txt" 2>&1
+        ncu -i "$O/ncu_$name.ncu-rep" --page source --csv --print-source sass >"$O/ncu_${name}_src.csv" 2>&1
+        rm -f "$O/ncu_$name.ncu-rep"
+        echo "ncu $name: $(grep -m1 -E 'Duration' "$O/ncu_$name.txt" | tr -s ' ')," \
+            "$(grep -m1 -E 'DRAM Throughput' "$O/ncu_$name.txt" | tr -s ' ')"
+    done <<LIST
+q4 k_qmvp 20 build/mmv_bench qprof 34816 5120 1 1 4
+q8 k_qmvp 10 build/mmv_bench qprof 34816 5120 1 1 8
+bf16_t1 k_mmvp 2 build/mmv_bench prof 34816 5120 1 1
+bf16_t64 k_wgmma 2 build/mmv_bench prof 34816 5120 64 1
+attn_b64 k_attn_split 40 $S bench --device cuda --synth 27b --dtype bf16 --precision bf16 --kv-dtype bf16 --prompts 128 --batches 64 --decode-s 0.3
+gdn_b64 k_gdn_dec 40 $S bench --device cuda --synth 27b --dtype bf16 --precision bf16 --kv-dtype bf16 --prompts 128 --batches 64 --decode-s 0.3
+LIST
 fi
 if has tests; then
     timeout 300 tests/gpu_test.sh >"$O/test_gpu.txt" 2>&1
