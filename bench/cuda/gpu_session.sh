@@ -9,8 +9,7 @@
 # 210,668 -> 243,192-token prefix scenario; prof: Nsight Compute (ncu --set full) on one launch
 # of each decode kernel that sets a 27B step's time (the MLX products at one token, the bf16
 # one at one and 64 tokens, the decode attention and delta rule at 64 sequences), each as
-# OUTDIR/ncu_NAME.txt
-# with its instructions' counts and stall samples in OUTDIR/ncu_NAME_src.csv.
+# OUTDIR/ncu_NAME.txt with its instructions' counts and stall samples in ncu_NAME_src.csv.
 # Many files: where few come back (the device tool), give an OUTDIR outside the returned
 # folder and tar it into that folder.
 set -u
