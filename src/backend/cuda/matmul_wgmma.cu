@@ -304,10 +304,13 @@ __device__ __forceinline__ void ws_wgmma(float (&d)[64], uint64_t da, uint64_t d
 /* the stages' shared memory a block, KB: small enough that a block of the next launch fits
  * beside one of this (it starts while this one drains; `mmv_bench ws` compares 200) */
 #define WS_KB 110
-template <int BN, int KB>
+/* RB: the row blocks of a unit (1: the backend's; 2: mmv_bench ws's variant, whose stages
+ * read each step of the activations once for two row blocks of weights: at 64 tokens the
+ * activations are half the bytes of a row block's weights, and the L2 was the bound) */
+template <int BN, int KB, int RB = 1>
 struct ws_shape {
-    static constexpr int B_STEP = BN * 64;                   /* one step of the activations */
-    static constexpr int STAGE = 2 * WG_A_STEP + 2 * B_STEP; /* two steps of both */
+    static constexpr int B_STEP = BN * 64;                        /* one step of the activations */
+    static constexpr int STAGE = RB * 2 * WG_A_STEP + 2 * B_STEP; /* two steps of both */
     static constexpr int STAGES = KB * 1024 / STAGE > 12 ? 12 : KB * 1024 / STAGE;
     static constexpr int SMEM = STAGES * STAGE + 1024 + 2 * STAGES * 8;
     static constexpr int ACC = BN / 2; /* a consumer thread's accumulators */
@@ -344,9 +347,9 @@ __device__ __forceinline__ int ws_mat(const ws_args &a, int64_t R, int64_t *r) {
     return i;
 }
 
-template <int BN, int KB>
+template <int BN, int KB, int RB = 1>
 __global__ void __launch_bounds__(WS_THREADS, 1) k_wgmma_stream(const __grid_constant__ ws_maps maps, const ws_args a) {
-    typedef ws_shape<BN, KB> S;
+    typedef ws_shape<BN, KB, RB> S;
     extern __shared__ uint8_t wg_raw[];
     __shared__ int ws_last;
     const uint32_t base = (smem_u32(wg_raw) + 1023u) & ~1023u;
@@ -370,12 +373,15 @@ __global__ void __launch_bounds__(WS_THREADS, 1) k_wgmma_stream(const __grid_con
                 int64_t r;
                 const int m = ws_mat(a, R, &r);
                 const uint32_t st = base + s * S::STAGE;
-                for (int h = 0; h < 2; h++)
-                    tma_load_4d(st + h * WG_A_STEP, &maps.w[m], 0, 0, 2 * k + h, (int)(r * (WG_BM / 16)), full + 8 * s);
+                /* (RB 2: a matrix's last row block past its rows reads zeros) */
+                for (int j = 0; j < RB; j++)
+                    for (int h = 0; h < 2; h++)
+                        tma_load_4d(st + (2 * j + h) * WG_A_STEP, &maps.w[m], 0, 0, 2 * k + h,
+                                    (int)((r * RB + j) * (WG_BM / 16)), full + 8 * s);
             };
             auto load_x = [&](int i) {
                 const int k = (int)((u0 + i) % a.nk), s = i % S::STAGES;
-                const uint32_t st = base + s * S::STAGE + 2 * WG_A_STEP;
+                const uint32_t st = base + s * S::STAGE + RB * 2 * WG_A_STEP;
                 for (int h = 0; h < 2; h++) tma_load_2d(st + h * S::B_STEP, &maps.x, 32 * (2 * k + h), 0, full + 8 * s);
             };
             /* the first stages' weights go out before the predecessor is done (they never
@@ -399,45 +405,55 @@ __global__ void __launch_bounds__(WS_THREADS, 1) k_wgmma_stream(const __grid_con
     }
     ws_griddep_wait(); /* y, part and count are the predecessors' until they are done */
     const int c = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
-    float d[S::ACC];
+    float d[RB][S::ACC]; /* row block j of the unit's */
 #pragma unroll
-    for (int i = 0; i < S::ACC; i++) d[i] = 0.0f;
+    for (int j = 0; j < RB; j++)
+#pragma unroll
+        for (int i = 0; i < S::ACC; i++) d[j][i] = 0.0f;
     for (int i = 0; i < nu; i++) {
         const int s = i % S::STAGES;
         mbar_wait(full + 8 * s, (i / S::STAGES) & 1);
         const uint32_t st = base + s * S::STAGE;
 #pragma unroll
-        for (int q = 0; q < S::ACC; q++) asm volatile("" : "+f"(d[q])::"memory");
+        for (int j = 0; j < RB; j++)
+#pragma unroll
+            for (int q = 0; q < S::ACC; q++) asm volatile("" : "+f"(d[j][q])::"memory");
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-        for (int h = 0; h < 2; h++)
+        for (int j = 0; j < RB; j++)
 #pragma unroll
-            for (int kk = 0; kk < 2; kk++)
-                ws_wgmma(d, wg_desc(st + h * WG_A_STEP + c * (64 * 64) + 32 * kk),
-                         wg_desc(st + 2 * WG_A_STEP + h * S::B_STEP + 32 * kk));
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int kk = 0; kk < 2; kk++)
+                    ws_wgmma(d[j], wg_desc(st + (2 * j + h) * WG_A_STEP + c * (64 * 64) + 32 * kk),
+                             wg_desc(st + RB * 2 * WG_A_STEP + h * S::B_STEP + 32 * kk));
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
-        for (int q = 0; q < S::ACC; q++) asm volatile("" : "+f"(d[q])::"memory");
+        for (int j = 0; j < RB; j++)
+#pragma unroll
+            for (int q = 0; q < S::ACC; q++) asm volatile("" : "+f"(d[j][q])::"memory");
         if (lane == 0) mbar_arrive(empty + 8 * s);
         const int64_t u = u0 + i, R = u / a.nk;
         if (u % a.nk != a.nk - 1 && i != nu - 1) continue;
-        /* row block R is done here: out, or a piece of it */
+        /* row block R (RB > 1: the unit's group R of row blocks) is done here: out, or a piece of it */
         int64_t r;
         const int m = ws_mat(a, R, &r);
         const int64_t b0 = R * a.nk / a.per, b1 = (R * a.nk + a.nk - 1) / a.per;
-        const int64_t row0 = r * WG_BM + c * 64 + warp * 16 + g, rows = a.rows[m], ldy = a.ldy[m];
+        const int64_t rows = a.rows[m], ldy = a.ldy[m];
         float *const y = a.y[m];
         if (b0 != b1) {
             const int me = blockIdx.x;
             /* a block's slot for R: 0 where R is the first row block of its range */
             auto piece = [&](int64_t b) {
                 const int slot = b * a.per / a.nk == R ? 0 : 1;
-                return a.part + ((size_t)(2 * b + slot) * S::ACC) * 256 + tid;
+                return a.part + ((size_t)(2 * b + slot) * RB * S::ACC) * 256 + tid;
             };
             float *pp = piece(me);
 #pragma unroll
-            for (int q = 0; q < S::ACC; q++) pp[q * 256] = d[q];
+            for (int j = 0; j < RB; j++)
+#pragma unroll
+                for (int q = 0; q < S::ACC; q++) pp[(j * S::ACC + q) * 256] = d[j][q];
             __threadfence();
             asm volatile("bar.sync 1, 256;" ::: "memory");
             if (tid == 0) {
@@ -449,27 +465,37 @@ __global__ void __launch_bounds__(WS_THREADS, 1) k_wgmma_stream(const __grid_con
             const int last = ws_last;
             if (!last) {
 #pragma unroll
-                for (int q = 0; q < S::ACC; q++) d[q] = 0.0f;
+                for (int j = 0; j < RB; j++)
+#pragma unroll
+                    for (int q = 0; q < S::ACC; q++) d[j][q] = 0.0f;
                 continue;
             }
             __threadfence();
 #pragma unroll
-            for (int q = 0; q < S::ACC; q++) d[q] = 0.0f;
+            for (int j = 0; j < RB; j++)
+#pragma unroll
+                for (int q = 0; q < S::ACC; q++) d[j][q] = 0.0f;
             for (int64_t b = b0; b <= b1; b++) { /* this block's own piece too, as it left it */
                 const float *o = piece(b);
 #pragma unroll
-                for (int q = 0; q < S::ACC; q++) d[q] += __ldcg(o + q * 256);
+                for (int j = 0; j < RB; j++)
+#pragma unroll
+                    for (int q = 0; q < S::ACC; q++) d[j][q] += __ldcg(o + (j * S::ACC + q) * 256);
             }
         }
-        /* d[4j + e]: row 16 warp + g (+ 8 for e >= 2), token 8j + 2t + (e & 1) */
+        /* d[j][4jj + e]: row 16 warp + g (+ 8 for e >= 2) of row block r RB + j, token 8jj + 2t + (e & 1) */
 #pragma unroll
-        for (int j = 0; j < S::ACC / 4; j++)
+        for (int j = 0; j < RB; j++) {
+            const int64_t row0 = (r * RB + j) * WG_BM + c * 64 + warp * 16 + g;
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int64_t rr = row0 + (e >= 2 ? 8 : 0), n = 8 * j + 2 * t + (e & 1);
-                if (rr < rows && n < a.T) y[n * ldy + rr] = d[4 * j + e];
-                d[4 * j + e] = 0.0f;
-            }
+            for (int jj = 0; jj < S::ACC / 4; jj++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int64_t rr = row0 + (e >= 2 ? 8 : 0), n = 8 * jj + 2 * t + (e & 1);
+                    if (rr < rows && n < a.T) y[n * ldy + rr] = d[j][4 * jj + e];
+                    d[j][4 * jj + e] = 0.0f;
+                }
+        }
     }
 }
 
@@ -477,15 +503,17 @@ typedef CUresult (*tmap_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_
                                    const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
-template <int BN, int KB>
+template <int BN, int KB, int RB>
 static int ws_attr() {
-    const cudaError_t e = cudaFuncSetAttribute(k_wgmma_stream<BN, KB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               ws_shape<BN, KB>::SMEM);
+    const cudaError_t e = cudaFuncSetAttribute(k_wgmma_stream<BN, KB, RB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               ws_shape<BN, KB, RB>::SMEM);
     return e == cudaSuccess ? 0 : -1;
 }
-template <int KB>
+template <int KB, int RB = 1>
 static int ws_attrs() {
-    return ws_attr<8, KB>() || ws_attr<16, KB>() || ws_attr<32, KB>() || ws_attr<64, KB>() || ws_attr<128, KB>() ? -1 : 0;
+    if (ws_attr<8, KB, RB>() || ws_attr<16, KB, RB>() || ws_attr<32, KB, RB>() || ws_attr<64, KB, RB>()) return -1;
+    if constexpr (RB > 1) return 0; /* (ws_stream takes 64 tokens at most) */
+    else return ws_attr<128, KB, RB>();
 }
 
 extern "C" void *cu_wgmma_available(void) {
@@ -552,18 +580,19 @@ extern "C" int cu_wgmma_matmul(cu_stream s, void *encode, const cu_mat *w, const
     return cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
 
-template <int BN, int KB>
+template <int BN, int KB, int RB>
 static int ws_launch(cu_stream s, const ws_maps &maps, const ws_args &a, int64_t blocks) {
-    launch_pdl(k_wgmma_stream<BN, KB>, dim3((unsigned)blocks), dim3(WS_THREADS), (size_t)ws_shape<BN, KB>::SMEM, s, maps,
-               a);
+    launch_pdl(k_wgmma_stream<BN, KB, RB>, dim3((unsigned)blocks), dim3(WS_THREADS), (size_t)ws_shape<BN, KB, RB>::SMEM, s,
+               maps, a);
     return cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
 
-template <int KB>
+/* (RB 2 takes up to 64 tokens: 128 tokens' accumulators of two row blocks outgrow the registers) */
+template <int KB, int RB = 1>
 static int ws_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *const *w, float *const *y,
                      const int64_t *ldy, const uint16_t *xs, int64_t ldxs, int64_t T) {
     const tmap_encode_fn enc = sc ? (tmap_encode_fn)sc->tma_encode : NULL;
-    if (!enc || !sc->wpart || !sc->wcount || n < 1 || n > WS_MATS || T < 1 || T > 128 || ldxs % 32 != 0 ||
+    if (!enc || !sc->wpart || !sc->wcount || n < 1 || n > WS_MATS || T < 1 || T > (RB > 1 ? 64 : 128) || ldxs % 32 != 0 ||
         ((uintptr_t)xs & 15))
         return -1;
     const int bn = T <= 8 ? 8 : T <= 16 ? 16 : T <= 32 ? 32 : T <= 64 ? 64 : 128;
@@ -578,7 +607,7 @@ static int ws_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *
     for (int i = 0; i < n; i++) {
         if (!wg_takes(w[i]) || w[i]->cols != w[0]->cols || wg_map_w(enc, w[i], &maps.w[i]) != 0) return -1;
         a.rb0[i] = R;
-        R += (w[i]->rows + WG_BM - 1) / WG_BM;
+        R += ((w[i]->rows + WG_BM - 1) / WG_BM + RB - 1) / RB;
         a.rows[i] = w[i]->rows, a.ldy[i] = ldy[i], a.y[i] = y[i];
     }
     a.rb0[n] = R;
@@ -586,7 +615,7 @@ static int ws_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *
     a.units = R * a.nk;
     /* a block an SM, as many as the scratch has pieces for, none without units */
     int64_t blocks = mm_sms();
-    const int64_t fit = sc->wpart_elems / (256 * (int64_t)bn);
+    const int64_t fit = sc->wpart_elems / (256 * (int64_t)bn * RB);
     blocks = blocks < fit ? blocks : fit;
     blocks = blocks < a.units ? blocks : a.units;
     if (blocks < 1) return -1;
@@ -595,11 +624,13 @@ static int ws_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *
     a.part = sc->wpart;
     a.count = sc->wcount;
     switch (bn) {
-    case 8: return ws_launch<8, KB>(s, maps, a, blocks);
-    case 16: return ws_launch<16, KB>(s, maps, a, blocks);
-    case 32: return ws_launch<32, KB>(s, maps, a, blocks);
-    case 64: return ws_launch<64, KB>(s, maps, a, blocks);
-    default: return ws_launch<128, KB>(s, maps, a, blocks);
+    case 8: return ws_launch<8, KB, RB>(s, maps, a, blocks);
+    case 16: return ws_launch<16, KB, RB>(s, maps, a, blocks);
+    case 32: return ws_launch<32, KB, RB>(s, maps, a, blocks);
+    case 64: return ws_launch<64, KB, RB>(s, maps, a, blocks);
+    default:
+        if constexpr (RB > 1) return -1;
+        else return ws_launch<128, KB, RB>(s, maps, a, blocks);
     }
 }
 
