@@ -313,24 +313,27 @@ static st_matrix stacked(uploader *u, const st_matrix *parts, int n) {
     return o;
 }
 
-/* rows [r0, r0 + n) of w, uploaded */
-static void put_rows(uploader *u, const st_matrix *w, int64_t r0, int64_t n, cu_mat *out) {
-    if (r0 == 0 && n == w->rows) {
+/* the view v of w (its rows or its columns), uploaded: w itself where v is all of it, else
+ * v made contiguous first */
+static void put_view(uploader *u, const st_matrix *w, const st_matrix *v, cu_mat *out) {
+    if (v->rows == w->rows && v->cols == w->cols) {
         put_mat(u, w, out);
         return;
     }
-    const st_matrix v = st_matrix_rows(w, r0, n), g = stacked(u, &v, 1);
+    const st_matrix g = stacked(u, v, 1);
     put_mat(u, &g, out);
+}
+
+/* rows [r0, r0 + n) of w, uploaded */
+static void put_rows(uploader *u, const st_matrix *w, int64_t r0, int64_t n, cu_mat *out) {
+    const st_matrix v = st_matrix_rows(w, r0, n);
+    put_view(u, w, &v, out);
 }
 
 /* columns [c0, c0 + n) of w, uploaded */
 static void put_cols(uploader *u, const st_matrix *w, int64_t c0, int64_t n, cu_mat *out) {
-    if (c0 == 0 && n == w->cols) {
-        put_mat(u, w, out);
-        return;
-    }
-    const st_matrix v = st_matrix_cols(w, c0, n), g = stacked(u, &v, 1);
-    put_mat(u, &g, out);
+    const st_matrix v = st_matrix_cols(w, c0, n);
+    put_view(u, w, &v, out);
 }
 
 /* every weight of the shard (world 1: of the model), through u */
