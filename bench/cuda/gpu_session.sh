@@ -3,10 +3,11 @@
 # this there): the GPU tests, the wgmma products against k_gemm, and `strand bench` on the
 # 27B shape in both precisions with each prefill's device time by operation. Logs go to
 # OUTDIR (default bench/out/gpu); a summary is printed last.
-#   bench/cuda/gpu_session.sh [OUTDIR] [tests|wg|bench|mlx|tp|vision|long|prof ...]   (default: the first four)
+#   bench/cuda/gpu_session.sh [OUTDIR] [tests|wg|bench|mlx|tp|vision|long|bw|prof ...]   (default: the first four)
 # tp: tests/test_cuda_tp.c with timestamps, and (with build/mpi from pack.sh --mpi) 2 ranks of
 # mpirun on this GPU against one process; vision: the tower's images/s; long: the 0.8B shape's
-# 210,668 -> 243,192-token prefix scenario; prof: Nsight Compute (ncu --set full) on one launch
+# 210,668 -> 243,192-token prefix scenario; bw: `mmv_bench bw` (the read ceiling by way of
+# reading) and `mmv_bench ws` at 16-64 tokens; prof: Nsight Compute (ncu --set full) on one launch
 # of each decode kernel that sets a 27B step's time (the MLX products at one token, the bf16
 # one at one and 64 tokens, the decode attention and delta rule at 64 sequences), each as
 # OUTDIR/ncu_NAME.txt with its instructions' counts and stall samples in ncu_NAME_src.csv.
@@ -93,6 +94,13 @@ bf16_t64 k_wgmma 2 build/mmv_bench prof 34816 5120 64 1
 attn_b64 k_attn_split 40 $S bench --device cuda --synth 27b --dtype bf16 --precision bf16 --kv-dtype bf16 --prompts 128 --batches 64 --decode-s 0.3
 gdn_b64 k_gdn_dec 40 $S bench --device cuda --synth 27b --dtype bf16 --precision bf16 --kv-dtype bf16 --prompts 128 --batches 64 --decode-s 0.3
 LIST
+fi
+if has bw; then
+    # the read ceiling by way of reading, and k_wgmma_stream's two unit shapes at 16-64 tokens
+    timeout 120 build/mmv_bench bw 10 >"$O/bw.txt" 2>&1
+    cat "$O/bw.txt"
+    timeout 200 build/mmv_bench ws 20 16,32,64 >"$O/ws.txt" 2>&1
+    tail -30 "$O/ws.txt"
 fi
 if has tests; then
     timeout 300 tests/gpu_test.sh >"$O/test_gpu.txt" 2>&1

@@ -25,12 +25,14 @@
  *                                    vocabulary against a host reference, and their time;
  *                                    exits 1 where they differ
  *   build/mmv_bench prof R C T P     one product, for a profiler
+ *   build/mmv_bench bw [reps]        ways of reading a 16 GB buffer once: GB/s of each
  */
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <algorithm>
+#include <functional>
 #include <vector>
 
 #include "backend/cuda/cu_common.cuh"
@@ -1030,7 +1032,172 @@ static int topbench(int reps) {
     return bad;
 }
 
+/* ---- bw: which way of reading memory reaches the most bandwidth ----
+ * The products stream their weights; the copy kernel the bench measures sets the floor
+ * they are held to. This times ways of reading one large buffer once, each its GB/s: the
+ * grid-stride loads of k_read with U loads in flight a thread, blocks reading their own
+ * contiguous ranges (with and without the L2's 256-byte prefetch hint), bulk copies into
+ * shared memory on an mbarrier ring (cp.async.bulk, as TMA reads), and the copies. */
+template <int U, int HINT>
+__device__ __forceinline__ uint4 bw_ld(const uint4 *p) {
+    uint4 v;
+    if (HINT)
+        asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p));
+    else
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p));
+    return v;
+}
+
+/* grid-stride, U loads a thread in flight */
+template <int U, int HINT>
+__global__ void k_bw_stride(const uint4 *p, int64_t n, unsigned *sink) {
+    unsigned s = 0;
+    const int64_t st = (int64_t)gridDim.x * blockDim.x;
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + (U - 1) * st < n; i += U * st) {
+        uint4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) v[u] = bw_ld<U, HINT>(p + i + u * st);
+#pragma unroll
+        for (int u = 0; u < U; u++) s ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    }
+    for (; i < n; i += st) {
+        const uint4 v = bw_ld<1, HINT>(p + i);
+        s ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (s == 0x12345678u) *sink = s;
+}
+
+/* block b reads its own contiguous range, U loads a thread in flight */
+template <int U, int HINT>
+__global__ void k_bw_chunk(const uint4 *p, int64_t n, unsigned *sink) {
+    unsigned s = 0;
+    const int64_t per = (n + gridDim.x - 1) / gridDim.x, b0 = blockIdx.x * per, b1 = b0 + per < n ? b0 + per : n;
+    for (int64_t i = b0 + threadIdx.x; i < b1; i += U * blockDim.x) {
+        uint4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) v[u] = i + u * blockDim.x < b1 ? bw_ld<U, HINT>(p + i + u * blockDim.x) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int u = 0; u < U; u++) s ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    }
+    if (s == 0x12345678u) *sink = s;
+}
+
+/* block b's contiguous range in stages of SB bytes, NS of them in flight by cp.async.bulk */
+template <int SB, int NS>
+__global__ void __launch_bounds__(128) k_bw_bulk(const uint8_t *p, int64_t nstages, unsigned *sink) {
+    extern __shared__ __align__(128) uint8_t bw_sm[];
+    __shared__ __align__(8) uint64_t bar[NS];
+    const int64_t per = (nstages + gridDim.x - 1) / gridDim.x, s0 = blockIdx.x * per;
+    const int64_t s1 = s0 + per < nstages ? s0 + per : nstages;
+    const uint32_t sm = smem_u32(bw_sm), b = smem_u32(bar);
+    if (threadIdx.x == 0) {
+        for (int k = 0; k < NS; k++) mbar_init(b + 8 * k, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    auto issue = [&](int64_t i) {
+        const int k = (int)((i - s0) % NS);
+        mbar_expect_tx(b + 8 * k, SB);
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                         sm + k * SB),
+                     "l"(p + i * SB), "r"(SB), "r"(b + 8 * k)
+                     : "memory");
+    };
+    if (threadIdx.x == 0)
+        for (int64_t i = s0; i < s0 + NS && i < s1; i++) issue(i);
+    unsigned s = 0;
+    for (int64_t i = s0; i < s1; i++) {
+        const int k = (int)((i - s0) % NS);
+        mbar_wait(b + 8 * k, (int)(((i - s0) / NS) & 1));
+        s ^= ((const unsigned *)(bw_sm + k * SB))[threadIdx.x];
+        __syncthreads();
+        if (threadIdx.x == 0 && i + NS < s1) issue(i + NS);
+    }
+    if (s == 0x12345678u) *sink = s;
+}
+
+template <int SB, int NS>
+static void bw_bulk_run(cudaStream_t s, int blocks, const void *p, size_t bytes, unsigned *sink) {
+    static bool set = false;
+    if (!set) {
+        CK(cudaFuncSetAttribute(k_bw_bulk<SB, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize, SB * NS));
+        set = true;
+    }
+    k_bw_bulk<SB, NS><<<blocks, 128, SB * NS, s>>>((const uint8_t *)p, (int64_t)(bytes / SB), sink);
+}
+
+static int bwbench(int reps) {
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    const int sms = prop.multiProcessorCount;
+    printf("device %s, %d SMs, L2 %d MB, memory %.0f GB\n", prop.name, sms, prop.l2CacheSize >> 20,
+           prop.totalGlobalMem / 1e9);
+    cudaStream_t s;
+    CK(cudaStreamCreate(&s));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    copy_bandwidth(s, e0, e1);
+    const size_t bytes = (size_t)16 << 30;
+    uint8_t *buf;
+    unsigned *sink;
+    CK(cudaMalloc(&buf, bytes));
+    CK(cudaMalloc(&sink, 4));
+    CK(cudaMemset(buf, 1, bytes));
+    const int64_t n = (int64_t)(bytes / 16);
+    const uint4 *p = (const uint4 *)buf;
+    struct run {
+        const char *name;
+        std::function<void()> go;
+    };
+    std::vector<run> runs;
+    char nm[64];
+    for (int bps : {1, 2, 4, 8}) {
+        const int th = bps >= 4 ? 512 : 1024, g = sms * bps * (bps >= 4 ? 1 : 1);
+        snprintf(nm, sizeof nm, "stride U1 %dx%d", bps, th);
+        runs.push_back({strdup(nm), [=] { k_bw_stride<1, 0><<<g, th, 0, s>>>(p, n, sink); }});
+        snprintf(nm, sizeof nm, "stride U4 %dx%d", bps, th);
+        runs.push_back({strdup(nm), [=] { k_bw_stride<4, 0><<<g, th, 0, s>>>(p, n, sink); }});
+        snprintf(nm, sizeof nm, "stride U4 L2:256 %dx%d", bps, th);
+        runs.push_back({strdup(nm), [=] { k_bw_stride<4, 1><<<g, th, 0, s>>>(p, n, sink); }});
+        snprintf(nm, sizeof nm, "chunk U4 %dx%d", bps, th);
+        runs.push_back({strdup(nm), [=] { k_bw_chunk<4, 0><<<g, th, 0, s>>>(p, n, sink); }});
+        snprintf(nm, sizeof nm, "chunk U8 L2:256 %dx%d", bps, th);
+        runs.push_back({strdup(nm), [=] { k_bw_chunk<8, 1><<<g, th, 0, s>>>(p, n, sink); }});
+    }
+    runs.push_back({"k_read (mmv_bench's) 8x512", [=] { k_read<<<sms * 8, 512, 0, s>>>(p, n, sink); }});
+    for (int bps : {1, 2, 4}) {
+        snprintf(nm, sizeof nm, "bulk 16KBx8 %d/SM", bps);
+        runs.push_back({strdup(nm), [=] { bw_bulk_run<16384, 8>(s, sms * bps, buf, bytes, sink); }});
+        snprintf(nm, sizeof nm, "bulk 32KBx6 %d/SM", bps);
+        if (bps <= 1) runs.push_back({strdup(nm), [=] { bw_bulk_run<32768, 6>(s, sms * bps, buf, bytes, sink); }});
+        snprintf(nm, sizeof nm, "bulk 8KBx8 %d/SM", bps);
+        runs.push_back({strdup(nm), [=] { bw_bulk_run<8192, 8>(s, sms * bps, buf, bytes, sink); }});
+        snprintf(nm, sizeof nm, "bulk 4KBx16 %d/SM", bps);
+        runs.push_back({strdup(nm), [=] { bw_bulk_run<4096, 16>(s, sms * bps, buf, bytes, sink); }});
+    }
+    printf("\nreading %.1f GB once (GB/s)\n", bytes / 1e9);
+    for (const run &r : runs) {
+        r.go();
+        CK(cudaGetLastError());
+        CK(cudaStreamSynchronize(s));
+        const double sec = time_launches(s, e0, e1, reps, 1, [&](int) { r.go(); });
+        printf("  %-28s %7.0f\n", r.name, bytes / sec / 1e9);
+    }
+    const size_t half = bytes / 2;
+    const double sec = time_launches(s, e0, e1, reps, 1, [&](int) { CK(cudaMemcpyAsync(buf + half, buf, half, cudaMemcpyDeviceToDevice, s)); });
+    printf("  %-28s %7.0f (read + written)\n", "cudaMemcpy device to device", 2.0 * half / sec / 1e9);
+    CK(cudaFree(buf));
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "bw")) return bwbench(argc > 2 ? atoi(argv[2]) : 10);
     if (argc > 1 && !strcmp(argv[1], "top")) return topbench(argc > 2 ? atoi(argv[2]) : 20);
     if (argc > 1 && !strcmp(argv[1], "gdn")) return gdnbench(argc > 2 ? atoi(argv[2]) : 10);
     if (argc > 1 && !strcmp(argv[1], "sweep")) return sweep(argc > 2 ? atoi(argv[2]) : 10, argc > 3 ? argv[3] : NULL);

@@ -445,10 +445,10 @@ int cmd_bench(int argc, char **argv) {
     }
     for (int i = 0; i < max_tokens; i++) toks[i] = (int32_t)((1000003LL * i + 17) % c->vocab_size);
     const int nth = gpu ? 0 : st_backend_cpu_threads(be);
-    double bw;
+    double bw, read_bw = 0;
     if (gpu) { /* the device's copy bandwidth, once: a GPU is not shared with neighbours */
         if (!json) fprintf(stderr, "measuring the device's copy bandwidth...\n");
-        bw = st_backend_cuda_copy_bandwidth(be, (size_t)2 << 30);
+        bw = st_backend_cuda_copy_bandwidth(be, (size_t)2 << 30, &read_bw);
     } else {
         if (bw_probe_create(st_bctx_cpu_pool(st_fwd_ctx(f)), &probe, &err)) goto done;
         if (!json) fprintf(stderr, "measuring memory bandwidth (%d threads)...\n", nth);
@@ -551,12 +551,13 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 0; i < n_batches; i++)
         if (dr[i].batch == 1) b1_tok_s = dr[i].tok_s;
     const double floor_tok_s = bw > 0 ? bw * 1e9 / (double)ms.bytes_per_token : 0;
+    const double read_floor_tok_s = read_bw > 0 ? read_bw * 1e9 / (double)ms.bytes_per_token : 0;
     if (json) {
         printf("{\"model\": \"%s\", \"device\": \"%s\", \"kernels\": \"%s\", \"threads\": %d, \"ranks\": %d, "
-               "\"bandwidth_gb_s\": %.3f, \"weight_bytes_per_step\": %zu, "
-               "\"decode_floor_steps_s\": %.3f, \"prefill\": [",
-               dir, gpu ? "cuda" : "cpu", gpu ? "cuda" : st_backend_cpu_kernels(be)->name, nth, ranks, bw,
-               ms.bytes_per_token, floor_tok_s);
+               "\"bandwidth_gb_s\": %.3f, \"read_bandwidth_gb_s\": %.3f, \"weight_bytes_per_step\": %zu, "
+               "\"decode_floor_steps_s\": %.3f, \"decode_read_floor_steps_s\": %.3f, \"prefill\": [",
+               dir, gpu ? "cuda" : "cpu", gpu ? "cuda" : st_backend_cpu_kernels(be)->name, nth, ranks, bw, read_bw,
+               ms.bytes_per_token, floor_tok_s, read_floor_tok_s);
         for (int i = 0; i < n_prompts; i++)
             printf("%s{\"tokens\": %lld, \"seconds\": %.4f, \"tok_s\": %.3f}", i ? ", " : "",
                    prompts[i], pre_s[i], pre_tok_s[i]);
@@ -577,10 +578,12 @@ int cmd_bench(int argc, char **argv) {
         if (ranks > 1)
             printf("ranks      %d (tensor parallel over MPI; this rank's %d threads; every rank reads its shard)\n",
                    ranks, nth);
-        if (gpu) printf("bandwidth  %.2f GB/s (device copy: bytes read + written)\n", bw);
+        if (gpu) printf("bandwidth  %.2f GB/s (device copy: bytes read + written); reads alone %.2f GB/s\n", bw, read_bw);
         else printf("bandwidth  %.2f GB/s (memory read, %d threads)\n", bw, nth);
-        printf("weights    %.3f GB read per decode step -> floor %.2f steps/s\n",
-               (double)ms.bytes_per_token / 1e9, floor_tok_s);
+        printf("weights    %.3f GB read per decode step -> floor %.2f steps/s", (double)ms.bytes_per_token / 1e9,
+               floor_tok_s);
+        if (read_floor_tok_s > 0) printf(" (at the rate of reads alone %.2f)", read_floor_tok_s);
+        printf("\n");
         printf("\n%-10s %8s %10s\n", "prefill", "tokens", "tok/s");
         for (int i = 0; i < n_prompts; i++)
             printf("%-10s %8lld %10.1f\n", "", prompts[i], pre_tok_s[i]);

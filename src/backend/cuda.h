@@ -33,6 +33,7 @@ typedef struct st_cuda_params {
                                calls); 0: through host memory over comm */
 } st_cuda_params;
 
+
 st_cuda_params st_cuda_default_params(void);
 
 /* A CUDA backend for m (borrowed): the whole model, or with p->comm of world > 1 the shard
@@ -53,9 +54,11 @@ int64_t st_backend_cuda_device_allocs(const st_backend *b);
 /* The device memory free now and in all (cudaMemGetInfo); 0, 0 when b is not a CUDA backend. */
 void st_backend_cuda_memory(const st_backend *b, size_t *free_bytes, size_t *total_bytes);
 
-/* The device's copy bandwidth (bytes read plus bytes written per second, GB/s) measured with a
- * copy kernel over two buffers of `bytes` (best of several passes); 0 on failure. */
-double st_backend_cuda_copy_bandwidth(const st_backend *b, size_t bytes);
+/* The device's copy bandwidth (bytes read plus bytes written per second, GB/s) over two
+ * buffers of `bytes`: the better of a copy kernel and cudaMemcpy, best of several passes; 0 on
+ * failure. read_gbs (may be NULL): the rate of reading alone, as a decode step reads its
+ * weights. */
+double st_backend_cuda_copy_bandwidth(const st_backend *b, size_t bytes, double *read_gbs);
 
 /* The device's name and memory (for reports); "" when b is not a CUDA backend. */
 void st_backend_cuda_describe(const st_backend *b, char *buf, size_t cap);
@@ -91,7 +94,7 @@ st_status st_cuda_vision_create(const st_cuda_params *p, const struct st_vision_
                                 struct st_vision_device **out, st_error *err);
 
 /* ---- the entry points the shared object exports (the loader's side of the contract) ---- */
-#define ST_CUDA_ABI 5
+#define ST_CUDA_ABI 6
 typedef struct st_cuda_entry {
     int abi;                                /* ST_CUDA_ABI */
     const st_backend_ops *ops;              /* the ops table (identifies its backends) */
@@ -101,7 +104,7 @@ typedef struct st_cuda_entry {
     int64_t (*device_allocs)(const st_backend *b);
     void (*describe)(const st_backend *b, char *buf, size_t cap);
     void (*memory)(const st_backend *b, size_t *free_bytes, size_t *total_bytes);
-    double (*copy_bandwidth)(const st_backend *b, size_t bytes);
+    double (*bandwidth)(const st_backend *b, size_t bytes, double *read_gbs);
     void (*graphs)(const st_bctx *c, int64_t *captures, int64_t *launches);
     int (*time_ops)(st_bctx *c, int on);
     void (*op_times)(st_bctx *c, st_cuda_op_times *out);

@@ -97,8 +97,9 @@ void st_backend_cuda_memory(const st_backend *b, size_t *free_bytes, size_t *tot
     if (st_backend_is_cuda(b)) g_entry->memory(b, free_bytes, total_bytes);
 }
 
-double st_backend_cuda_copy_bandwidth(const st_backend *b, size_t bytes) {
-    return st_backend_is_cuda(b) ? g_entry->copy_bandwidth(b, bytes) : 0.0;
+double st_backend_cuda_copy_bandwidth(const st_backend *b, size_t bytes, double *read_gbs) {
+    if (read_gbs) *read_gbs = 0.0;
+    return st_backend_is_cuda(b) ? g_entry->bandwidth(b, bytes, read_gbs) : 0.0;
 }
 
 int st_bctx_cuda_time_ops(st_bctx *c, int on) {

@@ -241,6 +241,9 @@ void cu_fill_zero(cu_stream s, float *p, int64_t n);
 
 /* the copy kernel bench measures the device's bandwidth with */
 void cu_copy(cu_stream s, const float *src, float *dst, int64_t n);
+/* a read of bytes (a multiple of 16) at p, as fast as the device reads (sink: a word of
+ * device memory it may write) */
+void cu_read(cu_stream s, const void *p, size_t bytes, unsigned *sink);
 
 /* Synthetic weights (st_model_synthetic) made on the device: n elements at dst of
  * CU_SYNTH_BF16 (a * uniform[-1, 1), as bf16), CU_SYNTH_WORDS (random 32-bit words: packed
