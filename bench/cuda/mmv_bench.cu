@@ -876,6 +876,10 @@ static int gdnbench(int reps) {
                 CK(cudaEventElapsedTime(&t, e0, e1));
                 if (r) ms[path] += t / reps;
             }
+            /* a decode step of few items normalizes q and k inside the rule's kernel, not in place: as the other
+             * path does */
+            if (path == 0 && cs.len == 1 && cs.items <= GDN_DEC_FUSED_MAX)
+                launch_pdl(k_gdn_qknorm, dim3((unsigned)T, (unsigned)Hk), dim3(32), 0, s, a);
             CK(cudaMemcpy(qkv_after[path], qkv, (size_t)T * cd * 4, cudaMemcpyDeviceToDevice));
         }
         const double dm = rel_diff(mix[0], mix[1], (size_t)T * vd), dsv = rel_diff(rec[0], rec[1], rec_n);
@@ -928,22 +932,41 @@ static int gdnbench(int reps) {
                t_conv, t_convc, t_qk, t_gn, t_prep, t_scan);
         printf("    the per-step rule alone %.3f ms: %.0f GB/s of its state read and written\n", t_rec,
                2.0 * rec_n * 4 / (t_rec * 1e-3) / 1e9);
-        if (cs.len == 1) { /* a decode step's kernel against the per-step one, from the same random state */
+        if (cs.len == 1) { /* a decode step's kernels (k_gdn_dec, and the fused one with the norms inside)
+                              against the q/k norms, the per-step rule and the gated norm, from the same conv
+                              outputs and random state */
             float *st0 = dev_floats((int64_t)rec_n, 7, -1.0f, 1.0f);
             dim3 gr((unsigned)p.n_items, (unsigned)Hv, (unsigned)((Dv + 8 * GDN_WARPS - 1) / (8 * GDN_WARPS)));
-            dim3 grd(gr.x, gr.y, (unsigned)((Dv + GDN_DEC_COLS - 1) / GDN_DEC_COLS));
-            for (int k = 0; k < 2; k++) {
-                a.mix = mix[k], a.rec_state = rec[k];
-                CK(cudaMemcpy(rec[k], st0, rec_n * 4, cudaMemcpyDeviceToDevice));
-                if (k) launch_pdl(k_gdn_dec<16>, grd, dim3(32 * GDN_WARPS), 0, s, p, a);
-                else launch_pdl(k_gdn_recur<16>, gr, dim3(32 * GDN_WARPS), gdn_smem(Dk, 1), s, p, a, 1);
+            auto norms_around = [&](auto rule) {
+                launch_pdl(k_gdn_qknorm, dim3((unsigned)T, (unsigned)Hk), dim3(32), 0, s, a);
+                rule();
+                launch_pdl(k_gdn_gnorm, dim3((unsigned)T, (unsigned)Hv), dim3(32), 0, s, a);
+            };
+            auto recur = [&] { launch_pdl(k_gdn_recur<16>, gr, dim3(32 * GDN_WARPS), gdn_smem(Dk, 1), s, p, a, 1); };
+            auto dec = [&] {
+                launch_pdl(k_gdn_dec<16, 0>, dim3(gr.x, gr.y, (unsigned)((Dv + GDN_DEC_COLS - 1) / GDN_DEC_COLS)),
+                           dim3(32 * GDN_WARPS), 0, s, p, a);
+            };
+            auto fused = [&] {
+                launch_pdl(k_gdn_dec<16, 1>, dim3(gr.x, gr.y), dim3(32 * ((Dv + 15) / 16)), (size_t)Dv * 4, s, p, a);
+            };
+            bool same = true;
+            for (int k = 0; k < 3; k++) {
+                a.mix = mix[k ? 1 : 0], a.rec_state = rec[k ? 1 : 0];
+                CK(cudaMemcpy(a.rec_state, st0, rec_n * 4, cudaMemcpyDeviceToDevice));
+                CK(cudaMemcpy(qkv, qkv_after[0], (size_t)T * cd * 4, cudaMemcpyDeviceToDevice));
+                if (k == 0) norms_around(recur);
+                else if (k == 1) norms_around(dec);
+                else fused();
                 CK(cudaStreamSynchronize(s));
+                CK(cudaGetLastError());
+                if (k) same = same && same_bits(mix[0], mix[1], (size_t)T * vd) && same_bits(rec[0], rec[1], rec_n);
             }
-            const bool same = same_bits(mix[0], mix[1], (size_t)T * vd) && same_bits(rec[0], rec[1], rec_n);
             bad |= !same;
-            const double t_dec = time_ms([&] { launch_pdl(k_gdn_dec<16>, grd, dim3(32 * GDN_WARPS), 0, s, p, a); });
-            printf("    the decode step's rule alone %.3f ms: %.0f GB/s; its outputs and state %s the per-step rule's\n", t_dec,
-                   2.0 * rec_n * 4 / (t_dec * 1e-3) / 1e9, same ? "the same bits as" : "DIFFER from");
+            const double t_three = time_ms([&] { norms_around(dec); }), t_fused = time_ms(fused);
+            printf("    a decode step's q/k norms, rule and gated norm: %.3f ms as three kernels (k_gdn_dec), %.3f ms fused"
+                   " (%.0f GB/s of state); both %s the per-step rule's\n",
+                   t_three, t_fused, 2.0 * rec_n * 4 / (t_fused * 1e-3) / 1e9, same ? "the same bits as" : "DIFFER from");
             CK(cudaFree(st0));
         }
         float *fr[] = {qkv0, z, bb, aa, conv_t, normw, qkv, mix[0], mix[1], rec[0], rec[1], conv_st, dtb, nea, ws,

@@ -111,18 +111,37 @@ static void cu_gdn_conv_chunked(cu_stream s, const cu_plan *p, const cu_gdn_args
     launch_pdl(k_gdn_conv_chunk, g, dim3(CONV_THREADS), 0, s, *p, *a);
 }
 
+/* The scale of a q row (also by 1 / sqrt(Dk)) or a k row of Dk by its L2 norm, as every kernel
+ * makes it: a warp's lanes sum the squares of columns lane, lane + 32, ... in order, then a
+ * butterfly (k_gdn_qknorm's order, which k_gdn_dec repeats: the same bits) */
+__device__ __forceinline__ float gdn_l2_scale(const float *v, int Dk, bool is_q) {
+    const int lane = threadIdx.x & 31;
+    float ss = 0.0f;
+    for (int j = lane; j < Dk; j += 32) ss = fmaf(v[j], v[j], ss);
+    ss = warp_sum(ss);
+    return (is_q ? 1.0f / sqrtf((float)Dk) : 1.0f) / sqrtf(ss + 1e-6f);
+}
+
+/* the gated RMSNorm's scale of a head's Dv outputs o (a warp; k_gdn_gnorm's order, which
+ * k_gdn_dec repeats), and one output gated */
+__device__ __forceinline__ float gdn_gnorm_scale(const float *o, int Dv, float eps) {
+    const int lane = threadIdx.x & 31;
+    float ss = 0.0f;
+    for (int r = lane; r < Dv; r += 32) ss = fmaf(o[r], o[r], ss);
+    ss = warp_sum(ss);
+    return 1.0f / sqrtf(ss / (float)Dv + eps);
+}
+__device__ __forceinline__ float gdn_gated(float o, float rs, float w, float z) { return o * rs * w * siluf_(z); }
+
 /* the L2 norms of every token's q and k heads, in place (q also by 1 / sqrt(Dk)): a warp per
- * (token, key head); columns lane, lane + 32, ... then a butterfly */
+ * (token, key head) */
 __global__ void k_gdn_qknorm(cu_gdn_args a) {
     pdl_wait();
     const int64_t t = blockIdx.x;
     const int g = blockIdx.y, lane = threadIdx.x;
     for (int which = 0; which < 2; which++) {
         float *v = a.qkv + t * a.cd + (which ? a.kd : 0) + (int64_t)g * a.Dk;
-        float ss = 0.0f;
-        for (int j = lane; j < a.Dk; j += 32) ss += v[j] * v[j];
-        ss = warp_sum(ss);
-        const float r = (which ? 1.0f : 1.0f / sqrtf((float)a.Dk)) / sqrtf(ss + 1e-6f);
+        const float r = gdn_l2_scale(v, a.Dk, which == 0);
         for (int j = lane; j < a.Dk; j += 32) v[j] *= r;
     }
 }
@@ -272,15 +291,26 @@ __global__ void __launch_bounds__(32 * GDN_WARPS) k_gdn_recur(cu_plan p, cu_gdn_
  * row as one run. The token's q and k rows, v columns, b and a are read straight from global
  * memory (the four lanes of a row share them through L1) instead of through shared memory:
  * the chunk copies' index arithmetic was most of k_gdn_recur's instructions at one token, and
- * the state's read and write are what is left. A block: GDN_WARPS warps of 16 columns. */
+ * the state's read and write are what is left. A warp takes 16 columns.
+ * FUSED 0: a block of GDN_WARPS warps (GDN_DEC_COLS columns) on q and k normed in place
+ * (k_gdn_qknorm before, k_gdn_gnorm after). FUSED 1 (few items: the launches, not the state,
+ * set the time): a block a whole value head (Dv <= GDN_DEC_MAX_DV), each warp scaling q and
+ * k by their norms itself (gdn_l2_scale: k_gdn_qknorm's sums) and the head's outputs meeting
+ * in shared memory for the gated norm (gdn_gnorm_scale: k_gdn_gnorm's), the same bits as
+ * the three launches in one; at 64 items it was 1.1x slower than them (a block waits on its
+ * slowest warp before the norm). */
 #define GDN_DEC_COLS (16 * GDN_WARPS)
-template <int RP>
-__global__ void __launch_bounds__(32 * GDN_WARPS) k_gdn_dec(cu_plan p, cu_gdn_args a) {
+#define GDN_DEC_MAX_DV 256
+#define GDN_DEC_MAX_RP 16  /* FUSED: key dims up to 128 (more rows a lane spill under its 128 registers) */
+#define GDN_DEC_FUSED_MAX 16 /* decode steps of up to this many items take FUSED */
+template <int RP, int FUSED>
+__global__ void __launch_bounds__(FUSED ? 32 * GDN_DEC_MAX_DV / 16 : 32 * GDN_WARPS) k_gdn_dec(cu_plan p, cu_gdn_args a) {
     pdl_wait();
+    extern __shared__ float gdn_o[]; /* FUSED: [Dv] the head's outputs */
     const int it = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int ra = lane >> 2, Dk = a.Dk, Dv = a.Dv, g = h / (a.Hv / a.Hk), r0 = ra * RP;
-    const int i0 = blockIdx.z * GDN_DEC_COLS + w * 16 + 4 * (lane & 3); /* columns i0 .. i0 + 3 */
-    const bool on = i0 < Dv;                                              /* Dv is a multiple of 4 */
+    const int i0 = (FUSED ? 0 : blockIdx.z * GDN_DEC_COLS) + w * 16 + 4 * (lane & 3); /* columns i0 .. i0 + 3 */
+    const bool on = i0 < Dv;                                                            /* Dv is a multiple of 4 */
     float *Sg = a.rec_state + (size_t)p.slot[it] * a.rec_stride + (size_t)h * Dv * Dk;
     float S[4][RP];
 #pragma unroll
@@ -305,16 +335,28 @@ __global__ void __launch_bounds__(32 * GDN_WARPS) k_gdn_dec(cu_plan p, cu_gdn_ar
             k[m] = r0 + m < Dk ? kr[r0 + m] : 0.0f;
         }
     }
+    if constexpr (FUSED) { /* k_gdn_qknorm's in-place products, in registers */
+        const float sq = gdn_l2_scale(qr, Dk, true), sk = gdn_l2_scale(kr, Dk, false);
+#pragma unroll
+        for (int m = 0; m < RP; m++) q[m] *= sq, k[m] *= sk;
+    }
     const float4 v = on ? *(const float4 *)(a.qkv + t * a.cd + 2 * a.kd + (int64_t)h * Dv + i0)
                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float beta, alpha, o[4];
     gdn_gates(a.b[t * a.Hv + h], a.a[t * a.Hv + h], a.dt_bias[h], a.neg_exp_a[h], beta, alpha);
     gdn_token(S[0], S[1], q, k, make_float2(v.x, v.y), beta, alpha, o[0], o[1]);
     gdn_token(S[2], S[3], q, k, make_float2(v.z, v.w), beta, alpha, o[2], o[3]);
-    if (ra == 0 && on) *(float4 *)(a.mix + t * a.vd + (int64_t)h * Dv + i0) = make_float4(o[0], o[1], o[2], o[3]);
+    float *mo = a.mix + t * a.vd + (int64_t)h * Dv;
+    if (ra == 0 && on) *(float4 *)((FUSED ? gdn_o : mo) + i0) = make_float4(o[0], o[1], o[2], o[3]);
 #pragma unroll
     for (int m = 0; m < RP; m++)
         if (on && r0 + m < Dk) *(float4 *)(Sg + (size_t)(r0 + m) * Dv + i0) = make_float4(S[0][m], S[1][m], S[2][m], S[3][m]);
+    if constexpr (FUSED) { /* the gated norm of the head */
+        __syncthreads();
+        const float rs = gdn_gnorm_scale(gdn_o, Dv, a.eps);
+        const int r = w * 16 + lane; /* the warp's 16 columns */
+        if (lane < 16 && r < Dv) mo[r] = gdn_gated(gdn_o[r], rs, a.norm_w[r], a.z[t * a.vd + (int64_t)h * Dv + r]);
+    }
 }
 
 /* gated RMSNorm: norm(o) * w * silu(z), a warp per (token, value head) */
@@ -324,11 +366,8 @@ __global__ void k_gdn_gnorm(cu_gdn_args a) {
     const int h = blockIdx.y;
     float *o = a.mix + t * a.vd + (int64_t)h * a.Dv;
     const float *z = a.z + t * a.vd + (int64_t)h * a.Dv;
-    float ss = 0.0f;
-    for (int r = threadIdx.x; r < a.Dv; r += 32) ss += o[r] * o[r];
-    ss = warp_sum(ss);
-    const float rs = 1.0f / sqrtf(ss / (float)a.Dv + a.eps);
-    for (int r = threadIdx.x; r < a.Dv; r += 32) o[r] = o[r] * rs * a.norm_w[r] * siluf_(z[r]);
+    const float rs = gdn_gnorm_scale(o, a.Dv, a.eps);
+    for (int r = threadIdx.x; r < a.Dv; r += 32) o[r] = gdn_gated(o[r], rs, a.norm_w[r], z[r]);
 }
 
 /* for chunks of cl tokens (a decode step's one token takes little, so more blocks share an SM) */
@@ -340,10 +379,17 @@ static int gdn_rows(int Dk) {
     return r <= 2 ? 2 : r <= 4 ? 4 : r <= 8 ? 8 : r <= 16 ? 16 : r <= 32 ? 32 : 0;
 }
 
-/* the per-step rule of RP rows a lane: k_gdn_dec for a decode step, else k_gdn_recur */
+/* the per-step rule of RP rows a lane: k_gdn_dec for a decode step (fused: the norms inside),
+ * else k_gdn_recur */
 template <int RP>
-static void gdn_rule(cu_stream s, dim3 gr, const cu_plan *p, const cu_gdn_args *a, bool dec, size_t shm, int cl) {
-    if (dec) launch_pdl(k_gdn_dec<RP>, dim3(gr.x, gr.y, (unsigned)((a->Dv + GDN_DEC_COLS - 1) / GDN_DEC_COLS)),
+static void gdn_rule(cu_stream s, dim3 gr, const cu_plan *p, const cu_gdn_args *a, int dec, size_t shm, int cl) {
+    if constexpr (RP <= GDN_DEC_MAX_RP)
+        if (dec == 2) {
+            launch_pdl(k_gdn_dec<RP, 1>, dim3(gr.x, gr.y), dim3(32 * ((a->Dv + 15) / 16)), (size_t)a->Dv * sizeof(float),
+                       s, *p, *a);
+            return;
+        }
+    if (dec) launch_pdl(k_gdn_dec<RP, 0>, dim3(gr.x, gr.y, (unsigned)((a->Dv + GDN_DEC_COLS - 1) / GDN_DEC_COLS)),
                         dim3(32 * GDN_WARPS), 0, s, *p, *a);
     else launch_pdl(k_gdn_recur<RP>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a, cl);
 }
@@ -356,14 +402,16 @@ extern "C" void cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int 
         dim3 gc((unsigned)p->n_items, (unsigned)((a->cd + CONV_THREADS - 1) / CONV_THREADS));
         launch_pdl(k_gdn_conv, gc, dim3(CONV_THREADS), 0, s, *p, *a);
     }
+    /* a decode step: k_gdn_dec (2: the fused one, the norms inside) */
+    int dec = max_item_tokens == 1 && p->n_tokens == p->n_items && a->n_chunks == 0;
+    if (dec && p->n_items <= GDN_DEC_FUSED_MAX && a->Dv <= GDN_DEC_MAX_DV && gdn_rows(a->Dk) <= GDN_DEC_MAX_RP) dec = 2;
     /* one warp a block: 8 a block made the per-step rule after them 1.4x slower on one long
      * prompt (8.7 -> 12.2 ms a 27B layer at 8,192 tokens on the H200), though the norms
      * alone were faster */
-    launch_pdl(k_gdn_qknorm, dim3((unsigned)p->n_tokens, (unsigned)a->Hk), dim3(32), 0, s, *a);
+    if (dec != 2) launch_pdl(k_gdn_qknorm, dim3((unsigned)p->n_tokens, (unsigned)a->Hk), dim3(32), 0, s, *a);
     dim3 gr((unsigned)p->n_items, (unsigned)a->Hv, (unsigned)((a->Dv + 8 * GDN_WARPS - 1) / (8 * GDN_WARPS)));
     const int cl = max_item_tokens < GDN_CHUNK ? (max_item_tokens > 0 ? max_item_tokens : 1) : GDN_CHUNK;
     const size_t shm = gdn_smem(a->Dk, cl);
-    const bool dec = max_item_tokens == 1 && p->n_tokens == p->n_items; /* a decode step: k_gdn_dec */
     switch (a->n_chunks > 0 ? -1 : gdn_rows(a->Dk)) {
     case -1: cu_gdn_chunked(s, p, a); break;
     case 2: gdn_rule<2>(s, gr, p, a, dec, shm, cl); break;
@@ -372,7 +420,7 @@ extern "C" void cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int 
     case 16: gdn_rule<16>(s, gr, p, a, dec, shm, cl); break;
     default: gdn_rule<32>(s, gr, p, a, dec, shm, cl); break;
     }
-    launch_pdl(k_gdn_gnorm, dim3((unsigned)p->n_tokens, (unsigned)a->Hv), dim3(32), 0, s, *a);
+    if (dec != 2) launch_pdl(k_gdn_gnorm, dim3((unsigned)p->n_tokens, (unsigned)a->Hv), dim3(32), 0, s, *a);
 }
 
 /* key dims at most 256 (a lane's registers hold 32 rows); key and value dims multiples of 4
