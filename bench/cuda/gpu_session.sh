@@ -32,7 +32,7 @@ if has bench; then
         kv=f32
         [ $prec = bf16 ] && kv=bf16
         timeout 200 $S bench --device cuda --synth 27b --dtype bf16 --precision $prec --kv-dtype $kv \
-            --prompts 512,2048,8192 --batches 1,16,64 --decode-s 1 --op-times >"$O/bench_$prec.txt" 2>"$O/bench_$prec.err"
+            --prompts 512,2048,8192 --batches 1,4,16,32,64 --decode-s 1 --op-times >"$O/bench_$prec.txt" 2>"$O/bench_$prec.err"
         echo "bench 27B bf16 weights, --precision $prec, KV $kv (rc $?):"
         grep -A20 '^prefill' "$O/bench_$prec.txt" | head -24
         grep -A16 'device time of the 8192' "$O/bench_$prec.err"
