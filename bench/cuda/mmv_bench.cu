@@ -26,6 +26,8 @@
  *                                    exits 1 where they differ
  *   build/mmv_bench prof R C T P     one product, for a profiler
  *   build/mmv_bench bw [reps]        ways of reading a 16 GB buffer once: GB/s of each
+ *   build/mmv_bench vp [reps]        k_mmvp's ring depth and blocks an SM on the 27B decode
+ *                                    launches at 1-8 tokens; exits 1 where the bits differ
  */
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -1055,6 +1057,145 @@ static int topbench(int reps) {
     return bad;
 }
 
+/* ---- vp: k_mmvp's ring depth and residency on the 27B decode launches ----
+ * The launches a 27B token makes (gate and up together, the four GDN in-projections, q/k/v,
+ * the output projections, down, the LM head) at 1 to 8 tokens through k_mmvp of one tile a
+ * block: the backend's pick (D6B3 or D5B4 by how evenly the tiles spread, launch_mmvp), ring
+ * depths D and blocks an SM B, and the backend's other pick; GB/s of weights each, '*' where
+ * the bits differ from the backend's; one token's launches summed. Exits 1 on a difference. */
+template <int D, int B>
+static void vp_launch(cu_stream s, const mm_group &g, const uint16_t *xs, int64_t ldxs, int64_t T, int parts) {
+    if (parts == 1) launch_mmvp_p<1, 1, D, B>(s, g, xs, ldxs, T);
+    else launch_mmvp_p<3, 1, D, B>(s, g, xs, ldxs, T);
+}
+template <int D, int B>
+static void vp_attr() {
+    mmvp_attr<1, 1, D, B>();
+    mmvp_attr<3, 1, D, B>();
+}
+
+static int vpbench(int reps) {
+    cudaStream_t s;
+    CK(cudaStreamCreate(&s));
+    cu_mm_init();
+    vp_attr<4, 4>();
+    vp_attr<6, 4>();
+    vp_attr<8, 3>();
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    struct group {
+        const char *name;
+        int n;
+        int64_t rows[4], cols;
+        int per_token;
+    };
+    const group groups[] = {{"gate+up", 2, {17408, 17408}, 5120, 64},      {"down", 1, {5120}, 17408, 64},
+                            {"gdn in", 4, {10240, 6144, 48, 48}, 5120, 48}, {"out/o", 1, {5120}, 6144, 64},
+                            {"attn qkv", 3, {12288, 1024, 1024}, 5120, 16}, {"lm head", 1, {248320}, 5120, 1}};
+    enum { NV = 5, NT = 4 };
+    static const char *vn[NV] = {"backend", "D4B4", "D6B4", "D8B3", "D5B4/D6B3"};
+    const int Ts[NT] = {1, 2, 4, 8};
+    double tot[2][NV][NT] = {{{0}}};
+    bool all_same = true;
+    const int64_t TM = 8;
+    printf("k_mmvp (one tile a block) by ring depth D and blocks an SM B; GB/s of weights; * = not the backend's bits\n");
+    printf("%-9s %2s %2s", "launch", "T", "P");
+    for (int v = 0; v < NV; v++) printf(" %9s", vn[v]);
+    printf("\n");
+    for (const group &gr : groups) {
+        size_t bytes = 0;
+        for (int i = 0; i < gr.n; i++) bytes += cu_tiled_elems(gr.rows[i], gr.cols) * 2;
+        const int copies = (int)((((size_t)1 << 30) + bytes - 1) / bytes);
+        std::vector<uint16_t *> wt((size_t)copies * gr.n);
+        std::vector<float *> y(gr.n), yref(gr.n);
+        for (int i = 0; i < gr.n; i++) {
+            uint16_t *wd;
+            CK(cudaMalloc(&wd, (size_t)gr.rows[i] * gr.cols * 2));
+            for (int c = 0; c < copies; c++) {
+                CK(cudaMalloc(&wt[(size_t)c * gr.n + i], cu_tiled_elems(gr.rows[i], gr.cols) * 2));
+                cu_synth_fill(s, wd, (size_t)gr.rows[i] * gr.cols, CU_SYNTH_BF16, 77 + 7 * c + i, 0.05f);
+                cu_tile_bf16(s, wd, gr.rows[i], gr.cols, wt[(size_t)c * gr.n + i]);
+            }
+            CK(cudaStreamSynchronize(s));
+            CK(cudaFree(wd));
+            CK(cudaMalloc(&y[i], TM * gr.rows[i] * 4));
+            CK(cudaMalloc(&yref[i], TM * gr.rows[i] * 4));
+        }
+        float *x;
+        uint16_t *xs;
+        CK(cudaMalloc(&x, TM * gr.cols * 4));
+        CK(cudaMalloc(&xs, cu_split_elems(TM, gr.cols) * 2));
+        {
+            std::vector<float> hx(TM * gr.cols);
+            srand(11);
+            for (auto &v : hx) v = (float)rand() / RAND_MAX * 2.0f - 1.0f;
+            CK(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
+        }
+        const int64_t ldxs = tiled_steps(gr.cols) * 32;
+        for (int ti = 0; ti < NT; ti++) {
+            const int64_t T = Ts[ti];
+            for (int P = 1; P <= 3; P += 2) {
+                if (P == 3 && T > 2) continue;
+                launch_split(s, x, gr.cols, T, gr.cols, xs, ldxs, P);
+                printf("%-9s %2lld %2d", gr.name, (long long)T, P);
+                for (int v = 0; v < NV; v++) {
+                    auto launch = [&](int c) {
+                        mm_group g;
+                        memset(&g, 0, sizeof g);
+                        g.n = gr.n;
+                        for (int i = 0; i < gr.n; i++) {
+                            g.w[i] = {CU_FMT_BF16_TILED, 0, 0, 0, gr.rows[i], gr.cols, wt[(size_t)c * gr.n + i], NULL, NULL};
+                            g.y[i] = y[i], g.ldy[i] = gr.rows[i];
+                        }
+                        switch (v) {
+                        case 0: launch_mmvp(s, g, xs, ldxs, T, P); break;
+                        case 1: vp_launch<4, 4>(s, g, xs, ldxs, T, P); break;
+                        case 2: vp_launch<6, 4>(s, g, xs, ldxs, T, P); break;
+                        case 3: vp_launch<8, 3>(s, g, xs, ldxs, T, P); break;
+                        default: /* the backend's two, the other of the launch's */
+                            if (mmvp_spread(group_blocks(&g, 1), 3) <= mmvp_spread(group_blocks(&g, 1), 4))
+                                vp_launch<MMVP_D4, 4>(s, g, xs, ldxs, T, P);
+                            else vp_launch<MMVP_D3, 3>(s, g, xs, ldxs, T, P);
+                        }
+                    };
+                    for (int i = 0; i < gr.n; i++) CK(cudaMemsetAsync(y[i], 0xff, T * gr.rows[i] * 4, s));
+                    launch(0);
+                    CK(cudaStreamSynchronize(s));
+                    CK(cudaGetLastError());
+                    bool same = true;
+                    for (int i = 0; i < gr.n; i++) {
+                        if (v == 0) CK(cudaMemcpy(yref[i], y[i], T * gr.rows[i] * 4, cudaMemcpyDeviceToDevice));
+                        else same = same && same_bits(y[i], yref[i], (size_t)(T * gr.rows[i]));
+                    }
+                    all_same = all_same && same;
+                    const double sec = time_launches(s, e0, e1, reps, copies, launch);
+                    printf(" %8.0f%s", bytes / sec / 1e9, same ? " " : "*");
+                    tot[P / 2][v][ti] += sec * gr.per_token;
+                }
+                printf("\n");
+            }
+        }
+        for (uint16_t *w : wt) CK(cudaFree(w));
+        for (int i = 0; i < gr.n; i++) {
+            CK(cudaFree(y[i]));
+            CK(cudaFree(yref[i]));
+        }
+        CK(cudaFree(x));
+        CK(cudaFree(xs));
+    }
+    printf("\none 27B token's launches, summed: ms\n");
+    for (int pi = 0; pi < 2; pi++)
+        for (int v = 0; v < NV; v++) {
+            printf("P=%d %-5s", pi ? 3 : 1, vn[v]);
+            for (int ti = 0; ti < NT; ti++)
+                if (tot[pi][v][ti] > 0) printf("  T=%d %6.2f ms", Ts[ti], tot[pi][v][ti] * 1e3);
+            printf("\n");
+        }
+    printf("vp: %s\n", all_same ? "every variant the backend's bits" : "BITS DIFFER");
+    return all_same ? 0 : 1;
+}
+
 /* ---- bw: which way of reading memory reaches the most bandwidth ----
  * The products stream their weights; the copy kernel the bench measures sets the floor
  * they are held to. This times ways of reading one large buffer once, each its GB/s: the
@@ -1221,6 +1362,7 @@ static int bwbench(int reps) {
 
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "bw")) return bwbench(argc > 2 ? atoi(argv[2]) : 10);
+    if (argc > 1 && !strcmp(argv[1], "vp")) return vpbench(argc > 2 ? atoi(argv[2]) : 20);
     if (argc > 1 && !strcmp(argv[1], "top")) return topbench(argc > 2 ? atoi(argv[2]) : 20);
     if (argc > 1 && !strcmp(argv[1], "gdn")) return gdnbench(argc > 2 ? atoi(argv[2]) : 10);
     if (argc > 1 && !strcmp(argv[1], "sweep")) return sweep(argc > 2 ? atoi(argv[2]) : 10, argc > 3 ? argv[3] : NULL);

@@ -638,13 +638,34 @@ static void mmvp_attr() {
                          (int)mmvp_smem<NT, D, MT>());
 }
 
-/* the ring depths and residency the backend takes (bench/cuda/mmv_bench.cu compares others) */
-#define MMVP_D1 4
-#define MMVP_B1 4
+/* how unevenly k_mmvp's grid for nblk blocks, minb an SM, fills the SMs: the most blocks an
+ * SM over the mean (1: every SM the same) */
+static double mmvp_spread(int64_t nblk, int minb) {
+    const double sms = mm_sms(), g = mmvp_grid(nblk, minb);
+    return ceil(g / sms) / (g / sms);
+}
+
+/* The ring depths and residencies the backend takes (`mmv_bench vp` on the H200, the 27B
+ * launches at 1-8 tokens): 3 blocks an SM with a ring of 6 steps where that spreads the tiles
+ * over the SMs at least as evenly as 4 (gate and up 3,901 -> 4,247 GB/s at one token, down
+ * 3,122 -> 3,952, the output projections 2,982 -> 3,707, the LM head 4,401 -> 4,496), else 4
+ * blocks with 5 steps (the GDN in-projections, 1,030 tiles: 4,373 against 4,054 with 3; q/k/v
+ * 4,052 against 3,653); one token's launches 13.90 -> 12.4 ms there, launched back to back.
+ * In the model, between its other kernels, the step moved less (same-run A/B, 27B: `exact`
+ * b1 63.7 -> 64.8 tok/s, `bf16` b4 264 -> 268, b1 69.0 -> 69.2) */
+#define MMVP_D3 6
+#define MMVP_D4 5
 /* up to 8 tokens */
 static void launch_mmvp(cu_stream s, const mm_group &g, const uint16_t *xs, int64_t ldxs, int64_t T, int parts) {
-    if (parts == 1) launch_mmvp_p<1, 1, MMVP_D1, MMVP_B1>(s, g, xs, ldxs, T);
-    else launch_mmvp_p<3, 1, MMVP_D1, MMVP_B1>(s, g, xs, ldxs, T);
+    mm_group c = g;
+    const int64_t nblk = group_blocks(&c, 1);
+    if (mmvp_spread(nblk, 3) <= mmvp_spread(nblk, 4)) {
+        if (parts == 1) launch_mmvp_p<1, 1, MMVP_D3, 3>(s, g, xs, ldxs, T);
+        else launch_mmvp_p<3, 1, MMVP_D3, 3>(s, g, xs, ldxs, T);
+    } else {
+        if (parts == 1) launch_mmvp_p<1, 1, MMVP_D4, 4>(s, g, xs, ldxs, T);
+        else launch_mmvp_p<3, 1, MMVP_D4, 4>(s, g, xs, ldxs, T);
+    }
 }
 
 /* xs[p][n][c] = part p of x[n][c], n < T, c < ldxs (zeros past cols) */
@@ -758,8 +779,10 @@ static void gemm_attr() {
 }
 
 void mm_bf16_init(void) {
-    mmvp_attr<1, 1, MMVP_D1, MMVP_B1>();
-    mmvp_attr<3, 1, MMVP_D1, MMVP_B1>();
+    mmvp_attr<1, 1, MMVP_D3, 3>();
+    mmvp_attr<3, 1, MMVP_D3, 3>();
+    mmvp_attr<1, 1, MMVP_D4, 4>();
+    mmvp_attr<3, 1, MMVP_D4, 4>();
     gemm_attr<1, 8, 8, 1>();
     gemm_attr<1, 8, 8, 3>();
     gemm_attr<4, 4, 2, 1>();
