@@ -594,6 +594,66 @@ static int wgbench(int reps, const char *tlist) {
     return bad ? 1 : 0;
 }
 
+/* ---- the 27B decode's product launches, and a launch's buffers (ws and vp) ---- */
+struct dec_launch {
+    const char *name;
+    int n;
+    int64_t rows[4], cols;
+    int per_token; /* such launches a 27B token makes */
+};
+static const dec_launch k27_launches[] = {
+    {"gate+up", 2, {17408, 17408}, 5120, 64},      {"down", 1, {5120}, 17408, 64},
+    {"gdn in", 4, {10240, 6144, 48, 48}, 5120, 48}, {"out/o", 1, {5120}, 6144, 64},
+    {"attn qkv", 3, {12288, 1024, 1024}, 5120, 16}, {"lm head", 1, {248320}, 5120, 1}};
+
+/* A launch's buffers: copies of its matrices tiled, filling 1 GB so that timed launches read
+ * from memory (wt[c * n + i]), nout outputs of TM tokens (y[k][i]), TM tokens of random
+ * activations (x) and room for their split (xs); all device memory, owned */
+struct launch_bufs {
+    size_t bytes; /* one copy's matrices, row-major bf16 */
+    int copies;
+    std::vector<uint16_t *> wt;
+    std::vector<std::vector<float *>> y;
+    float *x;
+    uint16_t *xs;
+};
+
+static launch_bufs launch_bufs_make(cudaStream_t s, const dec_launch &gr, int64_t TM, int nout) {
+    launch_bufs b;
+    b.bytes = 0;
+    for (int i = 0; i < gr.n; i++) b.bytes += (size_t)gr.rows[i] * gr.cols * 2;
+    b.copies = (int)((((size_t)1 << 30) + b.bytes - 1) / b.bytes);
+    b.wt.assign((size_t)b.copies * gr.n, NULL);
+    b.y.assign(nout, std::vector<float *>(gr.n, NULL));
+    for (int i = 0; i < gr.n; i++) {
+        uint16_t *wd;
+        CK(cudaMalloc(&wd, (size_t)gr.rows[i] * gr.cols * 2));
+        for (int c = 0; c < b.copies; c++) {
+            CK(cudaMalloc(&b.wt[(size_t)c * gr.n + i], cu_tiled_elems(gr.rows[i], gr.cols) * 2));
+            cu_synth_fill(s, wd, (size_t)gr.rows[i] * gr.cols, CU_SYNTH_BF16, 77 + 7 * c + i, 0.05f);
+            cu_tile_bf16(s, wd, gr.rows[i], gr.cols, b.wt[(size_t)c * gr.n + i]);
+        }
+        CK(cudaStreamSynchronize(s));
+        CK(cudaFree(wd));
+        for (int k = 0; k < nout; k++) CK(cudaMalloc(&b.y[k][i], TM * gr.rows[i] * 4));
+    }
+    CK(cudaMalloc(&b.x, TM * gr.cols * 4));
+    CK(cudaMalloc(&b.xs, cu_split_elems(TM, gr.cols) * 2));
+    std::vector<float> hx(TM * gr.cols);
+    srand(11);
+    for (auto &v : hx) v = (float)rand() / RAND_MAX * 2.0f - 1.0f;
+    CK(cudaMemcpy(b.x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
+    return b;
+}
+
+static void launch_bufs_free(launch_bufs &b) {
+    for (uint16_t *w : b.wt) CK(cudaFree(w));
+    for (auto &yk : b.y)
+        for (float *p : yk) CK(cudaFree(p));
+    CK(cudaFree(b.x));
+    CK(cudaFree(b.xs));
+}
+
 /* ---- `mmv_bench ws [reps] [T,...]`: bf16-activation products of few tokens on resident
  * wgmma blocks (k_wgmma_stream, matmul_wgmma.cu) against the backend's other path for them
  * (k_mmvp up to 8 tokens, k_mmv to 16, k_gemm beyond), on the 27B launches (gate and up
@@ -616,16 +676,8 @@ static int wsbench(int reps, const char *tlist) {
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     const double copy_bw = copy_bandwidth(s, e0, e1);
-    struct group {
-        const char *name;
-        int n;
-        int64_t rows[4], cols;
-        int per_token; /* such launches a 27B token makes */
-    };
-    const group groups[] = {{"gate+up", 2, {17408, 17408}, 5120, 64},        {"down", 1, {5120}, 17408, 64},
-                            {"gdn in", 4, {10240, 6144, 48, 48}, 5120, 48},   {"out/o", 1, {5120}, 6144, 64},
-                            {"attn qkv", 3, {12288, 1024, 1024}, 5120, 16},   {"lm head", 1, {248320}, 5120, 1},
-                            {"odd", 3, {1000, 200, 16}, 384, 0}};
+    std::vector<dec_launch> groups(std::begin(k27_launches), std::end(k27_launches));
+    groups.push_back({"odd", 3, {1000, 200, 16}, 384, 0});
     const std::vector<int64_t> Ts = token_list(tlist, {1, 2, 4, 8, 9, 16, 17, 24, 32, 48, 64, 65, 96, 127});
     const int64_t TM = 128;
     int bad = 0;
@@ -643,36 +695,14 @@ static int wsbench(int reps, const char *tlist) {
     printf("bf16 products of few tokens: k_wgmma_stream against the backend's other path; GB/s of weights;\n"
            "err = max |stream - other| / max |other|\n");
     printf("%-9s %4s %10s %10s %10s %10s %10s\n", "launch", "T", "other", "stream", "2 blocks", "err", "err 2");
-    for (const group &gr : groups) {
-        size_t bytes = 0;
-        for (int i = 0; i < gr.n; i++) bytes += (size_t)gr.rows[i] * gr.cols * 2;
-        const int copies = (int)((((size_t)1 << 30) + bytes - 1) / bytes);
-        std::vector<uint16_t *> wt((size_t)copies * gr.n);
-        std::vector<float *> y(gr.n), yref(gr.n), y2(gr.n);
-        for (int i = 0; i < gr.n; i++) {
-            uint16_t *wd;
-            CK(cudaMalloc(&wd, (size_t)gr.rows[i] * gr.cols * 2));
-            for (int c = 0; c < copies; c++) {
-                CK(cudaMalloc(&wt[(size_t)c * gr.n + i], cu_tiled_elems(gr.rows[i], gr.cols) * 2));
-                cu_synth_fill(s, wd, (size_t)gr.rows[i] * gr.cols, CU_SYNTH_BF16, 77 + 7 * c + i, 0.05f);
-                cu_tile_bf16(s, wd, gr.rows[i], gr.cols, wt[(size_t)c * gr.n + i]);
-            }
-            CK(cudaStreamSynchronize(s));
-            CK(cudaFree(wd));
-            CK(cudaMalloc(&y[i], TM * gr.rows[i] * 4));
-            CK(cudaMalloc(&y2[i], TM * gr.rows[i] * 4));
-            CK(cudaMalloc(&yref[i], TM * gr.rows[i] * 4));
-        }
-        float *x;
-        uint16_t *xs;
-        CK(cudaMalloc(&x, TM * gr.cols * 4));
-        CK(cudaMalloc(&xs, cu_split_elems(TM, gr.cols) * 2));
-        {
-            std::vector<float> hx(TM * gr.cols);
-            srand(11);
-            for (auto &v : hx) v = (float)rand() / RAND_MAX * 2.0f - 1.0f;
-            CK(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
-        }
+    for (const dec_launch &gr : groups) {
+        launch_bufs lb = launch_bufs_make(s, gr, TM, 3);
+        const size_t bytes = lb.bytes;
+        const int copies = lb.copies;
+        const std::vector<uint16_t *> &wt = lb.wt;
+        const std::vector<float *> &y = lb.y[0], &y2 = lb.y[1], &yref = lb.y[2];
+        float *x = lb.x;
+        uint16_t *xs = lb.xs;
         cu_mm_scratch sc_old_x = sc_old, sc = sc_old;
         sc_old_x.xs = xs;
         sc.xs = xs, sc.tma_encode = enc, sc.wpart = wpart, sc.wpart_elems = 2 * (int64_t)cu_ws_part_elems();
@@ -741,14 +771,7 @@ static int wsbench(int reps, const char *tlist) {
             if (nan || nan2) printf("          (%zu, %zu outputs not written)\n", nan, nan2);
             t_old[ti] += to * gr.per_token, t_ws[ti] += tw * gr.per_token, t_big[ti] += tb * gr.per_token;
         }
-        for (auto p : wt) CK(cudaFree(p));
-        for (int i = 0; i < gr.n; i++) {
-            CK(cudaFree(y[i]));
-            CK(cudaFree(y2[i]));
-            CK(cudaFree(yref[i]));
-        }
-        CK(cudaFree(x));
-        CK(cudaFree(xs));
+        launch_bufs_free(lb);
     }
     printf("\none 27B token's matrices, summed: ms (%% of the copy-bandwidth floor, 51.2 GB)\n");
     printf("%4s %18s %18s %18s\n", "T", "other", "stream", "stream, 2 blocks");
@@ -1084,15 +1107,6 @@ static int vpbench(int reps) {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    struct group {
-        const char *name;
-        int n;
-        int64_t rows[4], cols;
-        int per_token;
-    };
-    const group groups[] = {{"gate+up", 2, {17408, 17408}, 5120, 64},      {"down", 1, {5120}, 17408, 64},
-                            {"gdn in", 4, {10240, 6144, 48, 48}, 5120, 48}, {"out/o", 1, {5120}, 6144, 64},
-                            {"attn qkv", 3, {12288, 1024, 1024}, 5120, 16}, {"lm head", 1, {248320}, 5120, 1}};
     enum { NV = 5, NT = 4 };
     static const char *vn[NV] = {"backend", "D4B4", "D6B4", "D8B3", "D5B4/D6B3"};
     const int Ts[NT] = {1, 2, 4, 8};
@@ -1103,35 +1117,14 @@ static int vpbench(int reps) {
     printf("%-9s %2s %2s", "launch", "T", "P");
     for (int v = 0; v < NV; v++) printf(" %9s", vn[v]);
     printf("\n");
-    for (const group &gr : groups) {
-        size_t bytes = 0;
-        for (int i = 0; i < gr.n; i++) bytes += cu_tiled_elems(gr.rows[i], gr.cols) * 2;
-        const int copies = (int)((((size_t)1 << 30) + bytes - 1) / bytes);
-        std::vector<uint16_t *> wt((size_t)copies * gr.n);
-        std::vector<float *> y(gr.n), yref(gr.n);
-        for (int i = 0; i < gr.n; i++) {
-            uint16_t *wd;
-            CK(cudaMalloc(&wd, (size_t)gr.rows[i] * gr.cols * 2));
-            for (int c = 0; c < copies; c++) {
-                CK(cudaMalloc(&wt[(size_t)c * gr.n + i], cu_tiled_elems(gr.rows[i], gr.cols) * 2));
-                cu_synth_fill(s, wd, (size_t)gr.rows[i] * gr.cols, CU_SYNTH_BF16, 77 + 7 * c + i, 0.05f);
-                cu_tile_bf16(s, wd, gr.rows[i], gr.cols, wt[(size_t)c * gr.n + i]);
-            }
-            CK(cudaStreamSynchronize(s));
-            CK(cudaFree(wd));
-            CK(cudaMalloc(&y[i], TM * gr.rows[i] * 4));
-            CK(cudaMalloc(&yref[i], TM * gr.rows[i] * 4));
-        }
-        float *x;
-        uint16_t *xs;
-        CK(cudaMalloc(&x, TM * gr.cols * 4));
-        CK(cudaMalloc(&xs, cu_split_elems(TM, gr.cols) * 2));
-        {
-            std::vector<float> hx(TM * gr.cols);
-            srand(11);
-            for (auto &v : hx) v = (float)rand() / RAND_MAX * 2.0f - 1.0f;
-            CK(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
-        }
+    for (const dec_launch &gr : k27_launches) {
+        launch_bufs lb = launch_bufs_make(s, gr, TM, 2);
+        const size_t bytes = lb.bytes;
+        const int copies = lb.copies;
+        const std::vector<uint16_t *> &wt = lb.wt;
+        const std::vector<float *> &y = lb.y[0], &yref = lb.y[1];
+        float *x = lb.x;
+        uint16_t *xs = lb.xs;
         const int64_t ldxs = tiled_steps(gr.cols) * 32;
         for (int ti = 0; ti < NT; ti++) {
             const int64_t T = Ts[ti];
@@ -1176,13 +1169,7 @@ static int vpbench(int reps) {
                 printf("\n");
             }
         }
-        for (uint16_t *w : wt) CK(cudaFree(w));
-        for (int i = 0; i < gr.n; i++) {
-            CK(cudaFree(y[i]));
-            CK(cudaFree(yref[i]));
-        }
-        CK(cudaFree(x));
-        CK(cudaFree(xs));
+        launch_bufs_free(lb);
     }
     printf("\none 27B token's launches, summed: ms\n");
     for (int pi = 0; pi < 2; pi++)
