@@ -1147,7 +1147,7 @@ static int vpbench(int reps) {
                         case 2: vp_launch<6, 4>(s, g, xs, ldxs, T, P); break;
                         case 3: vp_launch<8, 3>(s, g, xs, ldxs, T, P); break;
                         default: /* the backend's two, the other of the launch's */
-                            if (mmvp_spread(group_blocks(&g, 1), 3) <= mmvp_spread(group_blocks(&g, 1), 4))
+                            if (mmvp_three(group_blocks(&g, 1)))
                                 vp_launch<MMVP_D4, 4>(s, g, xs, ldxs, T, P);
                             else vp_launch<MMVP_D3, 3>(s, g, xs, ldxs, T, P);
                         }
@@ -1189,7 +1189,7 @@ static int vpbench(int reps) {
  * grid-stride loads of k_read with U loads in flight a thread, blocks reading their own
  * contiguous ranges (with and without the L2's 256-byte prefetch hint), bulk copies into
  * shared memory on an mbarrier ring (cp.async.bulk, as TMA reads), and the copies. */
-template <int U, int HINT>
+template <int HINT>
 __device__ __forceinline__ uint4 bw_ld(const uint4 *p) {
     uint4 v;
     if (HINT)
@@ -1212,12 +1212,12 @@ __global__ void k_bw_stride(const uint4 *p, int64_t n, unsigned *sink) {
     for (; i + (U - 1) * st < n; i += U * st) {
         uint4 v[U];
 #pragma unroll
-        for (int u = 0; u < U; u++) v[u] = bw_ld<U, HINT>(p + i + u * st);
+        for (int u = 0; u < U; u++) v[u] = bw_ld<HINT>(p + i + u * st);
 #pragma unroll
         for (int u = 0; u < U; u++) s ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
     }
     for (; i < n; i += st) {
-        const uint4 v = bw_ld<1, HINT>(p + i);
+        const uint4 v = bw_ld<HINT>(p + i);
         s ^= v.x ^ v.y ^ v.z ^ v.w;
     }
     if (s == 0x12345678u) *sink = s;
@@ -1231,7 +1231,7 @@ __global__ void k_bw_chunk(const uint4 *p, int64_t n, unsigned *sink) {
     for (int64_t i = b0 + threadIdx.x; i < b1; i += U * blockDim.x) {
         uint4 v[U];
 #pragma unroll
-        for (int u = 0; u < U; u++) v[u] = i + u * blockDim.x < b1 ? bw_ld<U, HINT>(p + i + u * blockDim.x) : make_uint4(0, 0, 0, 0);
+        for (int u = 0; u < U; u++) v[u] = i + u * blockDim.x < b1 ? bw_ld<HINT>(p + i + u * blockDim.x) : make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int u = 0; u < U; u++) s ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
     }

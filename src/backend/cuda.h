@@ -33,7 +33,6 @@ typedef struct st_cuda_params {
                                calls); 0: through host memory over comm */
 } st_cuda_params;
 
-
 st_cuda_params st_cuda_default_params(void);
 
 /* A CUDA backend for m (borrowed): the whole model, or with p->comm of world > 1 the shard

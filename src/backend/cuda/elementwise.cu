@@ -5,7 +5,7 @@
  * bf16 parts of the tiled products), SiLU-and-multiply, the gathers and scatters of the MoE
  * pieces, the copy the bench measures and the synthetic weights.
  */
-#include "backend/cuda/cu_common.cuh"
+#include "backend/cuda/mm_int.cuh"
 
 template <int FMT>
 __global__ void k_embed(cu_mat w, const int32_t *tokens, float *x) {
@@ -204,10 +204,7 @@ __global__ void k_read4(const uint4 *p, int64_t n, unsigned *sink) {
 }
 
 extern "C" void cu_read(cu_stream s, const void *p, size_t bytes, unsigned *sink) {
-    int dev = 0, sms = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    k_read4<<<(unsigned)(sms > 0 ? sms : 1) * 8, 512, 0, s>>>((const uint4 *)p, (int64_t)(bytes / 16), sink);
+    k_read4<<<(unsigned)mm_sms() * 8, 512, 0, s>>>((const uint4 *)p, (int64_t)(bytes / 16), sink);
 }
 
 __device__ __forceinline__ uint64_t mix64(uint64_t x) {

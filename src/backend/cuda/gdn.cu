@@ -379,17 +379,20 @@ static int gdn_rows(int Dk) {
     return r <= 2 ? 2 : r <= 4 ? 4 : r <= 8 ? 8 : r <= 16 ? 16 : r <= 32 ? 32 : 0;
 }
 
-/* the per-step rule of RP rows a lane: k_gdn_dec for a decode step (fused: the norms inside),
- * else k_gdn_recur */
+/* how a step's per-step rule runs: k_gdn_recur, k_gdn_dec (a decode step), or k_gdn_dec's
+ * fused form (a decode step of few items: the norms inside) */
+enum { GDN_RECUR, GDN_DEC, GDN_DEC_FUSED };
+
+/* the per-step rule of RP rows a lane, as `how` says */
 template <int RP>
-static void gdn_rule(cu_stream s, dim3 gr, const cu_plan *p, const cu_gdn_args *a, int dec, size_t shm, int cl) {
+static void gdn_rule(cu_stream s, dim3 gr, const cu_plan *p, const cu_gdn_args *a, int how, size_t shm, int cl) {
     if constexpr (RP <= GDN_DEC_MAX_RP)
-        if (dec == 2) {
+        if (how == GDN_DEC_FUSED) {
             launch_pdl(k_gdn_dec<RP, 1>, dim3(gr.x, gr.y), dim3(32 * ((a->Dv + 15) / 16)), (size_t)a->Dv * sizeof(float),
                        s, *p, *a);
             return;
         }
-    if (dec) launch_pdl(k_gdn_dec<RP, 0>, dim3(gr.x, gr.y, (unsigned)((a->Dv + GDN_DEC_COLS - 1) / GDN_DEC_COLS)),
+    if (how == GDN_DEC) launch_pdl(k_gdn_dec<RP, 0>, dim3(gr.x, gr.y, (unsigned)((a->Dv + GDN_DEC_COLS - 1) / GDN_DEC_COLS)),
                         dim3(32 * GDN_WARPS), 0, s, *p, *a);
     else launch_pdl(k_gdn_recur<RP>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a, cl);
 }
@@ -402,25 +405,25 @@ extern "C" void cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int 
         dim3 gc((unsigned)p->n_items, (unsigned)((a->cd + CONV_THREADS - 1) / CONV_THREADS));
         launch_pdl(k_gdn_conv, gc, dim3(CONV_THREADS), 0, s, *p, *a);
     }
-    /* a decode step: k_gdn_dec (2: the fused one, the norms inside) */
-    int dec = max_item_tokens == 1 && p->n_tokens == p->n_items && a->n_chunks == 0;
-    if (dec && p->n_items <= GDN_DEC_FUSED_MAX && a->Dv <= GDN_DEC_MAX_DV && gdn_rows(a->Dk) <= GDN_DEC_MAX_RP) dec = 2;
+    int how = max_item_tokens == 1 && p->n_tokens == p->n_items && a->n_chunks == 0 ? GDN_DEC : GDN_RECUR;
+    if (how == GDN_DEC && p->n_items <= GDN_DEC_FUSED_MAX && a->Dv <= GDN_DEC_MAX_DV && gdn_rows(a->Dk) <= GDN_DEC_MAX_RP)
+        how = GDN_DEC_FUSED;
     /* one warp a block: 8 a block made the per-step rule after them 1.4x slower on one long
      * prompt (8.7 -> 12.2 ms a 27B layer at 8,192 tokens on the H200), though the norms
      * alone were faster */
-    if (dec != 2) launch_pdl(k_gdn_qknorm, dim3((unsigned)p->n_tokens, (unsigned)a->Hk), dim3(32), 0, s, *a);
+    if (how != GDN_DEC_FUSED) launch_pdl(k_gdn_qknorm, dim3((unsigned)p->n_tokens, (unsigned)a->Hk), dim3(32), 0, s, *a);
     dim3 gr((unsigned)p->n_items, (unsigned)a->Hv, (unsigned)((a->Dv + 8 * GDN_WARPS - 1) / (8 * GDN_WARPS)));
     const int cl = max_item_tokens < GDN_CHUNK ? (max_item_tokens > 0 ? max_item_tokens : 1) : GDN_CHUNK;
     const size_t shm = gdn_smem(a->Dk, cl);
     switch (a->n_chunks > 0 ? -1 : gdn_rows(a->Dk)) {
     case -1: cu_gdn_chunked(s, p, a); break;
-    case 2: gdn_rule<2>(s, gr, p, a, dec, shm, cl); break;
-    case 4: gdn_rule<4>(s, gr, p, a, dec, shm, cl); break;
-    case 8: gdn_rule<8>(s, gr, p, a, dec, shm, cl); break;
-    case 16: gdn_rule<16>(s, gr, p, a, dec, shm, cl); break;
-    default: gdn_rule<32>(s, gr, p, a, dec, shm, cl); break;
+    case 2: gdn_rule<2>(s, gr, p, a, how, shm, cl); break;
+    case 4: gdn_rule<4>(s, gr, p, a, how, shm, cl); break;
+    case 8: gdn_rule<8>(s, gr, p, a, how, shm, cl); break;
+    case 16: gdn_rule<16>(s, gr, p, a, how, shm, cl); break;
+    default: gdn_rule<32>(s, gr, p, a, how, shm, cl); break;
     }
-    if (dec != 2) launch_pdl(k_gdn_gnorm, dim3((unsigned)p->n_tokens, (unsigned)a->Hv), dim3(32), 0, s, *a);
+    if (how != GDN_DEC_FUSED) launch_pdl(k_gdn_gnorm, dim3((unsigned)p->n_tokens, (unsigned)a->Hv), dim3(32), 0, s, *a);
 }
 
 /* key dims at most 256 (a lane's registers hold 32 rows); key and value dims multiples of 4

@@ -638,11 +638,15 @@ static void mmvp_attr() {
                          (int)mmvp_smem<NT, D, MT>());
 }
 
-/* how unevenly k_mmvp's grid for nblk blocks, minb an SM, fills the SMs: the most blocks an
- * SM over the mean (1: every SM the same) */
-static double mmvp_spread(int64_t nblk, int minb) {
-    const double sms = mm_sms(), g = mmvp_grid(nblk, minb);
-    return ceil(g / sms) / (g / sms);
+/* whether k_mmvp's grid for nblk blocks fills the SMs at least as evenly with 3 blocks an SM
+ * as with 4 (evenness: the most blocks an SM over the mean) */
+static bool mmvp_three(int64_t nblk) {
+    const double sms = mm_sms();
+    auto spread = [&](int minb) {
+        const double g = mmvp_grid(nblk, minb);
+        return ceil(g / sms) / (g / sms);
+    };
+    return spread(3) <= spread(4);
 }
 
 /* The ring depths and residencies the backend takes (`mmv_bench vp` on the H200, the 27B
@@ -658,8 +662,7 @@ static double mmvp_spread(int64_t nblk, int minb) {
 /* up to 8 tokens */
 static void launch_mmvp(cu_stream s, const mm_group &g, const uint16_t *xs, int64_t ldxs, int64_t T, int parts) {
     mm_group c = g;
-    const int64_t nblk = group_blocks(&c, 1);
-    if (mmvp_spread(nblk, 3) <= mmvp_spread(nblk, 4)) {
+    if (mmvp_three(group_blocks(&c, 1))) {
         if (parts == 1) launch_mmvp_p<1, 1, MMVP_D3, 3>(s, g, xs, ldxs, T);
         else launch_mmvp_p<3, 1, MMVP_D3, 3>(s, g, xs, ldxs, T);
     } else {
