@@ -34,11 +34,59 @@ __device__ void norm_rope(float *x, const float *w, int hd, int rope_dim, float 
     __syncwarp();
 }
 
-/* a block per token: angles, q and k heads (a warp each), K and V into the pool */
+/* A block per token: angles, q and k heads (a warp each), K and V into the pool. A head of
+ * up to 32 * PREP_HELD dims (a lane's dims lane, lane + 32, ...) is read once into registers
+ * with the norm's weights and (a KV head) its V row, every load in flight at once, normed
+ * there in norm_rope's order, and rotated through the warp's row of shared memory (a dim's
+ * partner half a rotation away may be another lane's); wider heads take norm_rope in place. */
+#define PREP_HELD 8
+__device__ __forceinline__ void prep_head(float *x, const float *w, const float *v, int hd, int rope_dim, float eps,
+                                          const float *cs, const float *sn, float *row, const cu_kv &kv, size_t ki,
+                                          size_t vi, bool to_pool) {
+    const int lane = threadIdx.x & 31;
+    float xv[PREP_HELD], wv[PREP_HELD], vv[PREP_HELD];
+#pragma unroll
+    for (int s = 0; s < PREP_HELD; s++) {
+        const int e = lane + 32 * s;
+        xv[s] = e < hd ? x[e] : 0.0f;
+        wv[s] = e < hd ? w[e] : 0.0f;
+        vv[s] = to_pool && e < hd ? v[e] : 0.0f;
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int s = 0; s < PREP_HELD; s++)
+        if (lane + 32 * s < hd) ss += xv[s] * xv[s];
+    ss = warp_sum(ss);
+    const float r = 1.0f / sqrtf(ss / (float)hd + eps);
+#pragma unroll
+    for (int s = 0; s < PREP_HELD; s++)
+        if (lane + 32 * s < hd) row[lane + 32 * s] = xv[s] * r * wv[s];
+    __syncwarp();
+    const int half = rope_dim / 2;
+#pragma unroll
+    for (int s = 0; s < PREP_HELD; s++) {
+        const int e = lane + 32 * s;
+        if (e >= hd) break;
+        float y = row[e];
+        if (e < half) y = y * cs[e] - row[e + half] * sn[e];
+        else if (e < rope_dim) y = y * cs[e - half] + row[e - half] * sn[e - half];
+        x[e] = y;
+        if (to_pool) {
+            if (kv.bf16) {
+                ((uint16_t *)kv.base)[ki + e] = f2bf16(y);
+                ((uint16_t *)kv.base)[vi + e] = f2bf16(vv[s]);
+            } else {
+                ((float *)kv.base)[ki + e] = y;
+                ((float *)kv.base)[vi + e] = vv[s];
+            }
+        }
+    }
+}
+
 __global__ void k_attn_prep(cu_plan p, cu_attn_args a, cu_kv kv) {
     pdl_wait();
     extern __shared__ float sh[];
-    float *cs = sh, *sn = sh + a.rope_dim / 2;
+    float *cs = sh, *sn = sh + a.rope_dim / 2; /* then a row of hd a warp */
     const int64_t t = blockIdx.x;
     const int it = p.tok_item[t];
     const int64_t pos = p.pos0[it] + (t - p.item_t0[it]);
@@ -49,6 +97,22 @@ __global__ void k_attn_prep(cu_plan p, cu_attn_args a, cu_kv kv) {
     }
     __syncthreads();
     const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5, lane = threadIdx.x & 31;
+    float *row = sh + 2 * (a.rope_dim / 2) + warp * a.hd;
+    if (a.hd <= 32 * PREP_HELD) {
+        for (int j = warp; j < a.nh + a.nkv; j += nw) {
+            if (j < a.nh) {
+                prep_head(a.q + t * 2 * a.nh * a.hd + (int64_t)j * 2 * a.hd, a.q_norm, NULL, a.hd, a.rope_dim, a.eps, cs, sn,
+                          row, kv, 0, 0, false);
+            } else {
+                const int h = j - a.nh;
+                prep_head(a.k + t * a.nkv * a.hd + (int64_t)h * a.hd, a.k_norm, a.v + t * a.nkv * a.hd + (int64_t)h * a.hd,
+                          a.hd, a.rope_dim, a.eps, cs, sn, row, kv, kv_index(kv, p, it, a.li, 0, h, pos),
+                          kv_index(kv, p, it, a.li, 1, h, pos), true);
+            }
+            __syncwarp(); /* the row is read before the warp's next head fills it */
+        }
+        return;
+    }
     for (int j = warp; j < a.nh; j += nw)
         norm_rope(a.q + t * 2 * a.nh * a.hd + (int64_t)j * 2 * a.hd, a.q_norm, a.hd, a.rope_dim, a.eps, cs, sn);
     for (int h = warp; h < a.nkv; h += nw) {
@@ -73,7 +137,8 @@ extern "C" void cu_attn_prep(cu_stream s, const cu_plan *p, const cu_attn_args *
     /* a warp per head (q and k), at most 1024 threads */
     int threads = 32 * (a->nh + a->nkv);
     threads = threads > 1024 ? 1024 : threads;
-    launch_pdl(k_attn_prep, dim3((unsigned)p->n_tokens), dim3(threads), (size_t)a->rope_dim * sizeof(float), s, *p, *a, *kv);
+    const size_t shm = (2 * (size_t)(a->rope_dim / 2) + (a->hd <= 32 * PREP_HELD ? (size_t)(threads / 32) * a->hd : 0)) * sizeof(float);
+    launch_pdl(k_attn_prep, dim3((unsigned)p->n_tokens), dim3(threads), shm, s, *p, *a, *kv);
 }
 
 __device__ __forceinline__ float kv_load(const cu_kv &kv, size_t i) {
@@ -553,7 +618,9 @@ __device__ __forceinline__ void atc_tile(const cu_plan &p, const cu_attn_args &a
         const int qi = i / hd, dim = i % hd, j = h * G + qi % G;
         const int64_t tt = t0 + qi / G;
         const float gate = a.q[tt * 2 * a.nh * hd + (int64_t)j * 2 * hd + hd + dim];
-        a.mix[tt * a.nh * hd + (int64_t)j * hd + dim] = __fmul_rn(__fmul_rn(ot[i], 1.0f / sm_l[qi]), sigmoidf_(gate));
+        const float y = __fmul_rn(__fmul_rn(ot[i], 1.0f / sm_l[qi]), sigmoidf_(gate));
+        a.mix[tt * a.nh * hd + (int64_t)j * hd + dim] = y;
+        if (a.xs) put_parts(a.xs, a.xs_parts, (int64_t)p.n_tokens * a.nh * hd, tt * a.nh * hd + (int64_t)j * hd + dim, y);
     }
 }
 
@@ -624,7 +691,9 @@ __global__ void k_attn_merge(cu_plan p, cu_attn_args a) {
     if (e >= hd) return;
     const int64_t tt = p.item_t0[it];
     const float gate = a.q[tt * 2 * a.nh * hd + (int64_t)j * 2 * hd + hd + e];
-    a.mix[tt * a.nh * hd + (int64_t)j * hd + e] = __fmul_rn(__fmul_rn(o, 1.0f / l), sigmoidf_(gate));
+    const float y = __fmul_rn(__fmul_rn(o, 1.0f / l), sigmoidf_(gate));
+    a.mix[tt * a.nh * hd + (int64_t)j * hd + e] = y;
+    if (a.xs) put_parts(a.xs, a.xs_parts, (int64_t)p.n_tokens * a.nh * hd, tt * a.nh * hd + (int64_t)j * hd + e, y);
 }
 
 /* ---- attention in the `bf16` precision, many queries a block: k_attn_fa ----
@@ -851,8 +920,12 @@ __global__ void __launch_bounds__(32 * FA_WARPS, 1) k_attn_fa(cu_plan p, cu_attn
     }
 }
 
-extern "C" void cu_attention(cu_stream s, const cu_plan *p, const cu_attn_args *a, const cu_kv *kv) {
-    if (p->n_tokens <= 0) return;
+extern "C" int cu_attention(cu_stream s, const cu_plan *p, const cu_attn_args *a_in, const cu_kv *kv) {
+    if (p->n_tokens <= 0) return 0;
+    cu_attn_args af = *a_in; /* the split only where a decode step's kernels make it */
+    const cu_attn_args *a = &af;
+    const bool split_step = (a_in->hd % 16 == 0 ? a_in->parts : 0) != 0 && a_in->split && p->n_tokens == p->n_items;
+    if (!split_step || ((int64_t)a_in->nh * a_in->hd) % 32 != 0) af.xs = NULL;
     const int qt = att_tokens(a);
     dim3 grid((unsigned)((p->n_tokens + qt - 1) / qt + p->n_items), (unsigned)a->nkv);
     const dim3 blk(ATT_THREADS);
@@ -869,7 +942,7 @@ extern "C" void cu_attention(cu_stream s, const cu_plan *p, const cu_attn_args *
         else if (a->hd == 128) FA_LAUNCH(128);
         else FA_LAUNCH(256);
 #undef FA_LAUNCH
-        return;
+        return 0;
     }
     if (parts != 0 && a->split && p->n_tokens == p->n_items) { /* a decode step: split over the context */
         int dev = 0, sms = 0;
@@ -897,12 +970,13 @@ extern "C" void cu_attention(cu_stream s, const cu_plan *p, const cu_attn_args *
 #undef SPLIT_LAUNCH
         launch_pdl(k_attn_merge, dim3((unsigned)p->n_items, (unsigned)a->nh), dim3((unsigned)((a->hd + 31) / 32 * 32)), 0,
                    s, *p, *a);
-        return;
+        return a->xs != NULL;
     }
     if (parts == 3 && !kv->bf16) launch_pdl(k_attn_tc<3, 3>, grid, blk, atc_smem(a->hd, 3, 3), s, *p, *a, *kv, qt);
     else if (parts == 3) launch_pdl(k_attn_tc<3, 1>, grid, blk, atc_smem(a->hd, 3, 1), s, *p, *a, *kv, qt);
     else if (parts == 1) launch_pdl(k_attn_tc<1, 1>, grid, blk, atc_smem(a->hd, 1, 1), s, *p, *a, *kv, qt);
     else launch_pdl(k_attention, grid, blk, att_smem(a), s, *p, *a, *kv, qt);
+    return 0;
 }
 
 extern "C" int cu_attention_fits(int nh, int nkv, int hd) {

@@ -58,6 +58,16 @@ __device__ __forceinline__ float w_at(const cu_mat &w, int64_t r, int64_t c) {
     return fmaf(load_s(w.scales, w.sdtype, g), (float)q, load_s(w.biases, w.sdtype, g));
 }
 
+/* v as its P bf16 parts into xs[p][t][c] (the split activations of the tiled products; pstride
+ * elements a part) */
+__device__ __forceinline__ void put_parts(uint16_t *xs, int parts, int64_t pstride, int64_t at, float v) {
+    for (int p = 0; p < parts; p++) {
+        const uint16_t h = f2bf16(v);
+        xs[p * pstride + at] = h;
+        v -= bf16f(h);
+    }
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
     return v;

@@ -1263,7 +1263,10 @@ static void do_gdn(cuda_ctx *c, int layer) {
         .eps = b->eps,
         .chunks = (const int32_t *)(c->d_plan + c->layout.chunks), .item_chunk = (const int32_t *)(c->d_plan + c->layout.item_chunk),
         .n_chunks = c->n_chunks, .chunk_ws = c->chunk_ws, .ws_chunks = (int)ws_chunks_of(b, &c->p)};
-    cu_gdn(c->stream, &c->plan, &a, (int)c->max_item_tokens);
+    const int parts = b->vd <= b->tiled_cols ? split_parts(c) : 0; /* for out_proj, as do_add_norm's */
+    a.xs = parts ? c->mms.xs : NULL;
+    a.parts = parts;
+    if (cu_gdn(c->stream, &c->plan, &a, (int)c->max_item_tokens)) c->xs_holds = ST_ACT_MIX;
 }
 
 static cu_kv kv_of(const cuda_ctx *c) {
@@ -1294,7 +1297,10 @@ static void do_attention(cuda_ctx *c, int layer) {
     c->xs_holds = -1;
     cu_attn_args a = attn_args(c, layer);
     cu_kv kv = kv_of(c);
-    cu_attention(c->stream, &c->plan, &a, &kv);
+    const int parts = (int64_t)c->b->nh * c->b->hd <= c->b->tiled_cols ? split_parts(c) : 0; /* for o_proj */
+    a.xs = parts ? c->mms.xs : NULL;
+    a.xs_parts = parts;
+    if (cu_attention(c->stream, &c->plan, &a, &kv)) c->xs_holds = ST_ACT_MIX;
 }
 
 /* ---- tensor parallelism ---- */

@@ -170,8 +170,13 @@ typedef struct cu_gdn_args {
     int n_chunks;
     float *chunk_ws;           /* [ws_chunks][Hv][cu_gdn_chunk_floats(Dk, Dv)]; device */
     int ws_chunks;
+    /* where not NULL (vd a multiple of 32), the outputs also as `parts` bf16 parts for the next
+     * product, xs [parts][T][vd] as cu_add_norm splits, by the decode kernels that can */
+    uint16_t *xs;
+    int parts;
 } cu_gdn_args;
-void cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int max_item_tokens);
+/* 1 when it left mix's split in a->xs, 0 when not */
+int cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int max_item_tokens);
 /* Once per shape, before cu_gdn: 0 when cu_gdn takes these head dims, -1 when not. */
 int cu_gdn_prepare(int Dk, int Dv);
 /* the chunked rule: the floats a (chunk, head) takes in the workspace (W [64][Dk], U [64][Dv],
@@ -221,12 +226,17 @@ typedef struct cu_attn_args {
      * split_chunks chunks of CU_ATT_CH positions, cu_attn_split_floats); NULL: not split */
     float *split;
     int64_t split_chunks;
+    /* where not NULL (nh * hd a multiple of 32), a decode step's outputs also as xs_parts bf16
+     * parts for the next product, xs [xs_parts][T][nh * hd] as cu_add_norm splits */
+    uint16_t *xs;
+    int xs_parts;
 } cu_attn_args;
 /* positions an attention chunk; the floats of the split scratch for `chunks` chunks */
 #define CU_ATT_CH 64
 static inline size_t cu_attn_split_floats(int64_t chunks, int nh, int hd) { return (size_t)chunks * nh * (hd + 2); }
 void cu_attn_prep(cu_stream s, const cu_plan *p, const cu_attn_args *a, const cu_kv *kv);
-void cu_attention(cu_stream s, const cu_plan *p, const cu_attn_args *a, const cu_kv *kv);
+/* 1 when it left mix's split in a->xs, 0 when not */
+int cu_attention(cu_stream s, const cu_plan *p, const cu_attn_args *a, const cu_kv *kv);
 /* whether cu_attention takes these heads (nh / nkv query heads a KV head at most 48, head
  * dims at most 256); cu_attention_init: once per device, before the first call */
 int cu_attention_fits(int nh, int nkv, int hd);

@@ -47,65 +47,94 @@ extern "C" void cu_embed(cu_stream s, const cu_mat *emb, const int32_t *tokens, 
     }
 }
 
-/* v as its P bf16 parts into xs[p][t][c] (the split activations of the tiled products; pstride
- * elements a part) */
-__device__ __forceinline__ void put_parts(uint16_t *xs, int parts, int64_t pstride, int64_t at, float v) {
+/* four consecutive values as their P bf16 parts, each part's four as one 8-byte store at
+ * xs[p * pstride + at] (at a multiple of 4) */
+__device__ __forceinline__ void put_parts4(uint16_t *xs, int parts, int64_t pstride, int64_t at, float4 v) {
+    float r[4] = {v.x, v.y, v.z, v.w};
     for (int p = 0; p < parts; p++) {
-        const uint16_t h = f2bf16(v);
-        xs[p * pstride + at] = h;
-        v -= bf16f(h);
+        uint16_t h[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) h[k] = f2bf16(r[k]), r[k] -= bf16f(h[k]);
+        *(uint2 *)(xs + p * pstride + at) = make_uint2(h[0] | (uint32_t)h[1] << 16, h[2] | (uint32_t)h[3] << 16);
     }
 }
 
-/* a block of NORM_THREADS per token; a row of up to 8 * NORM_THREADS stays in registers
- * between the sum of squares and the scaling. xs (parts > 0): the result also split, as
- * k_split would, ldxs = d rounded up to 32. */
-#define NORM_THREADS 1024
+/* A block of NORM_THREADS per token. A row of a multiple of 4 up to 4 * NORM_HELD *
+ * NORM_THREADS values stays in registers (float4 c4 = thread + i * NORM_THREADS) between the
+ * sum of squares and the scaling, every load in flight before the first store: x, out, w
+ * and xn may alias as far as the compiler knows, so a load after a store would wait for it
+ * (a memory round trip each: most of a 1-token norm's 8 us on the H200, before). The
+ * weights never change: read before the wait. Few threads: a block starts beside a
+ * product's resident blocks, and the sum's last step is 8 warps'. Other rows go by a
+ * strided loop. xs (parts > 0): the result also split, as k_split would, ldxs = d rounded up
+ * to 32 (zeros past d). */
+#define NORM_THREADS 256
+#define NORM_HELD 8
 __global__ void __launch_bounds__(NORM_THREADS) k_add_norm(float *x, const float *out, const float *w, float *xn,
                                                            int64_t d, float eps, int add, int apply, uint16_t *xs,
                                                            int parts) {
-    pdl_wait();
     __shared__ float red[32];
-    const int64_t t = blockIdx.x;
+    const int64_t t = blockIdx.x, ldxs = (d + 31) / 32 * 32, pstride = (int64_t)gridDim.x * ldxs;
     float *xr = x + t * d;
-    float v[8];
     float ss = 0.0f;
-    const bool held = d <= 8 * NORM_THREADS;
+    if (d % 4 == 0 && d <= 4 * NORM_HELD * NORM_THREADS) {
+        const int64_t d4 = d / 4;
+        float4 v[NORM_HELD], o[NORM_HELD], wv[NORM_HELD];
+        const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const int64_t c = threadIdx.x + (int64_t)i * NORM_THREADS;
-        v[i] = 0.0f;
-        if (held && c < d) {
-            float e = xr[c];
-            if (add) xr[c] = e = e + out[t * d + c];
-            v[i] = e;
-            ss += e * e;
+        for (int i = 0; i < NORM_HELD; i++) {
+            const int64_t c4 = threadIdx.x + (int64_t)i * NORM_THREADS;
+            wv[i] = apply && c4 < d4 ? ((const float4 *)w)[c4] : z4;
         }
+        pdl_wait();
+#pragma unroll
+        for (int i = 0; i < NORM_HELD; i++) {
+            const int64_t c4 = threadIdx.x + (int64_t)i * NORM_THREADS;
+            v[i] = c4 < d4 ? ((const float4 *)xr)[c4] : z4;
+            o[i] = add && c4 < d4 ? ((const float4 *)(out + t * d))[c4] : z4;
+        }
+#pragma unroll
+        for (int i = 0; i < NORM_HELD; i++) {
+            const int64_t c4 = threadIdx.x + (int64_t)i * NORM_THREADS;
+            if (c4 >= d4) break;
+            if (add) {
+                v[i].x += o[i].x, v[i].y += o[i].y, v[i].z += o[i].z, v[i].w += o[i].w;
+                ((float4 *)xr)[c4] = v[i];
+            }
+            ss += v[i].x * v[i].x;
+            ss += v[i].y * v[i].y;
+            ss += v[i].z * v[i].z;
+            ss += v[i].w * v[i].w;
+        }
+        if (!apply) return;
+        ss = block_sum(ss, red);
+        const float r = 1.0f / sqrtf(ss / (float)d + eps);
+#pragma unroll
+        for (int i = 0; i < NORM_HELD; i++) {
+            const int64_t c4 = threadIdx.x + (int64_t)i * NORM_THREADS;
+            if (4 * c4 >= ldxs) break;
+            float4 y = z4;
+            if (c4 < d4) {
+                y = make_float4(v[i].x * r * wv[i].x, v[i].y * r * wv[i].y, v[i].z * r * wv[i].z, v[i].w * r * wv[i].w);
+                ((float4 *)(xn + t * d))[c4] = y;
+            }
+            if (xs) put_parts4(xs, parts, pstride, t * ldxs + 4 * c4, y);
+        }
+        return;
     }
-    if (!held)
-        for (int64_t c = threadIdx.x; c < d; c += NORM_THREADS) {
-            float e = xr[c];
-            if (add) xr[c] = e = e + out[t * d + c];
-            ss += e * e;
-        }
+    pdl_wait();
+    for (int64_t c = threadIdx.x; c < d; c += NORM_THREADS) {
+        float e = xr[c];
+        if (add) xr[c] = e = e + out[t * d + c];
+        ss += e * e;
+    }
     if (!apply) return;
     ss = block_sum(ss, red);
     const float r = 1.0f / sqrtf(ss / (float)d + eps);
-    const int64_t ldxs = (d + 31) / 32 * 32, pstride = (int64_t)gridDim.x * ldxs;
-    if (held) { /* the split from the registers (ldxs <= 8 NORM_THREADS too) */
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const int64_t c = threadIdx.x + (int64_t)i * NORM_THREADS;
-            const float y = c < d ? v[i] * r * w[c] : 0.0f;
-            if (c < d) xn[t * d + c] = y;
-            if (xs && c < ldxs) put_parts(xs, parts, pstride, t * ldxs + c, y);
-        }
-    } else {
-        for (int64_t c = threadIdx.x; c < d; c += NORM_THREADS) xn[t * d + c] = xr[c] * r * w[c];
-        if (xs)
-            for (int64_t c = threadIdx.x; c < ldxs; c += NORM_THREADS)
-                put_parts(xs, parts, pstride, t * ldxs + c, c < d ? xn[t * d + c] : 0.0f); /* this thread's own */
-    }
+    for (int64_t c = threadIdx.x; c < d; c += NORM_THREADS) xn[t * d + c] = xr[c] * r * w[c];
+    if (xs)
+        for (int64_t c = threadIdx.x; c < ldxs; c += NORM_THREADS)
+            put_parts(xs, parts, pstride, t * ldxs + c, c < d ? xn[t * d + c] : 0.0f); /* this thread's own */
 }
 
 extern "C" void cu_add_norm(cu_stream s, float *x, const float *out, const float *w, float *xn, int64_t T,

@@ -355,7 +355,11 @@ __global__ void __launch_bounds__(FUSED ? 32 * GDN_DEC_MAX_DV / 16 : 32 * GDN_WA
         __syncthreads();
         const float rs = gdn_gnorm_scale(gdn_o, Dv, a.eps);
         const int r = w * 16 + lane; /* the warp's 16 columns */
-        if (lane < 16 && r < Dv) mo[r] = gdn_gated(gdn_o[r], rs, a.norm_w[r], a.z[t * a.vd + (int64_t)h * Dv + r]);
+        if (lane < 16 && r < Dv) {
+            const float y = gdn_gated(gdn_o[r], rs, a.norm_w[r], a.z[t * a.vd + (int64_t)h * Dv + r]);
+            mo[r] = y;
+            if (a.xs) put_parts(a.xs, a.parts, (int64_t)p.n_tokens * a.vd, t * a.vd + (int64_t)h * Dv + r, y);
+        }
     }
 }
 
@@ -397,8 +401,8 @@ static void gdn_rule(cu_stream s, dim3 gr, const cu_plan *p, const cu_gdn_args *
     else launch_pdl(k_gdn_recur<RP>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a, cl);
 }
 
-extern "C" void cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int max_item_tokens) {
-    if (p->n_tokens <= 0) return;
+extern "C" int cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int max_item_tokens) {
+    if (p->n_tokens <= 0) return 0;
     if (a->n_chunks > 0 && a->K == 4) {
         cu_gdn_conv_chunked(s, p, a);
     } else {
@@ -408,6 +412,9 @@ extern "C" void cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int 
     int how = max_item_tokens == 1 && p->n_tokens == p->n_items && a->n_chunks == 0 ? GDN_DEC : GDN_RECUR;
     if (how == GDN_DEC && p->n_items <= GDN_DEC_FUSED_MAX && a->Dv <= GDN_DEC_MAX_DV && gdn_rows(a->Dk) <= GDN_DEC_MAX_RP)
         how = GDN_DEC_FUSED;
+    cu_gdn_args af = *a; /* the split only where the fused kernel makes it */
+    if (how != GDN_DEC_FUSED || a->vd % 32 != 0) af.xs = NULL;
+    a = &af;
     /* one warp a block: 8 a block made the per-step rule after them 1.4x slower on one long
      * prompt (8.7 -> 12.2 ms a 27B layer at 8,192 tokens on the H200), though the norms
      * alone were faster */
@@ -424,6 +431,7 @@ extern "C" void cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int 
     default: gdn_rule<32>(s, gr, p, a, how, shm, cl); break;
     }
     if (how != GDN_DEC_FUSED) launch_pdl(k_gdn_gnorm, dim3((unsigned)p->n_tokens, (unsigned)a->Hv), dim3(32), 0, s, *a);
+    return a->xs != NULL;
 }
 
 /* key dims at most 256 (a lane's registers hold 32 rows); key and value dims multiples of 4

@@ -99,14 +99,28 @@ __global__ void __launch_bounds__(SEG_THREADS) k_top_seg(const float *lg, int64_
             if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 255u], 1u);
         }
         __syncthreads();
-        if (tid == 0) {
-            unsigned above = 0;
-            int b = 255;
-            for (; b > 0; b--) {
-                if (above + hist[b] >= left) break;
-                above += hist[b];
+        if (w == 0) { /* the highest bin b whose keys and those above reach left (else 0): lane l's
+                       * 8 bins from 255 - 8l down, the lanes' counts summed from the top */
+            const int hi = 255 - 8 * lane;
+            unsigned own = 0;
+#pragma unroll
+            for (int k = 0; k < 8; k++) own += hist[hi - k];
+            unsigned inc = own;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const unsigned n = __shfl_up_sync(FULL, inc, o);
+                if (lane >= o) inc += n;
             }
-            pick_bin = (unsigned)b, pick_left = left - above;
+            const unsigned ball = __ballot_sync(FULL, inc >= left);
+            if (lane == (ball ? __ffs(ball) - 1 : 31)) {
+                unsigned above = inc - own;
+                int b = hi;
+                for (int k = 0; k < 8; k++, b--) {
+                    if (b == 0 || above + hist[b] >= left) break;
+                    above += hist[b];
+                }
+                pick_bin = (unsigned)b, pick_left = left - above;
+            }
         }
         __syncthreads();
         prefix |= pick_bin << shift, mask |= 255u << shift, left = pick_left;
@@ -148,21 +162,37 @@ __global__ void __launch_bounds__(SEG_THREADS) k_top_seg(const float *lg, int64_
 
 __global__ void __launch_bounds__(MERGE_THREADS) k_top_merge(const top_seg *seg, int segs, cu_logit_top *out) {
     __shared__ unsigned long long c[SEG_MAX * CU_TOP_MAX];
-    const int tid = threadIdx.x, r = blockIdx.x;
+    __shared__ int off[SEG_MAX + 1]; /* segment s's candidates at off[s] .. off[s + 1] - 1 */
+    __shared__ float s_max[SEG_MAX];
+    __shared__ double s_sum[SEG_MAX];
+    __shared__ int s_fin[SEG_MAX];
+    const int tid = threadIdx.x, r = blockIdx.x, lane = tid & 31;
     const top_seg *sg = seg + (size_t)r * segs;
-    int total = 0;
-    for (int s = 0; s < segs; s++) total += sg[s].n;
+    if (tid < 32) { /* the segments' counts, summed in order */
+        const int n = tid < segs ? sg[tid].n : 0;
+        if (tid < segs) s_max[tid] = sg[tid].max, s_sum[tid] = sg[tid].sum, s_fin[tid] = sg[tid].finite;
+        int inc = n;
+        for (int o = 1; o < 32; o <<= 1) {
+            const int v = __shfl_up_sync(FULL, inc, o);
+            if (lane >= o) inc += v;
+        }
+        off[tid + 1] = inc;
+        if (tid == 0) off[0] = 0;
+    }
+    __syncthreads();
+    const int total = off[segs];
     int P = 1;
     while (P < total) P <<= 1;
     for (int i = tid; i < P; i += MERGE_THREADS) { /* segment s's candidates after those before it */
-        unsigned long long v = 0; /* below every key */
-        int at = i;
-        for (int s = 0; s < segs; s++) {
-            if (at < sg[s].n) {
-                v = sg[s].cand[at];
-                break;
+        unsigned long long v = 0;                  /* below every key */
+        if (i < total) {
+            int lo = 0, hi = segs - 1; /* the s with off[s] <= i < off[s + 1] */
+            while (lo < hi) {
+                const int mid = (lo + hi + 1) / 2;
+                if (off[mid] <= i) lo = mid;
+                else hi = mid - 1;
             }
-            at -= sg[s].n;
+            v = sg[lo].cand[i - off[lo]];
         }
         c[i] = v;
     }
@@ -189,9 +219,9 @@ __global__ void __launch_bounds__(MERGE_THREADS) k_top_merge(const top_seg *seg,
     if (tid == 0) {
         float mx = -INFINITY;
         int fin = 1;
-        for (int s = 0; s < segs; s++) mx = fmaxf(mx, sg[s].max), fin &= sg[s].finite;
+        for (int s = 0; s < segs; s++) mx = fmaxf(mx, s_max[s]), fin &= s_fin[s];
         double sum = 0.0;
-        for (int s = 0; s < segs; s++) sum += sg[s].sum * exp((double)sg[s].max - (double)mx);
+        for (int s = 0; s < segs; s++) sum += s_sum[s] * exp((double)s_max[s] - (double)mx);
         o->n = K, o->finite = fin;
         o->lse = fin ? (double)mx + log(sum) : 0.0;
     }
