@@ -992,6 +992,50 @@ static int gdnbench(int reps) {
             printf("    a decode step's q/k norms, rule and gated norm: %.3f ms as three kernels (k_gdn_dec), %.3f ms fused"
                    " (%.0f GB/s of state); both %s the per-step rule's\n",
                    t_three, t_fused, 2.0 * rec_n * 4 / (t_fused * 1e-3) / 1e9, same ? "the same bits as" : "DIFFER from");
+            if (T <= GDN_DEC_FUSED_MAX) { /* the conv inside too (k_gdn_dec<., 2>), from random windows:
+                                             k_gdn_conv and the fused kernel's outputs, state and windows */
+                float *w0 = dev_floats((int64_t)conv_n, 9, -1.0f, 1.0f), *wref;
+                int32_t *cnt;
+                CK(cudaMalloc(&wref, conv_n * 4));
+                CK(cudaMalloc(&cnt, cu_gdn_counts(Hk) * 4));
+                CK(cudaMemset(cnt, 0, cu_gdn_counts(Hk) * 4));
+                const dim3 gc((unsigned)p.n_items, (unsigned)((cd + CONV_THREADS - 1) / CONV_THREADS));
+                auto conv_in = [&](int k) {
+                    a.mix = mix[k], a.rec_state = rec[k];
+                    CK(cudaMemcpy(conv_st, w0, conv_n * 4, cudaMemcpyDeviceToDevice));
+                    CK(cudaMemcpy(qkv, qkv0, (size_t)T * cd * 4, cudaMemcpyDeviceToDevice));
+                    CK(cudaMemcpy(a.rec_state, st0, rec_n * 4, cudaMemcpyDeviceToDevice));
+                };
+                auto with_conv = [&] {
+                    launch_pdl(k_gdn_dec<16, 2>, dim3(gr.x, gr.y), dim3(32 * ((Dv + 15) / 16)), (size_t)(2 * Dv + 2 * Dk) * 4,
+                               s, p, a);
+                };
+                conv_in(0);
+                launch_pdl(k_gdn_conv, gc, dim3(CONV_THREADS), 0, s, p, a);
+                fused();
+                CK(cudaMemcpyAsync(wref, conv_st, conv_n * 4, cudaMemcpyDeviceToDevice, s));
+                conv_in(1);
+                a.counts = cnt;
+                with_conv();
+                CK(cudaStreamSynchronize(s));
+                CK(cudaGetLastError());
+                std::vector<int32_t> hc(cu_gdn_counts(Hk));
+                CK(cudaMemcpy(hc.data(), cnt, hc.size() * 4, cudaMemcpyDeviceToHost));
+                bool zero = true;
+                for (int32_t v : hc) zero = zero && v == 0;
+                const bool same2 = same_bits(mix[0], mix[1], (size_t)T * vd) && same_bits(rec[0], rec[1], rec_n) &&
+                                   same_bits(wref, conv_st, conv_n) && zero;
+                bad |= !same2;
+                const double t_conv1 = time_ms([&] { launch_pdl(k_gdn_conv, gc, dim3(CONV_THREADS), 0, s, p, a); });
+                const double t_with = time_ms(with_conv);
+                a.counts = NULL;
+                printf("    with the conv inside: %.3f ms (the conv and the fused kernel %.3f ms); outputs, state and windows %s"
+                       " k_gdn_conv's and the fused kernel's%s\n",
+                       t_with, t_conv1 + t_fused, same2 ? "the same bits as" : "DIFFER from", zero ? "" : ", counts left NONZERO");
+                CK(cudaFree(w0));
+                CK(cudaFree(wref));
+                CK(cudaFree(cnt));
+            }
             CK(cudaFree(st0));
         }
         float *fr[] = {qkv0, z, bb, aa, conv_t, normw, qkv, mix[0], mix[1], rec[0], rec[1], conv_st, dtb, nea, ws,

@@ -774,6 +774,7 @@ typedef struct cuda_ctx {
                           device, owned */
     int xs_holds; /* the st_act buffer whose split xs holds now, or -1 */
     float *chunk_ws;          /* the chunked delta rule's [chunk_ws_floats]; device, owned */
+    int32_t *gdn_count;       /* [cu_gdn_counts(Hk)] zeros for the rule's decode kernels; device, owned */
     /* compact logit rows: each logit row's mode, the compact rows' places in their pass of
      * LOGIT_CHUNK rows (the plan's top_rows, in row order), the records */
     uint8_t *row_top;         /* [max_tokens] 1: the row is compact; host, owned */
@@ -874,7 +875,7 @@ static void cuda_ctx_plan(const st_backend *base, const st_ctx_params *p, st_ctx
     floats += (cu_split_elems(xs_tokens(p->max_tokens), b->tiled_cols) + 1) / 2;
     floats += cu_mm_part_elems(p->max_tokens, widest_out(b)) + ws_floats(b);
     floats += cu_attn_split_floats(split_chunks(b, p), b->nh, b->hd);
-    floats += chunk_ws_floats(b, p) + (LOGIT_CHUNK * sizeof(cu_logit_top) + cu_logit_top_scratch(LOGIT_CHUNK, b->V)) / sizeof(float);
+    floats += cu_gdn_counts(b->Hk) + chunk_ws_floats(b, p) + (LOGIT_CHUNK * sizeof(cu_logit_top) + cu_logit_top_scratch(LOGIT_CHUNK, b->V)) / sizeof(float);
     if (b->world > 1) /* the logit slices and gathers (NCCL on the device, else through the host) */
         floats += (size_t)LOGIT_CHUNK * (size_t)b->Vmax * (b->nccl ? 1 + (size_t)b->world : 1);
     out->scratch_bytes = floats * sizeof(float) + 2 * layout_of(p, cap_blocks_of(b, p)).total +
@@ -890,7 +891,7 @@ static void cuda_ctx_destroy(st_bctx *base) {
     if (c->stream) cudaStreamSynchronize(c->stream);
     float *bufs[] = {c->x,   c->xn,   c->out, c->p1,   c->p2,   c->p3, c->p4, c->mix, c->gath,
                      c->gout, c->lg, c->small, (float *)c->mms.xs, c->mms.part, c->mms.wpart,
-                     (float *)c->mms.wcount, c->att_split, c->conv, c->rec, c->d_w, c->chunk_ws,
+                     (float *)c->mms.wcount, c->att_split, c->conv, c->rec, c->d_w, c->chunk_ws, (float *)c->gdn_count,
                      (float *)c->d_tops, (float *)c->d_top_scratch, c->lg_part, c->lg_all};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) cudaFree(bufs[i]);
@@ -993,6 +994,13 @@ static st_status cuda_ctx_create(st_backend *base, const st_ctx_params *p, st_bc
             c->h_all = malloc((size_t)b->world * hn * sizeof(float));
             if (st == ST_OK && !c->h_all) st = cu_error_set(err, ST_ERR_NOMEM, "out of memory");
         }
+    }
+    /* the GDN decode kernels' counts (zeros; every launch leaves them so) */
+    if (st == ST_OK && b->Hk > 0) {
+        st = dev_alloc(b, cu_gdn_counts(b->Hk) * sizeof(int32_t), (void **)&c->gdn_count, err);
+        if (st == ST_OK && (e = cudaMemset(c->gdn_count, 0, cu_gdn_counts(b->Hk) * sizeof(int32_t))) != cudaSuccess)
+            st = cuda_fail(err, e, "clearing the delta rule's counts");
+        c->bytes += cu_gdn_counts(b->Hk) * sizeof(int32_t);
     }
     /* decode attention's chunks */
     c->att_split_chunks = split_chunks(b, p);
@@ -1266,6 +1274,7 @@ static void do_gdn(cuda_ctx *c, int layer) {
     const int parts = b->vd <= b->tiled_cols ? split_parts(c) : 0; /* for out_proj, as do_add_norm's */
     a.xs = parts ? c->mms.xs : NULL;
     a.parts = parts;
+    a.counts = c->gdn_count;
     if (cu_gdn(c->stream, &c->plan, &a, (int)c->max_item_tokens)) c->xs_holds = ST_ACT_MIX;
 }
 

@@ -11,6 +11,14 @@
  * width): the window in registers, the inputs of 8 tokens loaded at once. */
 #define CONV_THREADS 64
 #define CONV_U 8
+/* one token of a K = 4 channel: the window sv (oldest first), the taps, the input m */
+__device__ __forceinline__ float conv4_one(const float (&sv)[3], const float (&tap)[4], float m) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 3; j++) acc += tap[j] * sv[j];
+    acc += tap[3] * m;
+    return acc / (1.0f + expf(-acc));
+}
 __device__ __forceinline__ void conv4_run(float *col, int64_t n, int64_t cd, float (&sv)[3], const float (&tap)[4]) {
     for (int64_t i = 0; i < n; i += CONV_U) {
         const int c = n - i < CONV_U ? (int)(n - i) : CONV_U;
@@ -20,12 +28,8 @@ __device__ __forceinline__ void conv4_run(float *col, int64_t n, int64_t cd, flo
 #pragma unroll
         for (int u = 0; u < CONV_U; u++) {
             if (u >= c) break;
-            float acc = 0.0f;
-#pragma unroll
-            for (int j = 0; j < 3; j++) acc += tap[j] * sv[j];
-            acc += tap[3] * mv[u];
+            col[(i + u) * cd] = conv4_one(sv, tap, mv[u]);
             sv[0] = sv[1], sv[1] = sv[2], sv[2] = mv[u];
-            col[(i + u) * cd] = acc / (1.0f + expf(-acc));
         }
     }
 }
@@ -298,20 +302,30 @@ __global__ void __launch_bounds__(32 * GDN_WARPS) k_gdn_recur(cu_plan p, cu_gdn_
  * k by their norms itself (gdn_l2_scale: k_gdn_qknorm's sums) and the head's outputs meeting
  * in shared memory for the gated norm (gdn_gnorm_scale: k_gdn_gnorm's), the same bits as
  * the three launches in one; at 64 items it was 1.1x slower than them (a block waits on its
- * slowest warp before the norm). */
+ * slowest warp before the norm). FUSED 2: 1 with k_gdn_conv's step inside (K = 4): the
+ * block convolves its head's v channels and its key head's q and k channels (conv4_one, the
+ * same bits) into shared memory; a key head's windows move on once all its value heads'
+ * blocks have read them (the last to count itself in a.counts writes them). FUSED 1 and 2 read what no kernel right before them writes (the state, the windows,
+ * the weights) before their PDL wait: the rule's state only they write, a whole layer before.
+ * Shared memory: [Dv] the head's outputs; FUSED 2 then q [Dk], k [Dk], v [Dv]. */
 #define GDN_DEC_COLS (16 * GDN_WARPS)
 #define GDN_DEC_MAX_DV 256
 #define GDN_DEC_MAX_RP 16  /* FUSED: key dims up to 128 (more rows a lane spill under its 128 registers) */
-#define GDN_DEC_FUSED_MAX 16 /* decode steps of up to this many items take FUSED */
+#define GDN_DEC_FUSED_MAX CU_GDN_DEC_FUSED_MAX /* decode steps of up to this many items take FUSED */
+#ifndef GDN_STATE_EARLY
+#define GDN_STATE_EARLY 1 /* FUSED: the state and windows read before the PDL wait */
+#endif
+#define GDN_CONV_PER 2       /* FUSED 2: channels a thread convolves at most (2 Dk + Dv <= 4 Dv) */
 template <int RP, int FUSED>
 __global__ void __launch_bounds__(FUSED ? 32 * GDN_DEC_MAX_DV / 16 : 32 * GDN_WARPS) k_gdn_dec(cu_plan p, cu_gdn_args a) {
-    pdl_wait();
+    if constexpr (!FUSED || !GDN_STATE_EARLY) pdl_wait();
     extern __shared__ float gdn_o[]; /* FUSED: [Dv] the head's outputs */
     const int it = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int ra = lane >> 2, Dk = a.Dk, Dv = a.Dv, g = h / (a.Hv / a.Hk), r0 = ra * RP;
     const int i0 = (FUSED ? 0 : blockIdx.z * GDN_DEC_COLS) + w * 16 + 4 * (lane & 3); /* columns i0 .. i0 + 3 */
     const bool on = i0 < Dv;                                                            /* Dv is a multiple of 4 */
-    float *Sg = a.rec_state + (size_t)p.slot[it] * a.rec_stride + (size_t)h * Dv * Dk;
+    const int slot = p.slot[it];
+    float *Sg = a.rec_state + (size_t)slot * a.rec_stride + (size_t)h * Dv * Dk;
     float S[4][RP];
 #pragma unroll
     for (int m = 0; m < RP; m++) {
@@ -320,7 +334,65 @@ __global__ void __launch_bounds__(FUSED ? 32 * GDN_DEC_MAX_DV / 16 : 32 * GDN_WA
         S[0][m] = v.x, S[1][m] = v.y, S[2][m] = v.z, S[3][m] = v.w;
     }
     const int64_t t = p.item_t0[it];
+    float *cq = gdn_o + Dv, *ck = cq + Dk, *cv = ck + Dk; /* FUSED 2: the convolved inputs */
+    /* FUSED 2: channel j < 2 Dk is q's (j < Dk) or k's of key head g, then v's of head h */
+    auto conv_ch = [&](int j) -> int64_t {
+        return j < Dk ? (int64_t)g * Dk + j : j < 2 * Dk ? a.kd + (int64_t)g * Dk + (j - Dk) : 2 * a.kd + (int64_t)h * Dv + (j - 2 * Dk);
+    };
+    float win[GDN_CONV_PER][3], tap[GDN_CONV_PER][4];
+    if constexpr (FUSED == 2) {
+        const float *ws = a.conv_state + (size_t)slot * a.conv_stride;
+#pragma unroll
+        for (int u = 0; u < GDN_CONV_PER; u++) {
+            const int j = threadIdx.x + u * blockDim.x;
+            const int64_t ch = conv_ch(j);
+#pragma unroll
+            for (int q = 0; q < 4; q++) tap[u][q] = j < 2 * Dk + Dv ? a.conv_t[q * a.cd + ch] : 0.0f;
+#pragma unroll
+            for (int q = 0; q < 3; q++) win[u][q] = j < 2 * Dk + Dv ? ws[q * a.cd + ch] : 0.0f;
+        }
+    }
+    const float dtb = a.dt_bias[h], nea = a.neg_exp_a[h];
+    const int r = w * 16 + lane; /* FUSED: the gated norm's column of this lane (lanes 0-15) */
+    const float nw = FUSED && lane < 16 && r < Dv ? a.norm_w[r] : 0.0f;
+    if constexpr (FUSED) pdl_wait();
+    const float zr = FUSED && lane < 16 && r < Dv ? a.z[t * a.vd + (int64_t)h * Dv + r] : 0.0f;
+    const float bt = a.b[t * a.Hv + h], at = a.a[t * a.Hv + h];
     const float *qr = a.qkv + t * a.cd + (int64_t)g * Dk, *kr = qr + a.kd;
+    if constexpr (FUSED == 2) {
+        float xin[GDN_CONV_PER];
+#pragma unroll
+        for (int u = 0; u < GDN_CONV_PER; u++) {
+            const int j = threadIdx.x + u * blockDim.x;
+            xin[u] = j < 2 * Dk + Dv ? a.qkv[t * a.cd + conv_ch(j)] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < GDN_CONV_PER; u++) {
+            const int j = threadIdx.x + u * blockDim.x;
+            if (j < 2 * Dk + Dv) cq[j] = conv4_one(win[u], tap[u], xin[u]); /* cq, ck, cv are one run */
+        }
+        /* the block's windows are read (their values used) and its inputs in; the key head's
+         * last block to get here moves its q and k windows on (and leaves the count at 0) */
+        __shared__ int last;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            const int ratio = a.Hv / a.Hk;
+            int *cnt = a.counts + it * a.Hk + g;
+            last = ratio == 1 || atomicAdd(cnt, 1) == ratio - 1;
+            if (last && ratio > 1) *cnt = 0;
+        }
+        __syncthreads();
+        float *ws = a.conv_state + (size_t)slot * a.conv_stride;
+#pragma unroll
+        for (int u = 0; u < GDN_CONV_PER; u++) {
+            const int j = threadIdx.x + u * blockDim.x;
+            if (j < 2 * Dk + Dv && (j >= 2 * Dk || last)) {
+                const int64_t ch = conv_ch(j);
+                ws[ch] = win[u][1], ws[a.cd + ch] = win[u][2], ws[2 * a.cd + ch] = xin[u];
+            }
+        }
+        qr = cq, kr = ck;
+    }
     float q[RP], k[RP];
     /* Dk and r0 are multiples of 4 where RP is (cu_gdn_prepare): whole 16-byte pieces in or out */
 #pragma unroll
@@ -340,10 +412,10 @@ __global__ void __launch_bounds__(FUSED ? 32 * GDN_DEC_MAX_DV / 16 : 32 * GDN_WA
 #pragma unroll
         for (int m = 0; m < RP; m++) q[m] *= sq, k[m] *= sk;
     }
-    const float4 v = on ? *(const float4 *)(a.qkv + t * a.cd + 2 * a.kd + (int64_t)h * Dv + i0)
-                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float *vr = FUSED == 2 ? cv : a.qkv + t * a.cd + 2 * a.kd + (int64_t)h * Dv;
+    const float4 v = on ? *(const float4 *)(vr + i0) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float beta, alpha, o[4];
-    gdn_gates(a.b[t * a.Hv + h], a.a[t * a.Hv + h], a.dt_bias[h], a.neg_exp_a[h], beta, alpha);
+    gdn_gates(bt, at, dtb, nea, beta, alpha);
     gdn_token(S[0], S[1], q, k, make_float2(v.x, v.y), beta, alpha, o[0], o[1]);
     gdn_token(S[2], S[3], q, k, make_float2(v.z, v.w), beta, alpha, o[2], o[3]);
     float *mo = a.mix + t * a.vd + (int64_t)h * Dv;
@@ -354,9 +426,8 @@ __global__ void __launch_bounds__(FUSED ? 32 * GDN_DEC_MAX_DV / 16 : 32 * GDN_WA
     if constexpr (FUSED) { /* the gated norm of the head */
         __syncthreads();
         const float rs = gdn_gnorm_scale(gdn_o, Dv, a.eps);
-        const int r = w * 16 + lane; /* the warp's 16 columns */
         if (lane < 16 && r < Dv) {
-            const float y = gdn_gated(gdn_o[r], rs, a.norm_w[r], a.z[t * a.vd + (int64_t)h * Dv + r]);
+            const float y = gdn_gated(gdn_o[r], rs, nw, zr);
             mo[r] = y;
             if (a.xs) put_parts(a.xs, a.parts, (int64_t)p.n_tokens * a.vd, t * a.vd + (int64_t)h * Dv + r, y);
         }
@@ -384,18 +455,23 @@ static int gdn_rows(int Dk) {
 }
 
 /* how a step's per-step rule runs: k_gdn_recur, k_gdn_dec (a decode step), or k_gdn_dec's
- * fused form (a decode step of few items: the norms inside) */
-enum { GDN_RECUR, GDN_DEC, GDN_DEC_FUSED };
+ * fused forms (a decode step of few items: the norms inside; and the conv) */
+enum { GDN_RECUR, GDN_DEC, GDN_DEC_FUSED, GDN_DEC_CONV };
 
 /* the per-step rule of RP rows a lane, as `how` says */
 template <int RP>
 static void gdn_rule(cu_stream s, dim3 gr, const cu_plan *p, const cu_gdn_args *a, int how, size_t shm, int cl) {
-    if constexpr (RP <= GDN_DEC_MAX_RP)
+    if constexpr (RP <= GDN_DEC_MAX_RP) {
+        const dim3 fb(32 * ((a->Dv + 15) / 16));
         if (how == GDN_DEC_FUSED) {
-            launch_pdl(k_gdn_dec<RP, 1>, dim3(gr.x, gr.y), dim3(32 * ((a->Dv + 15) / 16)), (size_t)a->Dv * sizeof(float),
-                       s, *p, *a);
+            launch_pdl(k_gdn_dec<RP, 1>, dim3(gr.x, gr.y), fb, (size_t)a->Dv * sizeof(float), s, *p, *a);
             return;
         }
+        if (how == GDN_DEC_CONV) {
+            launch_pdl(k_gdn_dec<RP, 2>, dim3(gr.x, gr.y), fb, (size_t)(2 * a->Dv + 2 * a->Dk) * sizeof(float), s, *p, *a);
+            return;
+        }
+    }
     if (how == GDN_DEC) launch_pdl(k_gdn_dec<RP, 0>, dim3(gr.x, gr.y, (unsigned)((a->Dv + GDN_DEC_COLS - 1) / GDN_DEC_COLS)),
                         dim3(32 * GDN_WARPS), 0, s, *p, *a);
     else launch_pdl(k_gdn_recur<RP>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a, cl);
@@ -403,22 +479,28 @@ static void gdn_rule(cu_stream s, dim3 gr, const cu_plan *p, const cu_gdn_args *
 
 extern "C" int cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int max_item_tokens) {
     if (p->n_tokens <= 0) return 0;
-    if (a->n_chunks > 0 && a->K == 4) {
+    int how = max_item_tokens == 1 && p->n_tokens == p->n_items && a->n_chunks == 0 ? GDN_DEC : GDN_RECUR;
+    if (how == GDN_DEC && p->n_items <= GDN_DEC_FUSED_MAX && a->Dv <= GDN_DEC_MAX_DV && gdn_rows(a->Dk) <= GDN_DEC_MAX_RP)
+        how = GDN_DEC_FUSED;
+    /* the conv inside too: K = 4, the counts there, the channels within the threads'
+     * GDN_CONV_PER each */
+    const int fthreads = 32 * ((a->Dv + 15) / 16);
+    if (how == GDN_DEC_FUSED && a->K == 4 && a->counts && 2 * a->Dk + a->Dv <= GDN_CONV_PER * fthreads && a->Dk % 4 == 0)
+        how = GDN_DEC_CONV;
+    cu_gdn_args af = *a; /* the split only where the fused kernel makes it */
+    if ((how != GDN_DEC_FUSED && how != GDN_DEC_CONV) || a->vd % 32 != 0) af.xs = NULL;
+    a = &af;
+    if (how == GDN_DEC_CONV) {
+    } else if (a->n_chunks > 0 && a->K == 4) {
         cu_gdn_conv_chunked(s, p, a);
     } else {
         dim3 gc((unsigned)p->n_items, (unsigned)((a->cd + CONV_THREADS - 1) / CONV_THREADS));
         launch_pdl(k_gdn_conv, gc, dim3(CONV_THREADS), 0, s, *p, *a);
     }
-    int how = max_item_tokens == 1 && p->n_tokens == p->n_items && a->n_chunks == 0 ? GDN_DEC : GDN_RECUR;
-    if (how == GDN_DEC && p->n_items <= GDN_DEC_FUSED_MAX && a->Dv <= GDN_DEC_MAX_DV && gdn_rows(a->Dk) <= GDN_DEC_MAX_RP)
-        how = GDN_DEC_FUSED;
-    cu_gdn_args af = *a; /* the split only where the fused kernel makes it */
-    if (how != GDN_DEC_FUSED || a->vd % 32 != 0) af.xs = NULL;
-    a = &af;
     /* one warp a block: 8 a block made the per-step rule after them 1.4x slower on one long
      * prompt (8.7 -> 12.2 ms a 27B layer at 8,192 tokens on the H200), though the norms
      * alone were faster */
-    if (how != GDN_DEC_FUSED) launch_pdl(k_gdn_qknorm, dim3((unsigned)p->n_tokens, (unsigned)a->Hk), dim3(32), 0, s, *a);
+    if (how != GDN_DEC_FUSED && how != GDN_DEC_CONV) launch_pdl(k_gdn_qknorm, dim3((unsigned)p->n_tokens, (unsigned)a->Hk), dim3(32), 0, s, *a);
     dim3 gr((unsigned)p->n_items, (unsigned)a->Hv, (unsigned)((a->Dv + 8 * GDN_WARPS - 1) / (8 * GDN_WARPS)));
     const int cl = max_item_tokens < GDN_CHUNK ? (max_item_tokens > 0 ? max_item_tokens : 1) : GDN_CHUNK;
     const size_t shm = gdn_smem(a->Dk, cl);
@@ -430,7 +512,7 @@ extern "C" int cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int m
     case 16: gdn_rule<16>(s, gr, p, a, how, shm, cl); break;
     default: gdn_rule<32>(s, gr, p, a, how, shm, cl); break;
     }
-    if (how != GDN_DEC_FUSED) launch_pdl(k_gdn_gnorm, dim3((unsigned)p->n_tokens, (unsigned)a->Hv), dim3(32), 0, s, *a);
+    if (how != GDN_DEC_FUSED && how != GDN_DEC_CONV) launch_pdl(k_gdn_gnorm, dim3((unsigned)p->n_tokens, (unsigned)a->Hv), dim3(32), 0, s, *a);
     return a->xs != NULL;
 }
 

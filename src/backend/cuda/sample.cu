@@ -9,10 +9,13 @@
  *                select (four passes of 8 bits from the top, each a histogram of the keys
  *                that match the digits so far: the CU_TOP_MAX-th key exactly; the keys above
  *                it all belong, of those equal to it the lowest ids);
- *   k_top_merge  a block per row: the segments' candidates sorted (bitonic, by key and then
- *                the lower id) and the first CU_TOP_MAX kept, the sums combined in segment
- *                order. Every element of the row's top is in its segment's top, so the
- *                result is the row's top.
+ *   k_top_merge  a block per row: of the segments' candidates (unique as key, then the
+ *                lower id), the CU_TOP_MAX-th largest by the same radix select over all 64
+ *                bits, those at or above it each placed by its rank among them; the sums
+ *                combined in segment order. Every element of the row's top is in its
+ *                segment's top, so the result is the row's top.
+ * A pass's histogram counts a warp's keys of one bin with one atomic (hist_add), and one
+ * warp finds the pass's bin (hist_pick).
  * Every order is fixed by the row's length alone (each thread a fixed stride of ids, fixed
  * trees, segments in order): the same bits whatever else the batch holds. The host's
  * reference is sampler.c's st_logit_top_make (ids and values equal; lse within rounding).
@@ -39,6 +42,41 @@ __device__ __forceinline__ uint32_t key_of(float x) {
 }
 __device__ __forceinline__ float float_of(uint32_t k) {
     return __uint_as_float((k & 0x80000000u) ? (k ^ 0x80000000u) : ~k);
+}
+
+/* one count into a shared histogram, the lanes of a warp with the same bin adding theirs at
+ * once (most keys of a pass share few bins: one atomic a bin and warp instead of one a key);
+ * every lane of the warp calls it, `in` says whether this one counts */
+__device__ __forceinline__ void hist_add(unsigned *hist, bool in, unsigned bin) {
+    const unsigned lane = threadIdx.x & 31;
+    const unsigned peers = __match_any_sync(FULL, in ? bin : 256u + lane);
+    if (in && lane == (unsigned)__ffs(peers) - 1) atomicAdd(&hist[bin], (unsigned)__popc(peers));
+}
+
+/* a radix pass's choice, by one warp: the highest bin b whose count and those above it reach
+ * left (else 0), and what is left of left inside it. Lane l sums the 8 bins from 255 - 8l
+ * down, the lanes' sums added from the top. */
+__device__ __forceinline__ void hist_pick(const unsigned *hist, unsigned left, unsigned *pick_bin, unsigned *pick_left) {
+    const int lane = threadIdx.x & 31, hi = 255 - 8 * lane;
+    unsigned own = 0;
+#pragma unroll
+    for (int k = 0; k < 8; k++) own += hist[hi - k];
+    unsigned inc = own;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const unsigned n = __shfl_up_sync(FULL, inc, o);
+        if (lane >= o) inc += n;
+    }
+    const unsigned ball = __ballot_sync(FULL, inc >= left);
+    if (lane == (ball ? __ffs(ball) - 1 : 31)) {
+        unsigned above = inc - own;
+        int b = hi;
+        for (int k = 0; k < 8; k++, b--) {
+            if (b == 0 || above + hist[b] >= left) break;
+            above += hist[b];
+        }
+        *pick_bin = (unsigned)b, *pick_left = left - above;
+    }
 }
 
 extern "C" int cu_logit_top_segs(int64_t V) {
@@ -94,34 +132,13 @@ __global__ void __launch_bounds__(SEG_THREADS) k_top_seg(const float *lg, int64_
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int i = tid; i < 256; i += SEG_THREADS) hist[i] = 0;
         __syncthreads();
-        for (int i = tid; i < len; i += SEG_THREADS) {
-            const uint32_t k = keys[i];
-            if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 255u], 1u);
+        for (int i0 = 0; i0 < len; i0 += SEG_THREADS) { /* whole warps each round */
+            const int i = i0 + tid;
+            const uint32_t k = i < len ? keys[i] : 0u;
+            hist_add(hist, i < len && (k & mask) == prefix, (k >> shift) & 255u);
         }
         __syncthreads();
-        if (w == 0) { /* the highest bin b whose keys and those above reach left (else 0): lane l's
-                       * 8 bins from 255 - 8l down, the lanes' counts summed from the top */
-            const int hi = 255 - 8 * lane;
-            unsigned own = 0;
-#pragma unroll
-            for (int k = 0; k < 8; k++) own += hist[hi - k];
-            unsigned inc = own;
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                const unsigned n = __shfl_up_sync(FULL, inc, o);
-                if (lane >= o) inc += n;
-            }
-            const unsigned ball = __ballot_sync(FULL, inc >= left);
-            if (lane == (ball ? __ffs(ball) - 1 : 31)) {
-                unsigned above = inc - own;
-                int b = hi;
-                for (int k = 0; k < 8; k++, b--) {
-                    if (b == 0 || above + hist[b] >= left) break;
-                    above += hist[b];
-                }
-                pick_bin = (unsigned)b, pick_left = left - above;
-            }
-        }
+        if (w == 0) hist_pick(hist, left, &pick_bin, &pick_left);
         __syncthreads();
         prefix |= pick_bin << shift, mask |= 255u << shift, left = pick_left;
         __syncthreads();
@@ -166,6 +183,8 @@ __global__ void __launch_bounds__(MERGE_THREADS) k_top_merge(const top_seg *seg,
     __shared__ float s_max[SEG_MAX];
     __shared__ double s_sum[SEG_MAX];
     __shared__ int s_fin[SEG_MAX];
+    __shared__ unsigned hist[256], pick_bin, pick_left, n_sel;
+    __shared__ unsigned long long sel[CU_TOP_MAX];
     const int tid = threadIdx.x, r = blockIdx.x, lane = tid & 31;
     const top_seg *sg = seg + (size_t)r * segs;
     if (tid < 32) { /* the segments' counts, summed in order */
@@ -181,40 +200,47 @@ __global__ void __launch_bounds__(MERGE_THREADS) k_top_merge(const top_seg *seg,
     }
     __syncthreads();
     const int total = off[segs];
-    int P = 1;
-    while (P < total) P <<= 1;
-    for (int i = tid; i < P; i += MERGE_THREADS) { /* segment s's candidates after those before it */
-        unsigned long long v = 0;                  /* below every key */
-        if (i < total) {
-            int lo = 0, hi = segs - 1; /* the s with off[s] <= i < off[s + 1] */
-            while (lo < hi) {
-                const int mid = (lo + hi + 1) / 2;
-                if (off[mid] <= i) lo = mid;
-                else hi = mid - 1;
-            }
-            v = sg[lo].cand[i - off[lo]];
+    for (int i = tid; i < total; i += MERGE_THREADS) { /* segment s's candidates after those before it */
+        int lo = 0, hi = segs - 1;                     /* the s with off[s] <= i < off[s + 1] */
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            if (off[mid] <= i) lo = mid;
+            else hi = mid - 1;
         }
-        c[i] = v;
+        c[i] = sg[lo].cand[i - off[lo]];
     }
     __syncthreads();
-    /* bitonic sort, descending */
-    for (int size = 2; size <= P; size <<= 1)
-        for (int stride = size >> 1; stride > 0; stride >>= 1) {
-            for (int i = tid; i < P; i += MERGE_THREADS) {
-                const int j = i ^ stride;
-                if (j > i) {
-                    const bool desc = (i & size) == 0;
-                    const unsigned long long a = c[i], b = c[j];
-                    if (desc ? a < b : a > b) c[i] = b, c[j] = a;
-                }
-            }
-            __syncthreads();
-        }
+    /* the K-th largest candidate (each is unique: key, then ~id), 8 bits a pass from the top,
+     * as k_top_seg finds its threshold; then the K at or above it, each placed by its rank */
     cu_logit_top *o = out + r;
     const int K = total < CU_TOP_MAX ? total : CU_TOP_MAX;
+    unsigned long long prefix = 0, mask = 0;
+    unsigned left = (unsigned)K;
+    for (int shift = 56; shift >= 0; shift -= 8) {
+        for (int i = tid; i < 256; i += MERGE_THREADS) hist[i] = 0;
+        __syncthreads();
+        for (int i0 = 0; i0 < total; i0 += MERGE_THREADS) {
+            const int i = i0 + tid;
+            const unsigned long long v = i < total ? c[i] : 0ull;
+            hist_add(hist, i < total && (v & mask) == prefix, (unsigned)(v >> shift) & 255u);
+        }
+        __syncthreads();
+        if (tid < 32) hist_pick(hist, left, &pick_bin, &pick_left);
+        __syncthreads();
+        prefix |= (unsigned long long)pick_bin << shift, mask |= 255ull << shift, left = pick_left;
+        __syncthreads(); /* pick_bin is read before the next pass writes it */
+    }
+    if (tid == 0) n_sel = 0;
+    __syncthreads();
+    for (int i = tid; i < total; i += MERGE_THREADS)
+        if (c[i] >= prefix) sel[atomicAdd(&n_sel, 1u)] = c[i];
+    __syncthreads();
     if (tid < K) {
-        o->id[tid] = (int32_t)(0xffffffffu - (uint32_t)(c[tid] & 0xffffffffu));
-        o->val[tid] = float_of((uint32_t)(c[tid] >> 32));
+        const unsigned long long v = sel[tid];
+        int rank = 0;
+        for (int j = 0; j < K; j++) rank += sel[j] > v;
+        o->id[rank] = (int32_t)(0xffffffffu - (uint32_t)(v & 0xffffffffu));
+        o->val[rank] = float_of((uint32_t)(v >> 32));
     }
     if (tid == 0) {
         float mx = -INFINITY;
