@@ -671,6 +671,19 @@ static void launch_mmvp(cu_stream s, const mm_group &g, const uint16_t *xs, int6
     }
 }
 
+/* 9 to 16 tokens in `bf16`: two tiles a block sharing the activations' fragments, 3 blocks
+ * an SM with a ring of 3 steps, for launches of many tiles (`mmv_bench` on the H200 at 16
+ * tokens: gate/up 3,265 -> 3,518 GB/s, the GDN qkv 2,974 -> 3,450, attention's q 3,269 ->
+ * 3,538; k_mmv keeps the 320-tile down and output projections, 3,495 and 2,957 against
+ * 2,974 and 2,598) */
+#define MMVP16_D 3
+#define MMVP16_MIN_ROWS 10240
+static bool mmvp_many(const mm_group &g) {
+    int64_t rows = 0;
+    for (int i = 0; i < g.n; i++) rows += g.w[i].rows;
+    return rows >= MMVP16_MIN_ROWS;
+}
+
 /* xs[p][n][c] = part p of x[n][c], n < T, c < ldxs (zeros past cols) */
 void launch_split(cu_stream s, const float *x, int64_t ldx, int64_t T, int64_t cols, uint16_t *xs, int64_t ldxs,
                   int parts) {
@@ -786,6 +799,7 @@ void mm_bf16_init(void) {
     mmvp_attr<3, 1, MMVP_D3, 3>();
     mmvp_attr<1, 1, MMVP_D4, 4>();
     mmvp_attr<3, 1, MMVP_D4, 4>();
+    mmvp_attr<1, 2, MMVP16_D, 3, 2>();
     gemm_attr<1, 8, 8, 1>();
     gemm_attr<1, 8, 8, 3>();
     gemm_attr<4, 4, 2, 1>();
@@ -809,8 +823,11 @@ void launch_tiled(cu_stream s, mm_group g, const float *x, int64_t ldx, int64_t 
         /* k_mmvp where it measured faster (`mmv_bench` on the H200, one 27B token's matrices:
          * 15.8 against 16.6 ms in exact at 1 token, 14.0 against 15.8 ms in bf16; 15.5 against
          * 16.2 at 8 tokens in bf16); beyond, its ring's shared memory leaves too little L1 for
-         * the activations (3 parts of them in exact), and k_mmv wins */
+         * the activations (3 parts of them in exact), and k_mmv wins, but for launches of many
+         * tiles in bf16 with two tiles a block (mmvp_many: 27B b16 910 -> 934 tok/s, the same
+         * run; one tile a block at 9-16 tokens, everywhere: 915 -> 813) */
         if (T <= (parts == 1 ? 8 : 2)) launch_mmvp(s, g, sc->xs, ldxs, T, parts);
+        else if (parts == 1 && T <= 16 && mmvp_many(g)) launch_mmvp_p<1, 2, MMVP16_D, 3, 2>(s, g, sc->xs, ldxs, T);
         else if (parts == 3 && T > 8) launch_gemm_shape<3>(s, g, sc->xs, ldxs, T, sc); /* split 8 ways: see there */
         else launch_mmv_s<MM_SPLITS>(s, g, sc->xs, ldxs, T, parts);
         return;
