@@ -20,7 +20,9 @@
  *                                    agreement and GB/s; exits 1 where they disagree
  *   build/mmv_bench gdn [reps]       the delta rule of one 27B layer (conv, norms, rule, gated
  *                                    norm) per step against chunked (gdn_chunk.cu): agreement
- *                                    of outputs and state, ms; exits 1 where they disagree
+ *                                    of outputs and state, ms; a decode step's kernels (three,
+ *                                    fused, the conv inside) for the same bits; exits 1 where
+ *                                    they disagree
  *   build/mmv_bench top [reps]       compact logit rows (sample.cu) of 1 and 64 rows of the 27B
  *                                    vocabulary against a host reference, and their time;
  *                                    exits 1 where they differ
