@@ -922,14 +922,14 @@ __global__ void __launch_bounds__(32 * FA_WARPS, 1) k_attn_fa(cu_plan p, cu_attn
 
 extern "C" int cu_attention(cu_stream s, const cu_plan *p, const cu_attn_args *a_in, const cu_kv *kv) {
     if (p->n_tokens <= 0) return 0;
+    const int parts = a_in->hd % 16 == 0 ? a_in->parts : 0;
+    const bool split_step = parts != 0 && a_in->split && p->n_tokens == p->n_items; /* a decode step */
     cu_attn_args af = *a_in; /* the split only where a decode step's kernels make it */
     const cu_attn_args *a = &af;
-    const bool split_step = (a_in->hd % 16 == 0 ? a_in->parts : 0) != 0 && a_in->split && p->n_tokens == p->n_items;
     if (!split_step || ((int64_t)a_in->nh * a_in->hd) % 32 != 0) af.xs = NULL;
     const int qt = att_tokens(a);
     dim3 grid((unsigned)((p->n_tokens + qt - 1) / qt + p->n_items), (unsigned)a->nkv);
     const dim3 blk(ATT_THREADS);
-    const int parts = a->hd % 16 == 0 ? a->parts : 0;
     const int G = a->nh / a->nkv;
     if (parts == 1 && p->n_tokens > p->n_items && G <= FA_ROWS && (a->hd == 64 || a->hd == 128 || a->hd == 256)) {
         /* `bf16` with a prompt in the step: k_attn_fa (a decode step keeps k_attn_tc) */
@@ -944,7 +944,7 @@ extern "C" int cu_attention(cu_stream s, const cu_plan *p, const cu_attn_args *a
 #undef FA_LAUNCH
         return 0;
     }
-    if (parts != 0 && a->split && p->n_tokens == p->n_items) { /* a decode step: split over the context */
+    if (split_step) { /* split over the context */
         int dev = 0, sms = 0;
         cudaGetDevice(&dev);
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);

@@ -1220,11 +1220,15 @@ static int split_parts(const cuda_ctx *c) {
     return c->b->tiled && c->T <= 16 ? (c->b->mm_mode == CU_MM_BF16 ? 1 : 3) : 0;
 }
 
+/* the parts a kernel making a product's input of `width` columns splits it into as it
+ * writes it (xs holds that wide a split), 0: none */
+static int xs_parts_for(const cuda_ctx *c, int64_t width) { return width <= c->b->tiled_cols ? split_parts(c) : 0; }
+
 static void do_add_norm(cuda_ctx *c, int layer, st_norm which, int mode) {
     const float *w = which == ST_NORM_FINAL ? c->b->final_norm
                      : which == ST_NORM_INPUT ? c->b->layers[layer].input_norm
                                               : c->b->layers[layer].post_norm;
-    const int parts = (mode & ST_NORM_APPLY) && c->b->d <= c->b->tiled_cols ? split_parts(c) : 0;
+    const int parts = (mode & ST_NORM_APPLY) ? xs_parts_for(c, c->b->d) : 0;
     cu_add_norm(c->stream, c->x, c->out, w, c->xn, c->T, c->b->d, c->b->eps, mode & ST_NORM_ADD,
                 (mode & ST_NORM_APPLY) != 0, parts ? c->mms.xs : NULL, parts);
     c->xs_holds = parts ? ST_ACT_XN : (c->xs_holds == ST_ACT_XN ? -1 : c->xs_holds);
@@ -1251,7 +1255,7 @@ static void do_matmul(cuda_ctx *c, int layer, st_act in, const st_mm *mm, int n,
     }
     if (swiglu) {
         const cu_mat *g = &L->w[mm[0].w];
-        const int parts = g->rows <= c->b->tiled_cols ? split_parts(c) : 0;
+        const int parts = xs_parts_for(c, g->rows);
         cu_silu_mul(c->stream, act(c, mm[0].out), act(c, mm[1].out), c->T, g->rows, g->rows,
                     parts ? c->mms.xs : NULL, parts);
         c->xs_holds = parts ? (int)mm[0].out : -1;
@@ -1271,7 +1275,7 @@ static void do_gdn(cuda_ctx *c, int layer) {
         .eps = b->eps,
         .chunks = (const int32_t *)(c->d_plan + c->layout.chunks), .item_chunk = (const int32_t *)(c->d_plan + c->layout.item_chunk),
         .n_chunks = c->n_chunks, .chunk_ws = c->chunk_ws, .ws_chunks = (int)ws_chunks_of(b, &c->p)};
-    const int parts = b->vd <= b->tiled_cols ? split_parts(c) : 0; /* for out_proj, as do_add_norm's */
+    const int parts = xs_parts_for(c, b->vd); /* out_proj's input */
     a.xs = parts ? c->mms.xs : NULL;
     a.parts = parts;
     a.counts = c->gdn_count;
@@ -1306,7 +1310,7 @@ static void do_attention(cuda_ctx *c, int layer) {
     c->xs_holds = -1;
     cu_attn_args a = attn_args(c, layer);
     cu_kv kv = kv_of(c);
-    const int parts = (int64_t)c->b->nh * c->b->hd <= c->b->tiled_cols ? split_parts(c) : 0; /* for o_proj */
+    const int parts = xs_parts_for(c, (int64_t)c->b->nh * c->b->hd); /* o_proj's input */
     a.xs = parts ? c->mms.xs : NULL;
     a.xs_parts = parts;
     if (cu_attention(c->stream, &c->plan, &a, &kv)) c->xs_holds = ST_ACT_MIX;

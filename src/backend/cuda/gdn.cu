@@ -305,20 +305,18 @@ __global__ void __launch_bounds__(32 * GDN_WARPS) k_gdn_recur(cu_plan p, cu_gdn_
  * slowest warp before the norm). FUSED 2: 1 with k_gdn_conv's step inside (K = 4): the
  * block convolves its head's v channels and its key head's q and k channels (conv4_one, the
  * same bits) into shared memory; a key head's windows move on once all its value heads'
- * blocks have read them (the last to count itself in a.counts writes them). FUSED 1 and 2 read what no kernel right before them writes (the state, the windows,
- * the weights) before their PDL wait: the rule's state only they write, a whole layer before.
+ * blocks have read them (the last to count itself in a.counts writes them). FUSED 1 and 2
+ * read what no kernel right before them writes (the state, the windows, the weights) before
+ * their PDL wait: the rule's state only they write, a whole layer before.
  * Shared memory: [Dv] the head's outputs; FUSED 2 then q [Dk], k [Dk], v [Dv]. */
 #define GDN_DEC_COLS (16 * GDN_WARPS)
 #define GDN_DEC_MAX_DV 256
 #define GDN_DEC_MAX_RP 16  /* FUSED: key dims up to 128 (more rows a lane spill under its 128 registers) */
 #define GDN_DEC_FUSED_MAX CU_GDN_DEC_FUSED_MAX /* decode steps of up to this many items take FUSED */
-#ifndef GDN_STATE_EARLY
-#define GDN_STATE_EARLY 1 /* FUSED: the state and windows read before the PDL wait */
-#endif
 #define GDN_CONV_PER 2       /* FUSED 2: channels a thread convolves at most (2 Dk + Dv <= 4 Dv) */
 template <int RP, int FUSED>
 __global__ void __launch_bounds__(FUSED ? 32 * GDN_DEC_MAX_DV / 16 : 32 * GDN_WARPS) k_gdn_dec(cu_plan p, cu_gdn_args a) {
-    if constexpr (!FUSED || !GDN_STATE_EARLY) pdl_wait();
+    if constexpr (!FUSED) pdl_wait();
     extern __shared__ float gdn_o[]; /* FUSED: [Dv] the head's outputs */
     const int it = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int ra = lane >> 2, Dk = a.Dk, Dv = a.Dv, g = h / (a.Hv / a.Hk), r0 = ra * RP;
@@ -487,20 +485,22 @@ extern "C" int cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int m
     const int fthreads = 32 * ((a->Dv + 15) / 16);
     if (how == GDN_DEC_FUSED && a->K == 4 && a->counts && 2 * a->Dk + a->Dv <= GDN_CONV_PER * fthreads && a->Dk % 4 == 0)
         how = GDN_DEC_CONV;
+    const bool fused = how == GDN_DEC_FUSED || how == GDN_DEC_CONV; /* the norms inside */
     cu_gdn_args af = *a; /* the split only where the fused kernel makes it */
-    if ((how != GDN_DEC_FUSED && how != GDN_DEC_CONV) || a->vd % 32 != 0) af.xs = NULL;
+    if (!fused || a->vd % 32 != 0) af.xs = NULL;
     a = &af;
-    if (how == GDN_DEC_CONV) {
-    } else if (a->n_chunks > 0 && a->K == 4) {
-        cu_gdn_conv_chunked(s, p, a);
-    } else {
-        dim3 gc((unsigned)p->n_items, (unsigned)((a->cd + CONV_THREADS - 1) / CONV_THREADS));
-        launch_pdl(k_gdn_conv, gc, dim3(CONV_THREADS), 0, s, *p, *a);
+    if (how != GDN_DEC_CONV) {
+        if (a->n_chunks > 0 && a->K == 4) {
+            cu_gdn_conv_chunked(s, p, a);
+        } else {
+            dim3 gc((unsigned)p->n_items, (unsigned)((a->cd + CONV_THREADS - 1) / CONV_THREADS));
+            launch_pdl(k_gdn_conv, gc, dim3(CONV_THREADS), 0, s, *p, *a);
+        }
     }
     /* one warp a block: 8 a block made the per-step rule after them 1.4x slower on one long
      * prompt (8.7 -> 12.2 ms a 27B layer at 8,192 tokens on the H200), though the norms
      * alone were faster */
-    if (how != GDN_DEC_FUSED && how != GDN_DEC_CONV) launch_pdl(k_gdn_qknorm, dim3((unsigned)p->n_tokens, (unsigned)a->Hk), dim3(32), 0, s, *a);
+    if (!fused) launch_pdl(k_gdn_qknorm, dim3((unsigned)p->n_tokens, (unsigned)a->Hk), dim3(32), 0, s, *a);
     dim3 gr((unsigned)p->n_items, (unsigned)a->Hv, (unsigned)((a->Dv + 8 * GDN_WARPS - 1) / (8 * GDN_WARPS)));
     const int cl = max_item_tokens < GDN_CHUNK ? (max_item_tokens > 0 ? max_item_tokens : 1) : GDN_CHUNK;
     const size_t shm = gdn_smem(a->Dk, cl);
@@ -512,7 +512,7 @@ extern "C" int cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int m
     case 16: gdn_rule<16>(s, gr, p, a, how, shm, cl); break;
     default: gdn_rule<32>(s, gr, p, a, how, shm, cl); break;
     }
-    if (how != GDN_DEC_FUSED && how != GDN_DEC_CONV) launch_pdl(k_gdn_gnorm, dim3((unsigned)p->n_tokens, (unsigned)a->Hv), dim3(32), 0, s, *a);
+    if (!fused) launch_pdl(k_gdn_gnorm, dim3((unsigned)p->n_tokens, (unsigned)a->Hv), dim3(32), 0, s, *a);
     return a->xs != NULL;
 }
 
