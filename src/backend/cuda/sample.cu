@@ -2,20 +2,20 @@
  *
  * The vocabulary's logits of a row become a cu_logit_top: the CU_TOP_MAX largest (ties to
  * the lower id) and log-sum-exp, so that a decode step sends back a kilobyte a sequence.
- * Two kernels, so that one row's work spreads over many SMs:
- *   k_top_seg    a block per (row, segment of about 8 K ids): the segment's keys (order-
- *                preserving images of the floats) into shared memory, its largest and the
- *                sum of exp(l - that) in double, and its CU_TOP_MAX largest by a radix
- *                select (four passes of 8 bits from the top, each a histogram of the keys
- *                that match the digits so far: the CU_TOP_MAX-th key exactly; the keys above
- *                it all belong, of those equal to it the lowest ids);
- *   k_top_merge  a block per row: of the segments' candidates (unique as key, then the
- *                lower id), the CU_TOP_MAX-th largest by the same radix select over all 64
- *                bits, those at or above it each placed by its rank among them; the sums
- *                combined in segment order. Every element of the row's top is in its
- *                segment's top, so the result is the row's top.
- * A pass's histogram counts a warp's keys of one bin with one atomic (hist_add), and one
- * warp finds the pass's bin (hist_pick).
+ * Each logit is ranked by its 64-bit value key << 32 | ~id (key: an order-preserving image
+ * of the float), unique within a row, so that "the K largest" is one set. Two kernels, so
+ * that one row's work spreads over many SMs:
+ *   k_top_seg    a block per (row, segment of about 8 K ids), its keys in registers: the
+ *                segment's largest and the sum of exp(l - that) in double, and its
+ *                CU_TOP_MAX largest values, found by counting: the K-th largest key by a
+ *                binary search (how many keys are at or above a guess: one block-wide count
+ *                a step), then, where its ties are more than the places left, the largest ~id
+ *                among them the same way; the values at or above the two are the top;
+ *   k_top_merge  a block per row: the same search over the segments' candidates (every
+ *                element of the row's top is in its segment's top), each of the K placed by
+ *                its rank among them; the sums combined in segment order.
+ * A count takes a few instructions a value and one barrier, where a radix pass's histogram
+ * took a warp match a value (the kernels' time, by Nsight Compute: 46 and 44 us a row).
  * Every order is fixed by the row's length alone (each thread a fixed stride of ids, fixed
  * trees, segments in order): the same bits whatever else the batch holds. The host's
  * reference is sampler.c's st_logit_top_make (ids and values equal; lse within rounding).
@@ -23,9 +23,11 @@
 #include "backend/cuda/cu_common.cuh"
 
 #define SEG_THREADS 256
-#define SEG_LEN 8192  /* ids a segment at most (its keys in shared memory) */
+#define SEG_LEN 8192  /* ids a segment at most */
 #define SEG_MAX 32    /* segments a row at most: a vocabulary of up to 256 K ids */
+#define SEG_PER (SEG_LEN / SEG_THREADS) /* a thread's keys */
 #define MERGE_THREADS 1024
+#define MERGE_PER (SEG_MAX * CU_TOP_MAX / MERGE_THREADS) /* a merging thread's candidates */
 
 /* a segment's result */
 typedef struct top_seg {
@@ -44,39 +46,31 @@ __device__ __forceinline__ float float_of(uint32_t k) {
     return __uint_as_float((k & 0x80000000u) ? (k ^ 0x80000000u) : ~k);
 }
 
-/* one count into a shared histogram, the lanes of a warp with the same bin adding theirs at
- * once (most keys of a pass share few bins: one atomic a bin and warp instead of one a key);
- * every lane of the warp calls it, `in` says whether this one counts */
-__device__ __forceinline__ void hist_add(unsigned *hist, bool in, unsigned bin) {
-    const unsigned lane = threadIdx.x & 31;
-    const unsigned peers = __match_any_sync(FULL, in ? bin : 256u + lane);
-    if (in && lane == (unsigned)__ffs(peers) - 1) atomicAdd(&hist[bin], (unsigned)__popc(peers));
+/* the block's sum of every thread's c (all threads call it, in the same turns): red holds
+ * [2][32], the turn's parity picks the half, so one barrier a turn keeps a turn's reads
+ * before the next-but-one's writes */
+__device__ __forceinline__ unsigned block_count(unsigned c, unsigned *red, int &turn) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    unsigned *r = red + 32 * (turn & 1);
+    turn++;
+    c = __reduce_add_sync(FULL, c);
+    if (lane == 0) r[w] = c;
+    __syncthreads();
+    return __reduce_add_sync(FULL, lane < nw ? r[lane] : 0u); /* every warp reads the warps' sums at once */
 }
 
-/* a radix pass's choice, by one warp: the highest bin b whose count and those above it reach
- * left (else 0), and what is left of left inside it. Lane l sums the 8 bins from 255 - 8l
- * down, the lanes' sums added from the top. */
-__device__ __forceinline__ void hist_pick(const unsigned *hist, unsigned left, unsigned *pick_bin, unsigned *pick_left) {
-    const int lane = threadIdx.x & 31, hi = 255 - 8 * lane;
-    unsigned own = 0;
-#pragma unroll
-    for (int k = 0; k < 8; k++) own += hist[hi - k];
-    unsigned inc = own;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const unsigned n = __shfl_up_sync(FULL, inc, o);
-        if (lane >= o) inc += n;
+/* The largest t in [lo, hi] with count(t) >= need (count(lo) >= need is the caller's):
+ * count(t) is how many of a thread's N values pass at t, summed over the block, and falls
+ * as t rises. */
+template <typename F>
+__device__ __forceinline__ uint32_t search_at_least(uint32_t lo, uint32_t hi, unsigned need, unsigned *red, int &turn,
+                                                    F count_at) {
+    while (lo < hi) {
+        const uint32_t mid = lo + (uint32_t)(((uint64_t)hi - lo + 1) / 2);
+        if (block_count(count_at(mid), red, turn) >= need) lo = mid;
+        else hi = mid - 1;
     }
-    const unsigned ball = __ballot_sync(FULL, inc >= left);
-    if (lane == (ball ? __ffs(ball) - 1 : 31)) {
-        unsigned above = inc - own;
-        int b = hi;
-        for (int k = 0; k < 8; k++, b--) {
-            if (b == 0 || above + hist[b] >= left) break;
-            above += hist[b];
-        }
-        *pick_bin = (unsigned)b, *pick_left = left - above;
-    }
+    return lo;
 }
 
 extern "C" int cu_logit_top_segs(int64_t V) {
@@ -88,28 +82,47 @@ extern "C" size_t cu_logit_top_scratch(int64_t rows, int64_t V) {
     return (size_t)rows * (size_t)cu_logit_top_segs(V) * sizeof(top_seg);
 }
 
-__global__ void __launch_bounds__(SEG_THREADS) k_top_seg(const float *lg, int64_t V, const int32_t *rows, top_seg *seg) {
-    __shared__ uint32_t keys[SEG_LEN];
-    __shared__ unsigned hist[256];
+__global__ void __launch_bounds__(SEG_THREADS, 4) k_top_seg(const float *lg, int64_t V, const int32_t *rows, top_seg *seg) {
     __shared__ float red_m[SEG_THREADS / 32];
     __shared__ int red_f[SEG_THREADS / 32];
     __shared__ double red_s[SEG_THREADS / 32];
-    __shared__ unsigned n_gt, n_tie, pick_bin, pick_left;
-    __shared__ int32_t ties[SEG_THREADS];
+    __shared__ unsigned red[64], n_out;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
     const int64_t s0 = (int64_t)blockIdx.y * SEG_LEN, len = V - s0 < SEG_LEN ? V - s0 : SEG_LEN;
     top_seg *o = seg + (size_t)blockIdx.x * gridDim.y + blockIdx.y;
     const float *x = lg + (int64_t)rows[blockIdx.x] * V + s0;
-    /* keys, the largest, finiteness */
+    /* this thread's keys: a whole segment as float4s where every row's are aligned (key j at
+     * id 4 (tid + 256 (j / 4)) + j % 4), all in flight at once; else one at a time (key j at id
+     * tid + 256 j); past the segment's end invalid. The choice depends on the segment's place
+     * in a row alone (not on the row's), as the sums' order must. */
+    const bool vec = len == SEG_LEN && V % 4 == 0 && ((uintptr_t)lg & 15) == 0;
+    auto id_of = [&](int j) -> int { return vec ? 4 * (tid + SEG_THREADS * (j / 4)) + j % 4 : tid + SEG_THREADS * j; };
+    uint32_t key[SEG_PER];
+    if (vec) {
+        float4 v[SEG_PER / 4];
+#pragma unroll
+        for (int j = 0; j < SEG_PER / 4; j++) v[j] = ((const float4 *)x)[tid + j * SEG_THREADS];
+#pragma unroll
+        for (int j = 0; j < SEG_PER / 4; j++)
+            key[4 * j] = key_of(v[j].x), key[4 * j + 1] = key_of(v[j].y), key[4 * j + 2] = key_of(v[j].z), key[4 * j + 3] = key_of(v[j].w);
+    } else {
+#pragma unroll
+        for (int j = 0; j < SEG_PER; j++) key[j] = id_of(j) < len ? key_of(x[id_of(j)]) : 0u;
+    }
+    /* which of them are inside the segment (bit j) */
+    uint32_t valid = 0;
+#pragma unroll
+    for (int j = 0; j < SEG_PER; j++) valid |= (uint32_t)(id_of(j) < len) << j;
+    /* the largest, finiteness */
     uint32_t km = 0;
     int fin = 1;
-    for (int i = tid; i < len; i += SEG_THREADS) {
-        const float v = x[i];
-        const uint32_t k = key_of(v);
-        keys[i] = k;
-        fin &= (__float_as_uint(v) & 0x7f800000u) != 0x7f800000u;
-        km = k > km ? k : km;
-    }
+#pragma unroll
+    for (int j = 0; j < SEG_PER; j++)
+        if (id_of(j) < len) {
+            const float v = float_of(key[j]);
+            fin &= (__float_as_uint(v) & 0x7f800000u) != 0x7f800000u;
+            km = key[j] > km ? key[j] : km;
+        }
     for (int s = 16; s > 0; s >>= 1) {
         const uint32_t ok = __shfl_xor_sync(FULL, km, s);
         km = ok > km ? ok : km;
@@ -119,138 +132,149 @@ __global__ void __launch_bounds__(SEG_THREADS) k_top_seg(const float *lg, int64_
     __syncthreads();
     float mx = red_m[0];
     fin = red_f[0];
-    for (int i = 1; i < SEG_THREADS / 32; i++) mx = fmaxf(mx, red_m[i]), fin &= red_f[i];
-    /* sum of exp(l - max) in double: each thread its stride, then a fixed tree */
+    uint32_t kmax = key_of(red_m[0]);
+    for (int i = 1; i < SEG_THREADS / 32; i++) {
+        mx = fmaxf(mx, red_m[i]), fin &= red_f[i];
+        const uint32_t k = key_of(red_m[i]);
+        kmax = k > kmax ? k : kmax;
+    }
+    /* sum of exp(l - max) in double: each thread its ids in increasing order, then a fixed tree */
     double sum = 0.0;
-    for (int i = tid; i < len; i += SEG_THREADS) sum += exp((double)float_of(keys[i]) - (double)mx);
+#pragma unroll
+    for (int j = 0; j < SEG_PER; j++)
+        if (id_of(j) < len) sum += exp((double)float_of(key[j]) - (double)mx);
     for (int s = 16; s > 0; s >>= 1) sum += __shfl_xor_sync(FULL, sum, s);
     if (lane == 0) red_s[w] = sum;
-    /* the K-th largest key, 8 bits a pass */
+    /* the K-th largest key thr: count(thr) >= K > count(thr + 1) */
     const int K = len < CU_TOP_MAX ? (int)len : CU_TOP_MAX;
-    uint32_t prefix = 0, mask = 0;
-    unsigned left = (unsigned)K;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int i = tid; i < 256; i += SEG_THREADS) hist[i] = 0;
-        __syncthreads();
-        for (int i0 = 0; i0 < len; i0 += SEG_THREADS) { /* whole warps each round */
-            const int i = i0 + tid;
-            const uint32_t k = i < len ? keys[i] : 0u;
-            hist_add(hist, i < len && (k & mask) == prefix, (k >> shift) & 255u);
-        }
-        __syncthreads();
-        if (w == 0) hist_pick(hist, left, &pick_bin, &pick_left);
-        __syncthreads();
-        prefix |= pick_bin << shift, mask |= 255u << shift, left = pick_left;
-        __syncthreads();
-    }
+    int turn = 0;
+    auto count_ge = [&](uint32_t t) {
+        unsigned c = 0;
+#pragma unroll
+        for (int j = 0; j < SEG_PER; j++) c += (valid >> j & 1u) && key[j] >= t;
+        return c;
+    };
+    const uint32_t thr = search_at_least(0u, kmax, (unsigned)K, red, turn, count_ge);
+    /* how many are above it, and whether its ties all fit */
+    unsigned gt = 0;
+#pragma unroll
+    for (int j = 0; j < SEG_PER; j++) gt += (valid >> j & 1u) && key[j] > thr;
+    const unsigned above = block_count(gt, red, turn), need = (unsigned)K - above;
+    /* of the ties, those with the need largest ~id (the lowest ids): the least ~id taken */
+    auto count_tie = [&](uint32_t t) {
+        unsigned c = 0;
+#pragma unroll
+        for (int j = 0; j < SEG_PER; j++) c += (valid >> j & 1u) && key[j] == thr && 0xffffffffu - (uint32_t)(s0 + id_of(j)) >= t;
+        return c;
+    };
+    const unsigned ties = block_count(count_tie(0u), red, turn);
+    const uint32_t nid_min = ties > need ? search_at_least(0u, 0xffffffffu, need, red, turn, count_tie) : 0u;
     if (tid == 0) {
         double t = 0.0;
         for (int i = 0; i < SEG_THREADS / 32; i++) t += red_s[i];
         o->max = mx, o->finite = fin, o->n = K, o->sum = t;
-        n_gt = 0, n_tie = 0;
+        n_out = 0;
     }
     __syncthreads();
-    /* the keys above the threshold, and its ties */
-    const uint32_t thr = prefix;
-    for (int i = tid; i < len; i += SEG_THREADS) {
-        const uint32_t k = keys[i];
-        const unsigned long long c = ((unsigned long long)k << 32) | (0xffffffffu - (uint32_t)(s0 + i));
-        if (k > thr) o->cand[atomicAdd(&n_gt, 1u)] = c;
-        else if (k == thr) {
-            const unsigned at = atomicAdd(&n_tie, 1u);
-            if (at < SEG_THREADS) ties[at] = i;
-        }
-    }
-    __syncthreads();
-    const unsigned G = n_gt, need = (unsigned)K - G;
-    if (n_tie <= SEG_THREADS) { /* the need lowest ids of the ties: each one's rank among them */
-        if ((unsigned)tid < n_tie) {
-            const int32_t i = ties[tid];
-            unsigned rank = 0;
-            for (unsigned q = 0; q < n_tie; q++) rank += ties[q] < i;
-            if (rank < need) o->cand[G + rank] = ((unsigned long long)thr << 32) | (0xffffffffu - (uint32_t)(s0 + i));
-        }
-    } else if (tid == 0) {
-        unsigned got = 0;
-        for (int i = 0; i < len && got < need; i++)
-            if (keys[i] == thr) o->cand[G + got++] = ((unsigned long long)thr << 32) | (0xffffffffu - (uint32_t)(s0 + i));
+    /* the K values at or above (thr, nid_min), in no order */
+#pragma unroll
+    for (int j = 0; j < SEG_PER; j++) {
+        const uint32_t nid = 0xffffffffu - (uint32_t)(s0 + id_of(j));
+        if ((valid >> j & 1u) && (key[j] > thr || (key[j] == thr && nid >= nid_min)))
+            o->cand[atomicAdd(&n_out, 1u)] = ((unsigned long long)key[j] << 32) | nid;
     }
 }
 
 __global__ void __launch_bounds__(MERGE_THREADS) k_top_merge(const top_seg *seg, int segs, cu_logit_top *out) {
-    __shared__ unsigned long long c[SEG_MAX * CU_TOP_MAX];
     __shared__ int off[SEG_MAX + 1]; /* segment s's candidates at off[s] .. off[s + 1] - 1 */
-    __shared__ float s_max[SEG_MAX];
-    __shared__ double s_sum[SEG_MAX];
-    __shared__ int s_fin[SEG_MAX];
-    __shared__ unsigned hist[256], pick_bin, pick_left, n_sel;
+    __shared__ double s_term[SEG_MAX];
+    __shared__ unsigned red[64], n_sel;
     __shared__ unsigned long long sel[CU_TOP_MAX];
     const int tid = threadIdx.x, r = blockIdx.x, lane = tid & 31;
     const top_seg *sg = seg + (size_t)r * segs;
-    if (tid < 32) { /* the segments' counts, summed in order */
-        const int n = tid < segs ? sg[tid].n : 0;
-        if (tid < segs) s_max[tid] = sg[tid].max, s_sum[tid] = sg[tid].sum, s_fin[tid] = sg[tid].finite;
+    cu_logit_top *o = out + r;
+    if (tid < 32) { /* the segments' counts, summed in order; the log-sum-exp */
+        const bool in = tid < segs;
+        const int n = in ? sg[tid].n : 0;
+        const float m = in ? sg[tid].max : -INFINITY;
+        const double sm = in ? sg[tid].sum : 0.0;
+        int fin = in ? sg[tid].finite : 1;
         int inc = n;
-        for (int o = 1; o < 32; o <<= 1) {
-            const int v = __shfl_up_sync(FULL, inc, o);
-            if (lane >= o) inc += v;
+        for (int q = 1; q < 32; q <<= 1) {
+            const int v = __shfl_up_sync(FULL, inc, q);
+            if (lane >= q) inc += v;
         }
         off[tid + 1] = inc;
         if (tid == 0) off[0] = 0;
-    }
-    __syncthreads();
-    const int total = off[segs];
-    for (int i = tid; i < total; i += MERGE_THREADS) { /* segment s's candidates after those before it */
-        int lo = 0, hi = segs - 1;                     /* the s with off[s] <= i < off[s + 1] */
-        while (lo < hi) {
-            const int mid = (lo + hi + 1) / 2;
-            if (off[mid] <= i) lo = mid;
-            else hi = mid - 1;
+        float mx = m;
+        for (int q = 16; q > 0; q >>= 1) {
+            mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, q));
+            fin &= __shfl_xor_sync(FULL, fin, q);
         }
-        c[i] = sg[lo].cand[i - off[lo]];
-    }
-    __syncthreads();
-    /* the K-th largest candidate (each is unique: key, then ~id), 8 bits a pass from the top,
-     * as k_top_seg finds its threshold; then the K at or above it, each placed by its rank */
-    cu_logit_top *o = out + r;
-    const int K = total < CU_TOP_MAX ? total : CU_TOP_MAX;
-    unsigned long long prefix = 0, mask = 0;
-    unsigned left = (unsigned)K;
-    for (int shift = 56; shift >= 0; shift -= 8) {
-        for (int i = tid; i < 256; i += MERGE_THREADS) hist[i] = 0;
-        __syncthreads();
-        for (int i0 = 0; i0 < total; i0 += MERGE_THREADS) {
-            const int i = i0 + tid;
-            const unsigned long long v = i < total ? c[i] : 0ull;
-            hist_add(hist, i < total && (v & mask) == prefix, (unsigned)(v >> shift) & 255u);
+        /* each segment's term apart, then summed in segment order by one lane */
+        if (in) s_term[tid] = sm * exp((double)m - (double)mx);
+        __syncwarp();
+        if (tid == 0) {
+            double sum = 0.0;
+            for (int q = 0; q < segs; q++) sum += s_term[q];
+            o->finite = fin;
+            o->lse = fin ? (double)mx + log(sum) : 0.0;
+            n_sel = 0;
         }
-        __syncthreads();
-        if (tid < 32) hist_pick(hist, left, &pick_bin, &pick_left);
-        __syncthreads();
-        prefix |= (unsigned long long)pick_bin << shift, mask |= 255ull << shift, left = pick_left;
-        __syncthreads(); /* pick_bin is read before the next pass writes it */
     }
-    if (tid == 0) n_sel = 0;
     __syncthreads();
-    for (int i = tid; i < total; i += MERGE_THREADS)
-        if (c[i] >= prefix) sel[atomicAdd(&n_sel, 1u)] = c[i];
+    const int total = off[segs], K = total < CU_TOP_MAX ? total : CU_TOP_MAX;
+    unsigned long long c[MERGE_PER]; /* this thread's candidates i = tid + MERGE_THREADS j (0: none) */
+#pragma unroll
+    for (int j = 0; j < MERGE_PER; j++) {
+        const int i = tid + MERGE_THREADS * j;
+        c[j] = 0;
+        if (i < total) {
+            int lo = 0, hi = segs - 1; /* the s with off[s] <= i < off[s + 1] */
+            while (lo < hi) {
+                const int mid = (lo + hi + 1) / 2;
+                if (off[mid] <= i) lo = mid;
+                else hi = mid - 1;
+            }
+            c[j] = sg[lo].cand[i - off[lo]];
+        }
+    }
+    /* the K-th largest as its high word (the key) and then, among that key's candidates, its
+     * low word (~id): no two candidates are equal, so exactly K are at or above it */
+    int turn = 0;
+    auto count_hi = [&](uint32_t t) {
+        unsigned n = 0;
+#pragma unroll
+        for (int j = 0; j < MERGE_PER; j++) n += tid + MERGE_THREADS * j < total && (uint32_t)(c[j] >> 32) >= t;
+        return n;
+    };
+    const uint32_t hi = search_at_least(0u, 0xffffffffu, (unsigned)K, red, turn, count_hi);
+    unsigned gt = 0;
+#pragma unroll
+    for (int j = 0; j < MERGE_PER; j++) gt += tid + MERGE_THREADS * j < total && (uint32_t)(c[j] >> 32) > hi;
+    const unsigned above = block_count(gt, red, turn), need = (unsigned)K - above;
+    auto count_lo = [&](uint32_t t) {
+        unsigned n = 0;
+#pragma unroll
+        for (int j = 0; j < MERGE_PER; j++)
+            n += tid + MERGE_THREADS * j < total && (uint32_t)(c[j] >> 32) == hi && (uint32_t)c[j] >= t;
+        return n;
+    };
+    const unsigned ties = block_count(count_lo(0u), red, turn);
+    const uint32_t lo = ties > need ? search_at_least(0u, 0xffffffffu, need, red, turn, count_lo) : 0u;
+    const unsigned long long bar = ((unsigned long long)hi << 32) | lo;
+#pragma unroll
+    for (int j = 0; j < MERGE_PER; j++)
+        if (tid + MERGE_THREADS * j < total && c[j] >= bar) sel[atomicAdd(&n_sel, 1u)] = c[j];
     __syncthreads();
-    if (tid < K) {
+    if (tid < K) { /* each placed by its rank among the K */
         const unsigned long long v = sel[tid];
         int rank = 0;
         for (int j = 0; j < K; j++) rank += sel[j] > v;
         o->id[rank] = (int32_t)(0xffffffffu - (uint32_t)(v & 0xffffffffu));
         o->val[rank] = float_of((uint32_t)(v >> 32));
     }
-    if (tid == 0) {
-        float mx = -INFINITY;
-        int fin = 1;
-        for (int s = 0; s < segs; s++) mx = fmaxf(mx, s_max[s]), fin &= s_fin[s];
-        double sum = 0.0;
-        for (int s = 0; s < segs; s++) sum += s_sum[s] * exp((double)s_max[s] - (double)mx);
-        o->n = K, o->finite = fin;
-        o->lse = fin ? (double)mx + log(sum) : 0.0;
-    }
+    if (tid == 0) o->n = K;
 }
 
 extern "C" void cu_logit_tops(cu_stream s, const float *lg, int64_t V, const int32_t *rows, int64_t n, void *scratch,
