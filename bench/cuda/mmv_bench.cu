@@ -994,13 +994,14 @@ static int gdnbench(int reps) {
             printf("    a decode step's q/k norms, rule and gated norm: %.3f ms as three kernels (k_gdn_dec), %.3f ms fused"
                    " (%.0f GB/s of state); both %s the per-step rule's\n",
                    t_three, t_fused, 2.0 * rec_n * 4 / (t_fused * 1e-3) / 1e9, same ? "the same bits as" : "DIFFER from");
-            if (T <= GDN_DEC_FUSED_MAX) { /* the conv inside too (k_gdn_dec<., 2>), from random windows:
-                                             k_gdn_conv and the fused kernel's outputs, state and windows */
+            { /* the conv inside too (k_gdn_dec<., 2>), from random windows: k_gdn_conv and the fused
+                 kernel's outputs, state and windows (at any count of items: the counts here are the items') */
                 float *w0 = dev_floats((int64_t)conv_n, 9, -1.0f, 1.0f), *wref;
                 int32_t *cnt;
                 CK(cudaMalloc(&wref, conv_n * 4));
-                CK(cudaMalloc(&cnt, cu_gdn_counts(Hk) * 4));
-                CK(cudaMemset(cnt, 0, cu_gdn_counts(Hk) * 4));
+                const size_t ncnt = (size_t)cs.items * Hk;
+                CK(cudaMalloc(&cnt, ncnt * 4));
+                CK(cudaMemset(cnt, 0, ncnt * 4));
                 const dim3 gc((unsigned)p.n_items, (unsigned)((cd + CONV_THREADS - 1) / CONV_THREADS));
                 auto conv_in = [&](int k) {
                     a.mix = mix[k], a.rec_state = rec[k];
@@ -1009,8 +1010,8 @@ static int gdnbench(int reps) {
                     CK(cudaMemcpy(a.rec_state, st0, rec_n * 4, cudaMemcpyDeviceToDevice));
                 };
                 auto with_conv = [&] {
-                    launch_pdl(k_gdn_dec<16, 2>, dim3(gr.x, gr.y), dim3(32 * ((Dv + 15) / 16)), (size_t)(2 * Dv + 2 * Dk) * 4,
-                               s, p, a);
+                    launch_pdl(k_gdn_dec<16, 2>, dim3(gr.x, gr.y), dim3(32 * ((Dv + 15) / 16)), gdn_dec_conv_smem(Dk, Dv), s, p,
+                               a);
                 };
                 conv_in(0);
                 launch_pdl(k_gdn_conv, gc, dim3(CONV_THREADS), 0, s, p, a);
@@ -1021,7 +1022,7 @@ static int gdnbench(int reps) {
                 with_conv();
                 CK(cudaStreamSynchronize(s));
                 CK(cudaGetLastError());
-                std::vector<int32_t> hc(cu_gdn_counts(Hk));
+                std::vector<int32_t> hc(ncnt);
                 CK(cudaMemcpy(hc.data(), cnt, hc.size() * 4, cudaMemcpyDeviceToHost));
                 bool zero = true;
                 for (int32_t v : hc) zero = zero && v == 0;
@@ -1062,15 +1063,21 @@ static int topbench(int reps) {
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     int bad = 0;
-    for (int n : {1, 64}) {
+    /* random rows with ties across segments; every segment alike (each one's top ties with
+     * the others': more candidates left than the merge's threads); every logit equal */
+    const struct { int n, kind; } cases[] = {{1, 0}, {64, 0}, {2, 1}, {2, 2}};
+    for (const auto &cs : cases) {
+        const int n = cs.n;
         std::vector<float> h((size_t)n * V);
         uint64_t x = 12345 + n;
         for (size_t i = 0; i < h.size(); i++) {
             x = x * 6364136223846793005ull + 1442695040888963407ull;
-            h[i] = 8.0f * ((float)(x >> 40) / 16777216.0f - 0.5f);
+            h[i] = cs.kind == 0 ? 8.0f * ((float)(x >> 40) / 16777216.0f - 0.5f)
+                   : cs.kind == 1 ? (float)((i % (size_t)V) % 8192) / 1024.0f : 0.5f;
         }
-        for (int r = 0; r < n; r++) /* ties across segments */
-            for (int64_t i = 7; i < V; i += 9001) h[(size_t)r * V + i] = 3.9990234375f;
+        if (cs.kind == 0)
+            for (int r = 0; r < n; r++) /* ties across segments */
+                for (int64_t i = 7; i < V; i += 9001) h[(size_t)r * V + i] = 3.9990234375f;
         h[5] = -1e30f;
         float *d;
         int32_t *rows;
@@ -1116,8 +1123,9 @@ static int topbench(int reps) {
         CK(cudaEventSynchronize(e1));
         float ms;
         CK(cudaEventElapsedTime(&ms, e0, e1));
-        printf("top %2d rows of %lld: %d entries differ from the host's, lse within %.1e; %.1f us%s\n", n, (long long)V,
-               wrong, worst_lse, 1e3 * ms / reps, ok ? "" : "  FAILED");
+        printf("top %2d rows of %lld%s: %d entries differ from the host's, lse within %.1e; %.1f us%s\n", n, (long long)V,
+               cs.kind == 0 ? "" : cs.kind == 1 ? " (segments alike)" : " (all equal)", wrong, worst_lse, 1e3 * ms / reps,
+               ok ? "" : "  FAILED");
         CK(cudaFree(d));
         CK(cudaFree(rows));
         CK(cudaFree(out));
