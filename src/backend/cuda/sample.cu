@@ -90,6 +90,7 @@ __global__ void __launch_bounds__(SEG_THREADS, 4) k_top_seg(const float *lg, int
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
     const int64_t s0 = (int64_t)blockIdx.y * SEG_LEN, len = V - s0 < SEG_LEN ? V - s0 : SEG_LEN;
     top_seg *o = seg + (size_t)blockIdx.x * gridDim.y + blockIdx.y;
+    pdl_wait(); /* the logits are the predecessor's */
     const float *x = lg + (int64_t)rows[blockIdx.x] * V + s0;
     /* this thread's keys: a whole segment as float4s where every row's are aligned (key j at
      * id 4 (tid + 256 (j / 4)) + j % 4), all in flight at once; else one at a time (key j at id
@@ -193,6 +194,7 @@ __global__ void __launch_bounds__(MERGE_THREADS) k_top_merge(const top_seg *seg,
     const int tid = threadIdx.x, r = blockIdx.x, lane = tid & 31;
     const top_seg *sg = seg + (size_t)r * segs;
     cu_logit_top *o = out + r;
+    pdl_wait(); /* the segments' results are the predecessor's */
     if (tid < 32) { /* the segments' counts, summed in order; the log-sum-exp */
         const bool in = tid < segs;
         const int n = in ? sg[tid].n : 0;
@@ -281,6 +283,6 @@ extern "C" void cu_logit_tops(cu_stream s, const float *lg, int64_t V, const int
                               cu_logit_top *out) {
     const int segs = cu_logit_top_segs(V);
     if (n <= 0 || segs == 0) return;
-    k_top_seg<<<dim3((unsigned)n, (unsigned)segs), SEG_THREADS, 0, s>>>(lg, V, rows, (top_seg *)scratch);
-    k_top_merge<<<(unsigned)n, MERGE_THREADS, 0, s>>>((const top_seg *)scratch, segs, out);
+    launch_pdl(k_top_seg, dim3((unsigned)n, (unsigned)segs), dim3(SEG_THREADS), 0, s, lg, V, rows, (top_seg *)scratch);
+    launch_pdl(k_top_merge, dim3((unsigned)n), dim3(MERGE_THREADS), 0, s, (const top_seg *)scratch, segs, out);
 }
