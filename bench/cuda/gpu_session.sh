@@ -9,7 +9,8 @@
 # 210,668 -> 243,192-token prefix scenario; bw: `mmv_bench bw` (the read ceiling by way of
 # reading) and `mmv_bench ws` at 16-64 tokens; prof: Nsight Compute (ncu --set full) on one launch
 # of each decode kernel that sets a 27B step's time (the MLX products at one token, the bf16
-# one at one and 64 tokens, the decode attention and delta rule at 64 sequences), each as
+# one at one and 64 tokens, the decode attention and delta rule at 64 sequences, the logits'
+# top of one row), each as
 # OUTDIR/ncu_NAME.txt with its instructions' counts and stall samples in ncu_NAME_src.csv.
 # Many files: where few come back (the device tool), give an OUTDIR outside the returned
 # folder and tar it into that folder.
@@ -93,6 +94,8 @@ bf16_t1 k_mmvp 2 build/mmv_bench prof 34816 5120 1 1
 bf16_t64 k_wgmma 2 build/mmv_bench prof 34816 5120 64 1
 attn_b64 k_attn_split 40 $S bench --device cuda --synth 27b --dtype bf16 --precision bf16 --kv-dtype bf16 --prompts 128 --batches 64 --decode-s 0.3
 gdn_b64 k_gdn_dec 40 $S bench --device cuda --synth 27b --dtype bf16 --precision bf16 --kv-dtype bf16 --prompts 128 --batches 64 --decode-s 0.3
+top_seg k_top_seg 0 build/mmv_bench top 3
+top_merge k_top_merge 0 build/mmv_bench top 3
 LIST
 fi
 if has bw; then
