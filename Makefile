@@ -52,10 +52,10 @@ endif
 # (`make mmv-bench`; not part of `all`: it compiles the kernels a second time)
 mmv-bench: $(BUILD)/mmv_bench
 MMV_BENCH_CU := $(addprefix src/backend/cuda/,elementwise.cu matmul.cu matmul_bf16.cu matmul_q.cu matmul_wgmma.cu gdn.cu gdn_chunk.cu sample.cu)
-$(BUILD)/mmv_bench: bench/cuda/mmv_bench.cu $(MMV_BENCH_CU) $(CUDA_H)
+$(BUILD)/mmv_bench: bench/cuda/mmv_bench.cu $(MMV_BENCH_CU) $(CUDA_H) $(BUILD)/obj/src/backend/cuda/blas.pic.o
 	@mkdir -p $(dir $@)
 	@echo "  NVCC    $<"
-	@$(NVCC) -std=c++17 -O3 -Isrc $(CUDA_ARCH_90A) $< -o $@
+	@$(NVCC) -std=c++17 -O3 -Isrc $(CUDA_ARCH_90A) $< $(BUILD)/obj/src/backend/cuda/blas.pic.o -o $@ -ldl -lpthread
 $(BUILD)/obj/src/backend/cuda/matmul_wgmma.cu.o: CUDA_ARCH := $(CUDA_ARCH_90A)
 $(BUILD)/obj/%.cu.o: %.cu $(CUDA_H)
 	@mkdir -p $(dir $@)

@@ -15,6 +15,11 @@
  *   build/mmv_bench wg [reps] [T,..] bf16 products on wgmma (matmul_wgmma.cu) against k_gemm:
  *                                    agreement and TFLOP/s at 64 to 2,048 tokens (or those
  *                                    given); exits 1 where they disagree
+ *   build/mmv_bench blas [reps] [T,..] bf16 products of 512 to 8,192 tokens (or those given) on
+ *                                    cuBLASLt (blas.c: the tiled matrix copied out row-major
+ *                                    first) against the backend's own path: agreement,
+ *                                    TFLOP/s of each, of the library's product alone, and the
+ *                                    copy's GB/s; exits 1 where they disagree
  *   build/mmv_bench ws [reps] [T,..] bf16 products of 1 to 128 tokens on resident wgmma blocks
  *                                    (k_wgmma_stream) against the backend's other path:
  *                                    agreement and GB/s; exits 1 where they disagree
@@ -49,6 +54,7 @@
 #include "backend/cuda/gdn.cu"
 #include "backend/cuda/gdn_chunk.cu"
 #include "backend/cuda/sample.cu"
+#include "backend/cuda/blas.h"
 
 #define CK(x)                                                                                            \
     do {                                                                                                 \
@@ -593,6 +599,112 @@ static int wgbench(int reps, const char *tlist) {
         tiled_case_free(tc);
     }
     printf("wgmma: %s\n", bad ? "FAILED" : "all products agree");
+    return bad ? 1 : 0;
+}
+
+/* ---- `mmv_bench blas`: the prefill products on cuBLASLt against the backend's own ---- */
+static int blasbench(int reps, const char *tlist) {
+    cudaStream_t s;
+    CK(cudaStreamCreate(&s));
+    cu_mm_init();
+    char why[300];
+    cu_blas *bl = cu_blas_create(why, sizeof why);
+    if (!bl) {
+        printf("blas: %s\n", why);
+        return 1;
+    }
+    cu_blas_describe(bl, why, sizeof why);
+    void *enc = cu_wgmma_available();
+    printf("%s; the backend's own path: %s\n", why, enc ? "k_wgmma (k_gemm under 128 tokens)" : "k_gemm");
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    const struct { const char *name; int64_t rows, cols; } shapes[] = {
+        {"gate+up", 34816, 5120}, {"down", 5120, 17408}, {"gdn in", 16512, 5120}, {"out/o", 5120, 6144},
+        {"attn qkv", 14336, 5120}, {"odd rows", 1000, 384}};
+    const std::vector<int64_t> Ts = token_list(tlist, {512, 1024, 2048, 4096, 8192});
+    int64_t TM = 16;
+    for (int64_t T : Ts) TM = T > TM ? T : TM;
+    void *ws;
+    CK(cudaMalloc(&ws, CU_BLAS_WORKSPACE));
+    int bad = 0;
+    printf("TFLOP/s: own = the backend without the library; blas = with it (the matrix copied out of the\n"
+           "tiled layout, the activations split, the library's product), gemm = the library's product\n"
+           "alone; untile GB/s (read + written); err = max |blas - own| / max |own|\n");
+    printf("%-9s %6s %8s %8s %8s %8s %10s\n", "shape", "T", "own", "blas", "gemm", "untile", "err");
+    for (const auto &sh : shapes) {
+        const tiled_case tc = tiled_case_make(s, sh.rows, sh.cols, TM, 17);
+        const int64_t ldxs = tiled_steps(sh.cols) * 32;
+        uint16_t *wrm;
+        CK(cudaMalloc(&wrm, (size_t)sh.rows * ldxs * 2));
+        /* the copy out of the tiled layout gives the row-major matrix back, bit for bit */
+        cu_untile_bf16(s, tc.wt, sh.rows, sh.cols, wrm);
+        CK(cudaStreamSynchronize(s));
+        {
+            std::vector<uint16_t> a((size_t)(sh.rows * ldxs)), b((size_t)(sh.rows * sh.cols));
+            CK(cudaMemcpy(a.data(), wrm, a.size() * 2, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(b.data(), tc.wd, b.size() * 2, cudaMemcpyDeviceToHost));
+            size_t diff = 0;
+            for (int64_t r = 0; r < sh.rows; r++)
+                for (int64_t c = 0; c < ldxs; c++)
+                    diff += a[(size_t)(r * ldxs + c)] != (c < sh.cols ? b[(size_t)(r * sh.cols + c)] : 0);
+            if (diff) {
+                printf("%-9s untile: %zu elements differ  FAIL\n", sh.name, diff);
+                bad++;
+            }
+        }
+        /* the backend's scratch: xs of 2,048 tokens of three parts, the copy of this matrix */
+        cu_mm_scratch own = {tc.xs, TM < 2048 ? TM : 2048, NULL, 0};
+        own.tma_encode = enc;
+        own.xs_elems = (int64_t)cu_split_elems(own.xs_tokens, sh.cols);
+        cu_mm_scratch lib = own;
+        lib.blas = bl, lib.wrm = wrm, lib.wrm_elems = sh.rows * ldxs, lib.blas_ws = ws, lib.blas_ws_bytes = CU_BLAS_WORKSPACE;
+        const cu_mat w = {CU_FMT_BF16_TILED, 0, 0, 0, sh.rows, sh.cols, tc.wt, NULL, NULL};
+        mm_group g;
+        g.n = 1, g.w[0] = w, g.ldy[0] = sh.rows, g.blk0[0] = 0;
+        for (int64_t T : Ts) {
+            mm_group go = g, gl = g;
+            go.y[0] = tc.yref, gl.y[0] = tc.y;
+            launch_tiled(s, go, tc.x, sh.cols, T, 1, &own, 0);
+            CK(cudaMemsetAsync(tc.y, 0xff, T * sh.rows * 4, s)); /* NaN: an output never written stays one */
+            launch_tiled(s, gl, tc.x, sh.cols, T, 1, &lib, 0);
+            CK(cudaStreamSynchronize(s));
+            CK(cudaGetLastError());
+            std::vector<float> a((size_t)(T * sh.rows)), b(a.size());
+            CK(cudaMemcpy(a.data(), tc.y, a.size() * 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(b.data(), tc.yref, b.size() * 4, cudaMemcpyDeviceToHost));
+            double md = 0, mr = 0;
+            size_t nan = 0;
+            for (size_t i = 0; i < a.size(); i++) {
+                if (!(a[i] == a[i])) nan++;
+                const double dd = fabs((double)a[i] - b[i]);
+                md = dd > md ? dd : md;
+                mr = fabs((double)b[i]) > mr ? fabs((double)b[i]) : mr;
+            }
+            const double err = mr > 0 ? md / mr : md;
+            const double bound = 4e-9 * (double)sh.cols; /* two fp32 summation orders: as `mmv_bench wg` */
+            const bool ok = nan == 0 && err <= bound;
+            bad += !ok;
+            const double t_own = time_launches(s, e0, e1, reps, 1, [&](int) { launch_tiled(s, go, tc.x, sh.cols, T, 1, &own, 0); });
+            const double t_lib = time_launches(s, e0, e1, reps, 1, [&](int) { launch_tiled(s, gl, tc.x, sh.cols, T, 1, &lib, 0); });
+            const int64_t n = T < 6144 ? T : 6144; /* the library's product alone, on the split's tokens */
+            launch_split(s, tc.x, sh.cols, n, sh.cols, tc.xs, ldxs, 1);
+            const double t_gemm = time_launches(s, e0, e1, reps, 1, [&](int) {
+                cu_blas_gemm(bl, s, wrm, ldxs, sh.rows, sh.cols, tc.xs, ldxs, n, tc.y, sh.rows, ws, CU_BLAS_WORKSPACE);
+            });
+            const double t_un = time_launches(s, e0, e1, reps, 1, [&](int) { cu_untile_bf16(s, tc.wt, sh.rows, sh.cols, wrm); });
+            const double fl = 2.0 * sh.rows * sh.cols * T;
+            printf("%-9s %6lld %8.1f %8.1f %8.1f %8.0f %10.2e%s", sh.name, (long long)T, fl / t_own / 1e12, fl / t_lib / 1e12,
+                   2.0 * sh.rows * sh.cols * n / t_gemm / 1e12, 2.0 * sh.rows * ldxs * 2 / t_un / 1e9, err, ok ? "\n" : "  FAIL");
+            if (nan) printf(" (%zu outputs not written)", nan);
+            if (!ok) printf("\n");
+        }
+        CK(cudaFree(wrm));
+        tiled_case_free(tc);
+    }
+    CK(cudaFree(ws));
+    cu_blas_destroy(bl);
+    printf("blas: %s\n", bad ? "FAILED" : "all products agree");
     return bad ? 1 : 0;
 }
 
@@ -1413,6 +1525,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "q")) return qbench(argc > 2 ? atoi(argv[2]) : 20);
     if (argc > 1 && !strcmp(argv[1], "qv")) return qvbench(argc > 2 ? atoi(argv[2]) : 20);
     if (argc > 1 && !strcmp(argv[1], "wg")) return wgbench(argc > 2 ? atoi(argv[2]) : 10, argc > 3 ? argv[3] : NULL);
+    if (argc > 1 && !strcmp(argv[1], "blas")) return blasbench(argc > 2 ? atoi(argv[2]) : 10, argc > 3 ? argv[3] : NULL);
     if (argc > 1 && !strcmp(argv[1], "ws")) return wsbench(argc > 2 ? atoi(argv[2]) : 20, argc > 3 ? argv[3] : NULL);
     const int reps = argc > 1 ? atoi(argv[1]) : 20;
     cudaDeviceProp prop;

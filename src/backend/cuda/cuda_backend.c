@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "backend/cuda.h"
+#include "backend/cuda/blas.h"
 #include "backend/cuda/cu_error.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/nccl_comm.h"
@@ -91,6 +92,8 @@ typedef struct cuda_backend {
     int64_t tiled_cols;     /* the widest tiled matrix (the split activations' scratch) */
     size_t stage_bytes;     /* the largest tiled matrix, row-major (its device staging at upload) */
     uint16_t *stage;        /* that staging, during the upload only */
+    int blas;               /* `bf16` products of many tokens may take cuBLASLt (the library opened) */
+    char blas_what[200];    /* "cuBLASLt 13.1.0", or why it is not used */
 } cuda_backend;
 
 static const st_backend_ops cuda_ops;
@@ -605,6 +608,17 @@ static st_status cuda_create(const st_model *m, const st_cuda_params *p, const s
     /* the chunked rule's tf32 products are `bf16` precision's; `exact` keeps every step's
      * sums in one order, so a prefill's split into steps changes no bit */
     b->gdn_chunked = st == ST_OK && m->n_linear && b->mm_mode == CU_MM_BF16 && cu_gdn_chunked_prepare(b->Dk, b->Dv) == 0;
+    /* `bf16` prefill products on cuBLASLt where the library opens (else the backend's wgmma) */
+    if (st == ST_OK && b->mm_mode == CU_MM_BF16 && b->tiled) {
+        char why[300];
+        cu_blas *h = cu_blas_create(why, sizeof why);
+        if (h) {
+            cu_blas_describe(h, b->blas_what, sizeof b->blas_what);
+            cu_blas_destroy(h);
+            b->blas = 1;
+        } else
+            snprintf(b->blas_what, sizeof b->blas_what, "%.190s", why);
+    }
     free(tmp);
     if (st != ST_OK) {
         cuda_destroy(&b->base);
@@ -678,6 +692,10 @@ static void cuda_describe(const st_backend *base, char *buf, size_t cap) {
                  b->nccl ? nc : "the host");
     else if (b->nccl)
         snprintf(buf + at, cap > at ? cap - at : 0, "; all-reduces over %s", nc);
+    const size_t at2 = strlen(buf);
+    if (b->mm_mode == CU_MM_BF16 && b->tiled)
+        snprintf(buf + at2, cap > at2 ? cap - at2 : 0, b->blas ? "; products of %d tokens or more on %s" :
+                 "; products of %d tokens or more on its own kernels (cuBLASLt: %s)", CU_BLAS_MIN_T, b->blas_what);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -695,6 +713,19 @@ static int64_t widest_out(const cuda_backend *b) {
     for (size_t i = 0; i < sizeof o / sizeof o[0]; i++)
         if (o[i] > w) w = o[i];
     return w;
+}
+
+/* the row-major copy cuBLASLt reads a launch's matrices from: the most elements of one
+ * launch's matrices side by side, each row padded to 32 columns (gate and up, q/k/v and the
+ * GDN input projections read the hidden state; down, out_proj and o_proj one matrix each);
+ * 0 where no product takes the library (`exact`, no library, steps of too few tokens) */
+static int64_t blas_wrm_elems(const cuda_backend *b, int64_t max_tokens) {
+    if (!b->blas || max_tokens < CU_BLAS_MIN_T) return 0;
+    const int64_t pad_d = (b->d + 31) / 32 * 32, in_w[] = {b->I, b->vd, (int64_t)b->nh * b->hd};
+    int64_t n = widest_out(b) * pad_d;
+    for (size_t i = 0; i < sizeof in_w / sizeof in_w[0]; i++)
+        if (b->d * ((in_w[i] + 31) / 32 * 32) > n) n = b->d * ((in_w[i] + 31) / 32 * 32);
+    return n;
 }
 
 /* k_wgmma_stream's scratch (bf16 products of few tokens, where the device runs wgmma): floats
@@ -874,6 +905,7 @@ static void cuda_ctx_plan(const st_backend *base, const st_ctx_params *p, st_ctx
     size_t floats = T * (size_t)(5 * b->d + w1 + w2 + w3 + b->Hv + wm + 2) + (size_t)LOGIT_CHUNK * (size_t)b->V;
     floats += (cu_split_elems(xs_tokens(p->max_tokens), b->tiled_cols) + 1) / 2;
     floats += cu_mm_part_elems(p->max_tokens, widest_out(b)) + ws_floats(b);
+    if (blas_wrm_elems(b, p->max_tokens)) floats += (size_t)(blas_wrm_elems(b, p->max_tokens) + 1) / 2 + CU_BLAS_WORKSPACE / 4;
     floats += cu_attn_split_floats(split_chunks(b, p), b->nh, b->hd);
     floats += cu_gdn_counts(b->Hk) + chunk_ws_floats(b, p) + (LOGIT_CHUNK * sizeof(cu_logit_top) + cu_logit_top_scratch(LOGIT_CHUNK, b->V)) / sizeof(float);
     if (b->world > 1) /* the logit slices and gathers (NCCL on the device, else through the host) */
@@ -891,7 +923,7 @@ static void cuda_ctx_destroy(st_bctx *base) {
     if (c->stream) cudaStreamSynchronize(c->stream);
     float *bufs[] = {c->x,   c->xn,   c->out, c->p1,   c->p2,   c->p3, c->p4, c->mix, c->gath,
                      c->gout, c->lg, c->small, (float *)c->mms.xs, c->mms.part, c->mms.wpart,
-                     (float *)c->mms.wcount, c->att_split, c->conv, c->rec, c->d_w, c->chunk_ws, (float *)c->gdn_count,
+                     (float *)c->mms.wcount, (float *)c->mms.wrm, (float *)c->mms.blas_ws, c->att_split, c->conv, c->rec, c->d_w, c->chunk_ws, (float *)c->gdn_count,
                      (float *)c->d_tops, (float *)c->d_top_scratch, c->lg_part, c->lg_all};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) cudaFree(bufs[i]);
@@ -920,6 +952,7 @@ static void cuda_ctx_destroy(st_bctx *base) {
             if (c->tev[i]) cudaEventDestroy(c->tev[i]);
     free(c->tev);
     free(c->tev_kind);
+    cu_blas_destroy(c->mms.blas);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
 }
@@ -963,6 +996,7 @@ static st_status cuda_ctx_create(st_backend *base, const st_ctx_params *p, st_bc
      * k_gemm: its summation order is the few-token kernels', so a token's bits do not depend
      * on the batch) */
     c->mms.tma_encode = b->mm_mode == CU_MM_BF16 && b->tiled ? cu_wgmma_available() : NULL;
+    c->mms.xs_elems = (int64_t)cu_split_elems(xs_tokens(T), b->tiled_cols);
     for (size_t i = 0; i < sizeof acts / sizeof acts[0] && st == ST_OK; i++) {
         st = dev_alloc(b, (size_t)acts[i].n * sizeof(float), (void **)acts[i].p, err);
         c->bytes += (size_t)acts[i].n * sizeof(float);
@@ -978,6 +1012,17 @@ static st_status cuda_ctx_create(st_backend *base, const st_ctx_params *p, st_bc
         c->mms.wpart_elems = (int64_t)cu_ws_part_elems();
         c->mms.wcount_n = counts;
         c->bytes += ws_floats(b) * sizeof(float);
+    }
+    /* cuBLASLt's handle, the row-major copy of a launch's matrices and the library's workspace */
+    if (st == ST_OK && blas_wrm_elems(b, T)) {
+        char why[300];
+        c->mms.blas = cu_blas_create(why, sizeof why);
+        if (!c->mms.blas) st = cu_error_set(err, ST_ERR_IO, "CUDA: %s", why);
+        c->mms.wrm_elems = blas_wrm_elems(b, T);
+        c->mms.blas_ws_bytes = CU_BLAS_WORKSPACE;
+        if (st == ST_OK) st = dev_alloc(b, (size_t)c->mms.wrm_elems * 2, (void **)&c->mms.wrm, err);
+        if (st == ST_OK) st = dev_alloc(b, CU_BLAS_WORKSPACE, &c->mms.blas_ws, err);
+        c->bytes += (size_t)c->mms.wrm_elems * 2 + CU_BLAS_WORKSPACE;
     }
     /* the all-reduces' and the logit gathers' buffers */
     if (st == ST_OK && b->world > 1) {

@@ -90,6 +90,15 @@ typedef struct cu_mm_scratch {
     int64_t wpart_elems;
     int32_t *wcount;
     int64_t wcount_n;
+    /* cuBLASLt (blas.h) for bf16-activation products of CU_BLAS_MIN_T tokens or more: its
+     * handle, a row-major copy of one tiled matrix at a time [wrm_elems] (matrices larger
+     * than it stay on k_wgmma) and the library's workspace [blas_ws_bytes]; NULL: k_wgmma */
+    struct cu_blas *blas;
+    uint16_t *wrm;
+    int64_t wrm_elems;
+    void *blas_ws;
+    size_t blas_ws_bytes;
+    int64_t xs_elems; /* xs's elements (cu_split_elems); 0: xs_tokens of three parts */
 } cu_mm_scratch;
 /* the fewest tokens a bf16-activation product takes k_wgmma_stream for, and the scratch it
  * needs: the pieces of up to CU_WS_BLOCKS blocks, a count for each row block of a launch
@@ -105,6 +114,10 @@ int cu_wgmma_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *c
                     const int64_t *ldy, const uint16_t *xs, int64_t ldxs, int64_t T);
 /* the fewest tokens a product takes k_wgmma for (`make mmv-bench; build/mmv_bench wg`) */
 #define CU_WGMMA_MIN_T 128
+/* the fewest tokens a product takes cuBLASLt for, where the scratch has it (each product
+ * first copies its matrix out of the tiled layout, which costs what reading and writing it
+ * once does: `build/mmv_bench blas` compares the two paths) */
+#define CU_BLAS_MIN_T 1024
 /* Hopper's warpgroup MMA (matmul_wgmma.cu, built for sm_90a): the tensor-map encoder the
  * products need when this device runs it (compute capability 9.0), else NULL. Once a device. */
 void *cu_wgmma_available(void);
@@ -132,6 +145,8 @@ static inline size_t cu_split_elems(int64_t T, int64_t cols) { return (size_t)(3
  * (src and dst in device memory) */
 size_t cu_tiled_elems(int64_t rows, int64_t cols);
 void cu_tile_bf16(cu_stream s, const uint16_t *src, int64_t rows, int64_t cols, uint16_t *dst);
+/* the reverse, into dst [rows][tiled_steps(cols) * 32] row-major (the products on cuBLASLt) */
+void cu_untile_bf16(cu_stream s, const uint16_t *src, int64_t rows, int64_t cols, uint16_t *dst);
 /* MLX affine, Q tiled (CU_FMT_Q_TILED; 4 or 8 bits, groups of 32, 64, 96 or 128 columns:
  * cu_q_tileable): the bytes of the values and the elements of the scales (and of the biases);
  * the tiling of a stored matrix (data [rows][cols*bits/8], scales and biases [rows][cols/group]

@@ -5,6 +5,7 @@
  * (any number, without the scratch), with their launchers; launch_tiled picks among them.
  */
 #include "backend/cuda/mm_int.cuh"
+#include "backend/cuda/blas.h"
 
 /* bf16 matrices on tensor cores (MM_SPLITS: mm_int.cuh)
  *
@@ -55,6 +56,22 @@ __global__ void k_tile(const uint16_t *src, int64_t rows, int64_t cols, uint16_t
 
 extern "C" void cu_tile_bf16(cu_stream s, const uint16_t *src, int64_t rows, int64_t cols, uint16_t *dst) {
     if (rows > 0 && cols > 0) k_tile<<<4096, 256, 0, s>>>(src, rows, cols, dst);
+}
+
+/* a thread per 8-element piece of the source (a (tile, step) is 16 rows of 32 columns, row
+ * by row): dst [rows][tiled_steps(cols) * 32], the padding columns' zeros too */
+__global__ void k_untile(const uint16_t *src, int64_t rows, int64_t cols, uint16_t *dst) {
+    const int64_t nsteps = tiled_steps(cols), nq = tiled_tiles(rows) * nsteps * 64, ld = nsteps * 32;
+    for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < nq; q += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t mk = q / 64, m = mk / nsteps, k = mk % nsteps;
+        const int p = (int)(q % 64); /* row p / 4 of the tile, columns 8 (p % 4) .. + 7 of the step */
+        const int64_t r = 16 * m + p / 4;
+        if (r < rows) *(uint4 *)(dst + r * ld + 32 * k + 8 * (p % 4)) = *(const uint4 *)(src + q * 8);
+    }
+}
+
+extern "C" void cu_untile_bf16(cu_stream s, const uint16_t *src, int64_t rows, int64_t cols, uint16_t *dst) {
+    if (rows > 0 && cols > 0) k_untile<<<4096, 256, 0, s>>>(src, rows, cols, dst);
 }
 
 /* The activations split once into bf16 parts for k_mmv: xs[p][n][c], c < ldxs (the width
@@ -759,9 +776,54 @@ static int launch_stream(cu_stream s, const mm_group &g, const uint16_t *xs, int
     return cu_wgmma_stream(s, sc, g.n, w, g.y, g.ldy, xs, ldxs, T);
 }
 
+/* matrix i of gs (its outputs from the slice's first token) times the n split tokens in
+ * sc->xs (bf16, one part): k_wgmma where the device runs it and the slice is long enough,
+ * else (or where it refuses the matrix) k_gemm */
+static void launch_one_bf16(cu_stream s, const mm_group &gs, int i, int64_t ldxs, int64_t n, const cu_mm_scratch *sc) {
+    if (sc->tma_encode && n >= CU_WGMMA_MIN_T &&
+        cu_wgmma_matmul(s, sc->tma_encode, &gs.w[i], sc->xs, ldxs, n, gs.y[i], gs.ldy[i]) == 0)
+        return;
+    mm_group one = gs;
+    one.n = 1, one.w[0] = gs.w[i], one.y[0] = gs.y[i], one.ldy[0] = gs.ldy[i], one.blk0[0] = 0;
+    launch_gemm_shape<1>(s, one, sc->xs, ldxs, n, sc);
+}
+
+/* bf16 activations on cuBLASLt: the group's matrices copied out of the tiled layout into
+ * sc->wrm side by side, then slices of as many tokens as xs holds in one part, each split
+ * once and multiplied by every matrix (a product the library refuses takes launch_one_bf16).
+ * 0, or -1 with nothing launched where it does not take the group (no library, too few
+ * tokens, matrices larger than the copy's scratch). */
+static int launch_blas(cu_stream s, const mm_group &g, const float *x, int64_t ldx, int64_t T, const cu_mm_scratch *sc) {
+    if (!sc->blas || !sc->wrm || !sc->blas_ws || T < CU_BLAS_MIN_T) return -1;
+    const int64_t cols = g.w[0].cols, ldxs = tiled_steps(cols) * 32;
+    int64_t at[4], need = 0;
+    for (int i = 0; i < g.n; i++) {
+        if (g.w[i].fmt != CU_FMT_BF16_TILED || g.w[i].cols != cols) return -1;
+        at[i] = need;
+        need += g.w[i].rows * ldxs;
+    }
+    if (need > sc->wrm_elems) return -1;
+    int64_t slice = sc->xs_elems > 0 ? sc->xs_elems / ldxs : sc->xs_tokens;
+    while (slice > 16 && 3 * slice * ldxs >= ((int64_t)1 << 31)) slice /= 2; /* k_gemm's 32-bit offsets (a refusal) */
+    if (slice < 16) return -1;
+    for (int i = 0; i < g.n; i++) cu_untile_bf16(s, (const uint16_t *)g.w[i].data, g.w[i].rows, cols, sc->wrm + at[i]);
+    for (int64_t t0 = 0; t0 < T; t0 += slice) {
+        const int64_t n = T - t0 < slice ? T - t0 : slice;
+        mm_group gs = g;
+        for (int i = 0; i < g.n; i++) gs.y[i] = g.y[i] + t0 * g.ldy[i];
+        launch_split(s, x + t0 * ldx, ldx, n, cols, sc->xs, ldxs, 1);
+        for (int i = 0; i < g.n; i++)
+            if (cu_blas_gemm(sc->blas, s, sc->wrm + at[i], ldxs, g.w[i].rows, cols, sc->xs, ldxs, n, gs.y[i], gs.ldy[i],
+                             sc->blas_ws, sc->blas_ws_bytes) != 0)
+                launch_one_bf16(s, gs, i, ldxs, n, sc);
+    }
+    return 0;
+}
+
 /* more than 16 tokens, in slices of at most sc->xs_tokens: split, then k_gemm */
 static void launch_gemm(cu_stream s, const mm_group &g, const float *x, int64_t ldx, int64_t T, int parts,
                         const cu_mm_scratch *sc) {
+    if (parts == 1 && launch_blas(s, g, x, ldx, T, sc) == 0) return;
     const int64_t ldxs = tiled_steps(g.w[0].cols) * 32;
     /* slices of xs_tokens (2,048) also in `bf16`, where xs could hold three times as many:
      * measured on the H200, an 8,192-token prompt's gate/up took 428 ms a launch each against
@@ -774,12 +836,7 @@ static void launch_gemm(cu_stream s, const mm_group &g, const float *x, int64_t 
         for (int i = 0; i < g.n; i++) gs.y[i] = g.y[i] + t0 * g.ldy[i];
         launch_split(s, x + t0 * ldx, ldx, n, g.w[0].cols, sc->xs, ldxs, parts);
         if (parts == 1 && sc->tma_encode && n >= CU_WGMMA_MIN_T) { /* Hopper: wgmma, a launch a matrix */
-            for (int i = 0; i < g.n; i++)
-                if (cu_wgmma_matmul(s, sc->tma_encode, &gs.w[i], sc->xs, ldxs, n, gs.y[i], gs.ldy[i]) != 0) {
-                    mm_group one = gs; /* refused: k_gemm */
-                    one.n = 1, one.w[0] = gs.w[i], one.y[0] = gs.y[i], one.ldy[0] = gs.ldy[i];
-                    launch_gemm_shape<1>(s, one, sc->xs, ldxs, n, sc);
-                }
+            for (int i = 0; i < g.n; i++) launch_one_bf16(s, gs, i, ldxs, n, sc);
             continue;
         }
         if (parts == 1 && launch_stream(s, gs, sc->xs, ldxs, n, sc) == 0) continue;

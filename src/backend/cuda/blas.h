@@ -1,0 +1,53 @@
+/* ==== cuBLASLt for the CUDA backend's many-token bf16 products (private to src/backend/cuda) ====
+ *
+ * libcublasLt (the CUDA toolkit's, .so.13 or .so.12) is opened at run time (dlopen), as NCCL
+ * is: the backend loads where it is not installed, and the products then stay on the
+ * backend's own kernels. It takes the `bf16` precision's products of many tokens (prefill),
+ * which are bound by the tensor cores, not by the bytes: bf16 weights row-major (the backend
+ * copies a tiled matrix out into a row-major scratch first), bf16 activations, fp32 sums and
+ * output, no epilogue. Its summation order is the library's (fixed for a shape, algorithm and
+ * GPU: the same bits run to run), not the few-token kernels'; `exact` never takes it.
+ *
+ * A handle holds the library's handle and a small cache of the algorithm picked for each
+ * shape (the heuristic query costs tens of microseconds on the host), bounded: CU_BLAS_CACHE
+ * shapes, the oldest replaced. One handle is used by one thread at a time (a context's). No
+ * call allocates device memory: the workspace is the caller's.
+ */
+#ifndef ST_BACKEND_CUDA_BLAS_H
+#define ST_BACKEND_CUDA_BLAS_H
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cu_blas cu_blas;
+
+/* the shapes whose algorithm a handle remembers */
+#define CU_BLAS_CACHE 32
+/* the workspace a product may use (the library's advice for Hopper: 32 MiB) */
+#define CU_BLAS_WORKSPACE ((size_t)32 << 20)
+
+/* A handle for the current device; NULL with the reason in why[cap] where the library cannot
+ * be opened or initialized. */
+cu_blas *cu_blas_create(char *why, size_t cap);
+void cu_blas_destroy(cu_blas *b);
+/* "cuBLASLt 13.1.0" */
+void cu_blas_describe(const cu_blas *b, char *buf, size_t cap);
+
+/* y[t*ldy + r] = sum_c w[r*ldw + c] xs[t*ldxs + c] for r < rows, t < T, c < cols: w and xs bf16
+ * (device), y fp32 (device; overwritten), enqueued on s with the workspace ws[ws_bytes]
+ * (device). 0, or -1 with nothing launched where the library takes no algorithm for the
+ * shape or fails (cu_blas_error says why); the caller then takes its own kernel. */
+int cu_blas_gemm(cu_blas *b, cudaStream_t s, const uint16_t *w, int64_t ldw, int64_t rows, int64_t cols,
+                 const uint16_t *xs, int64_t ldxs, int64_t T, float *y, int64_t ldy, void *ws, size_t ws_bytes);
+const char *cu_blas_error(const cu_blas *b);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ST_BACKEND_CUDA_BLAS_H */
