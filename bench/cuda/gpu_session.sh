@@ -3,7 +3,8 @@
 # this there): the GPU tests, the wgmma products against k_gemm, and `strand bench` on the
 # 27B shape in both precisions with each prefill's device time by operation. Logs go to
 # OUTDIR (default bench/out/gpu); a summary is printed last.
-#   bench/cuda/gpu_session.sh [OUTDIR] [tests|wg|bench|mlx|tp|vision|long|bw|prof ...]   (default: the first four)
+#   bench/cuda/gpu_session.sh [OUTDIR] [tests|wg|bench|mlx|blas|tp|vision|long|bw|prof ...]   (default: the first four)
+# blas: `mmv_bench blas`, the prefill products on cuBLASLt against the backend's own path;
 # tp: tests/test_cuda_tp.c with timestamps, and (with build/mpi from pack.sh --mpi) 2 ranks of
 # mpirun on this GPU against one process; vision: the tower's images/s; long: the 0.8B shape's
 # 210,668 -> 243,192-token prefix scenario; bw: `mmv_bench bw` (the read ceiling by way of
@@ -23,6 +24,16 @@ mkdir -p "$O"
 S=build/strand
 has() { case " $parts " in *" $1 "*) return 0 ;; esac; return 1; }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv >"$O/smi.txt" 2>&1
+# cuBLASLt (the prefill products' library, opened at run time): where the loader does not
+# find it, the CUDA toolkit's or a Python wheel's copy
+if ! ldconfig -p 2>/dev/null | grep -q 'libcublasLt.so.1[23]'; then
+    lt=$(find /usr/local /usr/lib /opt -name 'libcublasLt.so.1[23]*' 2>/dev/null | head -1)
+    [ -n "$lt" ] && export LD_LIBRARY_PATH=$(dirname "$lt")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+if has blas; then
+    timeout 300 build/mmv_bench blas 10 >"$O/blas.txt" 2>&1
+    cat "$O/blas.txt"
+fi
 if has wg; then
     timeout 120 build/mmv_bench wg 10 >"$O/wg.txt" 2>&1
     cat "$O/wg.txt"

@@ -117,7 +117,9 @@ int cu_wgmma_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *c
 /* the fewest tokens a product takes cuBLASLt for, where the scratch has it (each product
  * first copies its matrix out of the tiled layout, which costs what reading and writing it
  * once does: `build/mmv_bench blas` compares the two paths) */
+#ifndef CU_BLAS_MIN_T
 #define CU_BLAS_MIN_T 1024
+#endif
 /* Hopper's warpgroup MMA (matmul_wgmma.cu, built for sm_90a): the tensor-map encoder the
  * products need when this device runs it (compute capability 9.0), else NULL. Once a device. */
 void *cu_wgmma_available(void);
@@ -193,7 +195,11 @@ typedef struct cu_gdn_args {
      * inside the rule; NULL: the conv on its own */
     int32_t *counts;
 } cu_gdn_args;
-#define CU_GDN_DEC_FUSED_MAX 16 /* decode steps of up to this many items: the rule's fused kernels */
+/* decode steps of up to this many items: the rule's fused kernels (a build may set it,
+ * -DCU_GDN_DEC_FUSED_MAX=64 for gdn.cu and cuda_backend.c, to compare in the model) */
+#ifndef CU_GDN_DEC_FUSED_MAX
+#define CU_GDN_DEC_FUSED_MAX 16
+#endif
 static inline size_t cu_gdn_counts(int Hk) { return (size_t)CU_GDN_DEC_FUSED_MAX * (size_t)Hk; }
 /* 1 when it left mix's split in a->xs, 0 when not */
 int cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int max_item_tokens);
