@@ -773,8 +773,10 @@ static void launch_bufs_free(launch_bufs &b) {
  * (k_mmvp up to 8 tokens, k_mmv to 16, k_gemm beyond), on the 27B launches (gate and up
  * together, the four GDN in-projections, q/k/v) and odd shapes: agreement (as `wg`: every
  * output written, within 4e-9 times the columns of the largest output), and the same for its
- * variant of two row blocks a unit (up to 64 tokens, 200 KB of stages a block: each step of the
- * activations read once for twice the weights; not yet the backend's), GB/s of weights of each
+ * variant on clusters of two blocks (the pair's two row blocks at the same stages, each
+ * stage's activations read from L2 once for both by TMA multicast; not yet the backend's;
+ * the variant of two row blocks a block it replaces measured 17.3 against 16.5 ms at 64
+ * tokens), GB/s of weights of each
  * (the weights rotated over copies past the L2), and one 27B token's matrices summed against
  * the copy-bandwidth floor ---- */
 static int wsbench(int reps, const char *tlist) {
@@ -796,11 +798,11 @@ static int wsbench(int reps, const char *tlist) {
     const int64_t TM = 128;
     int bad = 0;
     std::vector<double> t_old(Ts.size(), 0.0), t_ws(Ts.size(), 0.0), t_big(Ts.size(), 0.0);
-    if (ws_attrs<200, 2>() != 0) return 1;
+    if (ws_attrs<WS_KB, 2>() != 0) return 1;
     float *wpart, *part;
     int32_t *wcount;
     const int64_t counts = cu_ws_counts(248320);
-    CK(cudaMalloc(&wpart, 2 * cu_ws_part_elems() * 4)); /* two row blocks' pieces a block */
+    CK(cudaMalloc(&wpart, cu_ws_part_elems() * 4));
     CK(cudaMalloc(&wcount, counts * 4));
     CK(cudaMemset(wcount, 0, counts * 4));
     CK(cudaMalloc(&part, cu_mm_part_elems(64, 248320) * 4));
@@ -808,7 +810,7 @@ static int wsbench(int reps, const char *tlist) {
     const cu_mm_scratch sc_old = {NULL, TM, part, (int64_t)cu_mm_part_elems(64, 248320), NULL, NULL, 0, NULL, 0};
     printf("bf16 products of few tokens: k_wgmma_stream against the backend's other path; GB/s of weights;\n"
            "err = max |stream - other| / max |other|\n");
-    printf("%-9s %4s %10s %10s %10s %10s %10s\n", "launch", "T", "other", "stream", "2 blocks", "err", "err 2");
+    printf("%-9s %4s %10s %10s %10s %10s %10s\n", "launch", "T", "other", "stream", "cluster", "err", "err cl");
     for (const dec_launch &gr : groups) {
         launch_bufs lb = launch_bufs_make(s, gr, TM, 3);
         const size_t bytes = lb.bytes;
@@ -819,7 +821,7 @@ static int wsbench(int reps, const char *tlist) {
         uint16_t *xs = lb.xs;
         cu_mm_scratch sc_old_x = sc_old, sc = sc_old;
         sc_old_x.xs = xs;
-        sc.xs = xs, sc.tma_encode = enc, sc.wpart = wpart, sc.wpart_elems = 2 * (int64_t)cu_ws_part_elems();
+        sc.xs = xs, sc.tma_encode = enc, sc.wpart = wpart, sc.wpart_elems = (int64_t)cu_ws_part_elems();
         sc.wcount = wcount, sc.wcount_n = counts;
         const int64_t ldxs = tiled_steps(gr.cols) * 32;
         auto group_of = [&](int c, const std::vector<float *> &out) {
@@ -831,12 +833,12 @@ static int wsbench(int reps, const char *tlist) {
             }
             return g;
         };
-        /* two: units of two row blocks a stage, in 200 KB a block (not the backend's: measured here first) */
+        /* two: clusters of two blocks sharing each stage's activations (not the backend's: measured here first) */
         auto stream = [&](int c, const std::vector<float *> &out, int64_t T, bool two = false) {
             const mm_group g = group_of(c, out);
             const cu_mat *w[4];
             for (int i = 0; i < gr.n; i++) w[i] = &g.w[i];
-            return two ? ws_stream<200, 2>(s, &sc, g.n, w, g.y, g.ldy, xs, ldxs, T)
+            return two ? ws_stream<WS_KB, 2>(s, &sc, g.n, w, g.y, g.ldy, xs, ldxs, T)
                        : cu_wgmma_stream(s, &sc, g.n, w, g.y, g.ldy, xs, ldxs, T);
         };
         for (size_t ti = 0; ti < Ts.size(); ti++) {
@@ -848,7 +850,7 @@ static int wsbench(int reps, const char *tlist) {
                 CK(cudaMemsetAsync(y[i], 0xff, T * gr.rows[i] * 4, s)); /* NaN: an output never written stays one */
                 CK(cudaMemsetAsync(y2[i], 0xff, T * gr.rows[i] * 4, s));
             }
-            const bool two = T <= 64; /* the two-row-block variant takes up to 64 tokens */
+            const bool two = true;
             if (stream(0, y, T) != 0 || (two && stream(0, y2, T, true) != 0)) {
                 printf("%-9s %4lld refused\n", gr.name, (long long)T);
                 bad++;
@@ -888,7 +890,7 @@ static int wsbench(int reps, const char *tlist) {
         launch_bufs_free(lb);
     }
     printf("\none 27B token's matrices, summed: ms (%% of the copy-bandwidth floor, 51.2 GB)\n");
-    printf("%4s %18s %18s %18s\n", "T", "other", "stream", "stream, 2 blocks");
+    printf("%4s %18s %18s %18s\n", "T", "other", "stream", "stream, clusters");
     for (size_t ti = 0; ti < Ts.size(); ti++)
         if (t_old[ti] > 0)
             printf("%4lld %9.2f (%5.1f%%) %9.2f (%5.1f%%) %9.2f (%5.1f%%)\n", (long long)Ts[ti], t_old[ti] * 1e3,

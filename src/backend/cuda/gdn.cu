@@ -309,10 +309,11 @@ __global__ void __launch_bounds__(32 * GDN_WARPS) k_gdn_recur(cu_plan p, cu_gdn_
  * read what no kernel right before them writes (the state, the windows, the weights) before
  * their PDL wait: the rule's state only they write, a whole layer before.
  * The count's atomic is issued as soon as the block's windows are used, and its answer read
- * only at the end, where the last block writes its q and k windows (kept in shared memory
- * until then), so that its round trip is not on the rule's chain.
- * Shared memory: [Dv] the head's outputs; FUSED 2 then q [Dk], k [Dk], v [Dv] and the q and
- * k channels' next windows [3][2 Dk] (gdn_dec_conv_smem). */
+ * only at the end, where the block writes its channels' next windows (kept in shared memory
+ * until then: v's always, q's and k's where it is the last), so that its round trip is not
+ * on the rule's chain.
+ * Shared memory: [Dv] the head's outputs; FUSED 2 then q [Dk], k [Dk], v [Dv] and the
+ * channels' next windows [3][2 Dk + Dv] (gdn_dec_conv_smem). */
 #define GDN_DEC_COLS (16 * GDN_WARPS)
 #define GDN_DEC_MAX_DV 256
 #define GDN_DEC_MAX_RP 16  /* FUSED: key dims up to 128 (more rows a lane spill under its 128 registers) */
@@ -364,7 +365,8 @@ __global__ void __launch_bounds__(FUSED ? 32 * GDN_DEC_MAX_DV / 16 : 32 * GDN_WA
     const int ratio = a.Hv / a.Hk; /* FUSED 2: value heads a key head */
     int seen = ratio - 1;          /* FUSED 2, thread 0: the blocks of the key head counted before this one */
     __shared__ int last;
-    float *qkw = cv + Dv; /* FUSED 2: the q and k channels' next windows [3][2 Dk], for the end */
+    const int C = 2 * Dk + Dv; /* FUSED 2: the block's channels */
+    float *nwin = cv + Dv;     /* FUSED 2: their next windows [3][C], written at the end */
     if constexpr (FUSED == 2) {
         float xin[GDN_CONV_PER];
 #pragma unroll
@@ -377,21 +379,16 @@ __global__ void __launch_bounds__(FUSED ? 32 * GDN_DEC_MAX_DV / 16 : 32 * GDN_WA
             const int j = threadIdx.x + u * blockDim.x;
             if (j < 2 * Dk + Dv) cq[j] = conv4_one(win[u], tap[u], xin[u]); /* cq, ck, cv are one run */
         }
-        /* the block's windows are read (their values used) and its inputs in: its v channels'
-         * windows move on now, and thread 0 counts the block in; the key head's last block to
-         * count itself moves its q and k windows on (and leaves the count at 0), at the end
-         * (the count's round trip off the rule's chain) */
+        /* the block's windows are read (their values used) and its inputs in: thread 0 counts
+         * the block in; the next windows wait in shared memory for the end, where the v
+         * channels' move on and, in the key head's last block to count itself, the q and k
+         * channels' (the count's round trip off the rule's chain) */
         __syncthreads();
         if (threadIdx.x == 0 && ratio > 1) seen = atomicAdd(a.counts + it * a.Hk + g, 1);
-        float *ws = a.conv_state + (size_t)slot * a.conv_stride;
 #pragma unroll
         for (int u = 0; u < GDN_CONV_PER; u++) {
             const int j = threadIdx.x + u * blockDim.x;
-            if (j >= 2 * Dk && j < 2 * Dk + Dv) {
-                const int64_t ch = conv_ch(j);
-                ws[ch] = win[u][1], ws[a.cd + ch] = win[u][2], ws[2 * a.cd + ch] = xin[u];
-            } else if (j < 2 * Dk)
-                qkw[j] = win[u][1], qkw[2 * Dk + j] = win[u][2], qkw[4 * Dk + j] = xin[u];
+            if (j < C) nwin[j] = win[u][1], nwin[C + j] = win[u][2], nwin[2 * C + j] = xin[u];
         }
         qr = cq, kr = ck;
     }
@@ -438,18 +435,17 @@ __global__ void __launch_bounds__(FUSED ? 32 * GDN_DEC_MAX_DV / 16 : 32 * GDN_WA
             if (a.xs) put_parts(a.xs, a.parts, (int64_t)p.n_tokens * a.vd, t * a.vd + (int64_t)h * Dv + r, y);
         }
     }
-    if constexpr (FUSED == 2) /* the key head's last block: its q and k windows */
-        if (last) {
-            float *ws = a.conv_state + (size_t)slot * a.conv_stride;
-            for (int j = threadIdx.x; j < 2 * Dk; j += blockDim.x) {
-                const int64_t ch = conv_ch(j);
-                ws[ch] = qkw[j], ws[a.cd + ch] = qkw[2 * Dk + j], ws[2 * a.cd + ch] = qkw[4 * Dk + j];
-            }
+    if constexpr (FUSED == 2) { /* the next windows: the v channels', and the key head's last block its q and k */
+        float *ws = a.conv_state + (size_t)slot * a.conv_stride;
+        for (int j = last ? threadIdx.x : 2 * Dk + threadIdx.x; j < C; j += blockDim.x) {
+            const int64_t ch = conv_ch(j);
+            ws[ch] = nwin[j], ws[a.cd + ch] = nwin[C + j], ws[2 * a.cd + ch] = nwin[2 * C + j];
         }
+    }
 }
 
-/* k_gdn_dec<., 2>'s shared memory: outputs [Dv], q, k [Dk], v [Dv], the q and k windows [3][2 Dk] */
-static size_t gdn_dec_conv_smem(int Dk, int Dv) { return (size_t)(2 * Dv + 8 * Dk) * sizeof(float); }
+/* k_gdn_dec<., 2>'s shared memory: outputs [Dv], q, k [Dk], v [Dv], the next windows [3][2 Dk + Dv] */
+static size_t gdn_dec_conv_smem(int Dk, int Dv) { return (size_t)(5 * Dv + 8 * Dk) * sizeof(float); }
 
 /* gated RMSNorm: norm(o) * w * silu(z), a warp per (token, value head) */
 __global__ void k_gdn_gnorm(cu_gdn_args a) {

@@ -304,28 +304,34 @@ __device__ __forceinline__ void ws_wgmma(float (&d)[64], uint64_t da, uint64_t d
 /* the stages' shared memory a block, KB: small enough that a block of the next launch fits
  * beside one of this (it starts while this one drains; `mmv_bench ws` compares 200) */
 #define WS_KB 110
-/* RB: the row blocks of a unit (1: the backend's; 2: mmv_bench ws's variant, whose stages
- * read each step of the activations once for two row blocks of weights: at 64 tokens the
- * activations are half the bytes of a row block's weights, and the L2 was the bound) */
-template <int BN, int KB, int RB = 1>
+template <int BN, int KB>
 struct ws_shape {
-    static constexpr int B_STEP = BN * 64;                        /* one step of the activations */
-    static constexpr int STAGE = RB * 2 * WG_A_STEP + 2 * B_STEP; /* two steps of both */
+    static constexpr int B_STEP = BN * 64;                   /* one step of the activations */
+    static constexpr int STAGE = 2 * WG_A_STEP + 2 * B_STEP; /* two steps of both */
     static constexpr int STAGES = KB * 1024 / STAGE > 12 ? 12 : KB * 1024 / STAGE;
     static constexpr int SMEM = STAGES * STAGE + 1024 + 2 * STAGES * 8;
     static constexpr int ACC = BN / 2; /* a consumer thread's accumulators */
 };
 
+/* CL: the blocks of a cluster (1: the backend's; 2: mmv_bench ws's variant). With 2, a unit is
+ * (pair of row blocks, stage): the cluster's two blocks take the pair's row blocks (block q
+ * of the cluster row block 2 p + q) at the same stages, and each stage's activations are read
+ * once for both, each block loading one of its two steps into both blocks' shared memory (TMA
+ * multicast): at 64 tokens the activations are half the bytes of a row block's weights, and
+ * the L2 was the bound. A stage is refilled once both blocks' consumers have freed it (each
+ * consumer warp arrives on both blocks' "empty" barriers), and neither block leaves before the
+ * other (a cluster barrier at the end). Rows of a pair's second row block past its matrix
+ * read zeros and are never written. */
 struct ws_args {
     int n;                   /* matrices */
     int nk;                  /* stages of a row block (the steps / 2) */
-    int64_t per, units;      /* units a block; all the launch's */
+    int64_t per, units;      /* units a cluster (CL 1: a block); all the launch's */
     int64_t T;
-    int64_t rb0[WS_MATS + 1]; /* each matrix's first row block; rb0[n]: all */
+    int64_t rb0[WS_MATS + 1]; /* each matrix's first row block (CL 2: pair); rb0[n]: all */
     int64_t rows[WS_MATS], ldy[WS_MATS];
     float *y[WS_MATS];
     float *part;             /* [blocks][2][ACC][256] */
-    int32_t *count;          /* [rb0[n]], 0 between launches */
+    int32_t *count;          /* [CL rb0[n]] (row block 2 p + q of pair p: CL p + q), 0 between launches */
 };
 struct ws_maps {
     CUtensorMap w[WS_MATS];
@@ -337,7 +343,7 @@ __device__ __forceinline__ void ws_griddep_wait() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
-/* the matrix of global row block R, and R within it */
+/* the matrix of global row block (CL 2: pair) R, and R within it */
 __device__ __forceinline__ int ws_mat(const ws_args &a, int64_t R, int64_t *r) {
     int i = 0;
 #pragma unroll
@@ -347,24 +353,57 @@ __device__ __forceinline__ int ws_mat(const ws_args &a, int64_t R, int64_t *r) {
     return i;
 }
 
-template <int BN, int KB, int RB = 1>
+/* clusters: this block's rank, a barrier of every thread of the cluster, an arrival on the
+ * barrier at the same place in block cta's shared memory, and a 2-D TMA load written into the
+ * shared memory of every block of `mask` (at dst's place in each), completing on each one's
+ * barrier at bar's place */
+__device__ __forceinline__ uint32_t ws_cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void ws_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\n"
+                 "barrier.cluster.wait.acquire;" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive_at(uint32_t bar, uint32_t cta) {
+    asm volatile("{\n"
+                 ".reg .b32 ra;\n"
+                 "mapa.shared::cluster.u32 ra, %0, %1;\n"
+                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n"
+                 "}\n" ::"r"(bar),
+                 "r"(cta)
+                 : "memory");
+}
+__device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar,
+                                               uint16_t mask) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
+                 "[%1, {%2, %3}], [%4], %5;" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
+                 : "memory");
+}
+
+template <int BN, int KB, int CL = 1>
 __global__ void __launch_bounds__(WS_THREADS, 1) k_wgmma_stream(const __grid_constant__ ws_maps maps, const ws_args a) {
-    typedef ws_shape<BN, KB, RB> S;
+    typedef ws_shape<BN, KB> S;
     extern __shared__ uint8_t wg_raw[];
     __shared__ int ws_last;
     const uint32_t base = (smem_u32(wg_raw) + 1023u) & ~1023u;
     const uint32_t full = base + S::STAGES * S::STAGE, empty = full + S::STAGES * 8;
     const int tid = threadIdx.x;
-    const int64_t u0 = (int64_t)blockIdx.x * a.per;
+    const int q = CL > 1 ? (int)ws_cluster_rank() : 0; /* the block's row block of a pair */
+    const int64_t cl = (int64_t)blockIdx.x / CL;      /* the cluster (CL 1: the block) */
+    const int64_t u0 = cl * a.per;
     const int nu = (int)(a.units - u0 < a.per ? a.units - u0 : a.per);
     if (tid == 0) {
         for (int s = 0; s < S::STAGES; s++) {
             mbar_init(full + 8 * s, 1);
-            mbar_init(empty + 8 * s, 8); /* a consumer warp's lane 0 each */
+            mbar_init(empty + 8 * s, 8 * CL); /* a consumer warp's lane 0 each, of each block of the cluster */
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-    __syncthreads();
+    if constexpr (CL > 1) ws_cluster_sync(); /* the other block's barriers are ready before anything reaches them */
+    else __syncthreads();
     if (tid >= 256) { /* the producer */
         if (tid == 256) {
             auto load_w = [&](int i) {
@@ -373,16 +412,17 @@ __global__ void __launch_bounds__(WS_THREADS, 1) k_wgmma_stream(const __grid_con
                 int64_t r;
                 const int m = ws_mat(a, R, &r);
                 const uint32_t st = base + s * S::STAGE;
-                /* (RB 2: a matrix's last row block past its rows reads zeros) */
-                for (int j = 0; j < RB; j++)
-                    for (int h = 0; h < 2; h++)
-                        tma_load_4d(st + (2 * j + h) * WG_A_STEP, &maps.w[m], 0, 0, 2 * k + h,
-                                    (int)((r * RB + j) * (WG_BM / 16)), full + 8 * s);
+                for (int h = 0; h < 2; h++)
+                    tma_load_4d(st + h * WG_A_STEP, &maps.w[m], 0, 0, 2 * k + h, (int)((r * CL + q) * (WG_BM / 16)),
+                                full + 8 * s);
             };
             auto load_x = [&](int i) {
                 const int k = (int)((u0 + i) % a.nk), s = i % S::STAGES;
-                const uint32_t st = base + s * S::STAGE + RB * 2 * WG_A_STEP;
-                for (int h = 0; h < 2; h++) tma_load_2d(st + h * S::B_STEP, &maps.x, 32 * (2 * k + h), 0, full + 8 * s);
+                const uint32_t st = base + s * S::STAGE + 2 * WG_A_STEP;
+                if constexpr (CL > 1) /* step q of the stage, to both blocks */
+                    tma_load_2d_mc(st + q * S::B_STEP, &maps.x, 32 * (2 * k + q), 0, full + 8 * s, (uint16_t)3);
+                else
+                    for (int h = 0; h < 2; h++) tma_load_2d(st + h * S::B_STEP, &maps.x, 32 * (2 * k + h), 0, full + 8 * s);
             };
             /* the first stages' weights go out before the predecessor is done (they never
              * change); its activations after */
@@ -401,119 +441,99 @@ __global__ void __launch_bounds__(WS_THREADS, 1) k_wgmma_stream(const __grid_con
                 load_x(i);
             }
         }
-        return;
-    }
-    ws_griddep_wait(); /* y, part and count are the predecessors' until they are done */
-    const int c = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
-    float d[RB][S::ACC]; /* row block j of the unit's */
+    } else { /* the consumers */
+        ws_griddep_wait(); /* y, part and count are the predecessors' until they are done */
+        const int c = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
+        float d[S::ACC];
 #pragma unroll
-    for (int j = 0; j < RB; j++)
+        for (int i = 0; i < S::ACC; i++) d[i] = 0.0f;
+        for (int i = 0; i < nu; i++) {
+            const int s = i % S::STAGES;
+            mbar_wait(full + 8 * s, (i / S::STAGES) & 1);
+            const uint32_t st = base + s * S::STAGE;
 #pragma unroll
-        for (int i = 0; i < S::ACC; i++) d[j][i] = 0.0f;
-    for (int i = 0; i < nu; i++) {
-        const int s = i % S::STAGES;
-        mbar_wait(full + 8 * s, (i / S::STAGES) & 1);
-        const uint32_t st = base + s * S::STAGE;
-#pragma unroll
-        for (int j = 0; j < RB; j++)
-#pragma unroll
-            for (int q = 0; q < S::ACC; q++) asm volatile("" : "+f"(d[j][q])::"memory");
-        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-        for (int j = 0; j < RB; j++)
+            for (int e = 0; e < S::ACC; e++) asm volatile("" : "+f"(d[e])::"memory");
+            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
             for (int h = 0; h < 2; h++)
 #pragma unroll
                 for (int kk = 0; kk < 2; kk++)
-                    ws_wgmma(d[j], wg_desc(st + (2 * j + h) * WG_A_STEP + c * (64 * 64) + 32 * kk),
-                             wg_desc(st + RB * 2 * WG_A_STEP + h * S::B_STEP + 32 * kk));
-        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+                    ws_wgmma(d, wg_desc(st + h * WG_A_STEP + c * (64 * 64) + 32 * kk),
+                             wg_desc(st + 2 * WG_A_STEP + h * S::B_STEP + 32 * kk));
+            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+            asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
-        for (int j = 0; j < RB; j++)
-#pragma unroll
-            for (int q = 0; q < S::ACC; q++) asm volatile("" : "+f"(d[j][q])::"memory");
-        if (lane == 0) mbar_arrive(empty + 8 * s);
-        const int64_t u = u0 + i, R = u / a.nk;
-        if (u % a.nk != a.nk - 1 && i != nu - 1) continue;
-        /* row block R (RB > 1: the unit's group R of row blocks) is done here: out, or a piece of it */
-        int64_t r;
-        const int m = ws_mat(a, R, &r);
-        const int64_t b0 = R * a.nk / a.per, b1 = (R * a.nk + a.nk - 1) / a.per;
-        const int64_t rows = a.rows[m], ldy = a.ldy[m];
-        float *const y = a.y[m];
-        if (b0 != b1) {
-            const int me = blockIdx.x;
-            /* a block's slot for R: 0 where R is the first row block of its range */
-            auto piece = [&](int64_t b) {
-                const int slot = b * a.per / a.nk == R ? 0 : 1;
-                return a.part + ((size_t)(2 * b + slot) * RB * S::ACC) * 256 + tid;
-            };
-            float *pp = piece(me);
-#pragma unroll
-            for (int j = 0; j < RB; j++)
-#pragma unroll
-                for (int q = 0; q < S::ACC; q++) pp[(j * S::ACC + q) * 256] = d[j][q];
-            __threadfence();
-            asm volatile("bar.sync 1, 256;" ::: "memory");
-            if (tid == 0) {
-                const int last = atomicAdd(&a.count[R], 1) == (int)(b1 - b0);
-                if (last) a.count[R] = 0; /* every piece is in: for the next launch */
-                ws_last = last;
+            for (int e = 0; e < S::ACC; e++) asm volatile("" : "+f"(d[e])::"memory");
+            if (lane == 0) {
+                mbar_arrive(empty + 8 * s);
+                if constexpr (CL > 1) mbar_arrive_at(empty + 8 * s, (uint32_t)(q ^ 1));
             }
-            asm volatile("bar.sync 1, 256;" ::: "memory");
-            const int last = ws_last;
-            if (!last) {
+            const int64_t u = u0 + i, R = u / a.nk;
+            if (u % a.nk != a.nk - 1 && i != nu - 1) continue;
+            /* this block's row block of unit R's (CL 2: of pair R's) is done here: out, or a piece of it */
+            int64_t r;
+            const int m = ws_mat(a, R, &r);
+            const int64_t b0 = R * a.nk / a.per, b1 = (R * a.nk + a.nk - 1) / a.per; /* the clusters sharing it */
+            const int64_t rows = a.rows[m], ldy = a.ldy[m], cnt = R * CL + q;
+            float *const y = a.y[m];
+            if (b0 != b1) {
+                /* cluster b's piece of it: slot 0 where it is the first of b's range */
+                auto piece = [&](int64_t b) {
+                    const int slot = b * a.per / a.nk == R ? 0 : 1;
+                    return a.part + ((size_t)(2 * (b * CL + q) + slot) * S::ACC) * 256 + tid;
+                };
+                float *pp = piece(cl);
 #pragma unroll
-                for (int j = 0; j < RB; j++)
+                for (int e = 0; e < S::ACC; e++) pp[e * 256] = d[e];
+                __threadfence();
+                asm volatile("bar.sync 1, 256;" ::: "memory");
+                if (tid == 0) {
+                    const int last = atomicAdd(&a.count[cnt], 1) == (int)(b1 - b0);
+                    if (last) a.count[cnt] = 0; /* every piece is in: for the next launch */
+                    ws_last = last;
+                }
+                asm volatile("bar.sync 1, 256;" ::: "memory");
+                const int last = ws_last;
 #pragma unroll
-                    for (int q = 0; q < S::ACC; q++) d[j][q] = 0.0f;
-                continue;
+                for (int e = 0; e < S::ACC; e++) d[e] = 0.0f;
+                if (!last) continue;
+                __threadfence();
+                for (int64_t b = b0; b <= b1; b++) { /* this cluster's own piece too, as it left it */
+                    const float *o = piece(b);
+#pragma unroll
+                    for (int e = 0; e < S::ACC; e++) d[e] += __ldcg(o + e * 256);
+                }
             }
-            __threadfence();
-#pragma unroll
-            for (int j = 0; j < RB; j++)
-#pragma unroll
-                for (int q = 0; q < S::ACC; q++) d[j][q] = 0.0f;
-            for (int64_t b = b0; b <= b1; b++) { /* this block's own piece too, as it left it */
-                const float *o = piece(b);
-#pragma unroll
-                for (int j = 0; j < RB; j++)
-#pragma unroll
-                    for (int q = 0; q < S::ACC; q++) d[j][q] += __ldcg(o + (j * S::ACC + q) * 256);
-            }
-        }
-        /* d[j][4jj + e]: row 16 warp + g (+ 8 for e >= 2) of row block r RB + j, token 8jj + 2t + (e & 1) */
-#pragma unroll
-        for (int j = 0; j < RB; j++) {
-            const int64_t row0 = (r * RB + j) * WG_BM + c * 64 + warp * 16 + g;
+            /* d[4jj + e]: row 16 warp + g (+ 8 for e >= 2) of the row block, token 8jj + 2t + (e & 1) */
+            const int64_t row0 = (r * CL + q) * WG_BM + c * 64 + warp * 16 + g;
 #pragma unroll
             for (int jj = 0; jj < S::ACC / 4; jj++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int64_t rr = row0 + (e >= 2 ? 8 : 0), n = 8 * jj + 2 * t + (e & 1);
-                    if (rr < rows && n < a.T) y[n * ldy + rr] = d[j][4 * jj + e];
-                    d[j][4 * jj + e] = 0.0f;
+                    if (rr < rows && n < a.T) y[n * ldy + rr] = d[4 * jj + e];
+                    d[4 * jj + e] = 0.0f;
                 }
         }
     }
+    /* CL 2: no block leaves while the other may still load into its stages or arrive on its barriers */
+    if constexpr (CL > 1) ws_cluster_sync();
 }
 
 typedef CUresult (*tmap_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
                                    const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
-template <int BN, int KB, int RB>
+template <int BN, int KB, int CL>
 static int ws_attr() {
-    const cudaError_t e = cudaFuncSetAttribute(k_wgmma_stream<BN, KB, RB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               ws_shape<BN, KB, RB>::SMEM);
+    const cudaError_t e = cudaFuncSetAttribute(k_wgmma_stream<BN, KB, CL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               ws_shape<BN, KB>::SMEM);
     return e == cudaSuccess ? 0 : -1;
 }
-template <int KB, int RB = 1>
+template <int KB, int CL = 1>
 static int ws_attrs() {
-    if (ws_attr<8, KB, RB>() || ws_attr<16, KB, RB>() || ws_attr<32, KB, RB>() || ws_attr<64, KB, RB>()) return -1;
-    if constexpr (RB > 1) return 0; /* (ws_stream takes 64 tokens at most) */
-    else return ws_attr<128, KB, RB>();
+    if (ws_attr<8, KB, CL>() || ws_attr<16, KB, CL>() || ws_attr<32, KB, CL>() || ws_attr<64, KB, CL>()) return -1;
+    return ws_attr<128, KB, CL>();
 }
 
 extern "C" void *cu_wgmma_available(void) {
@@ -580,19 +600,34 @@ extern "C" int cu_wgmma_matmul(cu_stream s, void *encode, const cu_mat *w, const
     return cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
 
-template <int BN, int KB, int RB>
+template <int BN, int KB, int CL>
 static int ws_launch(cu_stream s, const ws_maps &maps, const ws_args &a, int64_t blocks) {
-    launch_pdl(k_wgmma_stream<BN, KB, RB>, dim3((unsigned)blocks), dim3(WS_THREADS), (size_t)ws_shape<BN, KB, RB>::SMEM, s,
-               maps, a);
+    if constexpr (CL == 1)
+        launch_pdl(k_wgmma_stream<BN, KB, CL>, dim3((unsigned)blocks), dim3(WS_THREADS), (size_t)ws_shape<BN, KB>::SMEM, s,
+                   maps, a);
+    else {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3((unsigned)blocks);
+        cfg.blockDim = dim3(WS_THREADS);
+        cfg.dynamicSmemBytes = (size_t)ws_shape<BN, KB>::SMEM;
+        cfg.stream = s;
+        cudaLaunchAttribute at[2];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = CL, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+        at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[1].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = CU_PDL ? 2 : 1;
+        cudaLaunchKernelEx(&cfg, k_wgmma_stream<BN, KB, CL>, maps, a);
+    }
     return cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
 
-/* (RB 2 takes up to 64 tokens: 128 tokens' accumulators of two row blocks outgrow the registers) */
-template <int KB, int RB = 1>
+template <int KB, int CL = 1>
 static int ws_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *const *w, float *const *y,
                      const int64_t *ldy, const uint16_t *xs, int64_t ldxs, int64_t T) {
     const tmap_encode_fn enc = sc ? (tmap_encode_fn)sc->tma_encode : NULL;
-    if (!enc || !sc->wpart || !sc->wcount || n < 1 || n > WS_MATS || T < 1 || T > (RB > 1 ? 64 : 128) || ldxs % 32 != 0 ||
+    if (!enc || !sc->wpart || !sc->wcount || n < 1 || n > WS_MATS || T < 1 || T > 128 || ldxs % 32 != 0 ||
         ((uintptr_t)xs & 15))
         return -1;
     const int bn = T <= 8 ? 8 : T <= 16 ? 16 : T <= 32 ? 32 : T <= 64 ? 64 : 128;
@@ -607,30 +642,30 @@ static int ws_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *
     for (int i = 0; i < n; i++) {
         if (!wg_takes(w[i]) || w[i]->cols != w[0]->cols || wg_map_w(enc, w[i], &maps.w[i]) != 0) return -1;
         a.rb0[i] = R;
-        R += ((w[i]->rows + WG_BM - 1) / WG_BM + RB - 1) / RB;
+        R += ((w[i]->rows + WG_BM - 1) / WG_BM + CL - 1) / CL; /* row blocks (CL 2: pairs) */
         a.rows[i] = w[i]->rows, a.ldy[i] = ldy[i], a.y[i] = y[i];
     }
     a.rb0[n] = R;
-    if (a.nk < 1 || R > sc->wcount_n || wg_map_x(enc, xs, ldxs, T, bn, &maps.x) != 0) return -1;
+    if (a.nk < 1 || R * CL > sc->wcount_n || wg_map_x(enc, xs, ldxs, T, bn, &maps.x) != 0) return -1;
     a.units = R * a.nk;
-    /* a block an SM, as many as the scratch has pieces for, none without units */
-    int64_t blocks = mm_sms();
-    const int64_t fit = sc->wpart_elems / (256 * (int64_t)bn * RB);
-    blocks = blocks < fit ? blocks : fit;
-    blocks = blocks < a.units ? blocks : a.units;
-    if (blocks < 1) return -1;
-    a.per = (a.units + blocks - 1) / blocks;
-    blocks = (a.units + a.per - 1) / a.per;
+    /* a block an SM, as many as the scratch has pieces for (a piece pair a block), in clusters
+     * of CL, none without units */
+    int64_t clusters = mm_sms() / CL;
+    const int64_t fit = sc->wpart_elems / (256 * (int64_t)bn) / CL;
+    clusters = clusters < fit ? clusters : fit;
+    clusters = clusters < a.units ? clusters : a.units;
+    if (clusters < 1) return -1;
+    a.per = (a.units + clusters - 1) / clusters;
+    clusters = (a.units + a.per - 1) / a.per;
     a.part = sc->wpart;
     a.count = sc->wcount;
+    const int64_t blocks = clusters * CL;
     switch (bn) {
-    case 8: return ws_launch<8, KB, RB>(s, maps, a, blocks);
-    case 16: return ws_launch<16, KB, RB>(s, maps, a, blocks);
-    case 32: return ws_launch<32, KB, RB>(s, maps, a, blocks);
-    case 64: return ws_launch<64, KB, RB>(s, maps, a, blocks);
-    default:
-        if constexpr (RB > 1) return -1;
-        else return ws_launch<128, KB, RB>(s, maps, a, blocks);
+    case 8: return ws_launch<8, KB, CL>(s, maps, a, blocks);
+    case 16: return ws_launch<16, KB, CL>(s, maps, a, blocks);
+    case 32: return ws_launch<32, KB, CL>(s, maps, a, blocks);
+    case 64: return ws_launch<64, KB, CL>(s, maps, a, blocks);
+    default: return ws_launch<128, KB, CL>(s, maps, a, blocks);
     }
 }
 

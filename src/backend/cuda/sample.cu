@@ -73,6 +73,39 @@ __device__ __forceinline__ uint32_t search_at_least(uint32_t lo, uint32_t hi, un
     return lo;
 }
 
+/* The K-th largest of the block's distinct 64-bit values (K at most how many there are):
+ * value_of(j) is a thread's value j, valid where bit j of `valid` is set, N of them. Its high
+ * word is the largest h in [0, hi_max] with at least K high words at or above it; then, only
+ * where that high word's values outnumber the places the larger ones leave, its low word the
+ * same way among them. Exactly K values are at or above the result. */
+template <int N, typename F>
+__device__ __forceinline__ unsigned long long kth_largest(F value_of, uint32_t valid, unsigned K, uint32_t hi_max,
+                                                          unsigned *red, int &turn) {
+    auto count_hi = [&](uint32_t t) {
+        unsigned c = 0;
+#pragma unroll
+        for (int j = 0; j < N; j++) c += (valid >> j & 1u) && (uint32_t)(value_of(j) >> 32) >= t;
+        return c;
+    };
+    const uint32_t hi = search_at_least(0u, hi_max, K, red, turn, count_hi);
+    unsigned gt = 0;
+#pragma unroll
+    for (int j = 0; j < N; j++) gt += (valid >> j & 1u) && (uint32_t)(value_of(j) >> 32) > hi;
+    const unsigned need = K - block_count(gt, red, turn);
+    auto count_lo = [&](uint32_t t) {
+        unsigned c = 0;
+#pragma unroll
+        for (int j = 0; j < N; j++) {
+            const unsigned long long v = value_of(j);
+            c += (valid >> j & 1u) && (uint32_t)(v >> 32) == hi && (uint32_t)v >= t;
+        }
+        return c;
+    };
+    const unsigned ties = block_count(count_lo(0u), red, turn);
+    const uint32_t lo = ties > need ? search_at_least(0u, 0xffffffffu, need, red, turn, count_lo) : 0u;
+    return ((unsigned long long)hi << 32) | lo;
+}
+
 extern "C" int cu_logit_top_segs(int64_t V) {
     const int64_t s = (V + SEG_LEN - 1) / SEG_LEN;
     return s <= SEG_MAX ? (int)s : 0;
@@ -146,30 +179,13 @@ __global__ void __launch_bounds__(SEG_THREADS, 4) k_top_seg(const float *lg, int
         if (id_of(j) < len) sum += exp((double)float_of(key[j]) - (double)mx);
     for (int s = 16; s > 0; s >>= 1) sum += __shfl_xor_sync(FULL, sum, s);
     if (lane == 0) red_s[w] = sum;
-    /* the K-th largest key thr: count(thr) >= K > count(thr + 1) */
+    /* the K-th largest value key << 32 | ~id (of a key's ties, the lowest ids first) */
     const int K = len < CU_TOP_MAX ? (int)len : CU_TOP_MAX;
     int turn = 0;
-    auto count_ge = [&](uint32_t t) {
-        unsigned c = 0;
-#pragma unroll
-        for (int j = 0; j < SEG_PER; j++) c += (valid >> j & 1u) && key[j] >= t;
-        return c;
+    auto value_of = [&](int j) {
+        return ((unsigned long long)key[j] << 32) | (0xffffffffu - (uint32_t)(s0 + id_of(j)));
     };
-    const uint32_t thr = search_at_least(0u, kmax, (unsigned)K, red, turn, count_ge);
-    /* how many are above it, and whether its ties all fit */
-    unsigned gt = 0;
-#pragma unroll
-    for (int j = 0; j < SEG_PER; j++) gt += (valid >> j & 1u) && key[j] > thr;
-    const unsigned above = block_count(gt, red, turn), need = (unsigned)K - above;
-    /* of the ties, those with the need largest ~id (the lowest ids): the least ~id taken */
-    auto count_tie = [&](uint32_t t) {
-        unsigned c = 0;
-#pragma unroll
-        for (int j = 0; j < SEG_PER; j++) c += (valid >> j & 1u) && key[j] == thr && 0xffffffffu - (uint32_t)(s0 + id_of(j)) >= t;
-        return c;
-    };
-    const unsigned ties = block_count(count_tie(0u), red, turn);
-    const uint32_t nid_min = ties > need ? search_at_least(0u, 0xffffffffu, need, red, turn, count_tie) : 0u;
+    const unsigned long long bar = kth_largest<SEG_PER>(value_of, valid, (unsigned)K, kmax, red, turn);
     if (tid == 0) {
         double t = 0.0;
         for (int i = 0; i < SEG_THREADS / 32; i++) t += red_s[i];
@@ -177,13 +193,10 @@ __global__ void __launch_bounds__(SEG_THREADS, 4) k_top_seg(const float *lg, int
         n_out = 0;
     }
     __syncthreads();
-    /* the K values at or above (thr, nid_min), in no order */
+    /* the K values at or above it, in no order */
 #pragma unroll
-    for (int j = 0; j < SEG_PER; j++) {
-        const uint32_t nid = 0xffffffffu - (uint32_t)(s0 + id_of(j));
-        if ((valid >> j & 1u) && (key[j] > thr || (key[j] == thr && nid >= nid_min)))
-            o->cand[atomicAdd(&n_out, 1u)] = ((unsigned long long)key[j] << 32) | nid;
-    }
+    for (int j = 0; j < SEG_PER; j++)
+        if ((valid >> j & 1u) && value_of(j) >= bar) o->cand[atomicAdd(&n_out, 1u)] = value_of(j);
 }
 
 __global__ void __launch_bounds__(MERGE_THREADS) k_top_merge(const top_seg *seg, int segs, cu_logit_top *out) {
@@ -227,10 +240,12 @@ __global__ void __launch_bounds__(MERGE_THREADS) k_top_merge(const top_seg *seg,
     __syncthreads();
     const int total = off[segs], K = total < CU_TOP_MAX ? total : CU_TOP_MAX;
     unsigned long long c[MERGE_PER]; /* this thread's candidates i = tid + MERGE_THREADS j (0: none) */
+    uint32_t valid = 0;              /* bit j: c[j] is one */
 #pragma unroll
     for (int j = 0; j < MERGE_PER; j++) {
         const int i = tid + MERGE_THREADS * j;
         c[j] = 0;
+        valid |= (uint32_t)(i < total) << j;
         if (i < total) {
             int lo = 0, hi = segs - 1; /* the s with off[s] <= i < off[s + 1] */
             while (lo < hi) {
@@ -241,33 +256,13 @@ __global__ void __launch_bounds__(MERGE_THREADS) k_top_merge(const top_seg *seg,
             c[j] = sg[lo].cand[i - off[lo]];
         }
     }
-    /* the K-th largest as its high word (the key) and then, among that key's candidates, its
-     * low word (~id): no two candidates are equal, so exactly K are at or above it */
+    /* the K-th largest candidate (no two are equal): exactly K are at or above it */
     int turn = 0;
-    auto count_hi = [&](uint32_t t) {
-        unsigned n = 0;
-#pragma unroll
-        for (int j = 0; j < MERGE_PER; j++) n += tid + MERGE_THREADS * j < total && (uint32_t)(c[j] >> 32) >= t;
-        return n;
-    };
-    const uint32_t hi = search_at_least(0u, 0xffffffffu, (unsigned)K, red, turn, count_hi);
-    unsigned gt = 0;
-#pragma unroll
-    for (int j = 0; j < MERGE_PER; j++) gt += tid + MERGE_THREADS * j < total && (uint32_t)(c[j] >> 32) > hi;
-    const unsigned above = block_count(gt, red, turn), need = (unsigned)K - above;
-    auto count_lo = [&](uint32_t t) {
-        unsigned n = 0;
-#pragma unroll
-        for (int j = 0; j < MERGE_PER; j++)
-            n += tid + MERGE_THREADS * j < total && (uint32_t)(c[j] >> 32) == hi && (uint32_t)c[j] >= t;
-        return n;
-    };
-    const unsigned ties = block_count(count_lo(0u), red, turn);
-    const uint32_t lo = ties > need ? search_at_least(0u, 0xffffffffu, need, red, turn, count_lo) : 0u;
-    const unsigned long long bar = ((unsigned long long)hi << 32) | lo;
+    const unsigned long long bar =
+        kth_largest<MERGE_PER>([&](int j) { return c[j]; }, valid, (unsigned)K, 0xffffffffu, red, turn);
 #pragma unroll
     for (int j = 0; j < MERGE_PER; j++)
-        if (tid + MERGE_THREADS * j < total && c[j] >= bar) sel[atomicAdd(&n_sel, 1u)] = c[j];
+        if ((valid >> j & 1u) && c[j] >= bar) sel[atomicAdd(&n_sel, 1u)] = c[j];
     __syncthreads();
     if (tid < K) { /* each placed by its rank among the K */
         const unsigned long long v = sel[tid];
