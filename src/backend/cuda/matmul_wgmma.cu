@@ -304,6 +304,10 @@ __device__ __forceinline__ void ws_wgmma(float (&d)[64], uint64_t da, uint64_t d
 /* the stages' shared memory a block, KB: small enough that a block of the next launch fits
  * beside one of this (it starts while this one drains; `mmv_bench ws` compares 200) */
 #define WS_KB 110
+/* the blocks of the backend's clusters (1; a build may set 2 to compare in the model) */
+#ifndef CU_WS_CL
+#define CU_WS_CL 1
+#endif
 template <int BN, int KB>
 struct ws_shape {
     static constexpr int B_STEP = BN * 64;                   /* one step of the activations */
@@ -549,7 +553,7 @@ extern "C" void *cu_wgmma_available(void) {
         q != cudaDriverEntryPointSuccess || !fn)
         return NULL;
     if (cudaFuncSetAttribute(k_wgmma, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess ||
-        ws_attrs<WS_KB>() != 0)
+        ws_attrs<WS_KB, CU_WS_CL>() != 0)
         return NULL;
     return fn;
 }
@@ -671,5 +675,5 @@ static int ws_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *
 
 extern "C" int cu_wgmma_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *const *w, float *const *y,
                                const int64_t *ldy, const uint16_t *xs, int64_t ldxs, int64_t T) {
-    return ws_stream<WS_KB>(s, sc, n, w, y, ldy, xs, ldxs, T);
+    return ws_stream<WS_KB, CU_WS_CL>(s, sc, n, w, y, ldy, xs, ldxs, T);
 }
