@@ -12,6 +12,10 @@
  *   build/mmv_bench sweep [reps] [T,T..]  k_gemm's tile shapes (and splits) beside the backend's
  *                                    path, at 32 to 2,048 tokens (or those given)
  *   build/mmv_bench q [reps]         MLX 8- and 4-bit: k_qmvp against k_qmv
+ *   build/mmv_bench qi [reps]        MLX 8- and 4-bit on integer tensor cores (the activations
+ *                                    as limbs) against the bf16 ones: error against `exact`,
+ *                                    a token's bits alone and in a batch, GB/s; exits 1 where
+ *                                    the error passes 1e-5 or the bits differ
  *   build/mmv_bench wg [reps] [T,..] bf16 products on wgmma (matmul_wgmma.cu) against k_gemm:
  *                                    agreement and TFLOP/s at 64 to 2,048 tokens (or those
  *                                    given); exits 1 where they disagree
@@ -402,6 +406,101 @@ static int qbench(int reps) {
             printf("\n");
         }
     return 0;
+}
+
+/* ---- `mmv_bench qi [REPS]`: MLX products on integer tensor cores (the activations as
+ * limbs: matmul_q.cu's IM form) against the bf16 ones: each output against `exact`'s
+ * (three bf16 parts: fp32-grade), the IM form within 1e-5 of the largest (a wrong limb,
+ * column or scale is of the order of the output) beside the bf16 form's own error; a token's
+ * bits the same at 1, 4 and 16 tokens; GB/s of the bytes read of each ---- */
+static int qibench(int reps) {
+    cudaStream_t s;
+    CK(cudaStreamCreate(&s));
+    cu_mm_init();
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    const struct { const char *name; int64_t rows, cols; int per_token, group; } shapes[] = {
+        {"mlp gate/up", 17408, 5120, 128, 64}, {"mlp down", 5120, 17408, 64, 64}, {"gdn qkv", 10240, 5120, 48, 64},
+        {"gdn z", 6144, 5120, 48, 64},         {"gdn out, attn o", 5120, 6144, 64, 64}, {"attn q+gate", 12288, 5120, 16, 64},
+        {"g32", 4096, 2048, 0, 32},            {"g128", 4096, 2048, 0, 128}};
+    const int64_t Ts[] = {1, 4, 16};
+    int bad = 0;
+    printf("MLX affine on integer tensor cores (IM) against bf16 ones: GB/s of the bytes read; err = max |y - exact|\n"
+           "/ max |exact| (IM bound 1e-5); 'bits' = token 0's outputs the same bits as alone\n");
+    printf("%-15s %4s %5s %3s %10s %10s %10s %10s %10s %5s\n", "shape", "bits", "group", "T", "exact", "bf16", "IM",
+           "err bf16", "err IM", "bits");
+    double tot[2][3][3] = {{{0}}}; /* [bits 8, 4][T][exact, bf16, IM] */
+    for (int bi = 0; bi < 2; bi++) {
+        const int bits = bi ? 4 : 8;
+        for (const auto &sh : shapes) {
+            const int64_t TM = 16;
+            q_case qc = q_case_make(s, sh.rows, sh.cols, bits, sh.group, TM);
+            const size_t bytes = qc.bytes;
+            const int copies = (int)qc.ws.size();
+            uint8_t *xq;
+            CK(cudaMalloc(&xq, cu_qint_bytes(sh.cols)));
+            cu_mm_scratch sc = {qc.xs, TM, NULL, 0};
+            cu_mm_scratch sq = sc;
+            sq.xq = xq;
+            float *y1;
+            CK(cudaMalloc(&y1, sh.rows * 4));
+            auto run = [&](int k, int c, int64_t T, float *y) {
+                if (k == 2) cu_matmul(s, &qc.ws[c], qc.x, sh.cols, T, y, sh.rows, CU_MM_BF16, &sq);
+                else cu_matmul(s, &qc.ws[c], qc.x, sh.cols, T, y, sh.rows, k == 0 ? CU_MM_EXACT : CU_MM_BF16, &sc);
+            };
+            /* token 0 alone on IM */
+            run(2, 0, 1, y1);
+            for (int ti = 0; ti < 3; ti++) {
+                const int64_t T = Ts[ti];
+                const size_t ne = (size_t)(T * sh.rows);
+                std::vector<float> ye(ne), yv(ne);
+                run(0, 0, T, qc.yref);
+                CK(cudaMemcpy(ye.data(), qc.yref, ne * 4, cudaMemcpyDeviceToHost));
+                double mr = 0;
+                for (float v : ye) mr = fabs((double)v) > mr ? fabs((double)v) : mr;
+                double err[3] = {0, 0, 0};
+                bool same = true;
+                for (int k = 1; k <= 2; k++) {
+                    CK(cudaMemsetAsync(qc.y, 0xff, ne * 4, s)); /* NaN: an output never written stays one */
+                    run(k, 0, T, qc.y);
+                    CK(cudaStreamSynchronize(s));
+                    CK(cudaGetLastError());
+                    CK(cudaMemcpy(yv.data(), qc.y, ne * 4, cudaMemcpyDeviceToHost));
+                    double md = 0;
+                    for (size_t e = 0; e < ne; e++) {
+                        const double dd = fabs((double)yv[e] - ye[e]);
+                        if (!(dd <= md)) md = dd; /* NaN sticks */
+                    }
+                    err[k] = mr > 0 ? md / mr : md;
+                    if (k == 2) same = same_bits(qc.y, y1, (size_t)sh.rows);
+                }
+                const bool ok = err[2] <= 1e-5 && same;
+                bad += !ok;
+                double sec[3];
+                for (int k = 0; k < 3; k++) {
+                    sec[k] = time_launches(s, e0, e1, reps, copies, [&](int c) { run(k, c, T, qc.y); });
+                    tot[bi][ti][k] += sec[k] * sh.per_token;
+                }
+                printf("%-15s %4d %5d %3lld %10.0f %10.0f %10.0f %10.2e %10.2e %5s%s\n", sh.name, bits, sh.group, (long long)T,
+                       bytes / sec[0] / 1e9, bytes / sec[1] / 1e9, bytes / sec[2] / 1e9, err[1], err[2], same ? "same" : "DIFF",
+                       ok ? "" : "  FAIL");
+            }
+            CK(cudaFree(y1));
+            CK(cudaFree(xq));
+            q_case_free(qc);
+        }
+    }
+    printf("\none 27B token's matrices (these shapes, groups of 64), summed: ms, exact | bf16 | IM\n");
+    for (int bi = 0; bi < 2; bi++) {
+        printf("%d-bit", bi ? 4 : 8);
+        for (int ti = 0; ti < 3; ti++)
+            printf("  T=%-2lld %6.2f | %6.2f | %6.2f", (long long)Ts[ti], tot[bi][ti][0] * 1e3, tot[bi][ti][1] * 1e3,
+                   tot[bi][ti][2] * 1e3);
+        printf("\n");
+    }
+    printf("qi: %s\n", bad ? "FAILED" : "all products within the bound, token bits the same");
+    return bad ? 1 : 0;
 }
 
 /* ---- `mmv_bench qv [REPS]`: k_qmvp at one token (groups of 64) over its ring depth D,
@@ -1525,6 +1624,7 @@ int main(int argc, char **argv) {
     if (argc > 6 && !strcmp(argv[1], "qprof"))
         return qprof(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]), atoi(argv[6]));
     if (argc > 1 && !strcmp(argv[1], "q")) return qbench(argc > 2 ? atoi(argv[2]) : 20);
+    if (argc > 1 && !strcmp(argv[1], "qi")) return qibench(argc > 2 ? atoi(argv[2]) : 20);
     if (argc > 1 && !strcmp(argv[1], "qv")) return qvbench(argc > 2 ? atoi(argv[2]) : 20);
     if (argc > 1 && !strcmp(argv[1], "wg")) return wgbench(argc > 2 ? atoi(argv[2]) : 10, argc > 3 ? argv[3] : NULL);
     if (argc > 1 && !strcmp(argv[1], "blas")) return blasbench(argc > 2 ? atoi(argv[2]) : 10, argc > 3 ? argv[3] : NULL);

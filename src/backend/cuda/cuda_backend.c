@@ -906,6 +906,7 @@ static void cuda_ctx_plan(const st_backend *base, const st_ctx_params *p, st_ctx
     floats += (cu_split_elems(xs_tokens(p->max_tokens), b->tiled_cols) + 1) / 2;
     floats += cu_mm_part_elems(p->max_tokens, widest_out(b)) + ws_floats(b);
     if (blas_wrm_elems(b, p->max_tokens)) floats += (size_t)(blas_wrm_elems(b, p->max_tokens) + 1) / 2 + CU_BLAS_WORKSPACE / 4;
+    if (CU_QINT && b->tiled) floats += (cu_qint_bytes(b->tiled_cols) + 3) / 4;
     floats += cu_attn_split_floats(split_chunks(b, p), b->nh, b->hd);
     floats += cu_gdn_counts(b->Hk) + chunk_ws_floats(b, p) + (LOGIT_CHUNK * sizeof(cu_logit_top) + cu_logit_top_scratch(LOGIT_CHUNK, b->V)) / sizeof(float);
     if (b->world > 1) /* the logit slices and gathers (NCCL on the device, else through the host) */
@@ -923,7 +924,7 @@ static void cuda_ctx_destroy(st_bctx *base) {
     if (c->stream) cudaStreamSynchronize(c->stream);
     float *bufs[] = {c->x,   c->xn,   c->out, c->p1,   c->p2,   c->p3, c->p4, c->mix, c->gath,
                      c->gout, c->lg, c->small, (float *)c->mms.xs, c->mms.part, c->mms.wpart,
-                     (float *)c->mms.wcount, (float *)c->mms.wrm, (float *)c->mms.blas_ws, c->att_split, c->conv, c->rec, c->d_w, c->chunk_ws, (float *)c->gdn_count,
+                     (float *)c->mms.wcount, (float *)c->mms.wrm, (float *)c->mms.blas_ws, (float *)c->mms.xq, c->att_split, c->conv, c->rec, c->d_w, c->chunk_ws, (float *)c->gdn_count,
                      (float *)c->d_tops, (float *)c->d_top_scratch, c->lg_part, c->lg_all};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) cudaFree(bufs[i]);
@@ -1023,6 +1024,11 @@ static st_status cuda_ctx_create(st_backend *base, const st_ctx_params *p, st_bc
         if (st == ST_OK) st = dev_alloc(b, (size_t)c->mms.wrm_elems * 2, (void **)&c->mms.wrm, err);
         if (st == ST_OK) st = dev_alloc(b, CU_BLAS_WORKSPACE, &c->mms.blas_ws, err);
         c->bytes += (size_t)c->mms.wrm_elems * 2 + CU_BLAS_WORKSPACE;
+    }
+    /* MLX products on integer tensor cores: the activations' limbs */
+    if (st == ST_OK && CU_QINT && b->tiled) {
+        st = dev_alloc(b, cu_qint_bytes(b->tiled_cols), (void **)&c->mms.xq, err);
+        c->bytes += cu_qint_bytes(b->tiled_cols);
     }
     /* the all-reduces' and the logit gathers' buffers */
     if (st == ST_OK && b->world > 1) {

@@ -99,7 +99,16 @@ typedef struct cu_mm_scratch {
     void *blas_ws;
     size_t blas_ws_bytes;
     int64_t xs_elems; /* xs's elements (cu_split_elems); 0: xs_tokens of three parts */
+    /* MLX 4- and 8-bit products on integer tensor cores (matmul_q.cu: the activations as
+     * limbs, k_qlimbs's [cu_qint_bytes(widest cols)]); NULL: on bf16 ones with xs */
+    uint8_t *xq;
 } cu_mm_scratch;
+/* whether the backend takes MLX products on integer tensor cores (1), or on bf16 ones (0;
+ * a build may set it to compare) */
+#ifndef CU_QINT
+#define CU_QINT 0
+#endif
+size_t cu_qint_bytes(int64_t cols);
 /* the fewest tokens a bf16-activation product takes k_wgmma_stream for, and the scratch it
  * needs: the pieces of up to CU_WS_BLOCKS blocks, a count for each row block of a launch
  * whose matrices have `rows` rows together */

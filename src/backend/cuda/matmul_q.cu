@@ -124,6 +124,89 @@ __device__ __forceinline__ uint4 q_load(const uint8_t *p) {
 
 __device__ __forceinline__ float group_at(const void *p, int dt, int64_t i) { return load_s(p, dt, i); }
 
+/* ---- MLX 4- and 8-bit on integer tensor cores (the IM form of k_qmvp) ----
+ * The scheme of the CPU's VNNI kernel (kernels/cpu/q8vnni.c): per token and group g the
+ * activations become integers X = round(x / d_g), d_g = max |x| / QI_XMAX (21 bits and a
+ * sign), as three signed 7-bit limbs X = a2 2^14 + a1 2^7 + a0; each limb's products with the
+ * unsigned values q are summed exactly in int32 (mma m16n8k32 u8 x s8: no value is converted
+ * to a float), then T = fma(A2, 2^14, fma(A1, 2^7, A0)) and the output's sum takes
+ * fma(T, s_g d_g) and fma(b_g, sum_g x), as the CPU does (its group order is the warps' of
+ * k_qmvp, not the CPU's: not the CPU's bits). The values stay as uploaded: 8-bit lanes' bytes
+ * are the A fragments as they lie (the MMA's k order within a lane's columns is free: the
+ * sums are exact), 4-bit nibbles become bytes by a mask and a shift (columns 0, 4, 1, 5 and
+ * 2, 6, 3, 7 of a lane's 8), and the limbs are laid in the same column order.
+ * k_qlimbs makes them for QI_TP tokens (zeros past T): xq holds limbs [QI_TP][steps][3][32]
+ * bytes, then (d_g, sum_g x) floats [groups][QI_TP][2]. */
+#define QI_XMAX 2088895 /* 127 * 2^14 + 63 * 2^7 + 63 */
+#define QI_TP 16        /* tokens a launch */
+
+extern "C" size_t cu_qint_bytes(int64_t cols) {
+    const int64_t nsteps = tiled_steps(cols), ng = cols / 32 + 1;
+    return (size_t)(QI_TP * nsteps * 96 + ng * QI_TP * 8);
+}
+
+/* a warp per (token, group) of QI_TP tokens; x [T][ldx] (tokens past T: zeros) */
+__global__ void k_qlimbs(const float *x, int64_t ldx, int64_t T, int64_t cols, int group, int bits, uint8_t *xq) {
+    pdl_wait(); /* x is the predecessor's */
+    const int lane = threadIdx.x & 31;
+    const int64_t nsteps = tiled_steps(cols), ng = cols / group;
+    const int64_t wid = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (wid >= QI_TP * ng) return;
+    const int64_t tok = wid / ng, gj = wid % ng;
+    const int per = group / 32; /* a lane's columns: gj group + lane + 32 i */
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f}, amax = 0.0f, sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        if (i < per) {
+            v[i] = tok < T ? x[tok * ldx + gj * group + lane + 32 * i] : 0.0f;
+            amax = fmaxf(amax, fabsf(v[i]));
+            sum += v[i];
+        }
+    for (int o = 16; o > 0; o >>= 1) {
+        amax = fmaxf(amax, __shfl_xor_sync(FULL, amax, o));
+        sum += __shfl_xor_sync(FULL, sum, o);
+    }
+    const float d = __fdiv_rn(amax, (float)QI_XMAX);
+    if (lane == 0) {
+        float *dx = (float *)(xq + QI_TP * nsteps * 96) + (gj * QI_TP + tok) * 2;
+        dx[0] = d, dx[1] = sum;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        if (i < per) {
+            int32_t X = 0;
+            if (d > 0.0f) {
+                float q = rintf(__fdiv_rn(v[i], d));
+                q = fminf(fmaxf(q, -(float)QI_XMAX), (float)QI_XMAX);
+                X = (int32_t)q;
+            }
+            const int32_t a0 = ((X + 64) & 127) - 64, x1 = (X - a0) / 128;
+            const int32_t a1 = ((x1 + 64) & 127) - 64, a2 = (x1 - a1) / 128;
+            const int64_t c = gj * group + lane + 32 * i, k = c / 32;
+            int b = (int)(c % 32);
+            if (bits == 4) b = (b & ~7) + 2 * (b % 4) + (b % 8) / 4; /* the byte order of the nibbles' unpacking */
+            uint8_t *o = xq + (tok * nsteps + k) * 96 + b;
+            o[0] = (uint8_t)(int8_t)a0, o[32] = (uint8_t)(int8_t)a1, o[64] = (uint8_t)(int8_t)a2;
+        }
+}
+
+/* d += A (16 rows x 32 columns, u8) B (32 x 8 tokens, s8), exact */
+__device__ __forceinline__ void mma_u8s8(int32_t (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* a step's values as the u8 A fragment: 8-bit as they lie (v.x, v.y row g's columns 0-3,
+ * 4-7; v.z, v.w row g + 8's), 4-bit unpacked (v.x row g, v.y row g + 8: columns 0, 4, 1, 5
+ * then 2, 6, 3, 7) */
+template <int BITS>
+__device__ __forceinline__ void qi_frag(const uint4 &v, uint32_t (&a)[4]) {
+    if (BITS == 8) a[0] = v.x, a[1] = v.z, a[2] = v.y, a[3] = v.w;
+    else a[0] = v.x & 0x0f0f0f0fu, a[1] = v.y & 0x0f0f0f0fu, a[2] = (v.x >> 4) & 0x0f0f0f0fu, a[3] = (v.y >> 4) & 0x0f0f0f0fu;
+}
+
 /* A block: one tile, BT tokens; the columns of its NTC token tiles of 8 hold the tokens' bf16
  * parts side by side (column n: token n / P, part n % P), so that a token alone takes one MMA
  * per part of the step, not one per part of each; each column's sums are its own, and the
@@ -256,9 +339,10 @@ __host__ __device__ constexpr size_t qmvp_smem() {
     return (size_t)MM_SPLITS * D * MT * qmvp_tile<BITS, GS>() + (size_t)MM_SPLITS * MT * NTC * 128 * 4;
 }
 
-template <int P, int NTC, int BITS, int GS, int D, int MINB, int MT>
+template <int P, int NTC, int BITS, int GS, int D, int MINB, int MT, bool IM = false>
 __global__ void __launch_bounds__(32 * MM_SPLITS, MINB)
     k_qmvp(mm_group grp, int64_t nblk, const uint16_t *xs, int64_t ldxs, int64_t T) {
+    static_assert(!IM || P == 1, "the IM form takes the activations as limbs (xs: k_qlimbs's xq)");
     constexpr int BT = 8 * NTC / P, CB = 2 * BITS, TB = qmvp_tile<BITS, GS>(), VB = GS * 32 * CB;
     constexpr int SLOT = MT * TB;
     constexpr bool PF = GS * NTC <= 4; /* the next group's activations in registers */
@@ -336,7 +420,26 @@ __global__ void __launch_bounds__(32 * MM_SPLITS, MINB)
             for (int j = 0; j < NTC; j++)
                 o[u][j] = bin[j] ? *(const uint4 *)(pbx[j] + (k0 + u0 + u) * 32) : make_uint4(0, 0, 0, 0);
     };
-    if (PF && ni > 0) load_x(xn, 0, 0);
+    if (!IM && PF && ni > 0) load_x(xn, 0, 0);
+    /* IM: this lane's token 8 j + g's limbs (its 8 bytes of each step's 32), the (d, sum x) of
+     * its output columns' tokens 8 j + 2 t, + 1; the next group's, a group ahead */
+    const uint8_t *xl = (const uint8_t *)xs;
+    const float *xd = (const float *)(xl + QI_TP * nsteps * 96);
+    uint2 ln[IM ? GS : 1][NTC][3];
+    float4 dn[NTC];
+    auto load_l = [&](int i) {
+        const int64_t gj = warp + (int64_t)i * MM_SPLITS, k0 = gj * GS;
+#pragma unroll
+        for (int j = 0; j < NTC; j++) {
+#pragma unroll
+            for (int u = 0; u < (IM ? GS : 1); u++)
+#pragma unroll
+                for (int l = 0; l < 3; l++)
+                    ln[u][j][l] = *(const uint2 *)(xl + ((8 * j + g) * nsteps + k0 + u) * 96 + l * 32 + 8 * t);
+            dn[j] = *(const float4 *)(xd + (gj * QI_TP + 8 * j + 2 * t) * 2);
+        }
+    };
+    if (IM && ni > 0) load_l(0);
     const uint32_t one2 = 0x3f803f80u; /* bf16 1.0, 1.0 */
     int cs = 0;
     for (int64_t b = blockIdx.x; b < nblk; b += gridDim.x) {
@@ -364,12 +467,58 @@ __global__ void __launch_bounds__(32 * MM_SPLITS, MINB)
                 }
                 load_s2(sl + m * TB + VB, 2, 2 * g, sb[m][0], sb[m][1]); /* bf16 (qmvp_fits) */
                 load_s2(sl + m * TB + VB + 32, 2, 2 * g, sb[m][2], sb[m][3]);
-                sb[m][2] = q_bias<BITS>(sb[m][2], sb[m][0]);
-                sb[m][3] = q_bias<BITS>(sb[m][3], sb[m][1]);
+                if (!IM) { /* IM takes q itself, 4-bit too */
+                    sb[m][2] = q_bias<BITS>(sb[m][2], sb[m][0]);
+                    sb[m][3] = q_bias<BITS>(sb[m][3], sb[m][1]);
+                }
             }
             __syncwarp(); /* every lane has read the slot before it refills */
             cs = cs + 1 == D ? 0 : cs + 1;
             produce(); /* into the slot read the group before */
+            if constexpr (IM) {
+                uint2 lb[GS][NTC][3];
+                float4 db[NTC];
+#pragma unroll
+                for (int j = 0; j < NTC; j++) {
+                    db[j] = dn[j];
+#pragma unroll
+                    for (int u = 0; u < GS; u++)
+#pragma unroll
+                        for (int l = 0; l < 3; l++) lb[u][j][l] = ln[u][j][l];
+                }
+                load_l(i + 1 < ni ? i + 1 : 0);
+                int32_t ai[MT][NTC][3][4]; /* each limb's exact sums */
+#pragma unroll
+                for (int m = 0; m < MT; m++)
+#pragma unroll
+                    for (int j = 0; j < NTC; j++)
+#pragma unroll
+                        for (int l = 0; l < 3; l++) ai[m][j][l][0] = ai[m][j][l][1] = ai[m][j][l][2] = ai[m][j][l][3] = 0;
+#pragma unroll
+                for (int u = 0; u < GS; u++)
+#pragma unroll
+                    for (int m = 0; m < MT; m++) {
+                        uint32_t a[4];
+                        qi_frag<BITS>(cur[m][u], a);
+#pragma unroll
+                        for (int j = 0; j < NTC; j++)
+#pragma unroll
+                            for (int l = 0; l < 3; l++) mma_u8s8(ai[m][j][l], a[0], a[1], a[2], a[3], lb[u][j][l].x, lb[u][j][l].y);
+                    }
+                /* element e: row g (e < 2) or g + 8, column 8 j + 2 t + (e & 1) */
+#pragma unroll
+                for (int m = 0; m < MT; m++)
+#pragma unroll
+                    for (int j = 0; j < NTC; j++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const float T3 = fmaf(__int2float_rn(ai[m][j][2][e]), 16384.0f,
+                                                  fmaf(__int2float_rn(ai[m][j][1][e]), 128.0f, __int2float_rn(ai[m][j][0][e])));
+                            const float d = e & 1 ? db[j].z : db[j].x, sx = e & 1 ? db[j].w : db[j].y;
+                            acc[m][j][e] = fmaf(sb[m][2 + e / 2], sx, fmaf(T3, sb[m][e / 2] * d, acc[m][j][e]));
+                        }
+                continue;
+            }
             uint4 bx[PF ? GS : 1][NTC];
             if (PF) {
 #pragma unroll
@@ -480,36 +629,37 @@ __host__ __device__ constexpr int qmvp_mt_deep() {
     /* (4-bit groups of 128: four tiles' ring would be under 3 slots deep) */
     return NTC == 1 && qmvp_mt<NTC, BITS, GS>() == 2 ? (BITS == 8 ? 2 : GS <= 2 ? 4 : 0) : 0;
 }
-template <int P, int NTC, int BITS, int GS, int D, int MINB, int MT>
+template <int P, int NTC, int BITS, int GS, int D, int MINB, int MT, bool IM = false>
 static void qmvp_attr_v() {
     static_assert(D >= 3 && (qmvp_smem<NTC, BITS, GS, D, MT>() + 1024) * MINB <= 227 * 1024, "the blocks fit an SM");
-    cudaFuncSetAttribute(k_qmvp<P, NTC, BITS, GS, D, MINB, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaFuncSetAttribute(k_qmvp<P, NTC, BITS, GS, D, MINB, MT, IM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          (int)qmvp_smem<NTC, BITS, GS, D, MT>());
 }
-template <int P, int NTC, int BITS, int GS>
+template <int P, int NTC, int BITS, int GS, bool IM = false>
 static void qmvp_attr() {
     constexpr int MT = qmvp_mt<NTC, BITS, GS>();
-    qmvp_attr_v<P, NTC, BITS, GS, qmvp_depth<P, NTC, BITS, GS, MT>(), qmvp_minb<NTC>(), MT>();
-    if (MT == 2) qmvp_attr_v<P, NTC, BITS, GS, qmvp_depth<P, NTC, BITS, GS, 1>(), qmvp_minb<NTC>(), 1>();
+    qmvp_attr_v<P, NTC, BITS, GS, qmvp_depth<P, NTC, BITS, GS, MT>(), qmvp_minb<NTC>(), MT, IM>();
+    if (MT == 2) qmvp_attr_v<P, NTC, BITS, GS, qmvp_depth<P, NTC, BITS, GS, 1>(), qmvp_minb<NTC>(), 1, IM>();
     constexpr int MD = qmvp_mt_deep<NTC, BITS, GS>();
-    if (MD) qmvp_attr_v<P, NTC, BITS, GS, qmvp_depth<P, NTC, BITS, GS, MD ? MD : 1, 2>(), 2, MD ? MD : 1>();
+    if (MD) qmvp_attr_v<P, NTC, BITS, GS, qmvp_depth<P, NTC, BITS, GS, MD ? MD : 1, 2>(), 2, MD ? MD : 1, IM>();
 }
-template <int P, int NTC, int BITS>
+template <int P, int NTC, int BITS, bool IM = false>
 static void qmvp_attr_b() {
-    qmvp_attr<P, NTC, BITS, 1>();
-    qmvp_attr<P, NTC, BITS, 2>();
-    qmvp_attr<P, NTC, BITS, 4>();
+    qmvp_attr<P, NTC, BITS, 1, IM>();
+    qmvp_attr<P, NTC, BITS, 2, IM>();
+    qmvp_attr<P, NTC, BITS, 4, IM>();
 }
 void qmvp_init(void) {
     qmvp_attr_b<1, 1, 8>(), qmvp_attr_b<1, 2, 8>(), qmvp_attr_b<3, 1, 8>(), qmvp_attr_b<3, 3, 8>(), qmvp_attr_b<3, 6, 8>();
     qmvp_attr_b<1, 1, 4>(), qmvp_attr_b<1, 2, 4>(), qmvp_attr_b<3, 1, 4>(), qmvp_attr_b<3, 3, 4>(), qmvp_attr_b<3, 6, 4>();
+    qmvp_attr_b<1, 1, 8, true>(), qmvp_attr_b<1, 2, 8, true>(), qmvp_attr_b<1, 1, 4, true>(), qmvp_attr_b<1, 2, 4, true>();
 }
 
 /* a k_qmvp of ring depth D, MINB blocks an SM and MT tiles a block (mmv_bench compares them) */
-template <int P, int NTC, int BITS, int GS, int D, int MINB, int MT>
+template <int P, int NTC, int BITS, int GS, int D, int MINB, int MT, bool IM = false>
 static void launch_qmvp_v(cu_stream s, mm_group g, const uint16_t *xs, int64_t ldxs, int64_t n) {
     const int64_t nblk = group_blocks(&g, MT);
-    launch_pdl(k_qmvp<P, NTC, BITS, GS, D, MINB, MT>, dim3(mmvp_grid(nblk, MINB)), dim3(32 * MM_SPLITS),
+    launch_pdl(k_qmvp<P, NTC, BITS, GS, D, MINB, MT, IM>, dim3(mmvp_grid(nblk, MINB)), dim3(32 * MM_SPLITS),
                qmvp_smem<NTC, BITS, GS, D, MT>(), s, g, nblk, xs, ldxs, n);
 }
 /* the share of the resident blocks' turns that the blocks of MT tiles fill (the last round of
@@ -530,22 +680,22 @@ static double qmvp_fill(const mm_group &g, int MT, int B) {
  * gate/up 2,740 (two) against 2,556 (four); 8-bit GDN in-projections 3,543 against 2,520,
  * attention 3,248 against 2,221, gate/up 3,454 (three an SM) against 3,360. No shape
  * changes a bit. */
-template <int P, int NTC, int BITS, int GS>
+template <int P, int NTC, int BITS, int GS, bool IM = false>
 static void launch_qmvp_g(cu_stream s, mm_group g, const uint16_t *xs, int64_t ldxs, int64_t n) {
     constexpr int MT = qmvp_mt<NTC, BITS, GS>(), B = qmvp_minb<NTC>(), MD = qmvp_mt_deep<NTC, BITS, GS>();
     if (MT == 2) {
         mm_group g1 = g;
         if (group_blocks(&g1, 1) < (int64_t)2 * B * mm_sms()) {
-            launch_qmvp_v<P, NTC, BITS, GS, qmvp_depth<P, NTC, BITS, GS, 1>(), B, 1>(s, g, xs, ldxs, n);
+            launch_qmvp_v<P, NTC, BITS, GS, qmvp_depth<P, NTC, BITS, GS, 1>(), B, 1, IM>(s, g, xs, ldxs, n);
             return;
         }
         if (MD && qmvp_fill(g, MD, 2) > qmvp_fill(g, 2, B)) {
             constexpr int M = MD ? MD : 1;
-            launch_qmvp_v<P, NTC, BITS, GS, qmvp_depth<P, NTC, BITS, GS, M, 2>(), 2, M>(s, g, xs, ldxs, n);
+            launch_qmvp_v<P, NTC, BITS, GS, qmvp_depth<P, NTC, BITS, GS, M, 2>(), 2, M, IM>(s, g, xs, ldxs, n);
             return;
         }
     }
-    launch_qmvp_v<P, NTC, BITS, GS, qmvp_depth<P, NTC, BITS, GS, MT>(), B, MT>(s, g, xs, ldxs, n);
+    launch_qmvp_v<P, NTC, BITS, GS, qmvp_depth<P, NTC, BITS, GS, MT>(), B, MT, IM>(s, g, xs, ldxs, n);
 }
 
 /* whether k_qmvp takes the group: bf16 scales and biases (MLX's own; k_qmv takes the others,
@@ -577,10 +727,43 @@ static void launch_qmv_p(cu_stream s, mm_group g, const uint16_t *xs, int64_t ld
     else launch_qmv_b<P, NTC, 4>(s, g, nblk, xs, ldxs, n);
 }
 
-/* MLX tiled matrices (one width, bits and group): split (unless xs holds x already), then
- * k_qmv, in slices of the scratch's tokens */
+/* the IM form, QI_TP tokens a launch: k_qlimbs into sc->xq, then k_qmvp<IM>; false (nothing
+ * launched) where the scratch has no xq or k_qmvp does not take the group (scales not bf16,
+ * misaligned) */
+template <int NTC, int BITS>
+static void launch_qint_b(cu_stream s, const mm_group &g, const uint8_t *xq, int64_t n) {
+    const int gs = g.w[0].group / 32;
+    const uint16_t *xs = (const uint16_t *)xq;
+    if (gs == 1) launch_qmvp_g<1, NTC, BITS, 1, true>(s, g, xs, 0, n);
+    else if (gs == 2) launch_qmvp_g<1, NTC, BITS, 2, true>(s, g, xs, 0, n);
+    else launch_qmvp_g<1, NTC, BITS, 4, true>(s, g, xs, 0, n);
+}
+static bool launch_qint(cu_stream s, const mm_group &g, const float *x, int64_t ldx, int64_t T, const cu_mm_scratch *sc) {
+    if (!sc->xq || !qmvp_fits(g, QI_TP, 1, 2)) return false;
+    const int64_t cols = g.w[0].cols, warps = QI_TP * (cols / g.w[0].group);
+    for (int64_t t0 = 0; t0 < T; t0 += QI_TP) {
+        const int64_t n = T - t0 < QI_TP ? T - t0 : QI_TP;
+        mm_group gs = g;
+        for (int i = 0; i < g.n; i++) gs.y[i] = g.y[i] + t0 * g.ldy[i];
+        launch_pdl(k_qlimbs, dim3((unsigned)((warps + 7) / 8)), dim3(256), 0, s, x + t0 * ldx, ldx, n, cols, g.w[0].group,
+                   g.w[0].bits, sc->xq);
+        if (g.w[0].bits == 8) {
+            if (n <= 8) launch_qint_b<1, 8>(s, gs, sc->xq, n);
+            else launch_qint_b<2, 8>(s, gs, sc->xq, n);
+        } else {
+            if (n <= 8) launch_qint_b<1, 4>(s, gs, sc->xq, n);
+            else launch_qint_b<2, 4>(s, gs, sc->xq, n);
+        }
+    }
+    return true;
+}
+
+/* MLX tiled matrices (one width, bits and group): on integer tensor cores where the scratch
+ * has xq (launch_qint); else split (unless xs holds x already), then k_qmvp or k_qmv, in
+ * slices of the scratch's tokens */
 void launch_qtiled(cu_stream s, mm_group g, const float *x, int64_t ldx, int64_t T, int parts,
                    const cu_mm_scratch *sc, int xs_ready) {
+    if (launch_qint(s, g, x, ldx, T, sc)) return;
     const int64_t cols = g.w[0].cols, ldxs = tiled_steps(cols) * 32, slice = T <= 16 ? T : sc->xs_tokens;
     for (int64_t t0 = 0; t0 < T; t0 += slice) {
         const int64_t n = T - t0 < slice ? T - t0 : slice;
