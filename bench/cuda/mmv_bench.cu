@@ -88,6 +88,40 @@ static bool same_bits(const float *a, const float *b, size_t n) {
 }
 
 /* seconds a launch, over reps launches of launch(i % copies) after 3 to warm up */
+/* outputs against a reference's: the largest |y - ref| and |ref| over the device buffers
+ * added (n floats each), and how many of y are NaN (an output never written, where y was
+ * filled with NaNs first); err() = max |y - ref| / max |ref| */
+struct agreement {
+    double md = 0, mr = 0;
+    size_t nan = 0;
+    void add(const float *y, const float *ref, size_t n) {
+        std::vector<float> a(n), b(n);
+        CK(cudaMemcpy(a.data(), y, n * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(b.data(), ref, n * 4, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < n; i++) {
+            if (!(a[i] == a[i])) nan++;
+            const double dd = fabs((double)a[i] - b[i]);
+            md = dd > md ? dd : md;
+            mr = fabs((double)b[i]) > mr ? fabs((double)b[i]) : mr;
+        }
+    }
+    double err() const { return mr > 0 ? md / mr : md; }
+};
+
+/* a bench's stream and two timing events, the backend's kernels set up (cu_mm_init) */
+struct bench_env {
+    cudaStream_t s;
+    cudaEvent_t e0, e1;
+};
+static bench_env bench_env_make(void) {
+    bench_env b;
+    CK(cudaStreamCreate(&b.s));
+    cu_mm_init();
+    CK(cudaEventCreate(&b.e0));
+    CK(cudaEventCreate(&b.e1));
+    return b;
+}
+
 template <typename F>
 static double time_launches(cudaStream_t s, cudaEvent_t e0, cudaEvent_t e1, int reps, int copies, F launch) {
     for (int i = 0; i < 3; i++) launch(i % copies);
@@ -336,12 +370,9 @@ static void q_case_free(q_case &qc) {
 }
 
 static int qbench(int reps) {
-    cudaStream_t s;
-    CK(cudaStreamCreate(&s));
-    cu_mm_init();
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
+    const bench_env env = bench_env_make();
+    cudaStream_t s = env.s;
+    cudaEvent_t e0 = env.e0, e1 = env.e1;
     const struct { const char *name; int64_t rows, cols; int per_token; } shapes[] = {
         {"mlp gate/up", 17408, 5120, 128}, {"mlp down", 5120, 17408, 64}, {"gdn qkv", 10240, 5120, 48},
         {"gdn z", 6144, 5120, 48}, {"gdn out, attn o", 5120, 6144, 64}, {"attn q+gate", 12288, 5120, 16}};
@@ -414,12 +445,9 @@ static int qbench(int reps) {
  * column or scale is of the order of the output) beside the bf16 form's own error; a token's
  * bits the same at 1, 4 and 16 tokens; GB/s of the bytes read of each ---- */
 static int qibench(int reps) {
-    cudaStream_t s;
-    CK(cudaStreamCreate(&s));
-    cu_mm_init();
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
+    const bench_env env = bench_env_make();
+    cudaStream_t s = env.s;
+    cudaEvent_t e0 = env.e0, e1 = env.e1;
     const struct { const char *name; int64_t rows, cols; int per_token, group; } shapes[] = {
         {"mlp gate/up", 17408, 5120, 128, 64}, {"mlp down", 5120, 17408, 64, 64}, {"gdn qkv", 10240, 5120, 48, 64},
         {"gdn z", 6144, 5120, 48, 64},         {"gdn out, attn o", 5120, 6144, 64, 64}, {"attn q+gate", 12288, 5120, 16, 64},
@@ -669,18 +697,10 @@ static int wgbench(int reps, const char *tlist) {
                 continue;
             }
             CK(cudaStreamSynchronize(s));
-            std::vector<float> a((size_t)(T * sh.rows)), b(a.size());
-            CK(cudaMemcpy(a.data(), y, a.size() * 4, cudaMemcpyDeviceToHost));
-            CK(cudaMemcpy(b.data(), yref, b.size() * 4, cudaMemcpyDeviceToHost));
-            double md = 0, mr = 0;
-            size_t nan = 0;
-            for (size_t i = 0; i < a.size(); i++) {
-                if (!(a[i] == a[i])) nan++;
-                const double dd = fabs((double)a[i] - b[i]);
-                md = dd > md ? dd : md;
-                mr = fabs((double)b[i]) > mr ? fabs((double)b[i]) : mr;
-            }
-            const double err = mr > 0 ? md / mr : md;
+            agreement ag;
+            ag.add(y, yref, (size_t)(T * sh.rows));
+            const size_t nan = ag.nan;
+            const double err = ag.err();
             /* two fp32 summation orders over `cols` products each: their rounding drifts apart
              * with the sum's length (measured on the H200: 6e-6 of the largest output at 5,120
              * columns, 2e-5 at 17,408); a wrong tile or index is of the order of the output */
@@ -703,9 +723,9 @@ static int wgbench(int reps, const char *tlist) {
 
 /* ---- `mmv_bench blas`: the prefill products on cuBLASLt against the backend's own ---- */
 static int blasbench(int reps, const char *tlist) {
-    cudaStream_t s;
-    CK(cudaStreamCreate(&s));
-    cu_mm_init();
+    const bench_env env = bench_env_make();
+    cudaStream_t s = env.s;
+    cudaEvent_t e0 = env.e0, e1 = env.e1;
     char why[300];
     cu_blas *bl = cu_blas_create(why, sizeof why);
     if (!bl) {
@@ -715,9 +735,6 @@ static int blasbench(int reps, const char *tlist) {
     cu_blas_describe(bl, why, sizeof why);
     void *enc = cu_wgmma_available();
     printf("%s; the backend's own path: %s\n", why, enc ? "k_wgmma (k_gemm under 128 tokens)" : "k_gemm");
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     const struct { const char *name; int64_t rows, cols; } shapes[] = {
         {"gate+up", 34816, 5120}, {"down", 5120, 17408}, {"gdn in", 16512, 5120}, {"out/o", 5120, 6144},
         {"attn qkv", 14336, 5120}, {"odd rows", 1000, 384}};
@@ -769,18 +786,10 @@ static int blasbench(int reps, const char *tlist) {
             launch_tiled(s, gl, tc.x, sh.cols, T, 1, &lib, 0);
             CK(cudaStreamSynchronize(s));
             CK(cudaGetLastError());
-            std::vector<float> a((size_t)(T * sh.rows)), b(a.size());
-            CK(cudaMemcpy(a.data(), tc.y, a.size() * 4, cudaMemcpyDeviceToHost));
-            CK(cudaMemcpy(b.data(), tc.yref, b.size() * 4, cudaMemcpyDeviceToHost));
-            double md = 0, mr = 0;
-            size_t nan = 0;
-            for (size_t i = 0; i < a.size(); i++) {
-                if (!(a[i] == a[i])) nan++;
-                const double dd = fabs((double)a[i] - b[i]);
-                md = dd > md ? dd : md;
-                mr = fabs((double)b[i]) > mr ? fabs((double)b[i]) : mr;
-            }
-            const double err = mr > 0 ? md / mr : md;
+            agreement ag;
+            ag.add(tc.y, tc.yref, (size_t)(T * sh.rows));
+            const size_t nan = ag.nan;
+            const double err = ag.err();
             const double bound = 4e-9 * (double)sh.cols; /* two fp32 summation orders: as `mmv_bench wg` */
             const bool ok = nan == 0 && err <= bound;
             bad += !ok;
@@ -959,20 +968,10 @@ static int wsbench(int reps, const char *tlist) {
             CK(cudaGetLastError());
             /* each against the other path: the largest difference over the largest output, unwritten outputs */
             auto agree = [&](const std::vector<float *> &out, size_t *nan) {
-                double md = 0, mr = 0;
-                for (int i = 0; i < gr.n; i++) {
-                    const size_t ne = (size_t)(T * gr.rows[i]);
-                    std::vector<float> av(ne), bv(ne);
-                    CK(cudaMemcpy(av.data(), out[i], ne * 4, cudaMemcpyDeviceToHost));
-                    CK(cudaMemcpy(bv.data(), yref[i], ne * 4, cudaMemcpyDeviceToHost));
-                    for (size_t e = 0; e < ne; e++) {
-                        if (!(av[e] == av[e])) (*nan)++;
-                        const double dd = fabs((double)av[e] - bv[e]);
-                        md = dd > md ? dd : md;
-                        mr = fabs((double)bv[e]) > mr ? fabs((double)bv[e]) : mr;
-                    }
-                }
-                return mr > 0 ? md / mr : md;
+                agreement ag;
+                for (int i = 0; i < gr.n; i++) ag.add(out[i], yref[i], (size_t)(T * gr.rows[i]));
+                *nan = ag.nan;
+                return ag.err();
             };
             size_t nan = 0, nan2 = 0;
             const double err = agree(y, &nan), err2 = two ? agree(y2, &nan2) : 0.0;

@@ -1,6 +1,7 @@
 /* ==== cuBLASLt for the CUDA backend (see blas.h) ==== */
 #define _POSIX_C_SOURCE 200809L
 #include "backend/cuda/blas.h"
+#include "backend/cuda/cu_dl.h"
 
 #include <dlfcn.h>
 #pragma GCC diagnostic push
@@ -44,7 +45,7 @@ static void open_blas(void) {
         snprintf(g_why, sizeof g_why, "libcublasLt.so.13 could not be opened (%.200s)", dlerror());
         return;
     }
-    struct { void **p; const char *name; } syms[] = {
+    const cu_dl_sym syms[] = {
         {(void **)&g_api.create, "cublasLtCreate"},
         {(void **)&g_api.destroy, "cublasLtDestroy"},
         {(void **)&g_api.version, "cublasLtGetVersion"},
@@ -56,12 +57,8 @@ static void open_blas(void) {
         {(void **)&g_api.heuristic, "cublasLtMatmulAlgoGetHeuristic"},
         {(void **)&g_api.matmul, "cublasLtMatmul"},
     };
-    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++)
-        if (!(*syms[i].p = dlsym(g_lib, syms[i].name))) {
-            snprintf(g_why, sizeof g_why, "libcublasLt has no %s", syms[i].name);
-            g_lib = NULL; /* left open: its code may be mapped by now */
-            return;
-        }
+    if (cu_dl_resolve(g_lib, syms, sizeof syms / sizeof syms[0], "libcublasLt", g_why, sizeof g_why) != 0)
+        g_lib = NULL; /* left open: its code may be mapped by now */
 }
 
 /* a shape the heuristic was asked about, and its answer */

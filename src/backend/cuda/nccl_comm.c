@@ -1,6 +1,7 @@
 /* ==== NCCL for the CUDA backend (see nccl_comm.h) ==== */
 #define _POSIX_C_SOURCE 200809L
 #include "backend/cuda/nccl_comm.h"
+#include "backend/cuda/cu_dl.h"
 #include "backend/cuda/cu_error.h"
 
 #include <dlfcn.h>
@@ -43,19 +44,15 @@ static void open_nccl(void) {
         snprintf(g_why, sizeof g_why, "libnccl.so.2 could not be opened (%.200s)", dlerror());
         return;
     }
-    struct { void **p; const char *name; } syms[] = {
+    const cu_dl_sym syms[] = {
         {(void **)&g_api.get_version, "ncclGetVersion"},      {(void **)&g_api.get_unique_id, "ncclGetUniqueId"},
         {(void **)&g_api.comm_init_rank, "ncclCommInitRank"},  {(void **)&g_api.all_reduce, "ncclAllReduce"},
         {(void **)&g_api.all_gather, "ncclAllGather"},         {(void **)&g_api.async_error, "ncclCommGetAsyncError"},
         {(void **)&g_api.comm_abort, "ncclCommAbort"},         {(void **)&g_api.comm_destroy, "ncclCommDestroy"},
         {(void **)&g_api.error_string, "ncclGetErrorString"},
     };
-    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++)
-        if (!(*syms[i].p = dlsym(g_lib, syms[i].name))) {
-            snprintf(g_why, sizeof g_why, "libnccl.so.2 has no %s", syms[i].name);
-            g_lib = NULL; /* left open: its code may be mapped by now */
-            return;
-        }
+    if (cu_dl_resolve(g_lib, syms, sizeof syms / sizeof syms[0], "libnccl.so.2", g_why, sizeof g_why) != 0)
+        g_lib = NULL; /* left open: its code may be mapped by now */
 }
 
 struct cu_nccl {
