@@ -810,6 +810,46 @@ static int blasbench(int reps, const char *tlist) {
         CK(cudaFree(wrm));
         tiled_case_free(tc);
     }
+    /* MLX 8- and 4-bit (groups of 64) on the library, dequantized to bf16 first, against
+     * `exact` (three bf16 parts), beside the bf16 form's own error: both within the op test's
+     * bf16 bound (2e-2 of the largest output) */
+    printf("\nMLX on the library (dequantized to bf16): TFLOP/s; err = max |y - exact| / max |exact|\n");
+    printf("%-9s %4s %6s %8s %8s %10s %10s\n", "shape", "bits", "T", "own", "blas", "err own", "err blas");
+    for (int bits = 8; bits >= 4; bits -= 4) {
+        const int64_t rows = 17408, cols = 5120, T = 2048;
+        q_case qc = q_case_make(s, rows, cols, bits, 64, T);
+        uint16_t *wrm;
+        CK(cudaMalloc(&wrm, (size_t)rows * cols * 2));
+        cu_mm_scratch own = {qc.xs, T, NULL, 0};
+        own.xs_elems = (int64_t)cu_split_elems(T, cols);
+        cu_mm_scratch lib = own;
+        lib.blas = bl, lib.wrm = wrm, lib.wrm_elems = rows * cols, lib.blas_ws = ws, lib.blas_ws_bytes = CU_BLAS_WORKSPACE;
+        cu_matmul(s, &qc.ws[0], qc.x, cols, T, qc.yref, rows, CU_MM_EXACT, &own);
+        double err[2];
+        for (int k = 0; k < 2; k++) {
+            CK(cudaMemsetAsync(qc.y, 0xff, (size_t)T * rows * 4, s));
+            cu_matmul(s, &qc.ws[0], qc.x, cols, T, qc.y, rows, CU_MM_BF16, k ? &lib : &own);
+            CK(cudaStreamSynchronize(s));
+            CK(cudaGetLastError());
+            agreement ag;
+            ag.add(qc.y, qc.yref, (size_t)(T * rows));
+            err[k] = ag.nan ? 1.0 : ag.err();
+        }
+        const bool ok = err[1] <= 2e-2;
+        bad += !ok;
+        const int copies = (int)qc.ws.size();
+        const double t_own = time_launches(s, e0, e1, reps, copies, [&](int c) {
+            cu_matmul(s, &qc.ws[c], qc.x, cols, T, qc.y, rows, CU_MM_BF16, &own);
+        });
+        const double t_lib = time_launches(s, e0, e1, reps, copies, [&](int c) {
+            cu_matmul(s, &qc.ws[c], qc.x, cols, T, qc.y, rows, CU_MM_BF16, &lib);
+        });
+        const double fl = 2.0 * rows * cols * T;
+        printf("%-9s %4d %6lld %8.1f %8.1f %10.2e %10.2e%s\n", "gate", bits, (long long)T, fl / t_own / 1e12, fl / t_lib / 1e12,
+               err[0], err[1], ok ? "" : "  FAIL");
+        CK(cudaFree(wrm));
+        q_case_free(qc);
+    }
     CK(cudaFree(ws));
     cu_blas_destroy(bl);
     printf("blas: %s\n", bad ? "FAILED" : "all products agree");

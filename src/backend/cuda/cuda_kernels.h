@@ -91,8 +91,9 @@ typedef struct cu_mm_scratch {
     int32_t *wcount;
     int64_t wcount_n;
     /* cuBLASLt (blas.h) for bf16-activation products of CU_BLAS_MIN_T tokens or more: its
-     * handle, a row-major copy of one tiled matrix at a time [wrm_elems] (matrices larger
-     * than it stay on k_wgmma) and the library's workspace [blas_ws_bytes]; NULL: k_wgmma */
+     * handle, a row-major bf16 copy of a launch's matrices [wrm_elems] (bf16 tiled as stored,
+     * MLX dequantized; matrices larger than it stay on the backend's kernels) and the
+     * library's workspace [blas_ws_bytes]; NULL: k_wgmma (MLX: k_qmvp / k_qmv) */
     struct cu_blas *blas;
     uint16_t *wrm;
     int64_t wrm_elems;

@@ -788,34 +788,50 @@ static void launch_one_bf16(cu_stream s, const mm_group &gs, int i, int64_t ldxs
     launch_gemm_shape<1>(s, one, sc->xs, ldxs, n, sc);
 }
 
-/* bf16 activations on cuBLASLt: the group's matrices copied out of the tiled layout into
- * sc->wrm side by side, then slices of as many tokens as xs holds in one part, each split
- * once and multiplied by every matrix (a product the library refuses takes launch_one_bf16).
- * 0, or -1 with nothing launched where it does not take the group (no library, too few
- * tokens, matrices larger than the copy's scratch). */
-static int launch_blas(cu_stream s, const mm_group &g, const float *x, int64_t ldx, int64_t T, const cu_mm_scratch *sc) {
-    if (!sc->blas || !sc->wrm || !sc->blas_ws || T < CU_BLAS_MIN_T) return -1;
+/* bf16 activations on cuBLASLt: the group's matrices copied out into sc->wrm side by side
+ * (bf16 tiled: as stored; MLX Q tiled: dequantized to bf16, as the peers feed their GEMMs),
+ * then slices of as many tokens as xs holds in one part, each split once and multiplied by
+ * every matrix (a product the library refuses takes the backend's own kernel: bf16
+ * launch_one_bf16, Q qtiled_own). 0, or -1 with nothing launched where it does not take the
+ * group (no library, too few tokens, matrices larger than the copy's scratch). */
+int launch_blas(cu_stream s, const mm_group &g, const float *x, int64_t ldx, int64_t T, const cu_mm_scratch *sc) {
+    if (!sc || !sc->blas || !sc->wrm || !sc->blas_ws || T < CU_BLAS_MIN_T) return -1;
     const int64_t cols = g.w[0].cols, ldxs = tiled_steps(cols) * 32;
+    const bool q = g.w[0].fmt == CU_FMT_Q_TILED;
     int64_t at[4], need = 0;
     for (int i = 0; i < g.n; i++) {
-        if (g.w[i].fmt != CU_FMT_BF16_TILED || g.w[i].cols != cols) return -1;
+        if ((g.w[i].fmt != CU_FMT_BF16_TILED && g.w[i].fmt != CU_FMT_Q_TILED) || g.w[i].fmt != g.w[0].fmt ||
+            g.w[i].cols != cols)
+            return -1;
         at[i] = need;
         need += g.w[i].rows * ldxs;
     }
-    if (need > sc->wrm_elems) return -1;
+    if (need > sc->wrm_elems || (q && ldxs != cols)) return -1;
     int64_t slice = sc->xs_elems > 0 ? sc->xs_elems / ldxs : sc->xs_tokens;
     while (slice > 16 && 3 * slice * ldxs >= ((int64_t)1 << 31)) slice /= 2; /* k_gemm's 32-bit offsets (a refusal) */
     if (slice < 16) return -1;
-    for (int i = 0; i < g.n; i++) cu_untile_bf16(s, (const uint16_t *)g.w[i].data, g.w[i].rows, cols, sc->wrm + at[i]);
+    for (int i = 0; i < g.n; i++) {
+        if (q) dequant_q(s, g.w[i], sc->wrm + at[i]);
+        else cu_untile_bf16(s, (const uint16_t *)g.w[i].data, g.w[i].rows, cols, sc->wrm + at[i]);
+    }
     for (int64_t t0 = 0; t0 < T; t0 += slice) {
         const int64_t n = T - t0 < slice ? T - t0 : slice;
         mm_group gs = g;
         for (int i = 0; i < g.n; i++) gs.y[i] = g.y[i] + t0 * g.ldy[i];
         launch_split(s, x + t0 * ldx, ldx, n, cols, sc->xs, ldxs, 1);
-        for (int i = 0; i < g.n; i++)
+        for (int i = 0; i < g.n; i++) {
             if (cu_blas_gemm(sc->blas, s, sc->wrm + at[i], ldxs, g.w[i].rows, cols, sc->xs, ldxs, n, gs.y[i], gs.ldy[i],
-                             sc->blas_ws, sc->blas_ws_bytes) != 0)
+                             sc->blas_ws, sc->blas_ws_bytes) == 0)
+                continue;
+            if (!q) {
                 launch_one_bf16(s, gs, i, ldxs, n, sc);
+                continue;
+            }
+            mm_group one = gs; /* (its own split of the slice, then the same xs again for the next matrix) */
+            one.n = 1, one.w[0] = gs.w[i], one.y[0] = gs.y[i], one.ldy[0] = gs.ldy[i], one.blk0[0] = 0;
+            qtiled_own(s, one, x + t0 * ldx, ldx, n, 1, sc, 0);
+            launch_split(s, x + t0 * ldx, ldx, n, cols, sc->xs, ldxs, 1);
+        }
     }
     return 0;
 }

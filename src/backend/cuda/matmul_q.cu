@@ -60,6 +60,40 @@ __global__ void k_tile_groups(const uint8_t *src, int64_t rows, int64_t ng, int 
     }
 }
 
+/* a thread per lane piece of the Q tiled layout (8 columns of a row, as k_tile_q wrote it):
+ * its values s q + b (the stored scale and bias of its group) rounded to bf16, into dst
+ * [rows][cols] row-major (cols is a multiple of 32: cu_q_tileable); cuBLASLt's copy */
+__global__ void k_dequant_q(cu_mat w, uint16_t *dst) {
+    const int64_t nsteps = w.cols / 32, nq = tiled_tiles(w.rows) * nsteps * 64, ng = w.cols / w.group;
+    for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < nq; q += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t mk = q / 64, m = mk / nsteps, k = mk % nsteps;
+        const int L = (int)(q % 64) / 2, half = (int)(q % 2), rr = 8 * half + (L >> 2);
+        const int64_t r = 16 * m + rr, c = 32 * k + 8 * (L & 3);
+        if (r >= w.rows) continue;
+        const int64_t gi = (m * ng + c / w.group) * 16 + 2 * (rr % 8) + rr / 8; /* rows 0, 8, 1, 9, ... */
+        const float sc = load_s(w.scales, w.sdtype, gi), bi = load_s(w.biases, w.sdtype, gi);
+        uint32_t qv[8];
+        if (w.bits == 8) {
+            const uint2 v = *(const uint2 *)((const uint8_t *)w.data + q * 8);
+#pragma unroll
+            for (int e = 0; e < 4; e++) qv[e] = (v.x >> (8 * e)) & 255u, qv[4 + e] = (v.y >> (8 * e)) & 255u;
+        } else {
+            const uint32_t v = *(const uint32_t *)((const uint8_t *)w.data + q * 4);
+#pragma unroll
+            for (int e = 0; e < 8; e++) qv[e] = (v >> ((e & 1) * 16 + (e >> 1) * 4)) & 15u;
+        }
+        uint32_t o[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            o[e] = pack2(f2bf16(fmaf(sc, (float)qv[2 * e], bi)), f2bf16(fmaf(sc, (float)qv[2 * e + 1], bi)));
+        *(uint4 *)(dst + r * w.cols + c) = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+}
+
+void dequant_q(cu_stream s, const cu_mat &w, uint16_t *dst) {
+    if (w.rows > 0 && w.cols > 0) k_dequant_q<<<4096, 256, 0, s>>>(w, dst);
+}
+
 extern "C" void cu_tile_q(cu_stream s, const void *data, const void *scales, const void *biases, int es, int64_t rows,
                           int64_t cols, int bits, int group, void *ddata, void *dscales, void *dbiases) {
     if (rows <= 0 || cols <= 0) return;
@@ -758,12 +792,19 @@ static bool launch_qint(cu_stream s, const mm_group &g, const float *x, int64_t 
     return true;
 }
 
-/* MLX tiled matrices (one width, bits and group): on integer tensor cores where the scratch
- * has xq (launch_qint); else split (unless xs holds x already), then k_qmvp or k_qmv, in
- * slices of the scratch's tokens */
+/* MLX tiled matrices (one width, bits and group): `bf16` products of many tokens on cuBLASLt
+ * (the values dequantized to bf16 first: launch_blas); on integer tensor cores where the
+ * scratch has xq (launch_qint); else qtiled_own */
 void launch_qtiled(cu_stream s, mm_group g, const float *x, int64_t ldx, int64_t T, int parts,
                    const cu_mm_scratch *sc, int xs_ready) {
+    if (parts == 1 && launch_blas(s, g, x, ldx, T, sc) == 0) return;
     if (launch_qint(s, g, x, ldx, T, sc)) return;
+    qtiled_own(s, g, x, ldx, T, parts, sc, xs_ready);
+}
+
+/* split (unless xs holds x already), then k_qmvp or k_qmv, in slices of the scratch's tokens */
+void qtiled_own(cu_stream s, mm_group g, const float *x, int64_t ldx, int64_t T, int parts, const cu_mm_scratch *sc,
+                int xs_ready) {
     const int64_t cols = g.w[0].cols, ldxs = tiled_steps(cols) * 32, slice = T <= 16 ? T : sc->xs_tokens;
     for (int64_t t0 = 0; t0 < T; t0 += slice) {
         const int64_t n = T - t0 < slice ? T - t0 : slice;

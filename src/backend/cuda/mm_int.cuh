@@ -61,6 +61,11 @@ MM_HIDDEN void launch_tiled(cu_stream s, mm_group g, const float *x, int64_t ldx
                             const cu_mm_scratch *sc, int xs_ready);
 /* the bf16 kernels' shared memory attributes (cu_mm_init) */
 MM_HIDDEN void mm_bf16_init(void);
+/* bf16-activation products of many tokens on cuBLASLt, the group's matrices (bf16 tiled or
+ * MLX Q tiled) copied out row-major into sc->wrm first: 0, or -1 with nothing launched where
+ * it does not take the group */
+MM_HIDDEN int launch_blas(cu_stream s, const mm_group &g, const float *x, int64_t ldx, int64_t T,
+                          const cu_mm_scratch *sc);
 
 /* matmul_q.cu */
 /* MLX tiled matrices of one width, bits and group: k_qmvp or k_qmv */
@@ -68,5 +73,10 @@ MM_HIDDEN void launch_qtiled(cu_stream s, mm_group g, const float *x, int64_t ld
                              const cu_mm_scratch *sc, int xs_ready);
 /* k_qmvp's shared memory attributes (cu_mm_init) */
 MM_HIDDEN void qmvp_init(void);
+/* launch_qtiled without the library or the integer form: k_qmvp or k_qmv on bf16 parts */
+MM_HIDDEN void qtiled_own(cu_stream s, mm_group g, const float *x, int64_t ldx, int64_t T, int parts,
+                          const cu_mm_scratch *sc, int xs_ready);
+/* a Q tiled matrix's values s q + b as bf16, row-major into dst [rows][cols] */
+MM_HIDDEN void dequant_q(cu_stream s, const cu_mat &w, uint16_t *dst);
 
 #endif /* ST_BACKEND_CUDA_MM_INT_CUH */
