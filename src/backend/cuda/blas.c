@@ -75,7 +75,6 @@ struct cu_blas {
     cublasLtHandle_t h; /* owned */
     blas_pick cache[CU_BLAS_CACHE];
     int n_cache, next; /* entries in use; the one to replace next when full */
-    char error[256];
 };
 
 cu_blas *cu_blas_create(char *why, size_t cap) {
@@ -110,8 +109,6 @@ void cu_blas_describe(const cu_blas *b, char *buf, size_t cap) {
     snprintf(buf, cap, "cuBLASLt %zu.%zu.%zu", v / 10000, v / 100 % 100, v % 100);
 }
 
-const char *cu_blas_error(const cu_blas *b) { return b->error; }
-
 /* the largest power of two (up to 256) that divides the address */
 static uint32_t align_of(const void *p) {
     const uintptr_t a = (uintptr_t)p;
@@ -135,16 +132,11 @@ static int op_init(cu_blas *bl, blas_op *o, int64_t rows, int64_t cols, int64_t 
         st = bl->f.layout_init(&o->a, sizeof o->a, CUDA_R_16BF, (uint64_t)cols, (uint64_t)rows, ldw);
     if (st == CUBLAS_STATUS_SUCCESS) st = bl->f.layout_init(&o->b, sizeof o->b, CUDA_R_16BF, (uint64_t)cols, (uint64_t)T, ldxs);
     if (st == CUBLAS_STATUS_SUCCESS) st = bl->f.layout_init(&o->c, sizeof o->c, CUDA_R_32F, (uint64_t)rows, (uint64_t)T, ldy);
-    if (st != CUBLAS_STATUS_SUCCESS) {
-        snprintf(bl->error, sizeof bl->error, "cuBLASLt: describing a %lld x %lld product of %lld tokens: status %d",
-                 (long long)rows, (long long)cols, (long long)T, (int)st);
-        return -1;
-    }
-    return 0;
+    return st == CUBLAS_STATUS_SUCCESS ? 0 : -1;
 }
 
-/* the cached pick for the shape, asking the heuristic on a miss; NULL where the library
- * could not be asked */
+/* the cached pick for the shape, asking the heuristic on a miss (a refusal or a failure is
+ * kept too: the shape then takes the caller's kernel without asking again) */
 static const blas_pick *pick_for(cu_blas *bl, blas_op *o, int64_t rows, int64_t cols, int64_t T, int64_t ldw,
                                  int64_t ldxs, int64_t ldy, uint32_t align, size_t ws_bytes) {
     for (int i = 0; i < bl->n_cache; i++) {
@@ -166,11 +158,6 @@ static const blas_pick *pick_for(cu_blas *bl, blas_op *o, int64_t rows, int64_t 
     memset(&r, 0, sizeof r);
     int n = 0;
     if (st == CUBLAS_STATUS_SUCCESS) st = bl->f.heuristic(bl->h, &o->desc, &o->a, &o->b, &o->c, &o->c, &pref, 1, &r, &n);
-    if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) {
-        snprintf(bl->error, sizeof bl->error, "cuBLASLt: the heuristic for a %lld x %lld product of %lld tokens: status %d",
-                 (long long)rows, (long long)cols, (long long)T, (int)st);
-        return NULL;
-    }
     blas_pick *p;
     if (bl->n_cache < CU_BLAS_CACHE) p = &bl->cache[bl->n_cache++];
     else p = &bl->cache[bl->next], bl->next = (bl->next + 1) % CU_BLAS_CACHE;
@@ -178,9 +165,6 @@ static const blas_pick *pick_for(cu_blas *bl, blas_op *o, int64_t rows, int64_t 
     p->ok = st == CUBLAS_STATUS_SUCCESS && n > 0 && r.state == CUBLAS_STATUS_SUCCESS;
     p->algo = r.algo;
     p->ws = p->ok ? r.workspaceSize : 0;
-    if (!p->ok)
-        snprintf(bl->error, sizeof bl->error, "cuBLASLt offers no algorithm for a %lld x %lld product of %lld tokens",
-                 (long long)rows, (long long)cols, (long long)T);
     return p;
 }
 
@@ -194,14 +178,10 @@ int cu_blas_gemm(cu_blas *bl, cudaStream_t s, const uint16_t *w, int64_t ldw, in
     blas_op o;
     if (op_init(bl, &o, rows, cols, ldw, T, ldxs, ldy) != 0) return -1;
     const blas_pick *p = pick_for(bl, &o, rows, cols, T, ldw, ldxs, ldy, align, ws_bytes);
-    if (!p || !p->ok) return -1;
+    if (!p->ok) return -1;
     const float one = 1.0f, zero = 0.0f;
-    const cublasStatus_t st =
-        bl->f.matmul(bl->h, &o.desc, &one, w, &o.a, xs, &o.b, &zero, y, &o.c, y, &o.c, &p->algo, ws, ws_bytes, s);
-    if (st != CUBLAS_STATUS_SUCCESS) {
-        snprintf(bl->error, sizeof bl->error, "cuBLASLt: a %lld x %lld product of %lld tokens: status %d", (long long)rows,
-                 (long long)cols, (long long)T, (int)st);
-        return -1;
-    }
-    return 0;
+    return bl->f.matmul(bl->h, &o.desc, &one, w, &o.a, xs, &o.b, &zero, y, &o.c, y, &o.c, &p->algo, ws, ws_bytes, s) ==
+                   CUBLAS_STATUS_SUCCESS
+               ? 0
+               : -1;
 }

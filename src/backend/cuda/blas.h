@@ -40,11 +40,10 @@ void cu_blas_describe(const cu_blas *b, char *buf, size_t cap);
 
 /* y[t*ldy + r] = sum_c w[r*ldw + c] xs[t*ldxs + c] for r < rows, t < T, c < cols: w and xs bf16
  * (device), y fp32 (device; overwritten), enqueued on s with the workspace ws[ws_bytes]
- * (device). 0, or -1 with nothing launched where the library takes no algorithm for the
- * shape or fails (cu_blas_error says why); the caller then takes its own kernel. */
+ * (device). 0, or -1 where the library takes no algorithm for the shape or fails; the
+ * caller then takes its own kernel. */
 int cu_blas_gemm(cu_blas *b, cudaStream_t s, const uint16_t *w, int64_t ldw, int64_t rows, int64_t cols,
                  const uint16_t *xs, int64_t ldxs, int64_t T, float *y, int64_t ldy, void *ws, size_t ws_bytes);
-const char *cu_blas_error(const cu_blas *b);
 
 #ifdef __cplusplus
 }
