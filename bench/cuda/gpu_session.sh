@@ -110,10 +110,11 @@ top_merge k_top_merge 0 build/mmv_bench top 3
 LIST
 fi
 if has bw; then
-    # the read ceiling by way of reading, and k_wgmma_stream's two unit shapes at 16-64 tokens
+    # the read ceiling by way of reading, and k_wgmma_stream at each unit shape's token counts,
+    # full and partial (clusters of two take 65-127)
     timeout 120 build/mmv_bench bw 10 >"$O/bw.txt" 2>&1
     cat "$O/bw.txt"
-    timeout 200 build/mmv_bench ws 20 16,32,64 >"$O/ws.txt" 2>&1
+    timeout 200 build/mmv_bench ws 20 1,8,9,16,17,32,64,65,96,127 >"$O/ws.txt" 2>&1
     tail -30 "$O/ws.txt"
 fi
 if has tests; then

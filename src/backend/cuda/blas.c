@@ -64,7 +64,7 @@ static void open_blas(void) {
 /* a shape the heuristic was asked about, and its answer */
 typedef struct blas_pick {
     int64_t rows, cols, T, ldw, ldxs, ldy;
-    uint32_t align; /* the pointers' common alignment, bytes (the algorithm depends on it) */
+    uint32_t align[3]; /* w's, xs's and y's alignment, bytes (the algorithm depends on them) */
     int ok;         /* 0: the library offered no algorithm (the caller's kernel, every time) */
     cublasLtMatmulAlgo_t algo;
     size_t ws; /* the algorithm's workspace */
@@ -138,11 +138,11 @@ static int op_init(cu_blas *bl, blas_op *o, int64_t rows, int64_t cols, int64_t 
 /* the cached pick for the shape, asking the heuristic on a miss (a refusal or a failure is
  * kept too: the shape then takes the caller's kernel without asking again) */
 static const blas_pick *pick_for(cu_blas *bl, blas_op *o, int64_t rows, int64_t cols, int64_t T, int64_t ldw,
-                                 int64_t ldxs, int64_t ldy, uint32_t align, size_t ws_bytes) {
+                                 int64_t ldxs, int64_t ldy, const uint32_t align[3], size_t ws_bytes) {
     for (int i = 0; i < bl->n_cache; i++) {
         const blas_pick *p = &bl->cache[i];
         if (p->rows == rows && p->cols == cols && p->T == T && p->ldw == ldw && p->ldxs == ldxs && p->ldy == ldy &&
-            p->align == align && p->ws <= ws_bytes)
+            p->align[0] == align[0] && p->align[1] == align[1] && p->align[2] == align[2] && p->ws <= ws_bytes)
             return p;
     }
     cublasLtMatmulPreferenceOpaque_t pref;
@@ -152,8 +152,9 @@ static const blas_pick *pick_for(cu_blas *bl, blas_op *o, int64_t rows, int64_t 
     const cublasLtMatmulPreferenceAttributes_t al[] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    /* A is w, B is xs, C and D are y */
     for (size_t i = 0; i < sizeof al / sizeof al[0] && st == CUBLAS_STATUS_SUCCESS; i++)
-        st = bl->f.pref_set(&pref, al[i], &align, sizeof align);
+        st = bl->f.pref_set(&pref, al[i], &align[i < 2 ? i : 2], sizeof align[0]);
     cublasLtMatmulHeuristicResult_t r;
     memset(&r, 0, sizeof r);
     int n = 0;
@@ -161,7 +162,8 @@ static const blas_pick *pick_for(cu_blas *bl, blas_op *o, int64_t rows, int64_t 
     blas_pick *p;
     if (bl->n_cache < CU_BLAS_CACHE) p = &bl->cache[bl->n_cache++];
     else p = &bl->cache[bl->next], bl->next = (bl->next + 1) % CU_BLAS_CACHE;
-    p->rows = rows, p->cols = cols, p->T = T, p->ldw = ldw, p->ldxs = ldxs, p->ldy = ldy, p->align = align;
+    p->rows = rows, p->cols = cols, p->T = T, p->ldw = ldw, p->ldxs = ldxs, p->ldy = ldy;
+    memcpy(p->align, align, sizeof p->align);
     p->ok = st == CUBLAS_STATUS_SUCCESS && n > 0 && r.state == CUBLAS_STATUS_SUCCESS;
     p->algo = r.algo;
     p->ws = p->ok ? r.workspaceSize : 0;
@@ -171,10 +173,7 @@ static const blas_pick *pick_for(cu_blas *bl, blas_op *o, int64_t rows, int64_t 
 int cu_blas_gemm(cu_blas *bl, cudaStream_t s, const uint16_t *w, int64_t ldw, int64_t rows, int64_t cols,
                  const uint16_t *xs, int64_t ldxs, int64_t T, float *y, int64_t ldy, void *ws, size_t ws_bytes) {
     if (!bl || rows < 1 || cols < 1 || T < 1 || ldw < cols || ldxs < cols || ldy < rows) return -1;
-    uint32_t align = align_of(w);
-    const uint32_t ax = align_of(xs), ay = align_of(y);
-    align = ax < align ? ax : align;
-    align = ay < align ? ay : align;
+    const uint32_t align[3] = {align_of(w), align_of(xs), align_of(y)};
     blas_op o;
     if (op_init(bl, &o, rows, cols, ldw, T, ldxs, ldy) != 0) return -1;
     const blas_pick *p = pick_for(bl, &o, rows, cols, T, ldw, ldxs, ldy, align, ws_bytes);

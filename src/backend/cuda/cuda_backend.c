@@ -1018,7 +1018,10 @@ static st_status cuda_ctx_create(st_backend *base, const st_ctx_params *p, st_bc
     if (st == ST_OK && blas_wrm_elems(b, T)) {
         char why[300];
         c->mms.blas = cu_blas_create(why, sizeof why);
-        if (!c->mms.blas) st = cu_error_set(err, ST_ERR_IO, "CUDA: %s", why);
+    }
+    /* (a handle the library refuses leaves this context on its own kernels, as a missing
+     * library does: launch_blas declines without blas and wrm) */
+    if (st == ST_OK && c->mms.blas) {
         c->mms.wrm_elems = blas_wrm_elems(b, T);
         c->mms.blas_ws_bytes = CU_BLAS_WORKSPACE;
         if (st == ST_OK) st = dev_alloc(b, (size_t)c->mms.wrm_elems * 2, (void **)&c->mms.wrm, err);
@@ -1298,9 +1301,10 @@ static void do_matmul(cuda_ctx *c, int layer, st_act in, const st_mm *mm, int n,
             y[i] = act(c, mm[i0 + i].out);
             ldy[i] = w[i]->rows;
         }
-        cu_matmul_group(c->stream, k, w, y, ldy, x, w[0]->cols, c->T, c->b->mm_mode, &c->mms,
-                        c->xs_holds == (int)in);
-        if (split_parts(c)) c->xs_holds = (int)in;
+        if (cu_matmul_group(c->stream, k, w, y, ldy, x, w[0]->cols, c->T, c->b->mm_mode, &c->mms,
+                            c->xs_holds == (int)in) &&
+            split_parts(c))
+            c->xs_holds = (int)in;
         for (int i = 0; i < k; i++)
             if ((int)mm[i0 + i].out == c->xs_holds) c->xs_holds = -1;
     }

@@ -116,7 +116,8 @@ size_t cu_qint_bytes(int64_t cols);
 #define CU_WS_MIN_T 17 /* `mmv_bench ws`: 16 tokens and fewer stream faster on k_mmvp / k_mmv */
 #define CU_WS_BLOCKS 160
 static inline size_t cu_ws_part_elems(void) { return (size_t)CU_WS_BLOCKS * 256 * 128; }
-static inline int64_t cu_ws_counts(int64_t rows) { return (rows + 127) / 128 + 4; }
+/* (each of up to 4 matrices rounds its row blocks up, and up again to whole pairs in clusters of two) */
+static inline int64_t cu_ws_counts(int64_t rows) { return (rows + 127) / 128 + 8; }
 /* y[i][t*ldy[i] + r] = sum_c W_i[r][c] xs[t*ldxs + c] for n <= 4 CU_FMT_BF16_TILED matrices
  * of one width and 1 <= T <= 128 bf16-activation tokens, on resident blocks streaming the
  * weights (matmul_wgmma.cu); 0, or -1 with nothing launched where it does not take them */
@@ -149,8 +150,10 @@ void cu_mm_init(void);
 void cu_matmul(cu_stream s, const cu_mat *w, const float *x, int64_t ldx, int64_t T, float *y,
                int64_t ldy, int mode, const cu_mm_scratch *sc);
 /* n matrices reading the same x: those of one width share a launch */
-/* xs_ready: sc->xs already holds x's split (cu_add_norm or cu_silu_mul made it; T <= 16) */
-void cu_matmul_group(cu_stream s, int n, const cu_mat *const *w, float *const *y, const int64_t *ldy,
+/* xs_ready: sc->xs already holds x's split (cu_add_norm or cu_silu_mul made it; T <= 16);
+ * returns 1 where a launch split x into sc->xs (T <= 16), 0 where none touched it (launches
+ * of other formats, and the MLX integer form, which reads its limbs from sc->xq) */
+int cu_matmul_group(cu_stream s, int n, const cu_mat *const *w, float *const *y, const int64_t *ldy,
                      const float *x, int64_t ldx, int64_t T, int mode, const cu_mm_scratch *sc, int xs_ready);
 static inline size_t cu_split_elems(int64_t T, int64_t cols) { return (size_t)(3 * T * ((cols + 31) / 32 * 32)); }
 /* bf16 tiled: the elements a rows x cols matrix takes, and the tiling of a row-major one

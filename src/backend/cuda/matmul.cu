@@ -251,17 +251,21 @@ extern "C" void cu_mm_init(void) {
     mm_bf16_init();
 }
 
-extern "C" void cu_matmul_group(cu_stream s, int n, const cu_mat *const *w, float *const *y, const int64_t *ldy,
-                                const float *x, int64_t ldx, int64_t T, int mode, const cu_mm_scratch *sc,
-                                int xs_ready) {
-    if (T <= 0) return;
+extern "C" int cu_matmul_group(cu_stream s, int n, const cu_mat *const *w, float *const *y, const int64_t *ldy,
+                               const float *x, int64_t ldx, int64_t T, int mode, const cu_mm_scratch *sc,
+                               int xs_ready) {
+    if (T <= 0) return 0;
+    int wrote = 0; /* a launch split x into xs (T <= 16: the whole of it) */
     const int parts = mode == CU_MM_BF16 ? 1 : 3;
     mm_group g;
     g.n = 0;
     auto flush = [&]() {
         if (g.n == 0) return;
-        if (g.w[0].fmt == CU_FMT_Q_TILED) launch_qtiled(s, g, x, ldx, T, parts, sc, xs_ready);
-        else launch_tiled(s, g, x, ldx, T, parts, sc, xs_ready);
+        if (g.w[0].fmt == CU_FMT_Q_TILED) wrote |= launch_qtiled(s, g, x, ldx, T, parts, sc, xs_ready);
+        else {
+            launch_tiled(s, g, x, ldx, T, parts, sc, xs_ready);
+            wrote |= T <= 16 && sc;
+        }
         g.n = 0;
     };
     for (int i = 0; i < n; i++) {
@@ -279,6 +283,7 @@ extern "C" void cu_matmul_group(cu_stream s, int n, const cu_mat *const *w, floa
         g.n++;
     }
     flush();
+    return wrote;
 }
 
 extern "C" void cu_matmul(cu_stream s, const cu_mat *w, const float *x, int64_t ldx, int64_t T, float *y,

@@ -456,24 +456,31 @@ __global__ void __launch_bounds__(32 * MM_SPLITS, MINB)
     };
     if (!IM && PF && ni > 0) load_x(xn, 0, 0);
     /* IM: this lane's token 8 j + g's limbs (its 8 bytes of each step's 32), the (d, sum x) of
-     * its output columns' tokens 8 j + 2 t, + 1; the next group's, a group ahead */
+     * its output columns' tokens 8 j + 2 t, + 1; a group ahead where they fit the registers
+     * (PFL), else each step's as it is used. Tokens past T read nothing (their limbs are 0). */
+    constexpr bool PFL = GS * NTC <= 1;
     const uint8_t *xl = (const uint8_t *)xs;
     const float *xd = (const float *)(xl + QI_TP * nsteps * 96);
-    uint2 ln[IM ? GS : 1][NTC][3];
+    auto limb_at = [&](int64_t k, int j, int l) -> uint2 {
+        return 8 * j + g < T ? *(const uint2 *)(xl + ((8 * j + g) * nsteps + k) * 96 + l * 32 + 8 * t) : make_uint2(0, 0);
+    };
+    auto d_at = [&](int64_t gj, int j) -> float4 {
+        return 8 * j + 2 * t < T ? *(const float4 *)(xd + (gj * QI_TP + 8 * j + 2 * t) * 2) : make_float4(0, 0, 0, 0);
+    };
+    uint2 ln[IM && PFL ? GS : 1][NTC][3];
     float4 dn[NTC];
     auto load_l = [&](int i) {
-        const int64_t gj = warp + (int64_t)i * MM_SPLITS, k0 = gj * GS;
+        const int64_t gj = warp + (int64_t)i * MM_SPLITS;
 #pragma unroll
         for (int j = 0; j < NTC; j++) {
 #pragma unroll
-            for (int u = 0; u < (IM ? GS : 1); u++)
+            for (int u = 0; u < (IM && PFL ? GS : 1); u++)
 #pragma unroll
-                for (int l = 0; l < 3; l++)
-                    ln[u][j][l] = *(const uint2 *)(xl + ((8 * j + g) * nsteps + k0 + u) * 96 + l * 32 + 8 * t);
-            dn[j] = *(const float4 *)(xd + (gj * QI_TP + 8 * j + 2 * t) * 2);
+                for (int l = 0; l < 3; l++) ln[u][j][l] = limb_at(gj * GS + u, j, l);
+            dn[j] = d_at(gj, j);
         }
     };
-    if (IM && ni > 0) load_l(0);
+    if (IM && PFL && ni > 0) load_l(0);
     const uint32_t one2 = 0x3f803f80u; /* bf16 1.0, 1.0 */
     int cs = 0;
     for (int64_t b = blockIdx.x; b < nblk; b += gridDim.x) {
@@ -510,17 +517,23 @@ __global__ void __launch_bounds__(32 * MM_SPLITS, MINB)
             cs = cs + 1 == D ? 0 : cs + 1;
             produce(); /* into the slot read the group before */
             if constexpr (IM) {
-                uint2 lb[GS][NTC][3];
+                uint2 lb[PFL ? GS : 1][NTC][3];
                 float4 db[NTC];
+                const int64_t gj = warp + (int64_t)i * MM_SPLITS;
+                if constexpr (PFL) {
 #pragma unroll
-                for (int j = 0; j < NTC; j++) {
-                    db[j] = dn[j];
+                    for (int j = 0; j < NTC; j++) {
+                        db[j] = dn[j];
 #pragma unroll
-                    for (int u = 0; u < GS; u++)
+                        for (int u = 0; u < GS; u++)
 #pragma unroll
-                        for (int l = 0; l < 3; l++) lb[u][j][l] = ln[u][j][l];
+                            for (int l = 0; l < 3; l++) lb[u][j][l] = ln[u][j][l];
+                    }
+                    load_l(i + 1 < ni ? i + 1 : 0);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < NTC; j++) db[j] = d_at(gj, j);
                 }
-                load_l(i + 1 < ni ? i + 1 : 0);
                 int32_t ai[MT][NTC][3][4]; /* each limb's exact sums */
 #pragma unroll
                 for (int m = 0; m < MT; m++)
@@ -529,7 +542,12 @@ __global__ void __launch_bounds__(32 * MM_SPLITS, MINB)
 #pragma unroll
                         for (int l = 0; l < 3; l++) ai[m][j][l][0] = ai[m][j][l][1] = ai[m][j][l][2] = ai[m][j][l][3] = 0;
 #pragma unroll
-                for (int u = 0; u < GS; u++)
+                for (int u = 0; u < GS; u++) {
+                    if constexpr (!PFL) /* this step's limbs (the compiler hoists what the registers allow) */
+#pragma unroll
+                        for (int j = 0; j < NTC; j++)
+#pragma unroll
+                            for (int l = 0; l < 3; l++) lb[0][j][l] = limb_at(gj * GS + u, j, l);
 #pragma unroll
                     for (int m = 0; m < MT; m++) {
                         uint32_t a[4];
@@ -537,8 +555,12 @@ __global__ void __launch_bounds__(32 * MM_SPLITS, MINB)
 #pragma unroll
                         for (int j = 0; j < NTC; j++)
 #pragma unroll
-                            for (int l = 0; l < 3; l++) mma_u8s8(ai[m][j][l], a[0], a[1], a[2], a[3], lb[u][j][l].x, lb[u][j][l].y);
+                            for (int l = 0; l < 3; l++) {
+                                const uint2 bl = lb[PFL ? u : 0][j][l];
+                                mma_u8s8(ai[m][j][l], a[0], a[1], a[2], a[3], bl.x, bl.y);
+                            }
                     }
+                }
                 /* element e: row g (e < 2) or g + 8, column 8 j + 2 t + (e & 1) */
 #pragma unroll
                 for (int m = 0; m < MT; m++)
@@ -794,12 +816,14 @@ static bool launch_qint(cu_stream s, const mm_group &g, const float *x, int64_t 
 
 /* MLX tiled matrices (one width, bits and group): `bf16` products of many tokens on cuBLASLt
  * (the values dequantized to bf16 first: launch_blas); on integer tensor cores where the
- * scratch has xq (launch_qint); else qtiled_own */
-void launch_qtiled(cu_stream s, mm_group g, const float *x, int64_t ldx, int64_t T, int parts,
-                   const cu_mm_scratch *sc, int xs_ready) {
-    if (parts == 1 && launch_blas(s, g, x, ldx, T, sc) == 0) return;
-    if (launch_qint(s, g, x, ldx, T, sc)) return;
+ * scratch has xq (launch_qint); else qtiled_own. 1: it left sc->xs holding x's split (the
+ * last one wrote; launch_qint does not touch xs) */
+int launch_qtiled(cu_stream s, mm_group g, const float *x, int64_t ldx, int64_t T, int parts,
+                  const cu_mm_scratch *sc, int xs_ready) {
+    if (parts == 1 && launch_blas(s, g, x, ldx, T, sc) == 0) return 0;
+    if (launch_qint(s, g, x, ldx, T, sc)) return 0;
     qtiled_own(s, g, x, ldx, T, parts, sc, xs_ready);
+    return T <= 16;
 }
 
 /* split (unless xs holds x already), then k_qmvp or k_qmv, in slices of the scratch's tokens */

@@ -68,9 +68,10 @@ MM_HIDDEN int launch_blas(cu_stream s, const mm_group &g, const float *x, int64_
                           const cu_mm_scratch *sc);
 
 /* matmul_q.cu */
-/* MLX tiled matrices of one width, bits and group: k_qmvp or k_qmv */
-MM_HIDDEN void launch_qtiled(cu_stream s, mm_group g, const float *x, int64_t ldx, int64_t T, int parts,
-                             const cu_mm_scratch *sc, int xs_ready);
+/* MLX tiled matrices of one width, bits and group (matmul_q.cu says which kernel); 1 where it
+ * left sc->xs holding x's split */
+MM_HIDDEN int launch_qtiled(cu_stream s, mm_group g, const float *x, int64_t ldx, int64_t T, int parts,
+                            const cu_mm_scratch *sc, int xs_ready);
 /* k_qmvp's shared memory attributes (cu_mm_init) */
 MM_HIDDEN void qmvp_init(void);
 /* launch_qtiled without the library or the integer form: k_qmvp or k_qmv on bf16 parts */
