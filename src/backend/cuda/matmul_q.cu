@@ -161,7 +161,8 @@ __device__ __forceinline__ float group_at(const void *p, int dt, int64_t i) { re
 /* ---- MLX 4- and 8-bit on integer tensor cores (the IM form of k_qmvp) ----
  * The scheme of the CPU's VNNI kernel (kernels/cpu/q8vnni.c): per token and group g the
  * activations become integers X = round(x / d_g), d_g = max |x| / QI_XMAX (21 bits and a
- * sign), as three signed 7-bit limbs X = a2 2^14 + a1 2^7 + a0; each limb's products with the
+ * sign), as three signed limbs X = a2 2^14 + a1 2^7 + a0 (a0, a1 in [-64, 63], a2 in
+ * [-128, 127]: s8 operands); each limb's products with the
  * unsigned values q are summed exactly in int32 (mma m16n8k32 u8 x s8: no value is converted
  * to a float), then T = fma(A2, 2^14, fma(A1, 2^7, A0)) and the output's sum takes
  * fma(T, s_g d_g) and fma(b_g, sum_g x), as the CPU does (its group order is the warps' of
