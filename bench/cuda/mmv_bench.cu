@@ -444,7 +444,8 @@ static int qbench(int reps) {
  * (three bf16 parts: fp32-grade), the IM form within 2e-6 of the largest (a correct one is
  * about 2e-7 off on these values; a wrong limb, even the lowest, 2e-5 or more) beside the bf16
  * form's own error; every token's bits the same as that token's alone, at 1, 4, 12, 16 and 40
- * tokens (the last in slices of 16); GB/s of the bytes read of each ---- */
+ * tokens (the last in slices of 16, as `exact` takes it; `bf16` takes it for 16 or fewer);
+ * GB/s of the bytes read of each ---- */
 static int qibench(int reps) {
     const bench_env env = bench_env_make();
     cudaStream_t s = env.s;
@@ -477,7 +478,7 @@ static int qibench(int reps) {
             CK(cudaMalloc(&yalone, TM * sh.rows * 4));
             auto run = [&](int k, int c, int64_t T, float *y, int64_t t0) {
                 const float *x = qc.x + t0 * sh.cols;
-                if (k == 2) cu_matmul(s, &qc.ws[c], x, sh.cols, T, y, sh.rows, CU_MM_BF16, &sq);
+                if (k == 2) cu_matmul(s, &qc.ws[c], x, sh.cols, T, y, sh.rows, CU_MM_EXACT, &sq); /* any T */
                 else cu_matmul(s, &qc.ws[c], x, sh.cols, T, y, sh.rows, k == 0 ? CU_MM_EXACT : CU_MM_BF16, &sc);
             };
             /* each token alone on IM */

@@ -784,9 +784,12 @@ static void launch_qmv_p(cu_stream s, mm_group g, const uint16_t *xs, int64_t ld
     else launch_qmv_b<P, NTC, 4>(s, g, nblk, xs, ldxs, n);
 }
 
-/* the IM form, QI_TP tokens a launch: k_qlimbs into sc->xq, then k_qmvp<IM>; false (nothing
- * launched) where the scratch has no xq or k_qmvp does not take the group (scales not bf16,
- * misaligned) */
+/* the IM form, QI_TP tokens a launch: k_qlimbs into sc->xq, then k_qmvp<IM>. In `exact` (3
+ * parts) it takes every launch, so that a token's bits never depend on how many share it; in
+ * `bf16` only those of up to QI_TP tokens (each launch reads every weight, where k_qmv's token
+ * tiles of a many-token launch share theirs in L2). False (nothing launched) where it does not
+ * take the launch, the scratch has no xq, or k_qmvp does not take the group (scales not bf16,
+ * misaligned). */
 template <int NTC, int BITS>
 static void launch_qint_b(cu_stream s, const mm_group &g, const uint8_t *xq, int64_t n) {
     const int gs = g.w[0].group / 32;
@@ -795,8 +798,9 @@ static void launch_qint_b(cu_stream s, const mm_group &g, const uint8_t *xq, int
     else if (gs == 2) launch_qmvp_g<1, NTC, BITS, 2, true>(s, g, xs, 0, n);
     else launch_qmvp_g<1, NTC, BITS, 4, true>(s, g, xs, 0, n);
 }
-static bool launch_qint(cu_stream s, const mm_group &g, const float *x, int64_t ldx, int64_t T, const cu_mm_scratch *sc) {
-    if (!sc->xq || !qmvp_fits(g, QI_TP, 1, 2)) return false;
+static bool launch_qint(cu_stream s, const mm_group &g, const float *x, int64_t ldx, int64_t T, int parts,
+                        const cu_mm_scratch *sc) {
+    if (!sc->xq || (parts == 1 && T > QI_TP) || !qmvp_fits(g, QI_TP, 1, 2)) return false;
     const int64_t cols = g.w[0].cols, warps = QI_TP * (cols / g.w[0].group);
     for (int64_t t0 = 0; t0 < T; t0 += QI_TP) {
         const int64_t n = T - t0 < QI_TP ? T - t0 : QI_TP;
@@ -822,7 +826,7 @@ static bool launch_qint(cu_stream s, const mm_group &g, const float *x, int64_t 
 int launch_qtiled(cu_stream s, mm_group g, const float *x, int64_t ldx, int64_t T, int parts,
                   const cu_mm_scratch *sc, int xs_ready) {
     if (parts == 1 && launch_blas(s, g, x, ldx, T, sc) == 0) return 0;
-    if (launch_qint(s, g, x, ldx, T, sc)) return 0;
+    if (launch_qint(s, g, x, ldx, T, parts, sc)) return 0;
     qtiled_own(s, g, x, ldx, T, parts, sc, xs_ready);
     return T <= 16;
 }
