@@ -925,12 +925,11 @@ static void launch_bufs_free(launch_bufs &b) {
  * (k_mmvp up to 8 tokens, k_mmv to 16, k_gemm beyond), on the 27B launches (gate and up
  * together, the four GDN in-projections, q/k/v) and odd shapes: agreement (as `wg`: every
  * output written, within 4e-9 times the columns of the largest output), and the same for its
- * variant on clusters of two blocks (the pair's two row blocks at the same stages, each
- * stage's activations read from L2 once for both by TMA multicast; not yet the backend's;
- * the variant of two row blocks a block it replaces measured 17.3 against 16.5 ms at 64
- * tokens), GB/s of weights of each
- * (the weights rotated over copies past the L2), and one 27B token's matrices summed against
- * the copy-bandwidth floor ---- */
+ * variants on clusters of two and four blocks (the group's row blocks at the same stages,
+ * each stage's activations read from L2 once for all of them by TMA multicast; not yet the
+ * backend's; the variant of two row blocks a block they replace measured 17.3 against 16.5 ms
+ * at 64 tokens), GB/s of weights of each (the weights rotated over copies past the L2), and
+ * one 27B token's matrices summed against the copy-bandwidth floor ---- */
 static int wsbench(int reps, const char *tlist) {
     cudaStream_t s;
     CK(cudaStreamCreate(&s));
@@ -949,8 +948,12 @@ static int wsbench(int reps, const char *tlist) {
     const std::vector<int64_t> Ts = token_list(tlist, {1, 2, 4, 8, 9, 16, 17, 24, 32, 48, 64, 65, 96, 127});
     const int64_t TM = 128;
     int bad = 0;
-    std::vector<double> t_old(Ts.size(), 0.0), t_ws(Ts.size(), 0.0), t_big(Ts.size(), 0.0);
-    if (ws_attrs<WS_KB, 2>() != 0) return 1;
+    constexpr int NV = 3;         /* the backend's stream kernel, clusters of 2, of 4 */
+    const int vcl[NV] = {0, 2, 4}; /* (0: the backend's) */
+    std::vector<double> t_old(Ts.size(), 0.0), t_v[NV];
+    for (int v = 0; v < NV; v++) t_v[v].assign(Ts.size(), 0.0);
+    const int most2 = cu_wgmma_stream_clusters(2), most4 = cu_wgmma_stream_clusters(4);
+    printf("clusters that run at once: %d of 2 blocks, %d of 4 (%d SMs)\n", most2, most4, mm_sms());
     float *wpart, *part;
     int32_t *wcount;
     const int64_t counts = cu_ws_counts(248320);
@@ -959,22 +962,26 @@ static int wsbench(int reps, const char *tlist) {
     CK(cudaMemset(wcount, 0, counts * 4));
     CK(cudaMalloc(&part, cu_mm_part_elems(64, 248320) * 4));
     /* the backend's path without the stream kernel, and the stream kernel's scratch */
-    const cu_mm_scratch sc_old = {NULL, TM, part, (int64_t)cu_mm_part_elems(64, 248320), NULL, NULL, 0, NULL, 0};
+    cu_mm_scratch sc_old = {};
+    sc_old.xs_tokens = TM, sc_old.part = part, sc_old.part_elems = (int64_t)cu_mm_part_elems(64, 248320);
     printf("bf16 products of few tokens: k_wgmma_stream against the backend's other path; GB/s of weights;\n"
-           "err = max |stream - other| / max |other|\n");
-    printf("%-9s %4s %10s %10s %10s %10s %10s\n", "launch", "T", "other", "stream", "cluster", "err", "err cl");
+           "err = max |stream - other| / max |other|; cl2, cl4: on clusters of 2 and 4 blocks\n");
+    printf("%-9s %4s %8s %8s %8s %8s %9s %9s %9s\n", "launch", "T", "other", "stream", "cl2", "cl4", "err", "err cl2",
+           "err cl4");
     for (const dec_launch &gr : groups) {
-        launch_bufs lb = launch_bufs_make(s, gr, TM, 3);
+        launch_bufs lb = launch_bufs_make(s, gr, TM, NV + 1);
         const size_t bytes = lb.bytes;
         const int copies = lb.copies;
         const std::vector<uint16_t *> &wt = lb.wt;
-        const std::vector<float *> &y = lb.y[0], &y2 = lb.y[1], &yref = lb.y[2];
+        const std::vector<float *> &yref = lb.y[NV];
         float *x = lb.x;
         uint16_t *xs = lb.xs;
         cu_mm_scratch sc_old_x = sc_old, sc = sc_old;
         sc_old_x.xs = xs;
         sc.xs = xs, sc.tma_encode = enc, sc.wpart = wpart, sc.wpart_elems = (int64_t)cu_ws_part_elems();
         sc.wcount = wcount, sc.wcount_n = counts;
+        cu_mm_scratch sc2 = sc, sc4 = sc;
+        sc2.ws_clusters = most2, sc4.ws_clusters = most4;
         const int64_t ldxs = tiled_steps(gr.cols) * 32;
         auto group_of = [&](int c, const std::vector<float *> &out) {
             mm_group g;
@@ -985,25 +992,27 @@ static int wsbench(int reps, const char *tlist) {
             }
             return g;
         };
-        /* two: clusters of two blocks sharing each stage's activations (not the backend's: measured here first) */
-        auto stream = [&](int c, const std::vector<float *> &out, int64_t T, bool two = false) {
-            const mm_group g = group_of(c, out);
+        /* variant v (the clusters are not the backend's: measured here first) */
+        auto stream = [&](int c, int v, int64_t T) {
+            const mm_group g = group_of(c, lb.y[v]);
             const cu_mat *w[4];
             for (int i = 0; i < gr.n; i++) w[i] = &g.w[i];
-            return two ? ws_stream<WS_KB, 2>(s, &sc, g.n, w, g.y, g.ldy, xs, ldxs, T)
-                       : cu_wgmma_stream(s, &sc, g.n, w, g.y, g.ldy, xs, ldxs, T);
+            return vcl[v] == 2   ? ws_stream<WS_KB, 2>(s, &sc2, g.n, w, g.y, g.ldy, xs, ldxs, T)
+                   : vcl[v] == 4 ? ws_stream<WS_KB, 4>(s, &sc4, g.n, w, g.y, g.ldy, xs, ldxs, T)
+                                 : cu_wgmma_stream(s, &sc, g.n, w, g.y, g.ldy, xs, ldxs, T);
         };
         for (size_t ti = 0; ti < Ts.size(); ti++) {
             const int64_t T = Ts[ti];
             if (T < 1 || T > TM) continue;
             launch_split(s, x, gr.cols, T, gr.cols, xs, ldxs, 1);
             launch_tiled(s, group_of(0, yref), x, gr.cols, T, 1, &sc_old_x, 1);
-            for (int i = 0; i < gr.n; i++) {
-                CK(cudaMemsetAsync(y[i], 0xff, T * gr.rows[i] * 4, s)); /* NaN: an output never written stays one */
-                CK(cudaMemsetAsync(y2[i], 0xff, T * gr.rows[i] * 4, s));
+            bool refused = false;
+            for (int v = 0; v < NV && !refused; v++) {
+                for (int i = 0; i < gr.n; i++) /* NaN: an output never written stays one */
+                    CK(cudaMemsetAsync(lb.y[v][i], 0xff, T * gr.rows[i] * 4, s));
+                refused = stream(0, v, T) != 0;
             }
-            const bool two = true;
-            if (stream(0, y, T) != 0 || (two && stream(0, y2, T, true) != 0)) {
+            if (refused) {
                 printf("%-9s %4lld refused\n", gr.name, (long long)T);
                 bad++;
                 continue;
@@ -1011,33 +1020,36 @@ static int wsbench(int reps, const char *tlist) {
             CK(cudaStreamSynchronize(s));
             CK(cudaGetLastError());
             /* each against the other path: the largest difference over the largest output, unwritten outputs */
-            auto agree = [&](const std::vector<float *> &out, size_t *nan) {
+            double err[NV];
+            size_t nan = 0;
+            bool ok = true;
+            for (int v = 0; v < NV; v++) {
                 agreement ag;
-                for (int i = 0; i < gr.n; i++) ag.add(out[i], yref[i], (size_t)(T * gr.rows[i]));
-                *nan = ag.nan;
-                return ag.err();
-            };
-            size_t nan = 0, nan2 = 0;
-            const double err = agree(y, &nan), err2 = two ? agree(y2, &nan2) : 0.0;
-            const bool ok = nan == 0 && nan2 == 0 && err <= 4e-9 * (double)gr.cols && err2 <= 4e-9 * (double)gr.cols;
+                for (int i = 0; i < gr.n; i++) ag.add(lb.y[v][i], yref[i], (size_t)(T * gr.rows[i]));
+                nan += ag.nan;
+                err[v] = ag.err();
+                ok = ok && ag.nan == 0 && err[v] <= 4e-9 * (double)gr.cols;
+            }
             bad += !ok;
             const double to = time_launches(s, e0, e1, reps, copies, [&](int c) { launch_tiled(s, group_of(c, yref), x, gr.cols, T, 1, &sc_old_x, 1); });
-            const double tw = time_launches(s, e0, e1, reps, copies, [&](int c) { stream(c, y, T); });
-            const double tb = two ? time_launches(s, e0, e1, reps, copies, [&](int c) { stream(c, y2, T, true); }) : 0.0;
-            printf("%-9s %4lld %10.0f %10.0f %10.0f %10.2e %10.2e%s\n", gr.name, (long long)T, bytes / to / 1e9, bytes / tw / 1e9,
-                   two ? bytes / tb / 1e9 : 0.0, err, err2, ok ? "" : "  FAIL");
-            if (nan || nan2) printf("          (%zu, %zu outputs not written)\n", nan, nan2);
-            t_old[ti] += to * gr.per_token, t_ws[ti] += tw * gr.per_token, t_big[ti] += tb * gr.per_token;
+            double tv[NV];
+            for (int v = 0; v < NV; v++) tv[v] = time_launches(s, e0, e1, reps, copies, [&](int c) { stream(c, v, T); });
+            printf("%-9s %4lld %8.0f %8.0f %8.0f %8.0f %9.2e %9.2e %9.2e%s\n", gr.name, (long long)T, bytes / to / 1e9,
+                   bytes / tv[0] / 1e9, bytes / tv[1] / 1e9, bytes / tv[2] / 1e9, err[0], err[1], err[2], ok ? "" : "  FAIL");
+            if (nan) printf("          (%zu outputs not written)\n", nan);
+            t_old[ti] += to * gr.per_token;
+            for (int v = 0; v < NV; v++) t_v[v][ti] += tv[v] * gr.per_token;
         }
         launch_bufs_free(lb);
     }
     printf("\none 27B token's matrices, summed: ms (%% of the copy-bandwidth floor, 51.2 GB)\n");
-    printf("%4s %18s %18s %18s\n", "T", "other", "stream", "stream, clusters");
+    printf("%4s %18s %18s %18s %18s\n", "T", "other", "stream", "clusters of 2", "clusters of 4");
+    const double floor_s = 51.2 / copy_bw;
     for (size_t ti = 0; ti < Ts.size(); ti++)
         if (t_old[ti] > 0)
-            printf("%4lld %9.2f (%5.1f%%) %9.2f (%5.1f%%) %9.2f (%5.1f%%)\n", (long long)Ts[ti], t_old[ti] * 1e3,
-                   100.0 * (51.2 / copy_bw) / t_old[ti], t_ws[ti] * 1e3, 100.0 * (51.2 / copy_bw) / t_ws[ti],
-                   t_big[ti] * 1e3, t_big[ti] > 0 ? 100.0 * (51.2 / copy_bw) / t_big[ti] : 0.0);
+            printf("%4lld %9.2f (%5.1f%%) %9.2f (%5.1f%%) %9.2f (%5.1f%%) %9.2f (%5.1f%%)\n", (long long)Ts[ti],
+                   t_old[ti] * 1e3, 100.0 * floor_s / t_old[ti], t_v[0][ti] * 1e3, 100.0 * floor_s / t_v[0][ti],
+                   t_v[1][ti] * 1e3, 100.0 * floor_s / t_v[1][ti], t_v[2][ti] * 1e3, 100.0 * floor_s / t_v[2][ti]);
     CK(cudaFree(wpart));
     CK(cudaFree(wcount));
     CK(cudaFree(part));

@@ -90,6 +90,9 @@ typedef struct cu_mm_scratch {
     int64_t wpart_elems;
     int32_t *wcount;
     int64_t wcount_n;
+    /* its clusters of CU_WS_CL > 1 blocks: the most the device runs at once
+     * (cu_wgmma_stream_clusters, asked once, outside any graph capture); 0: none */
+    int ws_clusters;
     /* cuBLASLt (blas.h) for bf16-activation products of CU_BLAS_MIN_T tokens or more: its
      * handle, a row-major bf16 copy of a launch's matrices [wrm_elems] (bf16 tiled as stored,
      * MLX dequantized; matrices larger than it stay on the backend's kernels) and the
@@ -116,8 +119,12 @@ size_t cu_qint_bytes(int64_t cols);
 #define CU_WS_MIN_T 17 /* `mmv_bench ws`: 16 tokens and fewer stream faster on k_mmvp / k_mmv */
 #define CU_WS_BLOCKS 160
 static inline size_t cu_ws_part_elems(void) { return (size_t)CU_WS_BLOCKS * 256 * 128; }
-/* (each of up to 4 matrices rounds its row blocks up, and up again to whole pairs in clusters of two) */
-static inline int64_t cu_ws_counts(int64_t rows) { return (rows + 127) / 128 + 8; }
+/* (each of up to 4 matrices rounds its row blocks up, and up again to whole groups of up to 4
+ * in clusters) */
+static inline int64_t cu_ws_counts(int64_t rows) { return (rows + 127) / 128 + 16; }
+/* the most clusters of cl (2 or 4; 0: the backend's CU_WS_CL) k_wgmma_stream blocks the device
+ * runs at once, whatever the tokens (0: none, or clusters of 1; an error is cleared) */
+int cu_wgmma_stream_clusters(int cl);
 /* y[i][t*ldy[i] + r] = sum_c W_i[r][c] xs[t*ldxs + c] for n <= 4 CU_FMT_BF16_TILED matrices
  * of one width and 1 <= T <= 128 bf16-activation tokens, on resident blocks streaming the
  * weights (matmul_wgmma.cu); 0, or -1 with nothing launched where it does not take them */

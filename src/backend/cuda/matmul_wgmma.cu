@@ -304,7 +304,7 @@ __device__ __forceinline__ void ws_wgmma(float (&d)[64], uint64_t da, uint64_t d
 /* the stages' shared memory a block, KB: small enough that a block of the next launch fits
  * beside one of this (it starts while this one drains; `mmv_bench ws` compares 200) */
 #define WS_KB 110
-/* the blocks of the backend's clusters (1; a build may set 2 to compare in the model) */
+/* the blocks of the backend's clusters (1; a build may set 2 or 4 to compare in the model) */
 #ifndef CU_WS_CL
 #define CU_WS_CL 1
 #endif
@@ -317,25 +317,25 @@ struct ws_shape {
     static constexpr int ACC = BN / 2; /* a consumer thread's accumulators */
 };
 
-/* CL: the blocks of a cluster (1: the backend's; 2: mmv_bench ws's variant). With 2, a unit is
- * (pair of row blocks, stage): the cluster's two blocks take the pair's row blocks (block q
- * of the cluster row block 2 p + q) at the same stages, and each stage's activations are read
- * once for both, each block loading one of its two steps into both blocks' shared memory (TMA
- * multicast): at 64 tokens the activations are half the bytes of a row block's weights, and
- * the L2 was the bound. A stage is refilled once both blocks' consumers have freed it (each
- * consumer warp arrives on both blocks' "empty" barriers), and neither block leaves before the
- * other (a cluster barrier at the end). Rows of a pair's second row block past its matrix
- * read zeros and are never written. */
+/* CL: the blocks of a cluster (1: the backend's; 2 and 4: mmv_bench ws's variants). With CL >
+ * 1, a unit is (group of CL row blocks, stage): the cluster's blocks take the group's row
+ * blocks (block q of the cluster row block CL p + q) at the same stages, and each stage's
+ * activations are read once for all of them, blocks 0 and 1 each loading one of its two steps
+ * into every block's shared memory (TMA multicast): at 64 tokens the activations are half the
+ * bytes of a row block's weights, and the L2 was the bound. A stage is refilled once every
+ * block's consumers have freed it (each consumer warp arrives on every block's "empty"
+ * barrier), and no block leaves before the others (a cluster barrier at the end). Rows of a
+ * group's row blocks past its matrix read zeros and are never written. */
 struct ws_args {
     int n;                   /* matrices */
     int nk;                  /* stages of a row block (the steps / 2) */
     int64_t per, units;      /* units a cluster (CL 1: a block); all the launch's */
     int64_t T;
-    int64_t rb0[WS_MATS + 1]; /* each matrix's first row block (CL 2: pair); rb0[n]: all */
+    int64_t rb0[WS_MATS + 1]; /* each matrix's first row block (CL > 1: group); rb0[n]: all */
     int64_t rows[WS_MATS], ldy[WS_MATS];
     float *y[WS_MATS];
     float *part;             /* [blocks][2][ACC][256] */
-    int32_t *count;          /* [CL rb0[n]] (row block 2 p + q of pair p: CL p + q), 0 between launches */
+    int32_t *count;          /* [CL rb0[n]] (row block q of group p: CL p + q), 0 between launches */
 };
 struct ws_maps {
     CUtensorMap w[WS_MATS];
@@ -347,7 +347,7 @@ __device__ __forceinline__ void ws_griddep_wait() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
-/* the matrix of global row block (CL 2: pair) R, and R within it */
+/* the matrix of global row block (CL > 1: group) R, and R within it */
 __device__ __forceinline__ int ws_mat(const ws_args &a, int64_t R, int64_t *r) {
     int i = 0;
 #pragma unroll
@@ -389,13 +389,14 @@ __device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const CUtensorMap *
 
 template <int BN, int KB, int CL = 1>
 __global__ void __launch_bounds__(WS_THREADS, 1) k_wgmma_stream(const __grid_constant__ ws_maps maps, const ws_args a) {
+    static_assert(CL == 1 || CL == 2 || CL == 4, "clusters of 1, 2 or 4 blocks");
     typedef ws_shape<BN, KB> S;
     extern __shared__ uint8_t wg_raw[];
     __shared__ int ws_last;
     const uint32_t base = (smem_u32(wg_raw) + 1023u) & ~1023u;
     const uint32_t full = base + S::STAGES * S::STAGE, empty = full + S::STAGES * 8;
     const int tid = threadIdx.x;
-    const int q = CL > 1 ? (int)ws_cluster_rank() : 0; /* the block's row block of a pair */
+    const int q = CL > 1 ? (int)ws_cluster_rank() : 0; /* the block's row block of its group */
     const int64_t cl = (int64_t)blockIdx.x / CL;      /* the cluster (CL 1: the block) */
     const int64_t u0 = cl * a.per;
     const int nu = (int)(a.units - u0 < a.per ? a.units - u0 : a.per);
@@ -423,9 +424,11 @@ __global__ void __launch_bounds__(WS_THREADS, 1) k_wgmma_stream(const __grid_con
             auto load_x = [&](int i) {
                 const int k = (int)((u0 + i) % a.nk), s = i % S::STAGES;
                 const uint32_t st = base + s * S::STAGE + 2 * WG_A_STEP;
-                if constexpr (CL > 1) /* step q of the stage, to both blocks */
-                    tma_load_2d_mc(st + q * S::B_STEP, &maps.x, 32 * (2 * k + q), 0, full + 8 * s, (uint16_t)3);
-                else
+                if constexpr (CL > 1) { /* blocks 0 and 1: step q of the stage, to every block */
+                    if (q < 2)
+                        tma_load_2d_mc(st + q * S::B_STEP, &maps.x, 32 * (2 * k + q), 0, full + 8 * s,
+                                       (uint16_t)((1u << CL) - 1));
+                } else
                     for (int h = 0; h < 2; h++) tma_load_2d(st + h * S::B_STEP, &maps.x, 32 * (2 * k + h), 0, full + 8 * s);
             };
             /* the first stages' weights go out before the predecessor is done (they never
@@ -470,11 +473,13 @@ __global__ void __launch_bounds__(WS_THREADS, 1) k_wgmma_stream(const __grid_con
             for (int e = 0; e < S::ACC; e++) asm volatile("" : "+f"(d[e])::"memory");
             if (lane == 0) {
                 mbar_arrive(empty + 8 * s);
-                if constexpr (CL > 1) mbar_arrive_at(empty + 8 * s, (uint32_t)(q ^ 1));
+                if constexpr (CL > 1)
+#pragma unroll
+                    for (int p = 1; p < CL; p++) mbar_arrive_at(empty + 8 * s, (uint32_t)(q ^ p));
             }
             const int64_t u = u0 + i, R = u / a.nk;
             if (u % a.nk != a.nk - 1 && i != nu - 1) continue;
-            /* this block's row block of unit R's (CL 2: of pair R's) is done here: out, or a piece of it */
+            /* this block's row block of unit R's (CL > 1: of group R's) is done here: out, or a piece of it */
             int64_t r;
             const int m = ws_mat(a, R, &r);
             const int64_t b0 = R * a.nk / a.per, b1 = (R * a.nk + a.nk - 1) / a.per; /* the clusters sharing it */
@@ -520,7 +525,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) k_wgmma_stream(const __grid_con
                 }
         }
     }
-    /* CL 2: no block leaves while the other may still load into its stages or arrive on its barriers */
+    /* CL > 1: no block leaves while another may still load into its stages or arrive on its barriers */
     if constexpr (CL > 1) ws_cluster_sync();
 }
 
@@ -604,24 +609,60 @@ extern "C" int cu_wgmma_matmul(cu_stream s, void *encode, const cu_mat *w, const
     return cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
 
+/* a cluster launch's configuration (at: its attributes' storage, 2) */
+template <int BN, int KB, int CL>
+static cudaLaunchConfig_t ws_cluster_cfg(cu_stream s, int64_t blocks, cudaLaunchAttribute *at) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)blocks);
+    cfg.blockDim = dim3(WS_THREADS);
+    cfg.dynamicSmemBytes = (size_t)ws_shape<BN, KB>::SMEM;
+    cfg.stream = s;
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = CL, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = CU_PDL ? 2 : 1;
+    return cfg;
+}
+/* the most clusters of CL blocks of the BN-token kernel the device runs at once (0: none, or
+ * the query failed: the caller then takes its other kernel) */
+template <int BN, int KB, int CL>
+static int ws_clusters_of() {
+    cudaLaunchAttribute at[2];
+    const cudaLaunchConfig_t cfg = ws_cluster_cfg<BN, KB, CL>(0, CL, at);
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, k_wgmma_stream<BN, KB, CL>, &cfg) != cudaSuccess) {
+        (void)cudaGetLastError(); /* not sticky */
+        return 0;
+    }
+    return n;
+}
+template <int KB, int CL>
+static int ws_clusters_all() {
+    int most = ws_clusters_of<8, KB, CL>();
+    const int n[4] = {ws_clusters_of<16, KB, CL>(), ws_clusters_of<32, KB, CL>(), ws_clusters_of<64, KB, CL>(),
+                      ws_clusters_of<128, KB, CL>()};
+    for (int i = 0; i < 4; i++) most = n[i] < most ? n[i] : most;
+    return most;
+}
+extern "C" int cu_wgmma_stream_clusters(int cl) {
+    if (cl == 0) cl = CU_WS_CL;
+    int n = 0;
+    if (cl == 2) n = ws_attrs<WS_KB, 2>() == 0 ? ws_clusters_all<WS_KB, 2>() : 0;
+    else if (cl == 4) n = ws_attrs<WS_KB, 4>() == 0 ? ws_clusters_all<WS_KB, 4>() : 0;
+    (void)cudaGetLastError(); /* a refused attribute or query: no error left for a later launch to report */
+    return n;
+}
+
 template <int BN, int KB, int CL>
 static int ws_launch(cu_stream s, const ws_maps &maps, const ws_args &a, int64_t blocks) {
     if constexpr (CL == 1)
         launch_pdl(k_wgmma_stream<BN, KB, CL>, dim3((unsigned)blocks), dim3(WS_THREADS), (size_t)ws_shape<BN, KB>::SMEM, s,
                    maps, a);
     else {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3((unsigned)blocks);
-        cfg.blockDim = dim3(WS_THREADS);
-        cfg.dynamicSmemBytes = (size_t)ws_shape<BN, KB>::SMEM;
-        cfg.stream = s;
         cudaLaunchAttribute at[2];
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = CL, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-        at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[1].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = CU_PDL ? 2 : 1;
+        const cudaLaunchConfig_t cfg = ws_cluster_cfg<BN, KB, CL>(s, blocks, at);
         cudaLaunchKernelEx(&cfg, k_wgmma_stream<BN, KB, CL>, maps, a);
     }
     return cudaGetLastError() == cudaSuccess ? 0 : -1;
@@ -646,15 +687,19 @@ static int ws_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *
     for (int i = 0; i < n; i++) {
         if (!wg_takes(w[i]) || w[i]->cols != w[0]->cols || wg_map_w(enc, w[i], &maps.w[i]) != 0) return -1;
         a.rb0[i] = R;
-        R += ((w[i]->rows + WG_BM - 1) / WG_BM + CL - 1) / CL; /* row blocks (CL 2: pairs) */
+        R += ((w[i]->rows + WG_BM - 1) / WG_BM + CL - 1) / CL; /* row blocks (CL > 1: groups) */
         a.rows[i] = w[i]->rows, a.ldy[i] = ldy[i], a.y[i] = y[i];
     }
     a.rb0[n] = R;
     if (a.nk < 1 || R * CL > sc->wcount_n || wg_map_x(enc, xs, ldxs, T, bn, &maps.x) != 0) return -1;
     a.units = R * a.nk;
     /* a block an SM, as many as the scratch has pieces for (a piece pair a block), in clusters
-     * of CL, none without units */
+     * of CL (no more than can run at once: a cluster's blocks share a GPC), none without units */
     int64_t clusters = mm_sms() / CL;
+    if constexpr (CL > 1) {
+        if (sc->ws_clusters < 1) return -1;
+        clusters = clusters < sc->ws_clusters ? clusters : sc->ws_clusters;
+    }
     const int64_t fit = sc->wpart_elems / (256 * (int64_t)bn) / CL;
     clusters = clusters < fit ? clusters : fit;
     clusters = clusters < a.units ? clusters : a.units;
