@@ -446,6 +446,79 @@ static int qbench(int reps) {
  * form's own error; every token's bits the same as that token's alone, at 1, 4, 12, 16 and 40
  * tokens (the last in slices of 16, as `exact` takes it; `bf16` takes it for 16 or fewer);
  * GB/s of the bytes read of each ---- */
+/* the norm's and SwiGLU's limbs (cu_add_norm, cu_silu_mul with xq) against k_qlimbs's of
+ * their outputs, byte for byte over the T tokens' limbs and (d, d sum X), and SwiGLU's
+ * values against the plain kernel's: the failures */
+static int qi_producers(cudaStream_t s) {
+    const int64_t d = 5120, n = 17408, TM = 16;
+    const size_t qb = cu_qint_bytes(n);
+    float *x, *out, *w, *xn, *g, *g2, *u;
+    uint8_t *qa, *qc;
+    CK(cudaMalloc(&x, TM * d * 4));
+    CK(cudaMalloc(&out, TM * d * 4));
+    CK(cudaMalloc(&w, d * 4));
+    CK(cudaMalloc(&xn, TM * d * 4));
+    CK(cudaMalloc(&g, TM * n * 4));
+    CK(cudaMalloc(&g2, TM * n * 4));
+    CK(cudaMalloc(&u, TM * n * 4));
+    CK(cudaMalloc(&qa, qb));
+    CK(cudaMalloc(&qc, qb));
+    int bad = 0;
+    srand(17);
+    auto fill = [&](float *p, int64_t cnt, float a) { /* a * uniform[-1, 1) */
+        std::vector<float> h((size_t)cnt);
+        for (auto &v : h) v = a * ((float)rand() / RAND_MAX * 2.0f - 1.0f);
+        CK(cudaMemcpy(p, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+    };
+    /* the T tokens' bytes of two limb buffers of `cols` columns agree */
+    auto same_limbs = [&](int64_t cols, int group, int64_t T) {
+        std::vector<uint8_t> ha(qb), hc(qb);
+        CK(cudaMemcpy(ha.data(), qa, qb, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(hc.data(), qc, qb, cudaMemcpyDeviceToHost));
+        const int64_t nsteps = tiled_steps(cols), ng = cols / group;
+        if (memcmp(ha.data(), hc.data(), (size_t)(T * nsteps * 96))) return false;
+        const float *da = (const float *)(ha.data() + QI_TP * nsteps * 96), *dc = (const float *)(hc.data() + QI_TP * nsteps * 96);
+        for (int64_t gj = 0; gj < ng; gj++)
+            if (memcmp(da + gj * QI_TP * 2, dc + gj * QI_TP * 2, (size_t)T * 8)) return false;
+        return true;
+    };
+    const int64_t Ts[] = {1, 7, 16};
+    for (int bits = 8; bits >= 4; bits -= 4)
+        for (int group = 32; group <= 128; group *= 2)
+            for (int64_t T : Ts) {
+                fill(x, TM * d, 1.0f);
+                fill(out, TM * d, 1.0f);
+                fill(w, d, 1.0f);
+                fill(g, TM * n, 4.0f);
+                fill(u, TM * n, 1.0f);
+                CK(cudaMemcpyAsync(g2, g, TM * n * 4, cudaMemcpyDeviceToDevice, s));
+                CK(cudaMemsetAsync(qa, 0, qb, s));
+                CK(cudaMemsetAsync(qc, 0, qb, s));
+                const int made = cu_add_norm(s, x, out, w, xn, T, d, 1e-6f, 1, 1, NULL, 0, qa, group, bits);
+                launch_pdl(k_qlimbs, dim3((unsigned)((QI_TP * (d / group) + 7) / 8)), dim3(256), 0, s, (const float *)xn, d, T,
+                           d, group, bits, qc);
+                CK(cudaStreamSynchronize(s));
+                CK(cudaGetLastError());
+                const bool ok_n = made && same_limbs(d, group, T);
+                CK(cudaMemsetAsync(qa, 0, qb, s));
+                CK(cudaMemsetAsync(qc, 0, qb, s));
+                const int made_s = cu_silu_mul(s, g, u, T, n, n, NULL, 0, qa, group, bits);
+                cu_silu_mul(s, g2, u, T, n, n, NULL, 0, NULL, 0, 0);
+                launch_pdl(k_qlimbs, dim3((unsigned)((QI_TP * (n / group) + 7) / 8)), dim3(256), 0, s, (const float *)g2, n, T,
+                           n, group, bits, qc);
+                CK(cudaStreamSynchronize(s));
+                CK(cudaGetLastError());
+                const bool ok_s = made_s && same_bits(g, g2, (size_t)(T * n)) && same_limbs(n, group, T);
+                bad += !ok_n + !ok_s;
+                printf("limbs made by the norm / SwiGLU, %d-bit, groups of %3d, %2lld tokens: %s / %s\n", bits, group,
+                       (long long)T, ok_n ? "same" : made ? "DIFF  FAIL" : "not made  FAIL",
+                       ok_s ? "same" : made_s ? "DIFF  FAIL" : "not made  FAIL");
+            }
+    for (void *p : {(void *)x, (void *)out, (void *)w, (void *)xn, (void *)g, (void *)g2, (void *)u, (void *)qa, (void *)qc})
+        CK(cudaFree(p));
+    return bad;
+}
+
 static int qibench(int reps) {
     const bench_env env = bench_env_make();
     cudaStream_t s = env.s;
@@ -457,7 +530,7 @@ static int qibench(int reps) {
     const int64_t Ts[] = {1, 4, 12, 16, 40};
     constexpr int NT = sizeof Ts / sizeof Ts[0];
     const int64_t TM = 40;
-    int bad = 0;
+    int bad = qi_producers(s);
     printf("MLX affine on integer tensor cores (IM) against bf16 ones: GB/s of the bytes read; err = max |y - exact|\n"
            "/ max |exact| (IM bound 2e-6); 'bits' = every token's outputs the same bits as that token's alone\n");
     printf("%-15s %4s %5s %3s %10s %10s %10s %10s %10s %5s\n", "shape", "bits", "group", "T", "exact", "bf16", "IM",

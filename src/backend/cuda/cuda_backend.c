@@ -90,6 +90,9 @@ typedef struct cuda_backend {
     int gdn_chunked;        /* many-token steps take the chunked delta rule (`bf16` precision) */
     int tiled;              /* bf16 matrices are stored tiled for the tensor cores (not in FMA mode) */
     int64_t tiled_cols;     /* the widest tiled matrix (the split activations' scratch) */
+    /* the bits and group of every MLX tiled matrix where they are all one (qi_mixed 0): the
+     * norm and SwiGLU then make the integer form's limbs (CU_QINT) */
+    int qi_bits, qi_group, qi_mixed;
     size_t stage_bytes;     /* the largest tiled matrix, row-major (its device staging at upload) */
     uint16_t *stage;        /* that staging, during the upload only */
     int blas;               /* `bf16` products of many tokens may take cuBLASLt (the library opened) */
@@ -191,6 +194,12 @@ static const void *put_tiled(uploader *u, const void *host, int64_t rows, int64_
     return dst;
 }
 
+/* one more MLX tiled matrix of these bits and group */
+static void note_q(cuda_backend *b, int bits, int group) {
+    if (!b->qi_group) b->qi_bits = bits, b->qi_group = group;
+    else if (b->qi_bits != bits || b->qi_group != group) b->qi_mixed = 1;
+}
+
 /* an MLX 4- or 8-bit matrix, Q tiled (cu_q_tileable): values, scales and biases through the
  * device staging into their places */
 static void put_qtiled(uploader *u, const st_matrix *w, cu_mat *out) {
@@ -203,6 +212,7 @@ static void put_qtiled(uploader *u, const st_matrix *w, cu_mat *out) {
     out->scales = put_room(u, gb);
     out->biases = put_room(u, gb);
     if (w->cols > b->tiled_cols) b->tiled_cols = w->cols;
+    note_q(b, w->bits, w->group);
     if (raw > b->stage_bytes) b->stage_bytes = raw;
     if (!u->copy) return;
     uint8_t *st = (uint8_t *)b->stage;
@@ -234,6 +244,7 @@ static void put_mat(uploader *u, const st_matrix *w, cu_mat *out) {
             if (qt) {
                 out->fmt = CU_FMT_Q_TILED;
                 if (w->cols > u->b->tiled_cols) u->b->tiled_cols = w->cols;
+                note_q(u->b, w->bits, w->group);
             }
             out->data = put_synth(u, qt ? cu_qtiled_bytes(w->rows, w->cols, w->bits) / 4 : n * (size_t)w->bits / 32,
                                   4, CU_SYNTH_WORDS, 0);
@@ -804,6 +815,7 @@ typedef struct cuda_ctx {
                           tiled_cols)] uint16, part [cu_mm_part_elems(T, widest_out)] floats;
                           device, owned */
     int xs_holds; /* the st_act buffer whose split xs holds now, or -1 */
+    int xq_holds; /* the st_act buffer whose limbs mms.xq holds now (the integer form), or -1 */
     float *chunk_ws;          /* the chunked delta rule's [chunk_ws_floats]; device, owned */
     int32_t *gdn_count;       /* [cu_gdn_counts(Hk)] zeros for the rule's decode kernels; device, owned */
     /* compact logit rows: each logit row's mode, the compact rows' places in their pass of
@@ -1138,7 +1150,7 @@ static st_status cuda_step_begin(st_bctx *base, const st_step_plan *pl, st_error
     c->first_error = cudaSuccess;
     c->hp = pl;
     c->T = pl->n_tokens;
-    c->xs_holds = -1;
+    c->xs_holds = c->xq_holds = -1;
     const plan_layout l = c->layout;
     const int n = pl->n_items;
     const int64_t nb = pl->block_t0[n];
@@ -1266,7 +1278,7 @@ static int tm_kind_of(st_wid w) {
 }
 
 static void do_embed(cuda_ctx *c) {
-    c->xs_holds = -1;
+    c->xs_holds = c->xq_holds = -1;
     cu_embed(c->stream, &c->b->embed, c->plan.tokens, c->T, c->x);
 }
 
@@ -1279,14 +1291,24 @@ static int split_parts(const cuda_ctx *c) {
  * writes it (xs holds that wide a split), 0: none */
 static int xs_parts_for(const cuda_ctx *c, int64_t width) { return width <= c->b->tiled_cols ? split_parts(c) : 0; }
 
+/* whether a kernel making a product's input of `width` columns makes the integer form's limbs
+ * (CU_QINT, one MLX bits and group, the few tokens xq holds) instead of the split */
+static int qi_fused(const cuda_ctx *c, int64_t width) {
+    const cuda_backend *b = c->b;
+    return c->mms.xq && b->qi_group && !b->qi_mixed && c->T <= 16 && width % b->qi_group == 0 &&
+           width <= b->tiled_cols;
+}
+
 static void do_add_norm(cuda_ctx *c, int layer, st_norm which, int mode) {
     const float *w = which == ST_NORM_FINAL ? c->b->final_norm
                      : which == ST_NORM_INPUT ? c->b->layers[layer].input_norm
                                               : c->b->layers[layer].post_norm;
-    const int parts = (mode & ST_NORM_APPLY) ? xs_parts_for(c, c->b->d) : 0;
-    cu_add_norm(c->stream, c->x, c->out, w, c->xn, c->T, c->b->d, c->b->eps, mode & ST_NORM_ADD,
-                (mode & ST_NORM_APPLY) != 0, parts ? c->mms.xs : NULL, parts);
+    const int apply = (mode & ST_NORM_APPLY) != 0, qi = apply && qi_fused(c, c->b->d);
+    const int parts = apply && !qi ? xs_parts_for(c, c->b->d) : 0;
+    const int made = cu_add_norm(c->stream, c->x, c->out, w, c->xn, c->T, c->b->d, c->b->eps, mode & ST_NORM_ADD, apply,
+                                 parts ? c->mms.xs : NULL, parts, qi ? c->mms.xq : NULL, c->b->qi_group, c->b->qi_bits);
     c->xs_holds = parts ? ST_ACT_XN : (c->xs_holds == ST_ACT_XN ? -1 : c->xs_holds);
+    c->xq_holds = made ? ST_ACT_XN : (c->xq_holds == ST_ACT_XN ? -1 : c->xq_holds);
 }
 
 static void do_matmul(cuda_ctx *c, int layer, st_act in, const st_mm *mm, int n, int swiglu) {
@@ -1302,24 +1324,28 @@ static void do_matmul(cuda_ctx *c, int layer, st_act in, const st_mm *mm, int n,
             y[i] = act(c, mm[i0 + i].out);
             ldy[i] = w[i]->rows;
         }
-        if (cu_matmul_group(c->stream, k, w, y, ldy, x, w[0]->cols, c->T, c->b->mm_mode, &c->mms,
-                            c->xs_holds == (int)in) &&
-            split_parts(c))
-            c->xs_holds = (int)in;
-        for (int i = 0; i < k; i++)
+        const int kept = cu_matmul_group(c->stream, k, w, y, ldy, x, w[0]->cols, c->T, c->b->mm_mode, &c->mms,
+                                         c->xs_holds == (int)in, c->xq_holds == (int)in);
+        if ((kept & CU_MM_XS) && split_parts(c)) c->xs_holds = (int)in;
+        if ((kept & CU_MM_XQ) && c->b->qi_group && !c->b->qi_mixed) c->xq_holds = (int)in;
+        for (int i = 0; i < k; i++) {
             if ((int)mm[i0 + i].out == c->xs_holds) c->xs_holds = -1;
+            if ((int)mm[i0 + i].out == c->xq_holds) c->xq_holds = -1;
+        }
     }
     if (swiglu) {
         const cu_mat *g = &L->w[mm[0].w];
-        const int parts = xs_parts_for(c, g->rows);
-        cu_silu_mul(c->stream, act(c, mm[0].out), act(c, mm[1].out), c->T, g->rows, g->rows,
-                    parts ? c->mms.xs : NULL, parts);
+        const int qi = qi_fused(c, g->rows), parts = qi ? 0 : xs_parts_for(c, g->rows);
+        const int made = cu_silu_mul(c->stream, act(c, mm[0].out), act(c, mm[1].out), c->T, g->rows, g->rows,
+                                     parts ? c->mms.xs : NULL, parts, qi ? c->mms.xq : NULL, c->b->qi_group,
+                                     c->b->qi_bits);
         c->xs_holds = parts ? (int)mm[0].out : -1;
+        c->xq_holds = made ? (int)mm[0].out : -1;
     }
 }
 
 static void do_gdn(cuda_ctx *c, int layer) {
-    c->xs_holds = -1;
+    c->xs_holds = c->xq_holds = -1;
     const cuda_backend *b = c->b;
     const cl_layer *L = &b->layers[layer];
     cu_gdn_args a = {
@@ -1356,14 +1382,14 @@ static cu_attn_args attn_args(cuda_ctx *c, int layer) {
 }
 
 static void do_attn_prep(cuda_ctx *c, int layer) {
-    c->xs_holds = -1;
+    c->xs_holds = c->xq_holds = -1;
     cu_attn_args a = attn_args(c, layer);
     cu_kv kv = kv_of(c);
     cu_attn_prep(c->stream, &c->plan, &a, &kv);
 }
 
 static void do_attention(cuda_ctx *c, int layer) {
-    c->xs_holds = -1;
+    c->xs_holds = c->xq_holds = -1;
     cu_attn_args a = attn_args(c, layer);
     cu_kv kv = kv_of(c);
     const int parts = xs_parts_for(c, (int64_t)c->b->nh * c->b->hd); /* o_proj's input */
@@ -1504,7 +1530,7 @@ static void graph_abort(cuda_ctx *c) {
     }
     g->refused = 1;
     c->graph_mode = G_EAGER;
-    c->xs_holds = -1; /* the step from its start */
+    c->xs_holds = c->xq_holds = -1; /* the step from its start */
     for (int i = 0; i < n; i++) run_op(c, &ops[i]);
 }
 
@@ -1636,7 +1662,7 @@ static void cuda_attention(st_bctx *base, int layer) {
 static void swiglu(cuda_ctx *c, const cu_mat *g, const cu_mat *u, const cu_mat *dn, const float *x, int64_t n, float *y) {
     cu_matmul(c->stream, g, x, g->cols, n, c->p1, g->rows, c->b->mm_mode, &c->mms);
     cu_matmul(c->stream, u, x, u->cols, n, c->p2, u->rows, c->b->mm_mode, &c->mms);
-    cu_silu_mul(c->stream, c->p1, c->p2, n, g->rows, g->rows, NULL, 0);
+    cu_silu_mul(c->stream, c->p1, c->p2, n, g->rows, g->rows, NULL, 0, NULL, 0, 0);
     cu_matmul(c->stream, dn, c->p1, dn->cols, n, y, dn->rows, c->b->mm_mode, &c->mms);
 }
 
@@ -1644,7 +1670,7 @@ static void swiglu(cuda_ctx *c, const cu_mat *g, const cu_mat *u, const cu_mat *
  * expert), then each expert's tokens gathered, run and scattered back. */
 static void cuda_moe(st_bctx *base, int layer) {
     cuda_ctx *c = (cuda_ctx *)base;
-    c->xs_holds = -1; /* its products split into xs */
+    c->xs_holds = c->xq_holds = -1; /* its products split into xs */
     if (c->graph_mode != G_EAGER) graph_abort(c);
     const cuda_backend *b = c->b;
     const cl_layer *L = &b->layers[layer];
@@ -1692,7 +1718,7 @@ static void cuda_moe(st_bctx *base, int layer) {
 
 static void cuda_allreduce(st_bctx *base, st_act a) {
     cuda_ctx *c = (cuda_ctx *)base;
-    c->xs_holds = -1;
+    c->xs_holds = c->xq_holds = -1;
     if (c->b->world == 1 && !c->b->nccl) return; /* nothing to sum */
     if (!c->b->nccl && c->graph_mode != G_EAGER) graph_abort(c); /* the host's sums are not a graph's */
     const g_op o = {.kind = OP_ALLREDUCE, .a = (int)a};
@@ -1754,7 +1780,7 @@ static void cuda_read(st_bctx *base, st_act a, int64_t width, float *out) {
 static void cuda_write(st_bctx *base, st_act a, int64_t width, const float *in) {
     cuda_ctx *c = (cuda_ctx *)base;
     if (c->graph_mode != G_EAGER) graph_abort(c);
-    c->xs_holds = -1;
+    c->xs_holds = c->xq_holds = -1;
     note(c, cudaMemcpyAsync(act(c, a), in, (size_t)(c->T * width) * sizeof(float), cudaMemcpyHostToDevice, c->stream));
     note(c, cudaStreamSynchronize(c->stream));
 }

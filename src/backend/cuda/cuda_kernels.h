@@ -55,9 +55,13 @@ typedef struct cu_kv {
 
 void cu_embed(cu_stream s, const cu_mat *emb, const int32_t *tokens, int64_t T, float *x);
 /* xs (when apply): xn also split into `parts` bf16 parts for the tiled products, as
- * cu_matmul's own split makes them (T <= 16; cu_split_elems(T, d)) */
-void cu_add_norm(cu_stream s, float *x, const float *out, const float *w, float *xn, int64_t T,
-                 int64_t d, float eps, int add, int apply, uint16_t *xs, int parts);
+ * cu_matmul's own split makes them (T <= 16; cu_split_elems(T, d)). xq (when apply): xn also
+ * as the MLX integer form's limbs for matrices of qbits bits and groups of qgroup columns
+ * (cu_qint_bytes(d)), where it can (T <= 16, d a multiple of qgroup, held in registers):
+ * returns 1 where it made them */
+int cu_add_norm(cu_stream s, float *x, const float *out, const float *w, float *xn, int64_t T,
+                int64_t d, float eps, int add, int apply, uint16_t *xs, int parts, uint8_t *xq, int qgroup,
+                int qbits);
 /* y[t*ldy + r] = sum_c W[r][c] x[t*ldx + c], r < rows, t < T. mode: how tiled bf16
  * matrices are computed (tiled ones always take the tensor cores; row-major bf16 and the
  * other formats the CUDA-core kernels): */
@@ -158,10 +162,14 @@ void cu_matmul(cu_stream s, const cu_mat *w, const float *x, int64_t ldx, int64_
                int64_t ldy, int mode, const cu_mm_scratch *sc);
 /* n matrices reading the same x: those of one width share a launch */
 /* xs_ready: sc->xs already holds x's split (cu_add_norm or cu_silu_mul made it; T <= 16);
- * returns 1 where a launch split x into sc->xs (T <= 16), 0 where none touched it (launches
- * of other formats, and the MLX integer form, which reads its limbs from sc->xq) */
+ * xq_ready: sc->xq holds x's limbs for the MLX integer form (they made them; T <= 16).
+ * Returns CU_MM_XS where a launch split x into sc->xs (T <= 16), | CU_MM_XQ where sc->xq
+ * holds x's limbs after it (made or kept); 0 where none touched either (other formats) */
+#define CU_MM_XS 1
+#define CU_MM_XQ 2
 int cu_matmul_group(cu_stream s, int n, const cu_mat *const *w, float *const *y, const int64_t *ldy,
-                     const float *x, int64_t ldx, int64_t T, int mode, const cu_mm_scratch *sc, int xs_ready);
+                    const float *x, int64_t ldx, int64_t T, int mode, const cu_mm_scratch *sc, int xs_ready,
+                    int xq_ready);
 static inline size_t cu_split_elems(int64_t T, int64_t cols) { return (size_t)(3 * T * ((cols + 31) / 32 * 32)); }
 /* bf16 tiled: the elements a rows x cols matrix takes, and the tiling of a row-major one
  * (src and dst in device memory) */
@@ -178,9 +186,11 @@ size_t cu_qtiled_bytes(int64_t rows, int64_t cols, int bits);
 size_t cu_qtiled_groups(int64_t rows, int64_t cols, int group);
 void cu_tile_q(cu_stream s, const void *data, const void *scales, const void *biases, int es, int64_t rows,
                int64_t cols, int bits, int group, void *ddata, void *dscales, void *dbiases);
-/* g[t*ld + i] = silu(g) * u[t*ld + i], i < n; xs: the result also split (as cu_add_norm's) */
-void cu_silu_mul(cu_stream s, float *g, const float *u, int64_t T, int64_t n, int64_t ld, uint16_t *xs,
-                 int parts);
+/* g[t*ld + i] = silu(g) * u[t*ld + i], i < n; xs: the result also split (as cu_add_norm's);
+ * xq: instead as the limbs (as cu_add_norm's, where it can: T <= 16, n a multiple of qgroup;
+ * returns 1 where it made them, and then no split) */
+int cu_silu_mul(cu_stream s, float *g, const float *u, int64_t T, int64_t n, int64_t ld, uint16_t *xs,
+                int parts, uint8_t *xq, int qgroup, int qbits);
 void cu_gather_rows(cu_stream s, const float *src, int64_t d, const int32_t *rows, int64_t n,
                     float *dst);
 

@@ -67,12 +67,13 @@ __device__ __forceinline__ void put_parts4(uint16_t *xs, int parts, int64_t pstr
  * weights never change: read before the wait. Few threads: a block starts beside a
  * product's resident blocks, and the sum's last step is 8 warps'. Other rows go by a
  * strided loop. xs (parts > 0): the result also split, as k_split would, ldxs = d rounded up
- * to 32 (zeros past d). */
+ * to 32 (zeros past d). xq (the register path only, d a multiple of qgroup): the result also
+ * as the IM form's limbs (qi_put), a group of qgroup columns on qgroup / 4 lanes. */
 #define NORM_THREADS 256
 #define NORM_HELD 8
 __global__ void __launch_bounds__(NORM_THREADS) k_add_norm(float *x, const float *out, const float *w, float *xn,
                                                            int64_t d, float eps, int add, int apply, uint16_t *xs,
-                                                           int parts) {
+                                                           int parts, uint8_t *xq, int qgroup, int qbits) {
     __shared__ float red[32];
     const int64_t t = blockIdx.x, ldxs = (d + 31) / 32 * 32, pstride = (int64_t)gridDim.x * ldxs;
     float *xr = x + t * d;
@@ -117,6 +118,13 @@ __global__ void __launch_bounds__(NORM_THREADS) k_add_norm(float *x, const float
             if (c4 < d4) {
                 y = make_float4(v[i].x * r * wv[i].x, v[i].y * r * wv[i].y, v[i].z * r * wv[i].z, v[i].w * r * wv[i].w);
                 ((float4 *)(xn + t * d))[c4] = y;
+                if (xq) { /* a group's lanes are all here: d is a multiple of qgroup */
+                    const int width = qgroup / 4;
+                    const unsigned lane = threadIdx.x & 31u,
+                                   mask = width == 32 ? FULL : ((1u << width) - 1u) << (lane & ~(unsigned)(width - 1));
+                    const float yv[4] = {y.x, y.y, y.z, y.w};
+                    qi_put(xq, ldxs / 32, t, 4 * c4 / qgroup, yv, 4 * c4, 1, qbits, mask, width);
+                }
             }
             if (xs) put_parts4(xs, parts, pstride, t * ldxs + 4 * c4, y);
         }
@@ -137,11 +145,15 @@ __global__ void __launch_bounds__(NORM_THREADS) k_add_norm(float *x, const float
             put_parts(xs, parts, pstride, t * ldxs + c, c < d ? xn[t * d + c] : 0.0f); /* this thread's own */
 }
 
-extern "C" void cu_add_norm(cu_stream s, float *x, const float *out, const float *w, float *xn, int64_t T,
-                            int64_t d, float eps, int add, int apply, uint16_t *xs, int parts) {
-    if (T <= 0) return;
+extern "C" int cu_add_norm(cu_stream s, float *x, const float *out, const float *w, float *xn, int64_t T,
+                           int64_t d, float eps, int add, int apply, uint16_t *xs, int parts, uint8_t *xq, int qgroup,
+                           int qbits) {
+    if (T <= 0) return 0;
+    const bool limbs = xq && apply && T <= QI_TP && (qgroup == 32 || qgroup == 64 || qgroup == 128) &&
+                       (qbits == 4 || qbits == 8) && d % qgroup == 0 && d <= 4 * NORM_HELD * NORM_THREADS;
     launch_pdl(k_add_norm, dim3((unsigned)T), dim3(NORM_THREADS), 0, s, x, out, w, xn, d, eps, add, apply,
-               apply ? xs : (uint16_t *)NULL, parts);
+               apply ? xs : (uint16_t *)NULL, parts, limbs ? xq : (uint8_t *)NULL, qgroup, qbits);
+    return limbs;
 }
 
 /* xs (parts > 0): the result also split, ldxs = n rounded up to 32 (zeros past n) */
@@ -158,11 +170,47 @@ __global__ void k_silu_mul(float *g, const float *u, int64_t T, int64_t n, int64
     if (xs) put_parts(xs, parts, T * ldxs, t * ldxs + c, r);
 }
 
-extern "C" void cu_silu_mul(cu_stream s, float *g, const float *u, int64_t T, int64_t n, int64_t ld, uint16_t *xs,
-                            int parts) {
+/* SwiGLU with its result also as the IM form's limbs (no split): a warp per (token, group),
+ * lane l the group's columns l + 32 i, as k_qlimbs holds them */
+__global__ void k_silu_mul_q(float *g, const float *u, int64_t T, int64_t n, int64_t ld, uint8_t *xq, int group,
+                             int bits) {
+    pdl_wait();
+    const int lane = threadIdx.x & 31;
+    const int64_t ng = n / group, wid = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (wid >= T * ng) return;
+    const int64_t t = wid / ng, gj = wid % ng, c0 = gj * group + lane;
+    const int per = group / 32;
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        if (i < per) {
+            const int64_t at = t * ld + c0 + 32 * i;
+            g[at] = v[i] = siluf_(g[at]) * u[at];
+        }
+    const int64_t nsteps = (n + 31) / 32;
+    if (per == 1) { /* qi_put's N: the lane's columns of the group */
+        const float w1[1] = {v[0]};
+        qi_put(xq, nsteps, t, gj, w1, c0, 32, bits, FULL, 32);
+    } else if (per == 2) {
+        const float w2[2] = {v[0], v[1]};
+        qi_put(xq, nsteps, t, gj, w2, c0, 32, bits, FULL, 32);
+    } else {
+        qi_put(xq, nsteps, t, gj, v, c0, 32, bits, FULL, 32);
+    }
+}
+
+extern "C" int cu_silu_mul(cu_stream s, float *g, const float *u, int64_t T, int64_t n, int64_t ld, uint16_t *xs,
+                           int parts, uint8_t *xq, int qgroup, int qbits) {
+    if (xq && T > 0 && T <= QI_TP && (qgroup == 32 || qgroup == 64 || qgroup == 128) && (qbits == 4 || qbits == 8) &&
+        n % qgroup == 0) {
+        const int64_t warps = T * (n / qgroup);
+        launch_pdl(k_silu_mul_q, dim3((unsigned)((warps + 7) / 8)), dim3(256), 0, s, g, u, T, n, ld, xq, qgroup, qbits);
+        return 1;
+    }
     const int64_t total = T * (xs ? (n + 31) / 32 * 32 : n);
-    if (total <= 0) return;
+    if (total <= 0) return 0;
     launch_pdl(k_silu_mul, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, s, g, u, T, n, ld, xs, parts);
+    return 0;
 }
 
 __global__ void k_gather_rows(const float *src, int64_t d, const int32_t *rows, float *dst) {

@@ -253,18 +253,20 @@ extern "C" void cu_mm_init(void) {
 
 extern "C" int cu_matmul_group(cu_stream s, int n, const cu_mat *const *w, float *const *y, const int64_t *ldy,
                                const float *x, int64_t ldx, int64_t T, int mode, const cu_mm_scratch *sc,
-                               int xs_ready) {
+                               int xs_ready, int xq_ready) {
     if (T <= 0) return 0;
-    int wrote = 0; /* a launch split x into xs (T <= 16: the whole of it) */
+    int wrote = 0; /* CU_MM_XS: a launch split x into xs (T <= 16: the whole of it); CU_MM_XQ: xq holds its limbs */
     const int parts = mode == CU_MM_BF16 ? 1 : 3;
     mm_group g;
     g.n = 0;
     auto flush = [&]() {
         if (g.n == 0) return;
-        if (g.w[0].fmt == CU_FMT_Q_TILED) wrote |= launch_qtiled(s, g, x, ldx, T, parts, sc, xs_ready);
-        else {
+        if (g.w[0].fmt == CU_FMT_Q_TILED) {
+            wrote |= launch_qtiled(s, g, x, ldx, T, parts, sc, xs_ready, xq_ready); /* (xq_ready: the caller's, for
+                                                                                       the model's one bits and group) */
+        } else {
             launch_tiled(s, g, x, ldx, T, parts, sc, xs_ready);
-            wrote |= T <= 16 && sc;
+            wrote |= T <= 16 && sc ? CU_MM_XS : 0;
         }
         g.n = 0;
     };
@@ -288,5 +290,5 @@ extern "C" int cu_matmul_group(cu_stream s, int n, const cu_mat *const *w, float
 
 extern "C" void cu_matmul(cu_stream s, const cu_mat *w, const float *x, int64_t ldx, int64_t T, float *y,
                           int64_t ldy, int mode, const cu_mm_scratch *sc) {
-    cu_matmul_group(s, 1, &w, &y, &ldy, x, ldx, T, mode, sc, 0);
+    cu_matmul_group(s, 1, &w, &y, &ldy, x, ldx, T, mode, sc, 0, 0);
 }

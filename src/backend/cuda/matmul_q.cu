@@ -165,22 +165,22 @@ __device__ __forceinline__ float group_at(const void *p, int dt, int64_t i) { re
  * [-128, 127]: s8 operands); each limb's products with the
  * unsigned values q are summed exactly in int32 (mma m16n8k32 u8 x s8: no value is converted
  * to a float), then T = fma(A2, 2^14, fma(A1, 2^7, A0)) and the output's sum takes
- * fma(T, s_g d_g) and fma(b_g, sum_g x), as the CPU does (its group order is the warps' of
- * k_qmvp, not the CPU's: not the CPU's bits). The values stay as uploaded: 8-bit lanes' bytes
+ * fma(T, s_g d_g) and fma(b_g, d_g sum_g X): the product of the values with the activations
+ * as the integers say, d_g X (the CPU takes the sum of x itself, and its group order is not
+ * the warps' of k_qmvp: not the CPU's bits; the integer sum is exact, so the limbs' makers
+ * agree bit for bit whatever lanes hold a group). The values stay as uploaded: 8-bit lanes' bytes
  * are the A fragments as they lie (the MMA's k order within a lane's columns is free: the
  * sums are exact), 4-bit nibbles become bytes by a mask and a shift (columns 0, 4, 1, 5 and
  * 2, 6, 3, 7 of a lane's 8), and the limbs are laid in the same column order.
- * k_qlimbs makes them for QI_TP tokens (zeros past T): xq holds limbs [QI_TP][steps][3][32]
- * bytes, then (d_g, sum_g x) floats [groups][QI_TP][2]. */
-#define QI_XMAX 2088895 /* 127 * 2^14 + 63 * 2^7 + 63 */
-#define QI_TP 16        /* tokens a launch */
+ * k_qlimbs makes them for QI_TP tokens (zeros past T), as mm_int.cuh's qi_put lays them. */
 
 extern "C" size_t cu_qint_bytes(int64_t cols) {
     const int64_t nsteps = tiled_steps(cols), ng = cols / 32 + 1;
     return (size_t)(QI_TP * nsteps * 96 + ng * QI_TP * 8);
 }
 
-/* a warp per (token, group) of QI_TP tokens; x [T][ldx] (tokens past T: zeros) */
+/* a warp per (token, group) of QI_TP tokens; x [T][ldx] (tokens past T: zeros); lane l holds
+ * the group's columns l + 32 i */
 __global__ void k_qlimbs(const float *x, int64_t ldx, int64_t T, int64_t cols, int group, int bits, uint8_t *xq) {
     pdl_wait(); /* x is the predecessor's */
     const int lane = threadIdx.x & 31;
@@ -188,41 +188,21 @@ __global__ void k_qlimbs(const float *x, int64_t ldx, int64_t T, int64_t cols, i
     const int64_t wid = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (wid >= QI_TP * ng) return;
     const int64_t tok = wid / ng, gj = wid % ng;
-    const int per = group / 32; /* a lane's columns: gj group + lane + 32 i */
-    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f}, amax = 0.0f, sum = 0.0f;
+    const int per = group / 32;
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int i = 0; i < 4; i++)
-        if (i < per) {
-            v[i] = tok < T ? x[tok * ldx + gj * group + lane + 32 * i] : 0.0f;
-            amax = fmaxf(amax, fabsf(v[i]));
-            sum += v[i];
-        }
-    for (int o = 16; o > 0; o >>= 1) {
-        amax = fmaxf(amax, __shfl_xor_sync(FULL, amax, o));
-        sum += __shfl_xor_sync(FULL, sum, o);
+        if (i < per && tok < T) v[i] = x[tok * ldx + gj * group + lane + 32 * i];
+    const int64_t c0 = gj * group + lane;
+    if (per == 1) { /* qi_put's N: the lane's columns of the group */
+        const float w1[1] = {v[0]};
+        qi_put(xq, nsteps, tok, gj, w1, c0, 32, bits, FULL, 32);
+    } else if (per == 2) {
+        const float w2[2] = {v[0], v[1]};
+        qi_put(xq, nsteps, tok, gj, w2, c0, 32, bits, FULL, 32);
+    } else {
+        qi_put(xq, nsteps, tok, gj, v, c0, 32, bits, FULL, 32);
     }
-    const float d = __fdiv_rn(amax, (float)QI_XMAX);
-    if (lane == 0) {
-        float *dx = (float *)(xq + QI_TP * nsteps * 96) + (gj * QI_TP + tok) * 2;
-        dx[0] = d, dx[1] = sum;
-    }
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-        if (i < per) {
-            int32_t X = 0;
-            if (d > 0.0f) {
-                float q = rintf(__fdiv_rn(v[i], d));
-                q = fminf(fmaxf(q, -(float)QI_XMAX), (float)QI_XMAX);
-                X = (int32_t)q;
-            }
-            const int32_t a0 = ((X + 64) & 127) - 64, x1 = (X - a0) / 128;
-            const int32_t a1 = ((x1 + 64) & 127) - 64, a2 = (x1 - a1) / 128;
-            const int64_t c = gj * group + lane + 32 * i, k = c / 32;
-            int b = (int)(c % 32);
-            if (bits == 4) b = (b & ~7) + 2 * (b % 4) + (b % 8) / 4; /* the byte order of the nibbles' unpacking */
-            uint8_t *o = xq + (tok * nsteps + k) * 96 + b;
-            o[0] = (uint8_t)(int8_t)a0, o[32] = (uint8_t)(int8_t)a1, o[64] = (uint8_t)(int8_t)a2;
-        }
 }
 
 /* d += A (16 rows x 32 columns, u8) B (32 x 8 tokens, s8), exact */
@@ -799,15 +779,16 @@ static void launch_qint_b(cu_stream s, const mm_group &g, const uint8_t *xq, int
     else launch_qmvp_g<1, NTC, BITS, 4, true>(s, g, xs, 0, n);
 }
 static bool launch_qint(cu_stream s, const mm_group &g, const float *x, int64_t ldx, int64_t T, int parts,
-                        const cu_mm_scratch *sc) {
+                        const cu_mm_scratch *sc, int xq_ready) {
     if (!sc->xq || (parts == 1 && T > QI_TP) || !qmvp_fits(g, QI_TP, 1, 2)) return false;
     const int64_t cols = g.w[0].cols, warps = QI_TP * (cols / g.w[0].group);
     for (int64_t t0 = 0; t0 < T; t0 += QI_TP) {
         const int64_t n = T - t0 < QI_TP ? T - t0 : QI_TP;
         mm_group gs = g;
         for (int i = 0; i < g.n; i++) gs.y[i] = g.y[i] + t0 * g.ldy[i];
-        launch_pdl(k_qlimbs, dim3((unsigned)((warps + 7) / 8)), dim3(256), 0, s, x + t0 * ldx, ldx, n, cols, g.w[0].group,
-                   g.w[0].bits, sc->xq);
+        if (!(xq_ready && T <= QI_TP)) /* else the norm or SwiGLU made them */
+            launch_pdl(k_qlimbs, dim3((unsigned)((warps + 7) / 8)), dim3(256), 0, s, x + t0 * ldx, ldx, n, cols,
+                       g.w[0].group, g.w[0].bits, sc->xq);
         if (g.w[0].bits == 8) {
             if (n <= 8) launch_qint_b<1, 8>(s, gs, sc->xq, n);
             else launch_qint_b<2, 8>(s, gs, sc->xq, n);
@@ -821,14 +802,14 @@ static bool launch_qint(cu_stream s, const mm_group &g, const float *x, int64_t 
 
 /* MLX tiled matrices (one width, bits and group): `bf16` products of many tokens on cuBLASLt
  * (the values dequantized to bf16 first: launch_blas); on integer tensor cores where the
- * scratch has xq (launch_qint); else qtiled_own. 1: it left sc->xs holding x's split (the
- * last one wrote; launch_qint does not touch xs) */
+ * scratch has xq (launch_qint; xq_ready: xq holds x's limbs, T <= QI_TP); else qtiled_own.
+ * CU_MM_XS: it left sc->xs holding x's split; CU_MM_XQ: sc->xq holding x's limbs (T <= QI_TP) */
 int launch_qtiled(cu_stream s, mm_group g, const float *x, int64_t ldx, int64_t T, int parts,
-                  const cu_mm_scratch *sc, int xs_ready) {
+                  const cu_mm_scratch *sc, int xs_ready, int xq_ready) {
     if (parts == 1 && launch_blas(s, g, x, ldx, T, sc) == 0) return 0;
-    if (launch_qint(s, g, x, ldx, T, parts, sc)) return 0;
+    if (launch_qint(s, g, x, ldx, T, parts, sc, xq_ready)) return T <= QI_TP ? CU_MM_XQ : 0;
     qtiled_own(s, g, x, ldx, T, parts, sc, xs_ready);
-    return T <= 16;
+    return T <= 16 ? CU_MM_XS : 0;
 }
 
 /* split (unless xs holds x already), then k_qmvp or k_qmv, in slices of the scratch's tokens */
