@@ -187,16 +187,7 @@ __global__ void k_silu_mul_q(float *g, const float *u, int64_t T, int64_t n, int
             const int64_t at = t * ld + c0 + 32 * i;
             g[at] = v[i] = siluf_(g[at]) * u[at];
         }
-    const int64_t nsteps = (n + 31) / 32;
-    if (per == 1) { /* qi_put's N: the lane's columns of the group */
-        const float w1[1] = {v[0]};
-        qi_put(xq, nsteps, t, gj, w1, c0, 32, bits, FULL, 32);
-    } else if (per == 2) {
-        const float w2[2] = {v[0], v[1]};
-        qi_put(xq, nsteps, t, gj, w2, c0, 32, bits, FULL, 32);
-    } else {
-        qi_put(xq, nsteps, t, gj, v, c0, 32, bits, FULL, 32);
-    }
+    qi_put_warp(xq, (n + 31) / 32, t, gj, v, per, c0, bits);
 }
 
 extern "C" int cu_silu_mul(cu_stream s, float *g, const float *u, int64_t T, int64_t n, int64_t ld, uint16_t *xs,

@@ -193,16 +193,7 @@ __global__ void k_qlimbs(const float *x, int64_t ldx, int64_t T, int64_t cols, i
 #pragma unroll
     for (int i = 0; i < 4; i++)
         if (i < per && tok < T) v[i] = x[tok * ldx + gj * group + lane + 32 * i];
-    const int64_t c0 = gj * group + lane;
-    if (per == 1) { /* qi_put's N: the lane's columns of the group */
-        const float w1[1] = {v[0]};
-        qi_put(xq, nsteps, tok, gj, w1, c0, 32, bits, FULL, 32);
-    } else if (per == 2) {
-        const float w2[2] = {v[0], v[1]};
-        qi_put(xq, nsteps, tok, gj, w2, c0, 32, bits, FULL, 32);
-    } else {
-        qi_put(xq, nsteps, tok, gj, v, c0, 32, bits, FULL, 32);
-    }
+    qi_put_warp(xq, nsteps, tok, gj, v, per, gj * group + lane, bits);
 }
 
 /* d += A (16 rows x 32 columns, u8) B (32 x 8 tokens, s8), exact */

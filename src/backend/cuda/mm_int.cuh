@@ -91,6 +91,20 @@ __device__ __forceinline__ void qi_put(uint8_t *xq, int64_t nsteps, int64_t tok,
         dx[0] = d, dx[1] = d * (float)sx;
     }
 }
+/* a warp's group, lane l holding columns c0 + 32 i, i < per (the group / 32): qi_put of its
+ * per values v[i] */
+__device__ __forceinline__ void qi_put_warp(uint8_t *xq, int64_t nsteps, int64_t tok, int64_t gj, const float (&v)[4],
+                                            int per, int64_t c0, int bits) {
+    if (per == 1) {
+        const float w1[1] = {v[0]};
+        qi_put(xq, nsteps, tok, gj, w1, c0, 32, bits, FULL, 32);
+    } else if (per == 2) {
+        const float w2[2] = {v[0], v[1]};
+        qi_put(xq, nsteps, tok, gj, w2, c0, 32, bits, FULL, 32);
+    } else {
+        qi_put(xq, nsteps, tok, gj, v, c0, 32, bits, FULL, 32);
+    }
+}
 
 /* matmul_bf16.cu */
 /* the group's block offsets for MT tiles a block; its blocks in all */
