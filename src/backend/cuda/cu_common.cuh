@@ -97,6 +97,66 @@ static inline __device__ float block_max(float v, float *red) {
     return m;
 }
 
+/* The activations as limbs for the IM form of the MLX products (matmul_q.cu's top comment):
+ * xq holds limbs [QI_TP][steps][3][32] bytes, then (d_g, d_g sum_g X) floats
+ * [groups][QI_TP][2]. Whatever makes them (k_qlimbs, or the norm, SwiGLU or the delta rule's
+ * fused decode kernel that produces the activations) gives the same bytes: each value's X is its own, and the group's d (from its
+ * largest |x|) and integer sum of X do not depend on how lanes hold the group. */
+#define QI_XMAX 2088895 /* 127 * 2^14 + 63 * 2^7 + 63 */
+#define QI_TP 16        /* tokens a launch */
+/* the byte of column c within its step's 32 (4-bit: the order of the nibbles' unpacking) */
+__device__ __forceinline__ int qi_byte(int64_t c, int bits) {
+    const int b = (int)(c % 32);
+    return bits == 4 ? (b & ~7) + 2 * (b % 4) + (b % 8) / 4 : b;
+}
+/* token tok's group gj, held by `width` aligned lanes (mask: theirs; a power of two up to 32):
+ * this lane's N values v[i] of columns c0 + i * cstride; the group's first lane writes its
+ * (d, d sum X) */
+template <int N>
+__device__ __forceinline__ void qi_put(uint8_t *xq, int64_t nsteps, int64_t tok, int64_t gj, const float (&v)[N],
+                                       int64_t c0, int cstride, int bits, unsigned mask, int width) {
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < N; i++) amax = fmaxf(amax, fabsf(v[i]));
+    for (int o = width / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(mask, amax, o));
+    const float d = __fdiv_rn(amax, (float)QI_XMAX);
+    int32_t sx = 0;
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        int32_t X = 0;
+        if (d > 0.0f) {
+            float q = rintf(__fdiv_rn(v[i], d));
+            q = fminf(fmaxf(q, -(float)QI_XMAX), (float)QI_XMAX);
+            X = (int32_t)q;
+        }
+        sx += X;
+        const int32_t a0 = ((X + 64) & 127) - 64, x1 = (X - a0) / 128;
+        const int32_t a1 = ((x1 + 64) & 127) - 64, a2 = (x1 - a1) / 128;
+        const int64_t c = c0 + (int64_t)i * cstride;
+        uint8_t *o = xq + (tok * nsteps + c / 32) * 96 + qi_byte(c, bits);
+        o[0] = (uint8_t)(int8_t)a0, o[32] = (uint8_t)(int8_t)a1, o[64] = (uint8_t)(int8_t)a2;
+    }
+    for (int o = width / 2; o > 0; o >>= 1) sx += __shfl_xor_sync(mask, sx, o); /* exact: any order */
+    if ((threadIdx.x & (unsigned)(width - 1)) == 0) {
+        float *dx = (float *)(xq + QI_TP * nsteps * 96) + (gj * QI_TP + tok) * 2;
+        dx[0] = d, dx[1] = d * (float)sx;
+    }
+}
+/* a warp's group, lane l holding columns c0 + 32 i, i < per (the group / 32): qi_put of its
+ * per values v[i] */
+__device__ __forceinline__ void qi_put_warp(uint8_t *xq, int64_t nsteps, int64_t tok, int64_t gj, const float (&v)[4],
+                                            int per, int64_t c0, int bits) {
+    if (per == 1) {
+        const float w1[1] = {v[0]};
+        qi_put(xq, nsteps, tok, gj, w1, c0, 32, bits, FULL, 32);
+    } else if (per == 2) {
+        const float w2[2] = {v[0], v[1]};
+        qi_put(xq, nsteps, tok, gj, w2, c0, 32, bits, FULL, 32);
+    } else {
+        qi_put(xq, nsteps, tok, gj, v, c0, 32, bits, FULL, 32);
+    }
+}
+
 /* Programmatic dependent launch: the decode path's kernels are launched with
  * programmaticStreamSerialization (launch_pdl), so that a kernel's blocks start while its
  * predecessor's last ones finish; each such kernel calls pdl_wait() before it touches

@@ -1357,11 +1357,14 @@ static void do_gdn(cuda_ctx *c, int layer) {
         .eps = b->eps,
         .chunks = (const int32_t *)(c->d_plan + c->layout.chunks), .item_chunk = (const int32_t *)(c->d_plan + c->layout.item_chunk),
         .n_chunks = c->n_chunks, .chunk_ws = c->chunk_ws, .ws_chunks = (int)ws_chunks_of(b, &c->p)};
-    const int parts = xs_parts_for(c, b->vd); /* out_proj's input */
+    const int qi = qi_fused(c, b->vd), parts = qi ? 0 : xs_parts_for(c, b->vd); /* out_proj's input */
     a.xs = parts ? c->mms.xs : NULL;
     a.parts = parts;
+    a.xq = qi ? c->mms.xq : NULL, a.qgroup = b->qi_group, a.qbits = b->qi_bits;
     a.counts = c->gdn_count;
-    if (cu_gdn(c->stream, &c->plan, &a, (int)c->max_item_tokens)) c->xs_holds = ST_ACT_MIX;
+    const int made = cu_gdn(c->stream, &c->plan, &a, (int)c->max_item_tokens);
+    if (made & CU_MM_XS) c->xs_holds = ST_ACT_MIX;
+    if (made & CU_MM_XQ) c->xq_holds = ST_ACT_MIX;
 }
 
 static cu_kv kv_of(const cuda_ctx *c) {

@@ -221,6 +221,11 @@ typedef struct cu_gdn_args {
      * product, xs [parts][T][vd] as cu_add_norm splits, by the decode kernels that can */
     uint16_t *xs;
     int parts;
+    /* where not NULL, instead the MLX integer form's limbs of the outputs for out_proj
+     * (cu_qint_bytes(vd); qbits bits, groups of qgroup columns dividing Dv; 16 tokens or
+     * fewer), by the same kernels */
+    uint8_t *xq;
+    int qgroup, qbits;
     /* [cu_gdn_counts(Hk)] zeros (device; the kernels leave them so), for a decode step's conv
      * inside the rule; NULL: the conv on its own */
     int32_t *counts;
@@ -231,7 +236,7 @@ typedef struct cu_gdn_args {
 #define CU_GDN_DEC_FUSED_MAX 16
 #endif
 static inline size_t cu_gdn_counts(int Hk) { return (size_t)CU_GDN_DEC_FUSED_MAX * (size_t)Hk; }
-/* 1 when it left mix's split in a->xs, 0 when not */
+/* CU_MM_XS when it left mix's split in a->xs, CU_MM_XQ its limbs in a->xq, 0 when neither */
 int cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int max_item_tokens);
 /* Once per shape, before cu_gdn: 0 when cu_gdn takes these head dims, -1 when not. */
 int cu_gdn_prepare(int Dk, int Dv);

@@ -309,17 +309,21 @@ __global__ void __launch_bounds__(32 * GDN_WARPS) k_gdn_recur(cu_plan p, cu_gdn_
  * read what no kernel right before them writes (the state, the windows, the weights) before
  * their PDL wait: the rule's state only they write, a whole layer before.
  * The count's atomic is issued as soon as the block's windows are used, and its answer read
- * only at the end, where the block writes its channels' next windows (kept in shared memory
- * until then: v's always, q's and k's where it is the last), so that its round trip is not
- * on the rule's chain.
- * Shared memory: [Dv] the head's outputs; FUSED 2 then q [Dk], k [Dk], v [Dv] and the
- * channels' next windows [3][2 Dk + Dv] (gdn_dec_conv_smem). */
+ * only at the end, where the last block writes its q and k windows (kept in shared memory
+ * until then), so that its round trip is not on the rule's chain.
+ * Shared memory: [Dv] the head's outputs; FUSED 2 then q [Dk], k [Dk], v [Dv] and the q and
+ * k channels' next windows [3][2 Dk] (gdn_dec_conv_smem). (Writing every channel's next
+ * window at the end, as the q and k ones are, tidier, spilled 136 bytes of the 27B form's
+ * 128 registers: measured by ptxas, not kept.)
+ * QI (FUSED, a.xq): the gated outputs also as the MLX integer form's limbs for out_proj, a
+ * warp a group from shared memory (a form of its own: the 27B one spills 136 bytes, which
+ * the others must not). */
 #define GDN_DEC_COLS (16 * GDN_WARPS)
 #define GDN_DEC_MAX_DV 256
 #define GDN_DEC_MAX_RP 16  /* FUSED: key dims up to 128 (more rows a lane spill under its 128 registers) */
 #define GDN_DEC_FUSED_MAX CU_GDN_DEC_FUSED_MAX /* decode steps of up to this many items take FUSED */
 #define GDN_CONV_PER 2       /* FUSED 2: channels a thread convolves at most (2 Dk + Dv <= 4 Dv) */
-template <int RP, int FUSED>
+template <int RP, int FUSED, bool QI = false>
 __global__ void __launch_bounds__(FUSED ? 32 * GDN_DEC_MAX_DV / 16 : 32 * GDN_WARPS) k_gdn_dec(cu_plan p, cu_gdn_args a) {
     if constexpr (!FUSED) pdl_wait();
     extern __shared__ float gdn_o[]; /* FUSED: [Dv] the head's outputs */
@@ -365,8 +369,7 @@ __global__ void __launch_bounds__(FUSED ? 32 * GDN_DEC_MAX_DV / 16 : 32 * GDN_WA
     const int ratio = a.Hv / a.Hk; /* FUSED 2: value heads a key head */
     int seen = ratio - 1;          /* FUSED 2, thread 0: the blocks of the key head counted before this one */
     __shared__ int last;
-    const int C = 2 * Dk + Dv; /* FUSED 2: the block's channels */
-    float *nwin = cv + Dv;     /* FUSED 2: their next windows [3][C], written at the end */
+    float *qkw = cv + Dv; /* FUSED 2: the q and k channels' next windows [3][2 Dk], for the end */
     if constexpr (FUSED == 2) {
         float xin[GDN_CONV_PER];
 #pragma unroll
@@ -379,16 +382,21 @@ __global__ void __launch_bounds__(FUSED ? 32 * GDN_DEC_MAX_DV / 16 : 32 * GDN_WA
             const int j = threadIdx.x + u * blockDim.x;
             if (j < 2 * Dk + Dv) cq[j] = conv4_one(win[u], tap[u], xin[u]); /* cq, ck, cv are one run */
         }
-        /* the block's windows are read (their values used) and its inputs in: thread 0 counts
-         * the block in; the next windows wait in shared memory for the end, where the v
-         * channels' move on and, in the key head's last block to count itself, the q and k
-         * channels' (the count's round trip off the rule's chain) */
+        /* the block's windows are read (their values used) and its inputs in: its v channels'
+         * windows move on now, and thread 0 counts the block in; the key head's last block to
+         * count itself moves its q and k windows on (and leaves the count at 0), at the end
+         * (the count's round trip off the rule's chain) */
         __syncthreads();
         if (threadIdx.x == 0 && ratio > 1) seen = atomicAdd(a.counts + it * a.Hk + g, 1);
+        float *ws = a.conv_state + (size_t)slot * a.conv_stride;
 #pragma unroll
         for (int u = 0; u < GDN_CONV_PER; u++) {
             const int j = threadIdx.x + u * blockDim.x;
-            if (j < C) nwin[j] = win[u][1], nwin[C + j] = win[u][2], nwin[2 * C + j] = xin[u];
+            if (j >= 2 * Dk && j < 2 * Dk + Dv) {
+                const int64_t ch = conv_ch(j);
+                ws[ch] = win[u][1], ws[a.cd + ch] = win[u][2], ws[2 * a.cd + ch] = xin[u];
+            } else if (j < 2 * Dk)
+                qkw[j] = win[u][1], qkw[2 * Dk + j] = win[u][2], qkw[4 * Dk + j] = xin[u];
         }
         qr = cq, kr = ck;
     }
@@ -429,23 +437,39 @@ __global__ void __launch_bounds__(FUSED ? 32 * GDN_DEC_MAX_DV / 16 : 32 * GDN_WA
         }
         __syncthreads();
         const float rs = gdn_gnorm_scale(gdn_o, Dv, a.eps);
+        float y = 0.0f;
         if (lane < 16 && r < Dv) {
-            const float y = gdn_gated(gdn_o[r], rs, nw, zr);
+            y = gdn_gated(gdn_o[r], rs, nw, zr);
             mo[r] = y;
             if (a.xs) put_parts(a.xs, a.parts, (int64_t)p.n_tokens * a.vd, t * a.vd + (int64_t)h * Dv + r, y);
         }
-    }
-    if constexpr (FUSED == 2) { /* the next windows: the v channels', and the key head's last block its q and k */
-        float *ws = a.conv_state + (size_t)slot * a.conv_stride;
-        for (int j = last ? threadIdx.x : 2 * Dk + threadIdx.x; j < C; j += blockDim.x) {
-            const int64_t ch = conv_ch(j);
-            ws[ch] = nwin[j], ws[a.cd + ch] = nwin[C + j], ws[2 * a.cd + ch] = nwin[2 * C + j];
+        if constexpr (QI) { /* the limbs (a.xq): the head's outputs through shared memory, then a warp a group */
+            __syncthreads(); /* every thread has read gdn_o for rs */
+            if (lane < 16 && r < Dv) gdn_o[r] = y;
+            __syncthreads();
+            if (w < Dv / a.qgroup) {
+                const int per = a.qgroup / 32;
+                float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    if (i < per) v[i] = gdn_o[w * a.qgroup + lane + 32 * i];
+                const int64_t c0 = (int64_t)h * Dv + w * a.qgroup;
+                qi_put_warp(a.xq, a.vd / 32, t, c0 / a.qgroup, v, per, c0 + lane, a.qbits);
+            }
         }
     }
+    if constexpr (FUSED == 2) /* the key head's last block: its q and k windows */
+        if (last) {
+            float *ws = a.conv_state + (size_t)slot * a.conv_stride;
+            for (int j = threadIdx.x; j < 2 * Dk; j += blockDim.x) {
+                const int64_t ch = conv_ch(j);
+                ws[ch] = qkw[j], ws[a.cd + ch] = qkw[2 * Dk + j], ws[2 * a.cd + ch] = qkw[4 * Dk + j];
+            }
+        }
 }
 
-/* k_gdn_dec<., 2>'s shared memory: outputs [Dv], q, k [Dk], v [Dv], the next windows [3][2 Dk + Dv] */
-static size_t gdn_dec_conv_smem(int Dk, int Dv) { return (size_t)(5 * Dv + 8 * Dk) * sizeof(float); }
+/* k_gdn_dec<., 2>'s shared memory: outputs [Dv], q, k [Dk], v [Dv], the q and k windows [3][2 Dk] */
+static size_t gdn_dec_conv_smem(int Dk, int Dv) { return (size_t)(2 * Dv + 8 * Dk) * sizeof(float); }
 
 /* gated RMSNorm: norm(o) * w * silu(z), a warp per (token, value head) */
 __global__ void k_gdn_gnorm(cu_gdn_args a) {
@@ -477,11 +501,13 @@ static void gdn_rule(cu_stream s, dim3 gr, const cu_plan *p, const cu_gdn_args *
     if constexpr (RP <= GDN_DEC_MAX_RP) {
         const dim3 fb(32 * ((a->Dv + 15) / 16));
         if (how == GDN_DEC_FUSED) {
-            launch_pdl(k_gdn_dec<RP, 1>, dim3(gr.x, gr.y), fb, (size_t)a->Dv * sizeof(float), s, *p, *a);
+            launch_pdl(a->xq ? k_gdn_dec<RP, 1, true> : k_gdn_dec<RP, 1>, dim3(gr.x, gr.y), fb, (size_t)a->Dv * sizeof(float), s,
+                       *p, *a);
             return;
         }
         if (how == GDN_DEC_CONV) {
-            launch_pdl(k_gdn_dec<RP, 2>, dim3(gr.x, gr.y), fb, gdn_dec_conv_smem(a->Dk, a->Dv), s, *p, *a);
+            launch_pdl(a->xq ? k_gdn_dec<RP, 2, true> : k_gdn_dec<RP, 2>, dim3(gr.x, gr.y), fb, gdn_dec_conv_smem(a->Dk, a->Dv),
+                       s, *p, *a);
             return;
         }
     }
@@ -501,8 +527,12 @@ extern "C" int cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int m
     if (how == GDN_DEC_FUSED && a->K == 4 && a->counts && 2 * a->Dk + a->Dv <= GDN_CONV_PER * fthreads && a->Dk % 4 == 0)
         how = GDN_DEC_CONV;
     const bool fused = how == GDN_DEC_FUSED || how == GDN_DEC_CONV; /* the norms inside */
-    cu_gdn_args af = *a; /* the split only where the fused kernel makes it */
+    cu_gdn_args af = *a; /* the split or the limbs only where the fused kernel makes them */
     if (!fused || a->vd % 32 != 0) af.xs = NULL;
+    if (!fused || !a->xq || p->n_tokens > QI_TP || (a->qgroup != 32 && a->qgroup != 64 && a->qgroup != 128) ||
+        (a->qbits != 4 && a->qbits != 8) || a->Dv % a->qgroup != 0 || a->vd % 32 != 0 || (a->Dv + 15) / 16 < a->Dv / a->qgroup)
+        af.xq = NULL;
+    if (af.xq) af.xs = NULL;
     a = &af;
     if (how != GDN_DEC_CONV) {
         if (a->n_chunks > 0 && a->K == 4) {
@@ -528,7 +558,7 @@ extern "C" int cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int m
     default: gdn_rule<32>(s, gr, p, a, how, shm, cl); break;
     }
     if (!fused) launch_pdl(k_gdn_gnorm, dim3((unsigned)p->n_tokens, (unsigned)a->Hv), dim3(32), 0, s, *a);
-    return a->xs != NULL;
+    return (a->xs ? CU_MM_XS : 0) | (a->xq ? CU_MM_XQ : 0);
 }
 
 /* key dims at most 256 (a lane's registers hold 32 rows); key and value dims multiples of 4
