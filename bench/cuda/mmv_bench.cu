@@ -446,6 +446,20 @@ static int qbench(int reps) {
  * form's own error; every token's bits the same as that token's alone, at 1, 4, 12, 16 and 40
  * tokens (the last in slices of 16, as `exact` takes it; `bf16` takes it for 16 or fewer);
  * GB/s of the bytes read of each ---- */
+/* the T tokens' bytes of two limb buffers (device, qb bytes) of `cols` columns agree: their
+ * limbs and each group's (d, d sum X) */
+static bool qi_same_limbs(const uint8_t *qa, const uint8_t *qc, size_t qb, int64_t cols, int group, int64_t T) {
+    std::vector<uint8_t> ha(qb), hc(qb);
+    CK(cudaMemcpy(ha.data(), qa, qb, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hc.data(), qc, qb, cudaMemcpyDeviceToHost));
+    const int64_t nsteps = tiled_steps(cols), ng = cols / group;
+    if (memcmp(ha.data(), hc.data(), (size_t)(T * nsteps * 96))) return false;
+    const float *da = (const float *)(ha.data() + QI_TP * nsteps * 96), *dc = (const float *)(hc.data() + QI_TP * nsteps * 96);
+    for (int64_t gj = 0; gj < ng; gj++)
+        if (memcmp(da + gj * QI_TP * 2, dc + gj * QI_TP * 2, (size_t)T * 8)) return false;
+    return true;
+}
+
 /* the norm's and SwiGLU's limbs (cu_add_norm, cu_silu_mul with xq) against k_qlimbs's of
  * their outputs, byte for byte over the T tokens' limbs and (d, d sum X), and SwiGLU's
  * values against the plain kernel's: the failures */
@@ -470,18 +484,7 @@ static int qi_producers(cudaStream_t s) {
         for (auto &v : h) v = a * ((float)rand() / RAND_MAX * 2.0f - 1.0f);
         CK(cudaMemcpy(p, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
     };
-    /* the T tokens' bytes of two limb buffers of `cols` columns agree */
-    auto same_limbs = [&](int64_t cols, int group, int64_t T) {
-        std::vector<uint8_t> ha(qb), hc(qb);
-        CK(cudaMemcpy(ha.data(), qa, qb, cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(hc.data(), qc, qb, cudaMemcpyDeviceToHost));
-        const int64_t nsteps = tiled_steps(cols), ng = cols / group;
-        if (memcmp(ha.data(), hc.data(), (size_t)(T * nsteps * 96))) return false;
-        const float *da = (const float *)(ha.data() + QI_TP * nsteps * 96), *dc = (const float *)(hc.data() + QI_TP * nsteps * 96);
-        for (int64_t gj = 0; gj < ng; gj++)
-            if (memcmp(da + gj * QI_TP * 2, dc + gj * QI_TP * 2, (size_t)T * 8)) return false;
-        return true;
-    };
+    auto same_limbs = [&](int64_t cols, int group, int64_t T) { return qi_same_limbs(qa, qc, qb, cols, group, T); };
     const int64_t Ts[] = {1, 7, 16};
     for (int bits = 8; bits >= 4; bits -= 4)
         for (int group = 32; group <= 128; group *= 2)
@@ -1372,6 +1375,32 @@ static int gdnbench(int reps) {
                 bad |= !same2;
                 const double t_conv1 = time_ms([&] { launch_pdl(k_gdn_conv, gc, dim3(CONV_THREADS), 0, s, p, a); });
                 const double t_with = time_ms(with_conv);
+                if (T <= QI_TP) { /* its QI form: the same outputs, and their limbs as k_qlimbs makes them from them */
+                    const size_t qb = cu_qint_bytes(vd);
+                    uint8_t *qa, *qc;
+                    CK(cudaMalloc(&qa, qb));
+                    CK(cudaMalloc(&qc, qb));
+                    bool qsame = true;
+                    for (int bits = 8; bits >= 4; bits -= 4) {
+                        CK(cudaMemset(qa, 0, qb));
+                        CK(cudaMemset(qc, 0, qb));
+                        conv_in(1);
+                        a.xq = qa, a.qgroup = 64, a.qbits = bits;
+                        launch_pdl(k_gdn_dec<16, 2, true>, dim3(gr.x, gr.y), dim3(32 * ((Dv + 15) / 16)), gdn_dec_conv_smem(Dk, Dv),
+                                   s, p, a);
+                        a.xq = NULL;
+                        launch_pdl(k_qlimbs, dim3((unsigned)((QI_TP * (vd / 64) + 7) / 8)), dim3(256), 0, s, (const float *)mix[0],
+                                   (int64_t)vd, (int64_t)T, (int64_t)vd, 64, bits, qc);
+                        CK(cudaStreamSynchronize(s));
+                        CK(cudaGetLastError());
+                        qsame = qsame && same_bits(mix[0], mix[1], (size_t)T * vd) && qi_same_limbs(qa, qc, qb, vd, 64, T);
+                    }
+                    bad |= !qsame;
+                    printf("    its form making out_proj's limbs (QI, 8 and 4 bits, groups of 64): outputs and limbs %s\n",
+                           qsame ? "the same bits as the others and k_qlimbs's" : "DIFFER  FAILED");
+                    CK(cudaFree(qa));
+                    CK(cudaFree(qc));
+                }
                 a.counts = NULL;
                 printf("    with the conv inside: %.3f ms (the conv and the fused kernel %.3f ms); outputs, state and windows %s"
                        " k_gdn_conv's and the fused kernel's%s\n",
