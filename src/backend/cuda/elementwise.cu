@@ -67,10 +67,12 @@ __device__ __forceinline__ void put_parts4(uint16_t *xs, int parts, int64_t pstr
  * weights never change: read before the wait. Few threads: a block starts beside a
  * product's resident blocks, and the sum's last step is 8 warps'. Other rows go by a
  * strided loop. xs (parts > 0): the result also split, as k_split would, ldxs = d rounded up
- * to 32 (zeros past d). xq (the register path only, d a multiple of qgroup): the result also
- * as the IM form's limbs (qi_put), a group of qgroup columns on qgroup / 4 lanes. */
+ * to 32 (zeros past d). QI (xq; the register path only, d a multiple of qgroup): the result
+ * also as the IM form's limbs (qi_put), a group of qgroup columns on qgroup / 4 lanes (a form
+ * of its own, so that the others compile as they did). */
 #define NORM_THREADS 256
 #define NORM_HELD 8
+template <bool QI>
 __global__ void __launch_bounds__(NORM_THREADS) k_add_norm(float *x, const float *out, const float *w, float *xn,
                                                            int64_t d, float eps, int add, int apply, uint16_t *xs,
                                                            int parts, uint8_t *xq, int qgroup, int qbits) {
@@ -118,7 +120,7 @@ __global__ void __launch_bounds__(NORM_THREADS) k_add_norm(float *x, const float
             if (c4 < d4) {
                 y = make_float4(v[i].x * r * wv[i].x, v[i].y * r * wv[i].y, v[i].z * r * wv[i].z, v[i].w * r * wv[i].w);
                 ((float4 *)(xn + t * d))[c4] = y;
-                if (xq) { /* a group's lanes are all here: d is a multiple of qgroup */
+                if constexpr (QI) { /* a group's lanes are all here: d is a multiple of qgroup */
                     const int width = qgroup / 4;
                     const unsigned lane = threadIdx.x & 31u,
                                    mask = width == 32 ? FULL : ((1u << width) - 1u) << (lane & ~(unsigned)(width - 1));
@@ -151,8 +153,8 @@ extern "C" int cu_add_norm(cu_stream s, float *x, const float *out, const float 
     if (T <= 0) return 0;
     const bool limbs = xq && apply && T <= QI_TP && (qgroup == 32 || qgroup == 64 || qgroup == 128) &&
                        (qbits == 4 || qbits == 8) && d % qgroup == 0 && d <= 4 * NORM_HELD * NORM_THREADS;
-    launch_pdl(k_add_norm, dim3((unsigned)T), dim3(NORM_THREADS), 0, s, x, out, w, xn, d, eps, add, apply,
-               apply ? xs : (uint16_t *)NULL, parts, limbs ? xq : (uint8_t *)NULL, qgroup, qbits);
+    launch_pdl(limbs ? k_add_norm<true> : k_add_norm<false>, dim3((unsigned)T), dim3(NORM_THREADS), 0, s, x, out, w, xn, d,
+               eps, add, apply, apply ? xs : (uint16_t *)NULL, parts, limbs ? xq : (uint8_t *)NULL, qgroup, qbits);
     return limbs;
 }
 
