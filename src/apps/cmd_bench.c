@@ -485,8 +485,10 @@ int cmd_bench(int argc, char **argv) {
             st_cache_seq_release(cache, &seqs[0]);
             if (run == 0) {
                 pre_first_tok_s[i] = (double)prompts[i] / dt;
-                st_cuda_op_times skip; /* the op times are the timed run's */
-                if (op_times) st_bctx_cuda_op_times(st_fwd_ctx(f), &skip);
+                if (op_times) { /* the op times are the timed run's */
+                    st_cuda_op_times skip;
+                    st_bctx_cuda_op_times(st_fwd_ctx(f), &skip);
+                }
             } else pre_s[i] = dt, pre_tok_s[i] = (double)prompts[i] / dt;
         }
         if (op_times) print_op_times(f, "prefill", prompts[i], 1, pre_s[i]);
@@ -567,9 +569,12 @@ int cmd_bench(int argc, char **argv) {
                "\"decode_floor_steps_s\": %.3f, \"decode_read_floor_steps_s\": %.3f, \"prefill\": [",
                dir, gpu ? "cuda" : "cpu", gpu ? "cuda" : st_backend_cpu_kernels(be)->name, nth, ranks, bw, read_bw,
                ms.bytes_per_token, floor_tok_s, read_floor_tok_s);
-        for (int i = 0; i < n_prompts; i++)
-            printf("%s{\"tokens\": %lld, \"seconds\": %.4f, \"tok_s\": %.3f, \"first_tok_s\": %.3f}", i ? ", " : "",
-                   prompts[i], pre_s[i], pre_tok_s[i], pre_first_tok_s[i]);
+        for (int i = 0; i < n_prompts; i++) {
+            printf("%s{\"tokens\": %lld, \"seconds\": %.4f, \"tok_s\": %.3f", i ? ", " : "", prompts[i], pre_s[i],
+                   pre_tok_s[i]);
+            if (gpu) printf(", \"first_tok_s\": %.3f", pre_first_tok_s[i]); /* a CPU has no untimed first run */
+            printf("}");
+        }
         printf("], \"decode\": [");
         for (int i = 0; i < n_batches; i++)
             printf("%s{\"batch\": %lld, \"prompt\": %lld, \"steps\": %d, \"step_ms\": %.3f, "
