@@ -875,8 +875,12 @@ __global__ void __launch_bounds__(32 * FA_WARPS, 1) k_attn_fa(cu_plan p, cu_attn
                 pa[n / 2][(n & 1) * 2 + 1] = bf2(p2, p3);
             }
             l0 = l0 * al0 + r0, l1 = l1 * al1 + r1;
+            /* the output's rescale only where a row's max moved (once the maxima settle, most
+             * chunks leave every factor 1, and a product by 1 changes no bit) */
+            if (!__all_sync(FULL, al0 == 1.0f && al1 == 1.0f)) {
 #pragma unroll
-            for (int n = 0; n < NO; n++) o[n][0] *= al0, o[n][1] *= al0, o[n][2] *= al1, o[n][3] *= al1;
+                for (int n = 0; n < NO; n++) o[n][0] *= al0, o[n][1] *= al0, o[n][2] *= al1, o[n][3] *= al1;
+            }
             /* O += P V: V^T's fragments by ldmatrix.trans from V's rows */
             const uint32_t v_a = (uint32_t)__cvta_generic_to_shared(vb) +
                                  (uint32_t)((((lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8) * 2);

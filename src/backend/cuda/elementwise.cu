@@ -172,6 +172,19 @@ __global__ void k_silu_mul(float *g, const float *u, int64_t T, int64_t n, int64
     if (xs) put_parts(xs, parts, T * ldxs, t * ldxs + c, r);
 }
 
+/* k_silu_mul for many tokens without a split: a thread per 4 consecutive columns (16-byte
+ * loads and stores; the same arithmetic element by element). n and ld multiples of 4, g and
+ * u 16-byte aligned. */
+__global__ void k_silu_mul4(float *g, const float *u, int64_t T, int64_t n, int64_t ld) {
+    pdl_wait();
+    const int64_t per = n / 4, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, t = i / per, c = i % per * 4;
+    if (t >= T) return;
+    float4 v = *(const float4 *)(g + t * ld + c);
+    const float4 w = *(const float4 *)(u + t * ld + c);
+    v.x = siluf_(v.x) * w.x, v.y = siluf_(v.y) * w.y, v.z = siluf_(v.z) * w.z, v.w = siluf_(v.w) * w.w;
+    *(float4 *)(g + t * ld + c) = v;
+}
+
 /* SwiGLU with its result also as the IM form's limbs (no split): a warp per (token, group),
  * lane l the group's columns l + 32 i, as k_qlimbs holds them */
 __global__ void k_silu_mul_q(float *g, const float *u, int64_t T, int64_t n, int64_t ld, uint8_t *xq, int group,
@@ -192,6 +205,11 @@ __global__ void k_silu_mul_q(float *g, const float *u, int64_t T, int64_t n, int
     qi_put_warp(xq, (n + 31) / 32, t, gj, v, per, c0, bits);
 }
 
+/* from this many tokens SwiGLU without a split takes k_silu_mul4 (decode steps keep
+ * k_silu_mul, the kernel the H200 measured) */
+#ifndef SILU4_MIN_T
+#define SILU4_MIN_T 64
+#endif
 extern "C" int cu_silu_mul(cu_stream s, float *g, const float *u, int64_t T, int64_t n, int64_t ld, uint16_t *xs,
                            int parts, uint8_t *xq, int qgroup, int qbits) {
     if (xq && T > 0 && T <= QI_TP && (qgroup == 32 || qgroup == 64 || qgroup == 128) && (qbits == 4 || qbits == 8) &&
@@ -202,6 +220,10 @@ extern "C" int cu_silu_mul(cu_stream s, float *g, const float *u, int64_t T, int
     }
     const int64_t total = T * (xs ? (n + 31) / 32 * 32 : n);
     if (total <= 0) return 0;
+    if (!xs && T >= SILU4_MIN_T && n % 4 == 0 && ld % 4 == 0 && (uintptr_t)g % 16 == 0 && (uintptr_t)u % 16 == 0) {
+        launch_pdl(k_silu_mul4, dim3((unsigned)((T * (n / 4) + 255) / 256)), dim3(256), 0, s, g, u, T, n, ld);
+        return 0;
+    }
     launch_pdl(k_silu_mul, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, s, g, u, T, n, ld, xs, parts);
     return 0;
 }

@@ -138,11 +138,13 @@ __device__ __forceinline__ float gdn_gnorm_scale(const float *o, int Dv, float e
 __device__ __forceinline__ float gdn_gated(float o, float rs, float w, float z) { return o * rs * w * siluf_(z); }
 
 /* the L2 norms of every token's q and k heads, in place (q also by 1 / sqrt(Dk)): a warp per
- * (token, key head) */
-__global__ void k_gdn_qknorm(cu_gdn_args a) {
+ * (token, key head), n of them, blockDim.x / 32 a block */
+__global__ void k_gdn_qknorm(cu_gdn_args a, int64_t n) {
     pdl_wait();
-    const int64_t t = blockIdx.x;
-    const int g = blockIdx.y, lane = threadIdx.x;
+    const int64_t wi = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (wi >= n) return;
+    const int64_t t = wi / a.Hk;
+    const int g = (int)(wi % a.Hk), lane = threadIdx.x & 31;
     for (int which = 0; which < 2; which++) {
         float *v = a.qkv + t * a.cd + (which ? a.kd : 0) + (int64_t)g * a.Dk;
         const float r = gdn_l2_scale(v, a.Dk, which == 0);
@@ -471,16 +473,27 @@ __global__ void __launch_bounds__(FUSED ? 32 * GDN_DEC_MAX_DV / 16 : 32 * GDN_WA
 /* k_gdn_dec<., 2>'s shared memory: outputs [Dv], q, k [Dk], v [Dv], the q and k windows [3][2 Dk] */
 static size_t gdn_dec_conv_smem(int Dk, int Dv) { return (size_t)(2 * Dv + 8 * Dk) * sizeof(float); }
 
-/* gated RMSNorm: norm(o) * w * silu(z), a warp per (token, value head) */
-__global__ void k_gdn_gnorm(cu_gdn_args a) {
+/* gated RMSNorm: norm(o) * w * silu(z), a warp per (token, value head), n of them,
+ * blockDim.x / 32 a block */
+__global__ void k_gdn_gnorm(cu_gdn_args a, int64_t n) {
     pdl_wait();
-    const int64_t t = blockIdx.x;
-    const int h = blockIdx.y;
+    const int64_t wi = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (wi >= n) return;
+    const int64_t t = wi / a.Hv;
+    const int h = (int)(wi % a.Hv), lane = threadIdx.x & 31;
     float *o = a.mix + t * a.vd + (int64_t)h * a.Dv;
     const float *z = a.z + t * a.vd + (int64_t)h * a.Dv;
     const float rs = gdn_gnorm_scale(o, a.Dv, a.eps);
-    for (int r = threadIdx.x; r < a.Dv; r += 32) o[r] = gdn_gated(o[r], rs, a.norm_w[r], z[r]);
+    for (int r = lane; r < a.Dv; r += 32) o[r] = gdn_gated(o[r], rs, a.norm_w[r], z[r]);
 }
+
+/* warps a block of the norms' kernels before and after the chunked rule (each warp's
+ * arithmetic is the one-warp blocks', so the same bits): 1 is what the H200 measured; 8, a
+ * variant to measure there (the norms alone ran faster with 8, but the per-step rule after
+ * them slower, so that rule keeps 1 whatever this says) */
+#ifndef GDN_NORM_WARPS
+#define GDN_NORM_WARPS 1
+#endif
 
 /* for chunks of cl tokens (a decode step's one token takes little, so more blocks share an SM) */
 static size_t gdn_smem(int Dk, int cl) { return (size_t)2 * cl * gdn_token_floats(Dk) * sizeof(float); }
@@ -542,10 +555,12 @@ extern "C" int cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int m
             launch_pdl(k_gdn_conv, gc, dim3(CONV_THREADS), 0, s, *p, *a);
         }
     }
-    /* one warp a block: 8 a block made the per-step rule after them 1.4x slower on one long
-     * prompt (8.7 -> 12.2 ms a 27B layer at 8,192 tokens on the H200), though the norms
-     * alone were faster */
-    if (!fused) launch_pdl(k_gdn_qknorm, dim3((unsigned)p->n_tokens, (unsigned)a->Hk), dim3(32), 0, s, *a);
+    /* one warp a block before the per-step rule: 8 a block made the rule after them 1.4x
+     * slower on one long prompt (8.7 -> 12.2 ms a 27B layer at 8,192 tokens on the H200),
+     * though the norms alone were faster; the chunked rule takes GDN_NORM_WARPS */
+    const int nw = a->n_chunks > 0 ? GDN_NORM_WARPS : 1;
+    const int64_t nqk = (int64_t)p->n_tokens * a->Hk, ng = (int64_t)p->n_tokens * a->Hv;
+    if (!fused) launch_pdl(k_gdn_qknorm, dim3((unsigned)((nqk + nw - 1) / nw)), dim3(32 * nw), 0, s, *a, nqk);
     dim3 gr((unsigned)p->n_items, (unsigned)a->Hv, (unsigned)((a->Dv + 8 * GDN_WARPS - 1) / (8 * GDN_WARPS)));
     const int cl = max_item_tokens < GDN_CHUNK ? (max_item_tokens > 0 ? max_item_tokens : 1) : GDN_CHUNK;
     const size_t shm = gdn_smem(a->Dk, cl);
@@ -557,7 +572,7 @@ extern "C" int cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int m
     case 16: gdn_rule<16>(s, gr, p, a, how, shm, cl); break;
     default: gdn_rule<32>(s, gr, p, a, how, shm, cl); break;
     }
-    if (!fused) launch_pdl(k_gdn_gnorm, dim3((unsigned)p->n_tokens, (unsigned)a->Hv), dim3(32), 0, s, *a);
+    if (!fused) launch_pdl(k_gdn_gnorm, dim3((unsigned)((ng + nw - 1) / nw)), dim3(32 * nw), 0, s, *a, ng);
     return (a->xs ? CU_MM_XS : 0) | (a->xq ? CU_MM_XQ : 0);
 }
 

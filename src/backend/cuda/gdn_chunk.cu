@@ -58,8 +58,9 @@ __device__ __forceinline__ void mma_16x16(float (&acc)[2][4], const float *A, in
 
 /* ---- the chunk's own part: W, U, P, g ---- */
 
-/* shared memory, floats: q and k [GC][DK + 4] (row-major), A [GC][GC + 4], beta and g [GC] */
-template <int DK> constexpr size_t cprep_floats() { return (size_t)2 * GC * (DK + 4) + GC * (GC + 4) + 2 * GC; }
+/* shared memory, floats: q and k [GC][DK + 4] (row-major), A [GC][GC + 4], beta, g and
+ * beta exp(g) [GC] */
+template <int DK> constexpr size_t cprep_floats() { return (size_t)2 * GC * (DK + 4) + GC * (GC + 4) + 3 * GC; }
 
 template <int DK>
 __global__ void __launch_bounds__(GC_THREADS) k_gdn_cprep(cu_gdn_args a, int c0) {
@@ -67,7 +68,7 @@ __global__ void __launch_bounds__(GC_THREADS) k_gdn_cprep(cu_gdn_args a, int c0)
     extern __shared__ float4 cp_sh4[];
     constexpr int SW = DK + 4, LA = GC + 4;
     const int Dv = a.Dv;
-    float *Qs = (float *)cp_sh4, *Ks = Qs + GC * SW, *A = Ks + GC * SW, *bt = A + GC * LA, *g = bt + GC;
+    float *Qs = (float *)cp_sh4, *Ks = Qs + GC * SW, *A = Ks + GC * SW, *bt = A + GC * LA, *g = bt + GC, *be = g + GC;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, h = blockIdx.y, c = c0 + blockIdx.x;
     const int64_t t0 = a.chunks[4 * c];
     const int n = a.chunks[4 * c + 1], kh = h / (a.Hv / a.Hk);
@@ -106,6 +107,7 @@ __global__ void __launch_bounds__(GC_THREADS) k_gdn_cprep(cu_gdn_args a, int c0)
         for (int half = 0; half < 2; half++) {
             bt[tid + 32 * half] = b[half];
             g[tid + 32 * half] = l[half];
+            be[tid + 32 * half] = b[half] * expf(l[half]); /* once a row, not once a column */
             G[tid + 32 * half] = l[half];
         }
     }
@@ -152,7 +154,7 @@ __global__ void __launch_bounds__(GC_THREADS) k_gdn_cprep(cu_gdn_args a, int c0)
         float x[GC];
         if (col < DK) {
 #pragma unroll
-            for (int r = 0; r < GC; r++) x[r] = bt[r] * expf(g[r]) * Ks[r * SW + col];
+            for (int r = 0; r < GC; r++) x[r] = be[r] * Ks[r * SW + col];
         } else {
             const float *v = a.qkv + t0 * a.cd + 2 * a.kd + (int64_t)h * Dv + (col - DK);
 #pragma unroll
