@@ -2,8 +2,10 @@
 # The GPU tests (`make test-gpu`): on a machine with an NVIDIA GPU and build/libstrand-cuda.so,
 # the CUDA backend must pass the op conformance test, every fixture (STRAND_DEVICE=cuda:
 # logits, greedy, ragged batches bit-identical to solo runs, chunked prefill, 600-step
-# decode, MLX widths, MoE), allocate no device memory while decoding, and give the CLI the
-# CPU's greedy tokens and perplexity. Without a GPU it says so and skips. TAP lines.
+# decode, MLX widths, MoE), allocate no device memory while decoding, give the CLI the
+# CPU's greedy tokens and perplexity, and give `exact` the same greedy tokens (logits within
+# 1e-4) in one 2,048-token step as in steps of 256. Without a GPU it says so and skips. TAP
+# lines.
 set -u
 cd "$(dirname "$0")/.."
 S=${STRAND:-build/strand}
@@ -19,6 +21,19 @@ if [ $? -ne 0 ]; then
     exit 0
 fi
 summary() { grep '^# [0-9]* passed' "$1" | tail -1 | sed 's/^# //'; }
+# two [T][V] float32 logit files (V given): "FLIPS REL", the positions whose largest logit is
+# at another id (the first of equals) and the largest |a - b| over the largest |a|; "none"
+# where they hold no whole rows, differ in length or are all zeros
+logit_cmp() { # A B V
+    [ "$(stat -c %s "$1" 2>/dev/null)" = "$(stat -c %s "$2" 2>/dev/null)" ] || { echo none; return; }
+    paste <(od -An -v -f -w4 "$1") <(od -An -v -f -w4 "$2") |
+        awk -v V="$3" 'function row() { if (ia != ib) fl++ }
+            { i = (NR - 1) % V
+              if (i == 0) { if (NR > 1) row(); ma = $1; ia = 0; mb = $2; ib = 0 }
+              else { if ($1 > ma) { ma = $1; ia = i } if ($2 > mb) { mb = $2; ib = i } }
+              d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d; a = $1 < 0 ? -$1 : $1; if (a > s) s = a; k++ }
+            END { if (k == 0 || k % V || s == 0) print "none"; else { row(); printf "%d %.3g\n", fl, m / s } }'
+}
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 
@@ -95,6 +110,24 @@ if [ -n "$p2" ] && [ -n "$p3" ] && awk -v a="$p2" -v b="$p3" 'BEGIN { d = a - b;
     ok "tiny-fortune held-out perplexity with --precision bf16 $p3, exact $p2 (within 0.1%)"
 else
     nok "perplexity in bf16: '$p3', exact '$p2' ($(head -c 300 "$T/perr3"))"
+fi
+
+# `exact` over step sizes: tiny-fortune's first 2,048 held-out tokens in one step and in
+# steps of 256 (k_gemm): the same greedy token at every position, the logits within 1e-4 of
+# the largest (the same bits, but in a build with -DCU_BLAS_EXACT=1, whose products of 1,024
+# tokens or more take cuBLASLt as three bf16 parts: only the library's summation order differs)
+FT=models/tiny-fortune
+xids=$("$S" tokenize -m $FT --text-file $FT/heldout.txt 2>/dev/null | tr ' ' '\n' | head -2048 | paste -sd, -)
+xn=$(echo "$xids" | tr ',' '\n' | grep -c .)
+"$S" logits --device cuda --precision exact -m $FT --ids "$xids" --all --chunk 2048 -o "$T/x2048.bin" 2>"$T/xerr" &&
+    "$S" logits --device cuda --precision exact -m $FT --ids "$xids" --all --chunk 256 -o "$T/x256.bin" 2>>"$T/xerr"
+xrc=$?
+xr=$(logit_cmp "$T/x2048.bin" "$T/x256.bin" 4160)
+xpath=$(grep -o 'products of [0-9]* tokens or more on [^;]*' "$T/xerr" | head -1)
+if [ $xrc -eq 0 ] && [ "$xn" = 2048 ] && [ "$xr" != none ] && [ "${xr% *}" = 0 ] && awk -v r="${xr#* }" 'BEGIN { exit !(r <= 1e-4) }'; then
+    ok "exact over step sizes: tiny-fortune's 2,048 tokens in one step and in steps of 256 give the same greedy token at every position, logits within ${xr#* } of the largest (bound 1e-4; ${xpath:-no cuBLASLt})"
+else
+    nok "exact over step sizes: rc $xrc, $xn tokens, flips and difference '$xr' ($(head -c 300 "$T/xerr"))"
 fi
 
 # compact logit rows made on the device (the top tokens and log-sum-exp, a kilobyte a token):

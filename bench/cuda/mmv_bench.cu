@@ -19,11 +19,13 @@
  *   build/mmv_bench wg [reps] [T,..] bf16 products on wgmma (matmul_wgmma.cu) against k_gemm:
  *                                    agreement and TFLOP/s at 64 to 2,048 tokens (or those
  *                                    given); exits 1 where they disagree
- *   build/mmv_bench blas [reps] [T,..] bf16 products of 512 to 8,192 tokens (or those given) on
+ *   build/mmv_bench blas [reps] [T,..] products of 512 to 8,192 tokens (or those given) on
  *                                    cuBLASLt (blas.c: the tiled matrix copied out row-major
- *                                    first) against the backend's own path: agreement,
- *                                    TFLOP/s of each, of the library's product alone, and the
- *                                    copy's GB/s; exits 1 where they disagree
+ *                                    first) against the backend's own path, with bf16
+ *                                    activations and in exact (three parts, three library
+ *                                    products): agreement, TFLOP/s of each, of the library's
+ *                                    products alone, and the copy's GB/s; exits 1 where they
+ *                                    disagree
  *   build/mmv_bench ws [reps] [T,..] bf16 products of 1 to 128 tokens on resident wgmma blocks
  *                                    (k_wgmma_stream) against the backend's other path:
  *                                    agreement and GB/s; exits 1 where they disagree
@@ -176,8 +178,8 @@ struct shape {
 
 /* the backend's paths: tiled with the split activations (k_mmv, up to 16 tokens), tiled
  * without (k_mma), row-major on CUDA cores, and the read ceiling */
-enum { V_MMV, V_OLD, V_P1, V_P2, V_P3, V_MMA, V_FMA, V_READ, NV };
-static const char *vname[NV] = {"mmv/gemm", "k_mmv", "mmvp 1 44/43", "mmvp 2 43/33", "mmvp 2 62/62", "tiled k_mma", "row fma", "read"};
+enum { V_MMV, V_OLD, V_P1, V_P2, V_P3, V_P4, V_MMA, V_FMA, V_READ, NV };
+static const char *vname[NV] = {"mmv/gemm", "k_mmv", "mmvp 1 44/43", "mmvp 2 43/33", "mmvp 2 62/62", "mmvp 4 22/22", "tiled k_mma", "row fma", "read"};
 
 /* up to 16 tokens, on split activations: k_mmv and k_mmvp at other tiles a block (MT), ring depths
  * and residencies ("mmvp MT D1B1/D2B2": D / MINB for up to 8 tokens, then for 16) */
@@ -801,7 +803,9 @@ static int wgbench(int reps, const char *tlist) {
     return bad ? 1 : 0;
 }
 
-/* ---- `mmv_bench blas`: the prefill products on cuBLASLt against the backend's own ---- */
+/* ---- `mmv_bench blas`: the prefill products on cuBLASLt against the backend's own, with
+ * bf16 activations (one part: against k_wgmma, or k_gemm) and in `exact` (three parts, three
+ * library products a matrix: against k_gemm's three-part path) ---- */
 static int blasbench(int reps, const char *tlist) {
     const bench_env env = bench_env_make();
     cudaStream_t s = env.s;
@@ -814,7 +818,7 @@ static int blasbench(int reps, const char *tlist) {
     }
     cu_blas_describe(bl, why, sizeof why);
     void *enc = cu_wgmma_available();
-    printf("%s; the backend's own path: %s\n", why, enc ? "k_wgmma (k_gemm under 128 tokens)" : "k_gemm");
+    printf("%s; the backend's own path: bf16 %s, exact k_gemm\n", why, enc ? "k_wgmma (k_gemm under 128 tokens)" : "k_gemm");
     const struct { const char *name; int64_t rows, cols; } shapes[] = {
         {"gate+up", 34816, 5120}, {"down", 5120, 17408}, {"gdn in", 16512, 5120}, {"out/o", 5120, 6144},
         {"attn qkv", 14336, 5120}, {"odd rows", 1000, 384}};
@@ -824,10 +828,11 @@ static int blasbench(int reps, const char *tlist) {
     void *ws;
     CK(cudaMalloc(&ws, CU_BLAS_WORKSPACE));
     int bad = 0;
-    printf("TFLOP/s: own = the backend without the library; blas = with it (the matrix copied out of the\n"
-           "tiled layout, the activations split, the library's product), gemm = the library's product\n"
-           "alone; untile GB/s (read + written); err = max |blas - own| / max |own|\n");
-    printf("%-9s %6s %8s %8s %8s %8s %10s\n", "shape", "T", "own", "blas", "gemm", "untile", "err");
+    printf("TFLOP/s (2 rows cols T a product, whatever its parts): own = the backend without the library;\n"
+           "blas = with it (the matrix copied out of the tiled layout, the activations split, the library's\n"
+           "products: one, or three in exact), gemm = the library's products alone; untile GB/s (read +\n"
+           "written); err = max |blas - own| / max |own|\n");
+    printf("%-9s %-5s %6s %8s %8s %8s %8s %10s\n", "shape", "acts", "T", "own", "blas", "gemm", "untile", "err");
     for (const auto &sh : shapes) {
         const tiled_case tc = tiled_case_make(s, sh.rows, sh.cols, TM, 17);
         const int64_t ldxs = tiled_steps(sh.cols) * 32;
@@ -849,52 +854,64 @@ static int blasbench(int reps, const char *tlist) {
                 bad++;
             }
         }
-        /* the backend's scratch: xs of 2,048 tokens of three parts, the copy of this matrix */
-        cu_mm_scratch own = {tc.xs, TM < 2048 ? TM : 2048, NULL, 0};
-        own.tma_encode = enc;
-        own.xs_elems = (int64_t)cu_split_elems(own.xs_tokens, sh.cols);
-        cu_mm_scratch lib = own;
-        lib.blas = bl, lib.wrm = wrm, lib.wrm_elems = sh.rows * ldxs, lib.blas_ws = ws, lib.blas_ws_bytes = CU_BLAS_WORKSPACE;
         const cu_mat w = {CU_FMT_BF16_TILED, 0, 0, 0, sh.rows, sh.cols, tc.wt, NULL, NULL};
         mm_group g;
         g.n = 1, g.w[0] = w, g.ldy[0] = sh.rows, g.blk0[0] = 0;
-        for (int64_t T : Ts) {
-            mm_group go = g, gl = g;
-            go.y[0] = tc.yref, gl.y[0] = tc.y;
-            launch_tiled(s, go, tc.x, sh.cols, T, 1, &own, 0);
-            CK(cudaMemsetAsync(tc.y, 0xff, T * sh.rows * 4, s)); /* NaN: an output never written stays one */
-            launch_tiled(s, gl, tc.x, sh.cols, T, 1, &lib, 0);
-            CK(cudaStreamSynchronize(s));
-            CK(cudaGetLastError());
-            agreement ag;
-            ag.add(tc.y, tc.yref, (size_t)(T * sh.rows));
-            const size_t nan = ag.nan;
-            const double err = ag.err();
-            const double bound = 4e-9 * (double)sh.cols; /* two fp32 summation orders: as `mmv_bench wg` */
-            const bool ok = nan == 0 && err <= bound;
-            bad += !ok;
-            const double t_own = time_launches(s, e0, e1, reps, 1, [&](int) { launch_tiled(s, go, tc.x, sh.cols, T, 1, &own, 0); });
-            const double t_lib = time_launches(s, e0, e1, reps, 1, [&](int) { launch_tiled(s, gl, tc.x, sh.cols, T, 1, &lib, 0); });
-            const int64_t n = T < 6144 ? T : 6144; /* the library's product alone, on the split's tokens */
-            launch_split(s, tc.x, sh.cols, n, sh.cols, tc.xs, ldxs, 1);
-            const double t_gemm = time_launches(s, e0, e1, reps, 1, [&](int) {
-                cu_blas_gemm(bl, s, wrm, ldxs, sh.rows, sh.cols, tc.xs, ldxs, n, tc.y, sh.rows, ws, CU_BLAS_WORKSPACE);
-            });
-            const double t_un = time_launches(s, e0, e1, reps, 1, [&](int) { cu_untile_bf16(s, tc.wt, sh.rows, sh.cols, wrm); });
-            const double fl = 2.0 * sh.rows * sh.cols * T;
-            printf("%-9s %6lld %8.1f %8.1f %8.1f %8.0f %10.2e%s", sh.name, (long long)T, fl / t_own / 1e12, fl / t_lib / 1e12,
-                   2.0 * sh.rows * sh.cols * n / t_gemm / 1e12, 2.0 * sh.rows * ldxs * 2 / t_un / 1e9, err, ok ? "\n" : "  FAIL");
-            if (nan) printf(" (%zu outputs not written)", nan);
-            if (!ok) printf("\n");
+        for (int parts = 1; parts <= 3; parts += 2) {
+            /* the backend's scratch: xs of 2,048 tokens of three parts (wgmma in bf16 only, as a
+             * context's), the copy of this matrix */
+            cu_mm_scratch own = {tc.xs, TM < 2048 ? TM : 2048, NULL, 0};
+            own.tma_encode = parts == 1 ? enc : NULL;
+            own.xs_elems = (int64_t)cu_split_elems(own.xs_tokens, sh.cols);
+            cu_mm_scratch lib = own;
+            lib.blas = bl, lib.wrm = wrm, lib.wrm_elems = sh.rows * ldxs, lib.blas_ws = ws, lib.blas_ws_bytes = CU_BLAS_WORKSPACE;
+            for (int64_t T : Ts) {
+                mm_group go = g, gl = g;
+                go.y[0] = tc.yref, gl.y[0] = tc.y;
+                launch_tiled(s, go, tc.x, sh.cols, T, parts, &own, 0);
+                CK(cudaMemsetAsync(tc.y, 0xff, T * sh.rows * 4, s)); /* NaN: an output never written stays one */
+                launch_tiled(s, gl, tc.x, sh.cols, T, parts, &lib, 0);
+                CK(cudaStreamSynchronize(s));
+                CK(cudaGetLastError());
+                agreement ag;
+                ag.add(tc.y, tc.yref, (size_t)(T * sh.rows));
+                const size_t nan = ag.nan;
+                const double err = ag.err();
+                /* two fp32 summation orders of the same exact products (a weight times a bf16
+                 * activation, or times each of its three parts): as `mmv_bench wg` */
+                const double bound = 4e-9 * (double)sh.cols;
+                const bool ok = nan == 0 && err <= bound;
+                bad += !ok;
+                const double t_own =
+                    time_launches(s, e0, e1, reps, 1, [&](int) { launch_tiled(s, go, tc.x, sh.cols, T, parts, &own, 0); });
+                const double t_lib =
+                    time_launches(s, e0, e1, reps, 1, [&](int) { launch_tiled(s, gl, tc.x, sh.cols, T, parts, &lib, 0); });
+                /* the library's products alone, on a slice's tokens (as launch_blas makes them) */
+                const int64_t cap = own.xs_elems / (parts * ldxs), n = T < cap ? T : cap;
+                launch_split(s, tc.x, sh.cols, n, sh.cols, tc.xs, ldxs, parts);
+                const double t_gemm = time_launches(s, e0, e1, reps, 1, [&](int) {
+                    for (int p = parts - 1; p >= 0; p--)
+                        cu_blas_gemm(bl, s, wrm, ldxs, sh.rows, sh.cols, tc.xs + p * n * ldxs, ldxs, n, tc.y, sh.rows,
+                                     p < parts - 1, ws, CU_BLAS_WORKSPACE);
+                });
+                const double t_un = time_launches(s, e0, e1, reps, 1, [&](int) { cu_untile_bf16(s, tc.wt, sh.rows, sh.cols, wrm); });
+                const double fl = 2.0 * sh.rows * sh.cols * T;
+                printf("%-9s %-5s %6lld %8.1f %8.1f %8.1f %8.0f %10.2e%s", sh.name, parts == 1 ? "bf16" : "exact", (long long)T,
+                       fl / t_own / 1e12, fl / t_lib / 1e12, 2.0 * sh.rows * sh.cols * n / t_gemm / 1e12,
+                       2.0 * sh.rows * ldxs * 2 / t_un / 1e9, err, ok ? "\n" : "  FAIL");
+                if (nan) printf(" (%zu outputs not written)", nan);
+                if (!ok) printf("\n");
+            }
         }
         CK(cudaFree(wrm));
         tiled_case_free(tc);
     }
     /* MLX 8- and 4-bit (groups of 64) on the library, dequantized to bf16 first, against
      * `exact` (three bf16 parts), beside the bf16 form's own error: both within the op test's
-     * bf16 bound (2e-2 of the largest output) */
+     * bf16 bound (2e-2 of the largest output); and `exact` with the library's scratch the
+     * same bits as without (its MLX products keep their own kernels) */
     printf("\nMLX on the library (dequantized to bf16): TFLOP/s; err = max |y - exact| / max |exact|\n");
-    printf("%-9s %4s %6s %8s %8s %10s %10s\n", "shape", "bits", "T", "own", "blas", "err own", "err blas");
+    printf("%-9s %4s %6s %8s %8s %10s %10s %10s\n", "shape", "bits", "T", "own", "blas", "err own", "err blas", "exact");
     for (int bits = 8; bits >= 4; bits -= 4) {
         const int64_t rows = 17408, cols = 5120, T = 2048;
         q_case qc = q_case_make(s, rows, cols, bits, 64, T);
@@ -915,7 +932,12 @@ static int blasbench(int reps, const char *tlist) {
             ag.add(qc.y, qc.yref, (size_t)(T * rows));
             err[k] = ag.nan ? 1.0 : ag.err();
         }
-        const bool ok = err[1] <= 2e-2;
+        CK(cudaMemsetAsync(qc.y, 0xff, (size_t)T * rows * 4, s));
+        cu_matmul(s, &qc.ws[0], qc.x, cols, T, qc.y, rows, CU_MM_EXACT, &lib);
+        CK(cudaStreamSynchronize(s));
+        CK(cudaGetLastError());
+        const bool exact_same = same_bits(qc.y, qc.yref, (size_t)(T * rows));
+        const bool ok = err[1] <= 2e-2 && exact_same;
         bad += !ok;
         const int copies = (int)qc.ws.size();
         const double t_own = time_launches(s, e0, e1, reps, copies, [&](int c) {
@@ -925,8 +947,8 @@ static int blasbench(int reps, const char *tlist) {
             cu_matmul(s, &qc.ws[c], qc.x, cols, T, qc.y, rows, CU_MM_BF16, &lib);
         });
         const double fl = 2.0 * rows * cols * T;
-        printf("%-9s %4d %6lld %8.1f %8.1f %10.2e %10.2e%s\n", "gate", bits, (long long)T, fl / t_own / 1e12, fl / t_lib / 1e12,
-               err[0], err[1], ok ? "" : "  FAIL");
+        printf("%-9s %4d %6lld %8.1f %8.1f %10.2e %10.2e %10s%s\n", "gate", bits, (long long)T, fl / t_own / 1e12,
+               fl / t_lib / 1e12, err[0], err[1], exact_same ? "same bits" : "differ", ok ? "" : "  FAIL");
         CK(cudaFree(wrm));
         q_case_free(qc);
     }
@@ -1250,7 +1272,7 @@ static int gdnbench(int reps) {
             /* a decode step of few items normalizes q and k inside the rule's kernel, not in place: as the other
              * path does */
             if (path == 0 && cs.len == 1 && cs.items <= GDN_DEC_FUSED_MAX)
-                launch_pdl(k_gdn_qknorm, dim3((unsigned)T, (unsigned)Hk), dim3(32), 0, s, a);
+                launch_pdl(k_gdn_qknorm, dim3((unsigned)(T * Hk)), dim3(32), 0, s, a, (int64_t)T * Hk);
             CK(cudaMemcpy(qkv_after[path], qkv, (size_t)T * cd * 4, cudaMemcpyDeviceToDevice));
         }
         const double dm = rel_diff(mix[0], mix[1], (size_t)T * vd), dsv = rel_diff(rec[0], rec[1], rec_n);
@@ -1275,8 +1297,14 @@ static int gdnbench(int reps) {
             launch_pdl(k_gdn_conv, gc, dim3(CONV_THREADS), 0, s, p, a);
         });
         const double t_convc = time_ms([&] { cu_gdn_conv_chunked(s, &p, &a); });
-        const double t_qk = time_ms([&] { launch_pdl(k_gdn_qknorm, dim3((unsigned)T, (unsigned)Hk), dim3(32), 0, s, a); });
-        const double t_gn = time_ms([&] { launch_pdl(k_gdn_gnorm, dim3((unsigned)T, (unsigned)Hv), dim3(32), 0, s, a); });
+        const double t_qk = time_ms([&] { launch_pdl(k_gdn_qknorm, dim3((unsigned)(T * Hk)), dim3(32), 0, s, a, (int64_t)T * Hk); });
+        const double t_gn = time_ms([&] { launch_pdl(k_gdn_gnorm, dim3((unsigned)(T * Hv)), dim3(32), 0, s, a, (int64_t)T * Hv); });
+        /* the norms as the chunked rule takes them: GDN_NORM_WARPS warps a block */
+        const int64_t nqk = (int64_t)T * Hk, ngn = (int64_t)T * Hv, nw = GDN_NORM_WARPS;
+        const double t_qk8 = time_ms(
+            [&] { launch_pdl(k_gdn_qknorm, dim3((unsigned)((nqk + nw - 1) / nw)), dim3(32 * nw), 0, s, a, nqk); });
+        const double t_gn8 = time_ms(
+            [&] { launch_pdl(k_gdn_gnorm, dim3((unsigned)((ngn + nw - 1) / nw)), dim3(32 * nw), 0, s, a, ngn); });
         const double t_prep = time_ms([&] {
             for (int c0 = 0; c0 < nch; c0 += ws_chunks) {
                 const int c1 = c0 + ws_chunks < nch ? c0 + ws_chunks : nch;
@@ -1299,8 +1327,9 @@ static int gdnbench(int reps) {
         printf("gdn %2d x %5lld tokens: per step %8.3f ms, chunked %8.3f ms; outputs differ by %.2e, state by %.2e of their"
                " largest, the conv's %s%s\n", cs.items, (long long)cs.len, ms[0], ms[1], dm, dsv,
                conv_same ? "bits equal" : "bits DIFFER", ok ? "" : "  FAILED");
-        printf("    alone: conv %.3f ms, chunked conv %.3f, q/k norms %.3f, gated norm %.3f, chunks' part %.3f, scan %.3f ms\n",
-               t_conv, t_convc, t_qk, t_gn, t_prep, t_scan);
+        printf("    alone: conv %.3f ms, chunked conv %.3f, q/k norms %.3f (%d warps a block %.3f), gated norm %.3f (%.3f),"
+               " chunks' part %.3f, scan %.3f ms\n",
+               t_conv, t_convc, t_qk, (int)nw, t_qk8, t_gn, t_gn8, t_prep, t_scan);
         printf("    the per-step rule alone %.3f ms: %.0f GB/s of its state read and written\n", t_rec,
                2.0 * rec_n * 4 / (t_rec * 1e-3) / 1e9);
         if (cs.len == 1) { /* a decode step's kernels (k_gdn_dec, and the fused one with the norms inside)
@@ -1309,9 +1338,9 @@ static int gdnbench(int reps) {
             float *st0 = dev_floats((int64_t)rec_n, 7, -1.0f, 1.0f);
             dim3 gr((unsigned)p.n_items, (unsigned)Hv, (unsigned)((Dv + 8 * GDN_WARPS - 1) / (8 * GDN_WARPS)));
             auto norms_around = [&](auto rule) {
-                launch_pdl(k_gdn_qknorm, dim3((unsigned)T, (unsigned)Hk), dim3(32), 0, s, a);
+                launch_pdl(k_gdn_qknorm, dim3((unsigned)(T * Hk)), dim3(32), 0, s, a, (int64_t)T * Hk);
                 rule();
-                launch_pdl(k_gdn_gnorm, dim3((unsigned)T, (unsigned)Hv), dim3(32), 0, s, a);
+                launch_pdl(k_gdn_gnorm, dim3((unsigned)(T * Hv)), dim3(32), 0, s, a, (int64_t)T * Hv);
             };
             auto recur = [&] { launch_pdl(k_gdn_recur<16>, gr, dim3(32 * GDN_WARPS), gdn_smem(Dk, 1), s, p, a, 1); };
             auto dec = [&] {
@@ -1796,6 +1825,7 @@ int main(int argc, char **argv) {
     v_attr<4, 4, 4, 3, 1>();
     v_attr<4, 3, 3, 3, 2>();
     v_attr<6, 2, 6, 2, 2>();
+    v_attr<2, 2, 2, 2, 4>(); /* four tiles a block: the activations' fragments serve four (9-16 tokens' L2 reads) */
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
@@ -1843,7 +1873,7 @@ int main(int argc, char **argv) {
                 printf("%-15s %3lld %2d", sh.name, (long long)T, P);
                 const int mode = P == 3 ? CU_MM_EXACT : CU_MM_BF16;
                 for (int v = 0; v < NV; v++) {
-                    const bool small = v == V_OLD || v == V_P1 || v == V_P2 || v == V_P3;
+                    const bool small = v == V_OLD || v == V_P1 || v == V_P2 || v == V_P3 || v == V_P4;
                     if ((v == V_READ && P == 1) || (v == V_FMA && T > 64) || (small && T > 16)) {
                         printf(" %12s", "");
                         continue;
@@ -1861,6 +1891,7 @@ int main(int argc, char **argv) {
                         case V_P1: v_mmvp<4, 4, 4, 3, 1>(s, g, xs, ldxs, T, P); break;
                         case V_P2: v_mmvp<4, 3, 3, 3, 2>(s, g, xs, ldxs, T, P); break;
                         case V_P3: v_mmvp<6, 2, 6, 2, 2>(s, g, xs, ldxs, T, P); break;
+                        case V_P4: v_mmvp<2, 2, 2, 2, 4>(s, g, xs, ldxs, T, P); break;
                         case V_MMA: cu_matmul(s, &wt, x, sh.cols, T, y, sh.rows, mode, NULL); break;
                         case V_FMA: cu_matmul(s, &w, x, sh.cols, T, y, sh.rows, CU_MM_FMA, NULL); break;
                         default: k_read<<<prop.multiProcessorCount * 8, 512, 0, s>>>((const uint4 *)wd[c], (int64_t)(bytes / 16), sink);

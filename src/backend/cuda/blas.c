@@ -171,15 +171,17 @@ static const blas_pick *pick_for(cu_blas *bl, blas_op *o, int64_t rows, int64_t 
 }
 
 int cu_blas_gemm(cu_blas *bl, cudaStream_t s, const uint16_t *w, int64_t ldw, int64_t rows, int64_t cols,
-                 const uint16_t *xs, int64_t ldxs, int64_t T, float *y, int64_t ldy, void *ws, size_t ws_bytes) {
+                 const uint16_t *xs, int64_t ldxs, int64_t T, float *y, int64_t ldy, int accumulate, void *ws,
+                 size_t ws_bytes) {
     if (!bl || rows < 1 || cols < 1 || T < 1 || ldw < cols || ldxs < cols || ldy < rows) return -1;
     const uint32_t align[3] = {align_of(w), align_of(xs), align_of(y)};
     blas_op o;
     if (op_init(bl, &o, rows, cols, ldw, T, ldxs, ldy) != 0) return -1;
     const blas_pick *p = pick_for(bl, &o, rows, cols, T, ldw, ldxs, ldy, align, ws_bytes);
     if (!p->ok) return -1;
-    const float one = 1.0f, zero = 0.0f;
-    return bl->f.matmul(bl->h, &o.desc, &one, w, &o.a, xs, &o.b, &zero, y, &o.c, y, &o.c, &p->algo, ws, ws_bytes, s) ==
+    /* (the heuristic is asked without alpha and beta: a shape's algorithm serves both) */
+    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    return bl->f.matmul(bl->h, &o.desc, &one, w, &o.a, xs, &o.b, &beta, y, &o.c, y, &o.c, &p->algo, ws, ws_bytes, s) ==
                    CUBLAS_STATUS_SUCCESS
                ? 0
                : -1;

@@ -6,7 +6,9 @@
  * which are bound by the tensor cores, not by the bytes: bf16 weights row-major (the backend
  * copies a tiled matrix out into a row-major scratch first), bf16 activations, fp32 sums and
  * output, no epilogue. Its summation order is the library's (fixed for a shape, algorithm and
- * GPU: the same bits run to run), not the few-token kernels'; `exact` never takes it.
+ * GPU: the same bits run to run), not the few-token kernels'. `exact` takes it only where
+ * CU_BLAS_EXACT (cuda_kernels.h) says, for bf16 tiled matrices: three products, one for
+ * each bf16 part of the activations, the lowest first, the next two added into its output.
  *
  * A handle holds the library's handle and a small cache of the algorithm picked for each
  * shape (the heuristic query costs tens of microseconds on the host), bounded: CU_BLAS_CACHE
@@ -39,11 +41,13 @@ void cu_blas_destroy(cu_blas *b);
 void cu_blas_describe(const cu_blas *b, char *buf, size_t cap);
 
 /* y[t*ldy + r] = sum_c w[r*ldw + c] xs[t*ldxs + c] for r < rows, t < T, c < cols: w and xs bf16
- * (device), y fp32 (device; overwritten), enqueued on s with the workspace ws[ws_bytes]
- * (device). 0, or -1 where the library takes no algorithm for the shape or fails; the
- * caller then takes its own kernel. */
+ * (device), y fp32 (device), enqueued on s with the workspace ws[ws_bytes] (device).
+ * accumulate 0: y is overwritten (beta 0); 1: the product is added to y (beta 1, y read
+ * first). 0, or -1 where the library takes no algorithm for the shape or fails; the caller
+ * then takes its own kernel (after a failed accumulate, y may hold part of the sum). */
 int cu_blas_gemm(cu_blas *b, cudaStream_t s, const uint16_t *w, int64_t ldw, int64_t rows, int64_t cols,
-                 const uint16_t *xs, int64_t ldxs, int64_t T, float *y, int64_t ldy, void *ws, size_t ws_bytes);
+                 const uint16_t *xs, int64_t ldxs, int64_t T, float *y, int64_t ldy, int accumulate, void *ws,
+                 size_t ws_bytes);
 
 #ifdef __cplusplus
 }

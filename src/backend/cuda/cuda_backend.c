@@ -95,7 +95,9 @@ typedef struct cuda_backend {
     int qi_bits, qi_group, qi_mixed;
     size_t stage_bytes;     /* the largest tiled matrix, row-major (its device staging at upload) */
     uint16_t *stage;        /* that staging, during the upload only */
-    int blas;               /* `bf16` products of many tokens may take cuBLASLt (the library opened) */
+    int bf16_tiled;         /* some matrix is stored CU_FMT_BF16_TILED (`exact`'s products on cuBLASLt) */
+    int blas;               /* products of many tokens may take cuBLASLt (the library opened): `bf16`'s,
+                               and `exact`'s of bf16 tiled matrices where CU_BLAS_EXACT */
     char blas_what[200];    /* "cuBLASLt 13.1.0", or why it is not used */
 } cuda_backend;
 
@@ -185,6 +187,7 @@ static const void *put_tiled(uploader *u, const void *host, int64_t rows, int64_
     const size_t at = u->at, raw = (size_t)rows * (size_t)cols * 2;
     u->at += align256(cu_tiled_elems(rows, cols) * 2);
     if (cols > b->tiled_cols) b->tiled_cols = cols;
+    b->bf16_tiled = 1;
     if (raw > b->stage_bytes) b->stage_bytes = raw;
     if (!u->copy) return NULL;
     uint16_t *dst = (uint16_t *)(b->weights + at);
@@ -253,6 +256,7 @@ static void put_mat(uploader *u, const st_matrix *w, cu_mat *out) {
         } else if (tiled) {
             out->fmt = CU_FMT_BF16_TILED;
             if (w->cols > u->b->tiled_cols) u->b->tiled_cols = w->cols;
+            u->b->bf16_tiled = 1;
             out->data = put_synth(u, cu_tiled_elems(w->rows, w->cols), 2, CU_SYNTH_BF16, half);
         } else {
             out->fmt = ST_WFMT_BF16;
@@ -359,6 +363,9 @@ static void put_model(uploader *u, const st_model *m, float *conv_tmp) {
     const st_matrix *head = m->tied ? &m->embed : &m->lm_head;
     if (m->tied && b->Vl == b->V) b->lm_head = b->embed;
     else put_rows(u, head, b->vocab0, b->Vl, &b->lm_head);
+    /* the embedding and the head count for nothing in bf16_tiled: neither is a product of
+     * many tokens on cuBLASLt (the head is wider than its copy's scratch) */
+    b->bf16_tiled = 0;
     b->final_norm = put_vec(u, m->final_norm, (size_t)b->d);
     float *inv = conv_tmp; /* scratch: [K * cd] is at least rope_dim / 2 */
     for (int i = 0; i < c->rope_dim / 2; i++)
@@ -462,6 +469,13 @@ static int cuda_available(int device, char *why, size_t cap) {
         return 0;
     }
     return 1;
+}
+
+/* whether the precision's products of CU_BLAS_MIN_T tokens or more may take cuBLASLt: `bf16`'s
+ * tiled ones (bf16 and MLX); `exact`'s where CU_BLAS_EXACT and there are bf16 tiled matrices
+ * (MLX ones keep their own kernels there) */
+static int blas_wanted(const cuda_backend *b) {
+    return b->tiled && (b->mm_mode == CU_MM_BF16 || (CU_BLAS_EXACT && b->mm_mode == CU_MM_EXACT && b->bf16_tiled));
 }
 
 static st_status cuda_create(const st_model *m, const st_cuda_params *p, const st_shard *shard, st_backend **out,
@@ -619,8 +633,9 @@ static st_status cuda_create(const st_model *m, const st_cuda_params *p, const s
     /* the chunked rule's tf32 products are `bf16` precision's; `exact` keeps every step's
      * sums in one order, so a prefill's split into steps changes no bit */
     b->gdn_chunked = st == ST_OK && m->n_linear && b->mm_mode == CU_MM_BF16 && cu_gdn_chunked_prepare(b->Dk, b->Dv) == 0;
-    /* `bf16` prefill products on cuBLASLt where the library opens (else the backend's wgmma) */
-    if (st == ST_OK && b->mm_mode == CU_MM_BF16 && b->tiled) {
+    /* prefill products on cuBLASLt where the library opens: `bf16`'s (else the backend's
+     * wgmma), and `exact`'s of bf16 tiled matrices as three bf16 parts (else k_gemm) */
+    if (st == ST_OK && blas_wanted(b)) {
         char why[300];
         cu_blas *h = cu_blas_create(why, sizeof why);
         if (h) {
@@ -704,9 +719,13 @@ static void cuda_describe(const st_backend *base, char *buf, size_t cap) {
     else if (b->nccl)
         snprintf(buf + at, cap > at ? cap - at : 0, "; all-reduces over %s", nc);
     const size_t at2 = strlen(buf);
-    if (b->mm_mode == CU_MM_BF16 && b->tiled)
-        snprintf(buf + at2, cap > at2 ? cap - at2 : 0, b->blas ? "; products of %d tokens or more on %s" :
-                 "; products of %d tokens or more on its own kernels (cuBLASLt: %s)", CU_BLAS_MIN_T, b->blas_what);
+    const char *as = b->mm_mode == CU_MM_EXACT ? " as three bf16 parts" : "";
+    if (blas_wanted(b) && b->blas)
+        snprintf(buf + at2, cap > at2 ? cap - at2 : 0, "; products of %d tokens or more on %s%s", CU_BLAS_MIN_T,
+                 b->blas_what, as);
+    else if (blas_wanted(b))
+        snprintf(buf + at2, cap > at2 ? cap - at2 : 0, "; products of %d tokens or more on its own kernels (cuBLASLt: %s)",
+                 CU_BLAS_MIN_T, b->blas_what);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -729,7 +748,10 @@ static int64_t widest_out(const cuda_backend *b) {
 /* the row-major copy cuBLASLt reads a launch's matrices from: the most elements of one
  * launch's matrices side by side, each row padded to 32 columns (gate and up, q/k/v and the
  * GDN input projections read the hidden state; down, out_proj and o_proj one matrix each);
- * 0 where no product takes the library (`exact`, no library, steps of too few tokens) */
+ * 0 where no product takes the library (no library, `exact` without CU_BLAS_EXACT or
+ * without bf16 tiled matrices, steps of too few tokens). xs needs nothing more: it holds
+ * three parts of xs_tokens at the widest width, the slice `exact` takes (`bf16` takes three
+ * times as many tokens in its one part) */
 static int64_t blas_wrm_elems(const cuda_backend *b, int64_t max_tokens) {
     if (!b->blas || max_tokens < CU_BLAS_MIN_T) return 0;
     const int64_t pad_d = (b->d + 31) / 32 * 32, in_w[] = {b->I, b->vd, (int64_t)b->nh * b->hd};
@@ -1007,7 +1029,8 @@ static st_status cuda_ctx_create(st_backend *base, const st_ctx_params *p, st_bc
     c->mms.part_elems = (int64_t)cu_mm_part_elems(T, widest_out(b));
     /* `bf16` products of many tokens on Hopper's wgmma where the device runs it (`exact` keeps
      * k_gemm: its summation order is the few-token kernels', so a token's bits do not depend
-     * on the batch) */
+     * on the batch; but for products of CU_BLAS_MIN_T tokens or more on cuBLASLt where
+     * CU_BLAS_EXACT) */
     c->mms.tma_encode = b->mm_mode == CU_MM_BF16 && b->tiled ? cu_wgmma_available() : NULL;
     c->mms.ws_clusters = c->mms.tma_encode ? cu_wgmma_stream_clusters(0) : 0; /* (a build's CU_WS_CL > 1) */
     c->mms.xs_elems = (int64_t)cu_split_elems(xs_tokens(T), b->tiled_cols);

@@ -3,7 +3,8 @@
  * Launchers callable from C: each enqueues its kernels on `stream` and returns. Numerics are
  * "exact": fp32 activations and accumulation, the reduction order of every output fixed by
  * its own index alone (never by how many tokens share the launch), so a sequence gets the
- * same bits alone or in any batch.
+ * same bits alone or in any batch (in `exact`; where CU_BLAS_EXACT puts its products of
+ * CU_BLAS_MIN_T tokens or more on cuBLASLt, in steps of fewer tokens).
  */
 #ifndef ST_BACKEND_CUDA_CUDA_KERNELS_H
 #define ST_BACKEND_CUDA_CUDA_KERNELS_H
@@ -97,10 +98,12 @@ typedef struct cu_mm_scratch {
     /* its clusters of CU_WS_CL > 1 blocks: the most the device runs at once
      * (cu_wgmma_stream_clusters, asked once, outside any graph capture); 0: none */
     int ws_clusters;
-    /* cuBLASLt (blas.h) for bf16-activation products of CU_BLAS_MIN_T tokens or more: its
-     * handle, a row-major bf16 copy of a launch's matrices [wrm_elems] (bf16 tiled as stored,
-     * MLX dequantized; matrices larger than it stay on the backend's kernels) and the
-     * library's workspace [blas_ws_bytes]; NULL: k_wgmma (MLX: k_qmvp / k_qmv) */
+    /* cuBLASLt (blas.h) for products of CU_BLAS_MIN_T tokens or more (bf16 activations; in
+     * `exact`, with CU_BLAS_EXACT, bf16 tiled matrices only, the activations' three parts as
+     * three products): its handle, a row-major bf16 copy of a launch's matrices [wrm_elems]
+     * (bf16 tiled as stored, MLX dequantized; matrices larger than it stay on the backend's
+     * kernels) and the library's workspace [blas_ws_bytes]; NULL: k_wgmma (MLX: k_qmvp /
+     * k_qmv; `exact`: k_gemm) */
     struct cu_blas *blas;
     uint16_t *wrm;
     int64_t wrm_elems;
@@ -141,6 +144,15 @@ int cu_wgmma_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *c
  * once does: `build/mmv_bench blas` compares the two paths) */
 #ifndef CU_BLAS_MIN_T
 #define CU_BLAS_MIN_T 1024
+#endif
+/* 1: `exact` products of CU_BLAS_MIN_T tokens or more of bf16 tiled matrices take cuBLASLt
+ * too, the activations as their three bf16 parts (three library products, the lowest part
+ * first, summed in fp32: every weight still meets all 24 bits of its activation, only the
+ * summation order is the library's); 0: they stay on k_gemm, which keeps `exact`
+ * bit-invariant at every step size. 0 until a GPU has run 1 (`mmv_bench blas`, `make
+ * test-gpu` and the prefill's speed in a build with -DCU_BLAS_EXACT=1) */
+#ifndef CU_BLAS_EXACT
+#define CU_BLAS_EXACT 0
 #endif
 /* Hopper's warpgroup MMA (matmul_wgmma.cu, built for sm_90a): the tensor-map encoder the
  * products need when this device runs it (compute capability 9.0), else NULL. Once a device. */

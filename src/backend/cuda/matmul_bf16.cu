@@ -90,6 +90,37 @@ __global__ void k_split(const float *x, int64_t ldx, int64_t T, int64_t cols, ui
     }
 }
 
+/* k_split for many tokens: a thread per 8 consecutive columns of a token (two 16-byte
+ * loads, a 16-byte store a part: the same values as k_split's, an eighth of its threads and
+ * index arithmetic). vec: x and ldx keep every row's 8-column pieces 16-byte aligned. */
+template <int P>
+__global__ void k_split8(const float *x, int64_t ldx, int64_t T, int64_t cols, uint16_t *xs, int64_t ldxs, int vec) {
+    pdl_wait();
+    const int64_t per = ldxs / 8, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, n = i / per, c = i % per * 8;
+    if (n >= T) return;
+    float v[8];
+    const float *src = x + n * ldx + c;
+    if (vec && c + 8 <= cols) {
+        const float4 a = *(const float4 *)src, b = *(const float4 *)(src + 4);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = c + k < cols ? src[k] : 0.0f;
+    }
+#pragma unroll
+    for (int p = 0; p < P; p++) {
+        uint16_t h[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            h[k] = f2bf16(v[k]);
+            v[k] -= bf16f(h[k]);
+        }
+        *(uint4 *)(xs + (int64_t)p * T * ldxs + n * ldxs + c) =
+            make_uint4(h[0] | (uint32_t)h[1] << 16, h[2] | (uint32_t)h[3] << 16, h[4] | (uint32_t)h[5] << 16,
+                       h[6] | (uint32_t)h[7] << 16);
+    }
+}
+
 /* the S warps' partial sums of MT tiles and one token tile, in warp order, into y */
 template <int MT, int MM_S>
 __device__ __forceinline__ void mm_reduce(const float (&acc)[MT][4], float (*red)[MT * 128], int64_t r0, int64_t rows,
@@ -614,6 +645,13 @@ static void launch_mma_p(cu_stream s, mm_group g, const float *x, int64_t ldx, i
     else k_mma<MT, NT, 3, U, S><<<grid, 32 * S, 0, s>>>(g, x, ldx, T);
 }
 
+/* steps of weights in flight a warp at 9 to 16 tokens with bf16 activations (the down and
+ * output projections, which k_mmvp's two-tile blocks do not take): the same sums in the same
+ * order whatever it is; 2 is what the H200 measured, 4 a variant to measure (more bytes in
+ * flight a lane for the 320-tile launches) */
+#ifndef MMV16_U
+#define MMV16_U 2
+#endif
 template <int S>
 static void launch_mmv_s(cu_stream s, mm_group g, const uint16_t *xs, int64_t ldxs, int64_t T, int parts) {
     dim3 grid((unsigned)group_blocks(&g, 1), 1);
@@ -622,7 +660,7 @@ static void launch_mmv_s(cu_stream s, mm_group g, const uint16_t *xs, int64_t ld
         if (parts == 1) launch_pdl(k_mmv<1, 1, 2, M1, S>, grid, dim3(32 * S), 0, s, g, xs, ldxs, T);
         else launch_pdl(k_mmv<3, 1, 2, M1, S>, grid, dim3(32 * S), 0, s, g, xs, ldxs, T);
     } else {
-        if (parts == 1) launch_pdl(k_mmv<1, 2, 2, M2, S>, grid, dim3(32 * S), 0, s, g, xs, ldxs, T);
+        if (parts == 1) launch_pdl(k_mmv<1, 2, MMV16_U, M2, S>, grid, dim3(32 * S), 0, s, g, xs, ldxs, T);
         else launch_pdl(k_mmv<3, 2, 2, M2, S>, grid, dim3(32 * S), 0, s, g, xs, ldxs, T);
     }
 }
@@ -701,9 +739,20 @@ static bool mmvp_many(const mm_group &g) {
     return rows >= MMVP16_MIN_ROWS;
 }
 
-/* xs[p][n][c] = part p of x[n][c], n < T, c < ldxs (zeros past cols) */
+/* xs[p][n][c] = part p of x[n][c], n < T, c < ldxs (zeros past cols); k_split8 from
+ * SPLIT8_MIN_T tokens (the same bits; decode steps keep k_split, the kernel the H200 measured) */
+#ifndef SPLIT8_MIN_T
+#define SPLIT8_MIN_T 64
+#endif
 void launch_split(cu_stream s, const float *x, int64_t ldx, int64_t T, int64_t cols, uint16_t *xs, int64_t ldxs,
                   int parts) {
+    if (T >= SPLIT8_MIN_T && ldxs % 32 == 0) { /* (ldxs is the width rounded up to 32) */
+        const unsigned sb = (unsigned)((T * (ldxs / 8) + 255) / 256);
+        const int vec = (uintptr_t)x % 16 == 0 && ldx % 4 == 0;
+        if (parts == 1) launch_pdl(k_split8<1>, dim3(sb), dim3(256), 0, s, x, ldx, T, cols, xs, ldxs, vec);
+        else launch_pdl(k_split8<3>, dim3(sb), dim3(256), 0, s, x, ldx, T, cols, xs, ldxs, vec);
+        return;
+    }
     const unsigned sb = (unsigned)((T * ldxs + 255) / 256);
     if (parts == 1) launch_pdl(k_split<1>, dim3(sb), dim3(256), 0, s, x, ldx, T, cols, xs, ldxs);
     else launch_pdl(k_split<3>, dim3(sb), dim3(256), 0, s, x, ldx, T, cols, xs, ldxs);
@@ -788,16 +837,32 @@ static void launch_one_bf16(cu_stream s, const mm_group &gs, int i, int64_t ldxs
     launch_gemm_shape<1>(s, one, sc->xs, ldxs, n, sc);
 }
 
-/* bf16 activations on cuBLASLt: the group's matrices copied out into sc->wrm side by side
- * (bf16 tiled: as stored; MLX Q tiled: dequantized to bf16, as the peers feed their GEMMs),
- * then slices of as many tokens as xs holds in one part, each split once and multiplied by
- * every matrix (a product the library refuses takes the backend's own kernel: bf16
- * launch_one_bf16, Q qtiled_own). 0, or -1 with nothing launched where it does not take the
- * group (no library, too few tokens, matrices larger than the copy's scratch). */
-int launch_blas(cu_stream s, const mm_group &g, const float *x, int64_t ldx, int64_t T, const cu_mm_scratch *sc) {
-    if (!sc || !sc->blas || !sc->wrm || !sc->blas_ws || T < CU_BLAS_MIN_T) return -1;
+/* matrix i of gs (its outputs from the slice's first token) times the n split tokens in
+ * sc->xs (bf16, three parts) on k_gemm: what `exact` computes without the library */
+static void launch_one_exact(cu_stream s, const mm_group &gs, int i, int64_t ldxs, int64_t n, const cu_mm_scratch *sc) {
+    mm_group one = gs;
+    one.n = 1, one.w[0] = gs.w[i], one.y[0] = gs.y[i], one.ldy[0] = gs.ldy[i], one.blk0[0] = 0;
+    launch_gemm_shape<3>(s, one, sc->xs, ldxs, n, sc);
+}
+
+/* Products on cuBLASLt: the group's matrices copied out into sc->wrm side by side (bf16
+ * tiled: as stored; MLX Q tiled: dequantized to bf16, as the peers feed their GEMMs), then
+ * slices of as many tokens as xs holds in `parts` parts, each split once and multiplied by
+ * every matrix. parts 1 (bf16 activations): one library product a matrix; a product the
+ * library refuses takes the backend's own kernel (bf16 launch_one_bf16, Q qtiled_own).
+ * parts 3 (`exact`, CU_BLAS_EXACT; bf16 tiled only: a dequantized MLX value is not the
+ * weight, so those stay on their own kernels): three products a matrix, the lowest part
+ * first into y, then the middle and the high part added to it, fp32 sums of exact products
+ * in the library's order; a matrix whose product the library refuses, at any of the three,
+ * is computed again whole on k_gemm (launch_one_exact, which overwrites y). 0, or -1 with
+ * nothing launched where it does not take the group (no library, too few tokens, matrices
+ * larger than the copy's scratch, MLX in `exact`). */
+int launch_blas(cu_stream s, const mm_group &g, const float *x, int64_t ldx, int64_t T, int parts,
+                const cu_mm_scratch *sc) {
+    if (!sc || !sc->blas || !sc->wrm || !sc->blas_ws || T < CU_BLAS_MIN_T || (parts != 1 && parts != 3)) return -1;
     const int64_t cols = g.w[0].cols, ldxs = tiled_steps(cols) * 32;
     const bool q = g.w[0].fmt == CU_FMT_Q_TILED;
+    if (q && parts != 1) return -1;
     int64_t at[4], need = 0;
     for (int i = 0; i < g.n; i++) {
         if ((g.w[i].fmt != CU_FMT_BF16_TILED && g.w[i].fmt != CU_FMT_Q_TILED) || g.w[i].fmt != g.w[0].fmt ||
@@ -807,7 +872,8 @@ int launch_blas(cu_stream s, const mm_group &g, const float *x, int64_t ldx, int
         need += g.w[i].rows * ldxs;
     }
     if (need > sc->wrm_elems || (q && ldxs != cols)) return -1;
-    int64_t slice = sc->xs_elems > 0 ? sc->xs_elems / ldxs : sc->xs_tokens;
+    /* xs [parts][n][ldxs] for a slice of n tokens (launch_split's layout, k_gemm's reads) */
+    int64_t slice = sc->xs_elems > 0 ? sc->xs_elems / (parts * ldxs) : sc->xs_tokens;
     while (slice > 16 && 3 * slice * ldxs >= ((int64_t)1 << 31)) slice /= 2; /* k_gemm's 32-bit offsets (a refusal) */
     if (slice < 16) return -1;
     for (int i = 0; i < g.n; i++) {
@@ -818,9 +884,17 @@ int launch_blas(cu_stream s, const mm_group &g, const float *x, int64_t ldx, int
         const int64_t n = T - t0 < slice ? T - t0 : slice;
         mm_group gs = g;
         for (int i = 0; i < g.n; i++) gs.y[i] = g.y[i] + t0 * g.ldy[i];
-        launch_split(s, x + t0 * ldx, ldx, n, cols, sc->xs, ldxs, 1);
+        launch_split(s, x + t0 * ldx, ldx, n, cols, sc->xs, ldxs, parts);
         for (int i = 0; i < g.n; i++) {
-            if (cu_blas_gemm(sc->blas, s, sc->wrm + at[i], ldxs, g.w[i].rows, cols, sc->xs, ldxs, n, gs.y[i], gs.ldy[i],
+            if (parts == 3) {
+                int p = 2; /* lo, mid, hi: the smallest terms summed first */
+                while (p >= 0 && cu_blas_gemm(sc->blas, s, sc->wrm + at[i], ldxs, g.w[i].rows, cols, sc->xs + p * n * ldxs,
+                                              ldxs, n, gs.y[i], gs.ldy[i], p < 2, sc->blas_ws, sc->blas_ws_bytes) == 0)
+                    p--;
+                if (p >= 0) launch_one_exact(s, gs, i, ldxs, n, sc);
+                continue;
+            }
+            if (cu_blas_gemm(sc->blas, s, sc->wrm + at[i], ldxs, g.w[i].rows, cols, sc->xs, ldxs, n, gs.y[i], gs.ldy[i], 0,
                              sc->blas_ws, sc->blas_ws_bytes) == 0)
                 continue;
             if (!q) {
@@ -839,7 +913,7 @@ int launch_blas(cu_stream s, const mm_group &g, const float *x, int64_t ldx, int
 /* more than 16 tokens, in slices of at most sc->xs_tokens: split, then k_gemm */
 static void launch_gemm(cu_stream s, const mm_group &g, const float *x, int64_t ldx, int64_t T, int parts,
                         const cu_mm_scratch *sc) {
-    if (parts == 1 && launch_blas(s, g, x, ldx, T, sc) == 0) return;
+    if ((parts == 1 || (parts == 3 && CU_BLAS_EXACT)) && launch_blas(s, g, x, ldx, T, parts, sc) == 0) return;
     const int64_t ldxs = tiled_steps(g.w[0].cols) * 32;
     /* slices of xs_tokens (2,048) also in `bf16`, where xs could hold three times as many:
      * measured on the H200, an 8,192-token prompt's gate/up took 428 ms a launch each against

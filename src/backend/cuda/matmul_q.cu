@@ -803,7 +803,7 @@ static bool launch_qint(cu_stream s, const mm_group &g, const float *x, int64_t 
  * CU_MM_XS: it left sc->xs holding x's split; CU_MM_XQ: sc->xq holding x's limbs (T <= QI_TP) */
 int launch_qtiled(cu_stream s, mm_group g, const float *x, int64_t ldx, int64_t T, int parts,
                   const cu_mm_scratch *sc, int xs_ready, int xq_ready) {
-    if (parts == 1 && launch_blas(s, g, x, ldx, T, sc) == 0) return 0;
+    if (parts == 1 && launch_blas(s, g, x, ldx, T, 1, sc) == 0) return 0;
     if (launch_qint(s, g, x, ldx, T, parts, sc, xq_ready)) return T <= QI_TP ? CU_MM_XQ : 0;
     qtiled_own(s, g, x, ldx, T, parts, sc, xs_ready);
     return T <= 16 ? CU_MM_XS : 0;

@@ -61,10 +61,10 @@ MM_HIDDEN void launch_tiled(cu_stream s, mm_group g, const float *x, int64_t ldx
                             const cu_mm_scratch *sc, int xs_ready);
 /* the bf16 kernels' shared memory attributes (cu_mm_init) */
 MM_HIDDEN void mm_bf16_init(void);
-/* bf16-activation products of many tokens on cuBLASLt, the group's matrices (bf16 tiled or
- * MLX Q tiled) copied out row-major into sc->wrm first: 0, or -1 with nothing launched where
- * it does not take the group */
-MM_HIDDEN int launch_blas(cu_stream s, const mm_group &g, const float *x, int64_t ldx, int64_t T,
+/* products of many tokens on cuBLASLt, the group's matrices (bf16 tiled or MLX Q tiled)
+ * copied out row-major into sc->wrm first, the activations as `parts` bf16 parts (1; or 3,
+ * `exact`, bf16 tiled only): 0, or -1 with nothing launched where it does not take the group */
+MM_HIDDEN int launch_blas(cu_stream s, const mm_group &g, const float *x, int64_t ldx, int64_t T, int parts,
                           const cu_mm_scratch *sc);
 
 /* matmul_q.cu */
