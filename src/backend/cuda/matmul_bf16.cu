@@ -90,6 +90,18 @@ __global__ void k_split(const float *x, int64_t ldx, int64_t T, int64_t cols, ui
     }
 }
 
+/* token n's 8 activations at column c (zeros past T or the width) */
+__device__ __forceinline__ void mma_load_x(const float *x, int64_t ldx, int64_t T, int64_t n, int64_t c, int64_t cols,
+                                           bool vec, float (&xv)[8]) {
+    if (n < T && vec && c + 8 <= cols) {
+        const float4 u = *(const float4 *)(x + n * ldx + c), v = *(const float4 *)(x + n * ldx + c + 4);
+        xv[0] = u.x, xv[1] = u.y, xv[2] = u.z, xv[3] = u.w, xv[4] = v.x, xv[5] = v.y, xv[6] = v.z, xv[7] = v.w;
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; k++) xv[k] = n < T && c + k < cols ? x[n * ldx + c + k] : 0.0f;
+    }
+}
+
 /* k_split for many tokens: a thread per 8 consecutive columns of a token (two 16-byte
  * loads, a 16-byte store a part: the same values as k_split's, an eighth of its threads and
  * index arithmetic). vec: x and ldx keep every row's 8-column pieces 16-byte aligned. */
@@ -99,14 +111,7 @@ __global__ void k_split8(const float *x, int64_t ldx, int64_t T, int64_t cols, u
     const int64_t per = ldxs / 8, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, n = i / per, c = i % per * 8;
     if (n >= T) return;
     float v[8];
-    const float *src = x + n * ldx + c;
-    if (vec && c + 8 <= cols) {
-        const float4 a = *(const float4 *)src, b = *(const float4 *)(src + 4);
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-    } else {
-#pragma unroll
-        for (int k = 0; k < 8; k++) v[k] = c + k < cols ? src[k] : 0.0f;
-    }
+    mma_load_x(x, ldx, T, n, c, cols, vec, v);
 #pragma unroll
     for (int p = 0; p < P; p++) {
         uint16_t h[8];
@@ -208,17 +213,6 @@ __global__ void __launch_bounds__(32 * MM_S, MINB) k_mmv(mm_group grp, const uin
     }
 }
 
-/* token n's 8 activations at column c (zeros past T or the width) */
-__device__ __forceinline__ void mma_load_x(const float *x, int64_t ldx, int64_t T, int64_t n, int64_t c, int64_t cols,
-                                           bool vec, float (&xv)[8]) {
-    if (n < T && vec && c + 8 <= cols) {
-        const float4 u = *(const float4 *)(x + n * ldx + c), v = *(const float4 *)(x + n * ldx + c + 4);
-        xv[0] = u.x, xv[1] = u.y, xv[2] = u.z, xv[3] = u.w, xv[4] = v.x, xv[5] = v.y, xv[6] = v.z, xv[7] = v.w;
-    } else {
-#pragma unroll
-        for (int k = 0; k < 8; k++) xv[k] = n < T && c + k < cols ? x[n * ldx + c + k] : 0.0f;
-    }
-}
 
 /* Any number of tokens: MT tiles by NT token tiles a block, the activations split inside
  * (the same parts as k_split's). U: steps of weights in flight a warp. */
