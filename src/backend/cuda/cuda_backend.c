@@ -471,7 +471,10 @@ static int cuda_available(int device, char *why, size_t cap) {
     return 1;
 }
 
-/* whether the precision's products of CU_BLAS_MIN_T tokens or more may take cuBLASLt: `bf16`'s
+/* the fewest tokens of the precision's products on cuBLASLt (cuda_kernels.h) */
+static int blas_min_t(const cuda_backend *b) { return CU_BLAS_MIN_TOKENS(b->mm_mode == CU_MM_EXACT ? 3 : 1); }
+
+/* whether the precision's products of blas_min_t tokens or more may take cuBLASLt: `bf16`'s
  * tiled ones (bf16 and MLX); `exact`'s where CU_BLAS_EXACT and there are bf16 tiled matrices
  * (MLX ones keep their own kernels there) */
 static int blas_wanted(const cuda_backend *b) {
@@ -721,11 +724,11 @@ static void cuda_describe(const st_backend *base, char *buf, size_t cap) {
     const size_t at2 = strlen(buf);
     const char *as = b->mm_mode == CU_MM_EXACT ? " as three bf16 parts" : "";
     if (blas_wanted(b) && b->blas)
-        snprintf(buf + at2, cap > at2 ? cap - at2 : 0, "; products of %d tokens or more on %s%s", CU_BLAS_MIN_T,
+        snprintf(buf + at2, cap > at2 ? cap - at2 : 0, "; products of %d tokens or more on %s%s", blas_min_t(b),
                  b->blas_what, as);
     else if (blas_wanted(b))
         snprintf(buf + at2, cap > at2 ? cap - at2 : 0, "; products of %d tokens or more on its own kernels (cuBLASLt: %s)",
-                 CU_BLAS_MIN_T, b->blas_what);
+                 blas_min_t(b), b->blas_what);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -753,7 +756,7 @@ static int64_t widest_out(const cuda_backend *b) {
  * three parts of xs_tokens at the widest width, the slice `exact` takes (`bf16` takes three
  * times as many tokens in its one part) */
 static int64_t blas_wrm_elems(const cuda_backend *b, int64_t max_tokens) {
-    if (!b->blas || max_tokens < CU_BLAS_MIN_T) return 0;
+    if (!b->blas || max_tokens < blas_min_t(b)) return 0;
     const int64_t pad_d = (b->d + 31) / 32 * 32, in_w[] = {b->I, b->vd, (int64_t)b->nh * b->hd};
     int64_t n = widest_out(b) * pad_d;
     for (size_t i = 0; i < sizeof in_w / sizeof in_w[0]; i++)
@@ -1029,7 +1032,7 @@ static st_status cuda_ctx_create(st_backend *base, const st_ctx_params *p, st_bc
     c->mms.part_elems = (int64_t)cu_mm_part_elems(T, widest_out(b));
     /* `bf16` products of many tokens on Hopper's wgmma where the device runs it (`exact` keeps
      * k_gemm: its summation order is the few-token kernels', so a token's bits do not depend
-     * on the batch; but for products of CU_BLAS_MIN_T tokens or more on cuBLASLt where
+     * on the batch; but for products of CU_BLAS_EXACT_MIN_T tokens or more on cuBLASLt where
      * CU_BLAS_EXACT) */
     c->mms.tma_encode = b->mm_mode == CU_MM_BF16 && b->tiled ? cu_wgmma_available() : NULL;
     c->mms.ws_clusters = c->mms.tma_encode ? cu_wgmma_stream_clusters(0) : 0; /* (a build's CU_WS_CL > 1) */

@@ -149,11 +149,23 @@ int cu_wgmma_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *c
  * too, the activations as their three bf16 parts (three library products, the lowest part
  * first, summed in fp32: every weight still meets all 24 bits of its activation, only the
  * summation order is the library's); 0: they stay on k_gemm, which keeps `exact`
- * bit-invariant at every step size. 0 until a GPU has run 1 (`mmv_bench blas`, `make
- * test-gpu` and the prefill's speed in a build with -DCU_BLAS_EXACT=1) */
+ * bit-invariant at every step size. 1 since an H100 ran it (2026-12-05): the 8,192-token
+ * prefill 1,727 -> 2,669 tok/s; tiny-fortune's 2,048 tokens in one step against steps of
+ * 256: 0 greedy flips, logits within 1.1e-6 of the largest */
 #ifndef CU_BLAS_EXACT
-#define CU_BLAS_EXACT 0
+#define CU_BLAS_EXACT 1
 #endif
+/* where CU_BLAS_EXACT, `exact`'s products from this many tokens take the library: fewer than
+ * `bf16`'s CU_BLAS_MIN_T, as k_gemm's three MMAs a product are slower against the library's
+ * than its one (the H200, 2026-12-05: a 512-token `exact` prefill 1,577 -> 2,903 tok/s with
+ * the library from 512 tokens, 2,048 tokens 3,138 -> 3,208; `bf16` at 512 slower, 7,286 ->
+ * 6,415, the copy out of the tiled layout costing more than the library gains there) */
+#ifndef CU_BLAS_EXACT_MIN_T
+#define CU_BLAS_EXACT_MIN_T 512
+#endif
+/* the fewest tokens of a product on the library with activations of `parts` bf16 parts (1:
+ * `bf16`; 3: `exact`) */
+#define CU_BLAS_MIN_TOKENS(parts) ((parts) == 3 ? CU_BLAS_EXACT_MIN_T : CU_BLAS_MIN_T)
 /* Hopper's warpgroup MMA (matmul_wgmma.cu, built for sm_90a): the tensor-map encoder the
  * products need when this device runs it (compute capability 9.0), else NULL. Once a device. */
 void *cu_wgmma_available(void);
