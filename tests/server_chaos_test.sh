@@ -36,6 +36,12 @@ if [ $rc = 124 ]; then
 elif [ $rc != 0 ] && [ $rc != 1 ]; then
     echo "not ok - the storm's client exited with status $rc"
 fi
+# a failed check keeps the server's side of it: the log's last lines, as TAP comments (an
+# intermittent failure can then be read from the run that had it)
+if [ $rc != 0 ]; then
+    echo "# the server's log, its last 40 of $(wc -l <"$T/log") lines:"
+    tail -40 "$T/log" | cut -c1-300 | sed 's/^/#   /'
+fi
 kill -TERM "$pid"
 if wait "$pid"; then echo "ok - the server exits 0 on SIGTERM after the storm"; else echo "not ok - the server's exit after the storm: $(tail -5 "$T/log")"; fi
 pid=
