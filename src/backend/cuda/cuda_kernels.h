@@ -157,11 +157,12 @@ int cu_wgmma_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *c
 #endif
 /* where CU_BLAS_EXACT, `exact`'s products from this many tokens take the library: fewer than
  * `bf16`'s CU_BLAS_MIN_T, as k_gemm's three MMAs a product are slower against the library's
- * than its one (the H200, 2026-12-05: a 512-token `exact` prefill 1,577 -> 2,903 tok/s with
- * the library from 512 tokens, 2,048 tokens 3,138 -> 3,208; `bf16` at 512 slower, 7,286 ->
- * 6,415, the copy out of the tiled layout costing more than the library gains there) */
+ * than its one. Measured 2026-12-05, `exact` prefill with the library from 512 tokens against
+ * from 1,024: 512 tokens 1,577 -> 2,903 tok/s on the H200 (`bf16` at 512 went slower, 7,286 ->
+ * 6,415: the copy out of the tiled layout costs more than the library gains there); from 256
+ * against from 512 on an H100: 256 tokens 1,296 -> 1,965, 384 1,506 -> 2,396 */
 #ifndef CU_BLAS_EXACT_MIN_T
-#define CU_BLAS_EXACT_MIN_T 512
+#define CU_BLAS_EXACT_MIN_T 256
 #endif
 /* the fewest tokens of a product on the library with activations of `parts` bf16 parts (1:
  * `bf16`; 3: `exact`) */

@@ -205,10 +205,11 @@ __global__ void k_silu_mul_q(float *g, const float *u, int64_t T, int64_t n, int
     qi_put_warp(xq, (n + 31) / 32, t, gj, v, per, c0, bits);
 }
 
-/* from this many tokens SwiGLU without a split takes k_silu_mul4 (decode steps keep
- * k_silu_mul, the kernel the H200 measured) */
+/* from this many tokens SwiGLU without a split takes k_silu_mul4: prefill steps; decode
+ * steps keep k_silu_mul (with both this and k_split8 from 64 tokens, 64 sequences decoded 9%
+ * slower on the H200: matmul_bf16.cu's SPLIT8_MIN_T) */
 #ifndef SILU4_MIN_T
-#define SILU4_MIN_T 64
+#define SILU4_MIN_T 128
 #endif
 extern "C" int cu_silu_mul(cu_stream s, float *g, const float *u, int64_t T, int64_t n, int64_t ld, uint16_t *xs,
                            int parts, uint8_t *xq, int qgroup, int qbits) {

@@ -734,9 +734,12 @@ static bool mmvp_many(const mm_group &g) {
 }
 
 /* xs[p][n][c] = part p of x[n][c], n < T, c < ldxs (zeros past cols); k_split8 from
- * SPLIT8_MIN_T tokens (the same bits; decode steps keep k_split, the kernel the H200 measured) */
+ * SPLIT8_MIN_T tokens (the same bits): prefill steps; decode steps keep k_split, since with
+ * k_split8 (and k_silu_mul4) from 64 tokens 64 sequences decoded 2,343 -> 2,143 tok/s on the
+ * H200 (2026-12-05: the products of 17-127 tokens stream on k_wgmma_stream, which took
+ * longer after it) */
 #ifndef SPLIT8_MIN_T
-#define SPLIT8_MIN_T 64
+#define SPLIT8_MIN_T 128
 #endif
 void launch_split(cu_stream s, const float *x, int64_t ldx, int64_t T, int64_t cols, uint16_t *xs, int64_t ldxs,
                   int parts) {
@@ -819,6 +822,13 @@ static int launch_stream(cu_stream s, const mm_group &g, const uint16_t *xs, int
     return cu_wgmma_stream(s, sc, g.n, w, g.y, g.ldy, xs, ldxs, T);
 }
 
+/* matrix i of gs alone: a group of one, its outputs where gs has them */
+static mm_group one_of(const mm_group &gs, int i) {
+    mm_group one = gs;
+    one.n = 1, one.w[0] = gs.w[i], one.y[0] = gs.y[i], one.ldy[0] = gs.ldy[i], one.blk0[0] = 0;
+    return one;
+}
+
 /* matrix i of gs (its outputs from the slice's first token) times the n split tokens in
  * sc->xs (bf16, one part): k_wgmma where the device runs it and the slice is long enough,
  * else (or where it refuses the matrix) k_gemm */
@@ -826,17 +836,13 @@ static void launch_one_bf16(cu_stream s, const mm_group &gs, int i, int64_t ldxs
     if (sc->tma_encode && n >= CU_WGMMA_MIN_T &&
         cu_wgmma_matmul(s, sc->tma_encode, &gs.w[i], sc->xs, ldxs, n, gs.y[i], gs.ldy[i]) == 0)
         return;
-    mm_group one = gs;
-    one.n = 1, one.w[0] = gs.w[i], one.y[0] = gs.y[i], one.ldy[0] = gs.ldy[i], one.blk0[0] = 0;
-    launch_gemm_shape<1>(s, one, sc->xs, ldxs, n, sc);
+    launch_gemm_shape<1>(s, one_of(gs, i), sc->xs, ldxs, n, sc);
 }
 
 /* matrix i of gs (its outputs from the slice's first token) times the n split tokens in
  * sc->xs (bf16, three parts) on k_gemm: what `exact` computes without the library */
 static void launch_one_exact(cu_stream s, const mm_group &gs, int i, int64_t ldxs, int64_t n, const cu_mm_scratch *sc) {
-    mm_group one = gs;
-    one.n = 1, one.w[0] = gs.w[i], one.y[0] = gs.y[i], one.ldy[0] = gs.ldy[i], one.blk0[0] = 0;
-    launch_gemm_shape<3>(s, one, sc->xs, ldxs, n, sc);
+    launch_gemm_shape<3>(s, one_of(gs, i), sc->xs, ldxs, n, sc);
 }
 
 /* Products on cuBLASLt: the group's matrices copied out into sc->wrm side by side (bf16
@@ -896,9 +902,8 @@ int launch_blas(cu_stream s, const mm_group &g, const float *x, int64_t ldx, int
                 launch_one_bf16(s, gs, i, ldxs, n, sc);
                 continue;
             }
-            mm_group one = gs; /* (its own split of the slice, then the same xs again for the next matrix) */
-            one.n = 1, one.w[0] = gs.w[i], one.y[0] = gs.y[i], one.ldy[0] = gs.ldy[i], one.blk0[0] = 0;
-            qtiled_own(s, one, x + t0 * ldx, ldx, n, 1, sc, 0);
+            /* (its own split of the slice, then the same xs again for the next matrix) */
+            qtiled_own(s, one_of(gs, i), x + t0 * ldx, ldx, n, 1, sc, 0);
             launch_split(s, x + t0 * ldx, ldx, n, cols, sc->xs, ldxs, 1);
         }
     }
