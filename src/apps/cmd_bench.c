@@ -424,10 +424,6 @@ int cmd_bench(int argc, char **argv) {
     st_cache_params cp = st_cache_default_params();
     cp.kv_dtype = kvd;
     cp.n_slots = (int)max_batch;
-    cp.max_seq_len = (max_prompt > plen + decode_steps_max ? max_prompt : plen + decode_steps_max) + 8;
-    /* the prompts run one at a time; the decode sequences together */
-    const int64_t bs = cp.block_size;
-    cp.n_blocks = (max_prompt + 8 + bs - 1) / bs + max_batch * ((plen + decode_steps_max + 8 + bs - 1) / bs);
     int max_tokens = (int)(max_prompt > plen * max_batch ? max_prompt : plen * max_batch);
     st_device_params dp = cli_device_params();
     if (threads) dp.cpu.n_threads = (int)threads;
@@ -437,9 +433,23 @@ int cmd_bench(int argc, char **argv) {
     const int gpu = st_backend_is_cuda(be);
     char dev[512];
     st_backend_describe(be, dev, sizeof dev);
-    if (st_cache_create(m, &cp, &cache, &err) != ST_OK) goto done;
-    st_ctx_params xp = st_cache_ctx_params(cache, max_tokens);
-    if (st_fwd_create(be, &xp, &f, &err) != ST_OK) goto done;
+    /* the prompts run one at a time; the decode sequences together, each with room for
+     * decode_steps_max steps: where that does not fit beside the weights on the device (64
+     * sequences of the 27B shape on an 80 GB GPU), half as many, down to 256 */
+    for (;;) {
+        const int64_t bs = cp.block_size;
+        cp.max_seq_len = (max_prompt > plen + decode_steps_max ? max_prompt : plen + decode_steps_max) + 8;
+        cp.n_blocks = (max_prompt + 8 + bs - 1) / bs + max_batch * ((plen + decode_steps_max + 8 + bs - 1) / bs);
+        if (st_cache_create(m, &cp, &cache, &err) != ST_OK) goto done;
+        st_ctx_params xp = st_cache_ctx_params(cache, max_tokens);
+        if (st_fwd_create(be, &xp, &f, &err) == ST_OK) break;
+        if (!gpu || err.status != ST_ERR_NOMEM || decode_steps_max <= 256) goto done;
+        st_cache_destroy(cache);
+        cache = NULL;
+        decode_steps_max /= 2;
+        if (!json)
+            fprintf(stderr, "%s; trying room for %lld decode steps a sequence\n", err.msg, (long long)decode_steps_max);
+    }
     logits = st_fwd_host_alloc(f, (size_t)max_batch * (size_t)c->vocab_size * sizeof(float)); /* page-locked on a GPU */
     toks = malloc((size_t)max_tokens * sizeof(int32_t));
     if (!logits || !toks) {
