@@ -36,6 +36,8 @@ summarize() { # name log rc seconds
     else
         nok "$name under ASan+UBSan: $p pass, $f fail ($log, ${secs}s)"
         grep -E '^not ok|ERROR: |runtime error:|SUMMARY' "$log" | head -5 | sed 's/^/#   /'
+        # the server's side of a failed storm (server_chaos prints its log's tail)
+        sed -n "/^# the server's log/,\$p" "$log" | head -42
     fi
 }
 for t in $B/tests/test_*; do
