@@ -4,7 +4,7 @@
  * "exact": fp32 activations and accumulation, the reduction order of every output fixed by
  * its own index alone (never by how many tokens share the launch), so a sequence gets the
  * same bits alone or in any batch (in `exact`; where CU_BLAS_EXACT puts its products of
- * CU_BLAS_MIN_T tokens or more on cuBLASLt, in steps of fewer tokens).
+ * CU_BLAS_EXACT_MIN_T tokens or more on cuBLASLt, in steps of fewer tokens).
  */
 #ifndef ST_BACKEND_CUDA_CUDA_KERNELS_H
 #define ST_BACKEND_CUDA_CUDA_KERNELS_H
@@ -98,7 +98,7 @@ typedef struct cu_mm_scratch {
     /* its clusters of CU_WS_CL > 1 blocks: the most the device runs at once
      * (cu_wgmma_stream_clusters, asked once, outside any graph capture); 0: none */
     int ws_clusters;
-    /* cuBLASLt (blas.h) for products of CU_BLAS_MIN_T tokens or more (bf16 activations; in
+    /* cuBLASLt (blas.h) for products of CU_BLAS_MIN_TOKENS(parts) tokens or more (bf16 activations; in
      * `exact`, with CU_BLAS_EXACT, bf16 tiled matrices only, the activations' three parts as
      * three products): its handle, a row-major bf16 copy of a launch's matrices [wrm_elems]
      * (bf16 tiled as stored, MLX dequantized; matrices larger than it stay on the backend's
@@ -151,7 +151,7 @@ int cu_wgmma_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *c
  * summation order is the library's); 0: they stay on k_gemm, which keeps `exact`
  * bit-invariant at every step size. 1 since an H100 ran it (2026-12-05): the 8,192-token
  * prefill 1,727 -> 2,669 tok/s; tiny-fortune's 2,048 tokens in one step against steps of
- * 256: 0 greedy flips, logits within 1.1e-6 of the largest */
+ * 128 (`make test-gpu`): 0 greedy flips, logits within 1.1e-6 of the largest */
 #ifndef CU_BLAS_EXACT
 #define CU_BLAS_EXACT 1
 #endif

@@ -213,7 +213,6 @@ __global__ void __launch_bounds__(32 * MM_S, MINB) k_mmv(mm_group grp, const uin
     }
 }
 
-
 /* Any number of tokens: MT tiles by NT token tiles a block, the activations split inside
  * (the same parts as k_split's). U: steps of weights in flight a warp. */
 template <int MT, int NT, int P, int U, int MM_S>
@@ -856,10 +855,11 @@ static void launch_one_exact(cu_stream s, const mm_group &gs, int i, int64_t ldx
  * in the library's order; a matrix whose product the library refuses, at any of the three,
  * is computed again whole on k_gemm (launch_one_exact, which overwrites y). 0, or -1 with
  * nothing launched where it does not take the group (no library, too few tokens, matrices
- * larger than the copy's scratch, MLX in `exact`). */
+ * larger than the copy's scratch, MLX in `exact`, `exact` where CU_BLAS_EXACT is 0). */
 int launch_blas(cu_stream s, const mm_group &g, const float *x, int64_t ldx, int64_t T, int parts,
                 const cu_mm_scratch *sc) {
-    if (!sc || !sc->blas || !sc->wrm || !sc->blas_ws || (parts != 1 && parts != 3) || T < CU_BLAS_MIN_TOKENS(parts))
+    if (!sc || !sc->blas || !sc->wrm || !sc->blas_ws || (parts != 1 && (parts != 3 || !CU_BLAS_EXACT)) ||
+        T < CU_BLAS_MIN_TOKENS(parts))
         return -1;
     const int64_t cols = g.w[0].cols, ldxs = tiled_steps(cols) * 32;
     const bool q = g.w[0].fmt == CU_FMT_Q_TILED;
@@ -913,7 +913,7 @@ int launch_blas(cu_stream s, const mm_group &g, const float *x, int64_t ldx, int
 /* more than 16 tokens, in slices of at most sc->xs_tokens: split, then k_gemm */
 static void launch_gemm(cu_stream s, const mm_group &g, const float *x, int64_t ldx, int64_t T, int parts,
                         const cu_mm_scratch *sc) {
-    if ((parts == 1 || (parts == 3 && CU_BLAS_EXACT)) && launch_blas(s, g, x, ldx, T, parts, sc) == 0) return;
+    if (launch_blas(s, g, x, ldx, T, parts, sc) == 0) return;
     const int64_t ldxs = tiled_steps(g.w[0].cols) * 32;
     /* slices of xs_tokens (2,048) also in `bf16`, where xs could hold three times as many:
      * measured on the H200, an 8,192-token prompt's gate/up took 428 ms a launch each against
