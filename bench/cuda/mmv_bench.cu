@@ -1309,7 +1309,7 @@ static int gdnbench(int reps) {
             for (int c0 = 0; c0 < nch; c0 += ws_chunks) {
                 const int c1 = c0 + ws_chunks < nch ? c0 + ws_chunks : nch;
                 launch_pdl(k_gdn_cprep<128>, dim3((unsigned)(c1 - c0), (unsigned)Hv), dim3(GC_THREADS),
-                           cprep_floats<128>() * sizeof(float), s, a, c0);
+                           cprep_floats<128>(Dv) * sizeof(float), s, a, c0);
             }
         });
         const double t_scan = time_ms([&] {

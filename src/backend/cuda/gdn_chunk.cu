@@ -39,15 +39,25 @@ __device__ __forceinline__ void frag_a(uint32_t (&f)[4], const float *m, int ld,
     f[0] = tf32_of(e[0]), f[1] = tf32_of(e[8 * ld]), f[2] = tf32_of(e[4]), f[3] = tf32_of(e[8 * ld + 4]);
 }
 
+/* the same fragment of a matrix whose values are tf32 already (k_gdn_cprep's W and P) */
+__device__ __forceinline__ void frag_a_tf32(uint32_t (&f)[4], const float *m, int ld, int r0, int k0, int lane) {
+    const float *e = m + (r0 + (lane >> 2)) * ld + k0 + (lane & 3);
+    f[0] = __float_as_uint(e[0]), f[1] = __float_as_uint(e[8 * ld]), f[2] = __float_as_uint(e[4]),
+    f[3] = __float_as_uint(e[8 * ld + 4]);
+}
+
 /* acc[j] += A B for rows m0 .. m0 + 15 and the 8-column tiles n0 and n0 + 8, over k < k_end:
- * A row-major (stride lda), B [k][n] (stride ldb) in shared memory */
+ * A row-major (stride lda), B [k][n] (stride ldb) in shared memory; A_TF32: A's values are
+ * tf32 already */
+template <bool A_TF32 = false>
 __device__ __forceinline__ void mma_16x16(float (&acc)[2][4], const float *A, int lda, const float *B, int ldb, int m0,
                                           int n0, int k_end, int lane) {
     const int gid = lane >> 2, tig = lane & 3;
 #pragma unroll 4
     for (int k0 = 0; k0 < k_end; k0 += 8) {
         uint32_t f[4];
-        frag_a(f, A, lda, m0, k0, lane);
+        if (A_TF32) frag_a_tf32(f, A, lda, m0, k0, lane);
+        else frag_a(f, A, lda, m0, k0, lane);
 #pragma unroll
         for (int j = 0; j < 2; j++) {
             const float *br = B + (k0 + tig) * ldb + n0 + 8 * j + gid;
@@ -56,36 +66,55 @@ __device__ __forceinline__ void mma_16x16(float (&acc)[2][4], const float *A, in
     }
 }
 
+/* acc1 += A1 B and acc2 += A2 B (A1's values tf32 already), each as mma_16x16 sums it, B's
+ * fragments loaded and rounded once for both */
+__device__ __forceinline__ void mma_16x16_two(float (&acc1)[2][4], const float *A1, float (&acc2)[2][4], const float *A2,
+                                              int lda, const float *B, int ldb, int m0, int n0, int k_end, int lane) {
+    const int gid = lane >> 2, tig = lane & 3;
+#pragma unroll 4
+    for (int k0 = 0; k0 < k_end; k0 += 8) {
+        uint32_t f1[4], f2[4];
+        frag_a_tf32(f1, A1, lda, m0, k0, lane);
+        frag_a(f2, A2, lda, m0, k0, lane);
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const float *br = B + (k0 + tig) * ldb + n0 + 8 * j + gid;
+            const uint32_t b0 = tf32_of(br[0]), b1 = tf32_of(br[4 * ldb]);
+            mma_tf32(acc1[j], f1[0], f1[1], f1[2], f1[3], b0, b1);
+            mma_tf32(acc2[j], f2[0], f2[1], f2[2], f2[3], b0, b1);
+        }
+    }
+}
+
 /* ---- the chunk's own part: W, U, P, g ---- */
 
-/* shared memory, floats: q and k [GC][DK + 4] (row-major), A [GC][GC + 4], beta, g and
- * beta exp(g) [GC] */
-template <int DK> constexpr size_t cprep_floats() { return (size_t)2 * GC * (DK + 4) + GC * (GC + 4) + 3 * GC; }
+/* shared memory, floats: q [GC][max(DK, Dv) + 4], where v [GC][Dv + 4] goes once q is read;
+ * k [GC][DK + 4] (row-major), A [GC][GC + 4], beta, g and beta exp(g) [GC] */
+template <int DK> __host__ __device__ constexpr int cprep_qw(int Dv) { return (DK > Dv ? DK : Dv) + 4; }
+template <int DK> constexpr size_t cprep_floats(int Dv) {
+    return (size_t)GC * cprep_qw<DK>(Dv) + (size_t)GC * (DK + 4) + GC * (GC + 4) + 3 * GC;
+}
 
 template <int DK>
 __global__ void __launch_bounds__(GC_THREADS) k_gdn_cprep(cu_gdn_args a, int c0) {
     pdl_wait();
     extern __shared__ float4 cp_sh4[];
     constexpr int SW = DK + 4, LA = GC + 4;
-    const int Dv = a.Dv;
-    float *Qs = (float *)cp_sh4, *Ks = Qs + GC * SW, *A = Ks + GC * SW, *bt = A + GC * LA, *g = bt + GC, *be = g + GC;
+    const int Dv = a.Dv, SV = Dv + 4; /* v's stride, where q was */
+    float *Qs = (float *)cp_sh4, *Ks = Qs + GC * cprep_qw<DK>(Dv), *A = Ks + GC * SW, *bt = A + GC * LA, *g = bt + GC, *be = g + GC;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, h = blockIdx.y, c = c0 + blockIdx.x;
     const int64_t t0 = a.chunks[4 * c];
     const int n = a.chunks[4 * c + 1], kh = h / (a.Hv / a.Hk);
     float *W = a.chunk_ws + ((size_t)blockIdx.x * a.Hv + h) * (size_t)cu_gdn_chunk_floats(DK, Dv);
     float *U = W + GC * DK, *P = U + GC * Dv, *G = P + GC * GC;
-    /* q and k of the chunk (zeros past its end) */
+    /* q and k of the chunk (zeros past its end), every copy in flight at once */
     for (int e = tid; e < GC * DK / 4; e += GC_THREADS) {
         const int r = e / (DK / 4), i = e % (DK / 4) * 4;
-        float4 q = make_float4(0.0f, 0.0f, 0.0f, 0.0f), k = q;
-        if (r < n) {
-            const float *row = a.qkv + (t0 + r) * a.cd + (int64_t)kh * DK + i;
-            q = *(const float4 *)row;
-            k = *(const float4 *)(row + a.kd);
-        }
-        *(float4 *)(Qs + r * SW + i) = q;
-        *(float4 *)(Ks + r * SW + i) = k;
+        const float *row = a.qkv + (t0 + (r < n ? r : 0)) * a.cd + (int64_t)kh * DK + i;
+        cp_async16(Qs + r * SW + i, row, r < n ? 16 : 0);
+        cp_async16(Ks + r * SW + i, row + a.kd, r < n ? 16 : 0);
     }
+    cp_async_commit();
     /* beta and the cumulated log decay (warp 0: an inclusive scan of each half, then the
      * second half on the first's total; constant past the end) */
     if (tid < 32) {
@@ -111,6 +140,7 @@ __global__ void __launch_bounds__(GC_THREADS) k_gdn_cprep(cu_gdn_args a, int c0)
             G[tid + 32 * half] = l[half];
         }
     }
+    cp_async_wait<0>();
     __syncthreads();
     /* k_r . k_j and q_r . k_j on tensor cores: warp w the rows 16 (w / 2) .. + 15, columns
      * 32 (w % 2) .. + 31 (tiles wholly above the diagonal left zero), into A and P */
@@ -131,6 +161,15 @@ __global__ void __launch_bounds__(GC_THREADS) k_gdn_cprep(cu_gdn_args a, int c0)
                 mma_tf32(qk[j], fq[0], fq[1], fq[2], fq[3], b0, b1);
             }
         }
+        /* q is read: the chunk's v [GC][Dv] into its place (zeros past the end), in flight
+         * while A and P are made */
+        __syncthreads();
+        float *Vs = Qs; /* stride SV */
+        for (int e = tid; e < GC * Dv / 4; e += GC_THREADS) {
+            const int r = e / (Dv / 4), i = e % (Dv / 4) * 4;
+            cp_async16(Vs + r * SV + i, a.qkv + (t0 + (r < n ? r : 0)) * a.cd + 2 * a.kd + (int64_t)h * Dv + i, r < n ? 16 : 0);
+        }
+        cp_async_commit();
 #pragma unroll
         for (int j = 0; j < 4; j++)
 #pragma unroll
@@ -144,9 +183,12 @@ __global__ void __launch_bounds__(GC_THREADS) k_gdn_cprep(cu_gdn_args a, int c0)
                     pv[v] = col + v <= r ? d * qk[j][2 * hh + v] : 0.0f;
                 }
                 *(float2 *)(A + r * LA + col) = make_float2(av[0], av[1]);
-                *(float2 *)(P + r * GC + col) = make_float2(pv[0], pv[1]);
+                /* P is only ever an MMA operand: rounded to tf32 here, once (the scan's
+                 * rounding of it again changes nothing) */
+                *(float2 *)(P + r * GC + col) = make_float2(tf32_val(pv[0]), tf32_val(pv[1]));
             }
     }
+    cp_async_wait<0>();
     __syncthreads();
     /* (I + A) X = R by forward substitution, a thread per column of [W | U], the column in
      * registers; A's rows read four at a time (the same address across the block) */
@@ -156,28 +198,30 @@ __global__ void __launch_bounds__(GC_THREADS) k_gdn_cprep(cu_gdn_args a, int c0)
 #pragma unroll
             for (int r = 0; r < GC; r++) x[r] = be[r] * Ks[r * SW + col];
         } else {
-            const float *v = a.qkv + t0 * a.cd + 2 * a.kd + (int64_t)h * Dv + (col - DK);
+            const float *v = Qs + (col - DK); /* Vs */
 #pragma unroll
-            for (int r = 0; r < GC; r++) x[r] = r < n ? bt[r] * v[(int64_t)r * a.cd] : 0.0f;
+            for (int r = 0; r < GC; r++) x[r] = bt[r] * v[r * SV]; /* (beta and v are 0 past the end) */
         }
 #pragma unroll
         for (int r = 1; r < GC; r++) {
-            float acc = x[r];
+            /* four sums (the columns j mod 4 apart), so that the chain of dependent FMAs is
+             * a quarter as long */
+            float s0 = x[r], s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
 #pragma unroll
             for (int j = 0; j < (r & ~3); j += 4) {
                 const float4 e = *(const float4 *)(A + r * LA + j);
-                acc = fmaf(-e.x, x[j], acc);
-                acc = fmaf(-e.y, x[j + 1], acc);
-                acc = fmaf(-e.z, x[j + 2], acc);
-                acc = fmaf(-e.w, x[j + 3], acc);
+                s0 = fmaf(-e.x, x[j], s0);
+                s1 = fmaf(-e.y, x[j + 1], s1);
+                s2 = fmaf(-e.z, x[j + 2], s2);
+                s3 = fmaf(-e.w, x[j + 3], s3);
             }
 #pragma unroll
-            for (int j = r & ~3; j < r; j++) acc = fmaf(-A[r * LA + j], x[j], acc);
-            x[r] = acc;
+            for (int j = r & ~3; j < r; j++) s0 = fmaf(-A[r * LA + j], x[j], s0);
+            x[r] = (s0 + s1) + (s2 + s3);
         }
-        if (col < DK) {
+        if (col < DK) { /* W is only ever an MMA operand: rounded to tf32 once, as P */
 #pragma unroll
-            for (int r = 0; r < GC; r++) W[r * DK + col] = x[r];
+            for (int r = 0; r < GC; r++) W[r * DK + col] = tf32_val(x[r]);
         } else {
 #pragma unroll
             for (int r = 0; r < GC; r++) U[r * Dv + (col - DK)] = x[r];
@@ -265,9 +309,9 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cscan(cu_plan p, cu_gdn_a
         }
         cp_async_wait<0>();
         __syncthreads(); /* W, q, g, P; the state */
-        /* A: D = U - W S */
-        float acc[2][4] = {};
-        mma_16x16(acc, Y, SW, Ss, CS_LD, mA, nA, DK, lane);
+        /* A: D = U - W S; and B's Q S beside it, on the same fragments of S */
+        float acc[2][4] = {}, qs[2][4] = {};
+        mma_16x16_two(acc, Y, qs, X, SW, Ss, CS_LD, mA, nA, DK, lane);
         const float g_last = gs[GC - 1], dec0 = expf(gs[mA + gid]), dec1 = expf(gs[mA + gid + 8]);
         if (tid < GC) es[tid] = expf(g_last - gs[tid]);
         __syncthreads(); /* W read */
@@ -281,11 +325,9 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cscan(cu_plan p, cu_gdn_a
         __syncthreads(); /* D */
         /* B: O = diag(exp(g)) Q S + P D */
 #pragma unroll
-        for (int j = 0; j < 2; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-        mma_16x16(acc, X, SW, Ss, CS_LD, mA, nA, DK, lane);
-#pragma unroll
-        for (int j = 0; j < 2; j++) acc[j][0] *= dec0, acc[j][1] *= dec0, acc[j][2] *= dec1, acc[j][3] *= dec1;
-        mma_16x16(acc, Ps, LP, Ds, CS_LD, mA, nA, mA + 16, lane); /* P is lower triangular */
+        for (int j = 0; j < 2; j++)
+            acc[j][0] = qs[j][0] * dec0, acc[j][1] = qs[j][1] * dec0, acc[j][2] = qs[j][2] * dec1, acc[j][3] = qs[j][3] * dec1;
+        mma_16x16<true>(acc, Ps, LP, Ds, CS_LD, mA, nA, mA + 16, lane); /* P is lower triangular */
 #pragma unroll
         for (int j = 0; j < 2; j++) {
             const int col = nA + 8 * j + 2 * tig, r0 = mA + gid, r1 = r0 + 8;
@@ -342,9 +384,9 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cscan(cu_plan p, cu_gdn_a
     }
 }
 
-template <int DK> static int chunked_prepare() {
+template <int DK> static int chunked_prepare(int Dv) {
     if (cudaFuncSetAttribute(k_gdn_cprep<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)(cprep_floats<DK>() * sizeof(float))) != cudaSuccess)
+                             (int)(cprep_floats<DK>(Dv) * sizeof(float))) != cudaSuccess)
         return -1;
     return cudaFuncSetAttribute(k_gdn_cscan<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)(cscan_floats<DK>() * sizeof(float))) == cudaSuccess ? 0 : -1;
@@ -353,10 +395,10 @@ template <int DK> static int chunked_prepare() {
 extern "C" int cu_gdn_chunked_prepare(int Dk, int Dv) {
     if (Dv < 8 || Dv % 8 != 0 || Dk + Dv > 2 * GC_THREADS) return -1;
     switch (Dk) {
-    case 16: return chunked_prepare<16>();
-    case 32: return chunked_prepare<32>();
-    case 64: return chunked_prepare<64>();
-    case 128: return chunked_prepare<128>();
+    case 16: return chunked_prepare<16>(Dv);
+    case 32: return chunked_prepare<32>(Dv);
+    case 64: return chunked_prepare<64>(Dv);
+    case 128: return chunked_prepare<128>(Dv);
     default: return -1;
     }
 }
@@ -365,7 +407,7 @@ template <int DK> static void chunked_run(cu_stream s, const cu_plan *p, const c
     for (int c0 = 0; c0 < a->n_chunks; c0 += a->ws_chunks) {
         const int c1 = c0 + a->ws_chunks < a->n_chunks ? c0 + a->ws_chunks : a->n_chunks;
         launch_pdl(k_gdn_cprep<DK>, dim3((unsigned)(c1 - c0), (unsigned)a->Hv), dim3(GC_THREADS),
-                   cprep_floats<DK>() * sizeof(float), s, *a, c0);
+                   cprep_floats<DK>(a->Dv) * sizeof(float), s, *a, c0);
         dim3 gs((unsigned)p->n_items, (unsigned)a->Hv, (unsigned)((a->Dv + GC_COLS - 1) / GC_COLS));
         launch_pdl(k_gdn_cscan<DK>, gs, dim3(GC_THREADS), cscan_floats<DK>() * sizeof(float), s, *p, *a, c0, c1);
     }
