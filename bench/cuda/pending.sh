@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # One device call's measurements, side by side (a GPU machine's time is short and often none
-# starts: build and pack here, run this there). Session 28's third call: the chunked delta
-# rule's kernels reworked (k_gdn_cprep: q, k and v copied in by cp.async, v where q was once
-# the Gram products are done, the substitution with four sums a row, W and P rounded to tf32
-# once; k_gdn_cscan: W S and Q S on the same fragments of S, W and P taken as rounded):
+# starts: build and pack here, run this there). Session 28's fourth call: k_gdn_cscan with
+# k copied in as soon as phase A has read q (in flight through phase B) and each chunk's
+# first token and length read once (the copies' asm clobbers memory):
 #   new   this build
-#   base  the library of 0a2d33a
+#   base  the library of 0a2d33a (before the session's rule changes)
+# On an H200 also the README's prefill rows (bf16 and the MLX 2,048-token prefill).
 # Prepare here:
 #   make -j2 all mmv-bench
 #   (base: git worktree add /tmp/b 0a2d33a && make -C /tmp/b -j2 build/libstrand-cuda.so;
@@ -49,11 +49,18 @@ for r in 1 2; do
         echo "prefill $v rc $? $(el): $(row prefill $O/p${r}_$v.txt)"
     done
 done
-# 3. where the new 8,192-token prefill goes
 use new
+# 3. on an H200: the README's MLX prefill rows
+if grep -q H200 $O/smi.txt; then
+    for q in q8 q4; do
+        tl 50 $S bench --device cuda --synth 27b --dtype $q --precision bf16 --kv-dtype bf16 --prompts 2048 --batches 1 --decode-s 0.3 >$O/m_$q.txt 2>$O/m_$q.err
+        echo "MLX $q rc $? $(el): $(row prefill $O/m_$q.txt)"
+    done
+fi
+# 4. where the new 8,192-token prefill goes
 tl 45 $B --precision bf16 --kv-dtype bf16 --prompts 8192 --batches 1 --decode-s 0.2 --op-times >$O/ops.txt 2>$O/ops.err
 echo "ops rc $? $(el)"; grep -A14 "device time of the" $O/ops.err | head -15
-# 4. the GPU tests on new
+# 5. the GPU tests on new
 tl 230 tests/gpu_test.sh > $O/test_gpu.txt 2>&1; echo "test-gpu rc $? $(el): $(grep -c '^ok' $O/test_gpu.txt) ok"
 grep '^not ok' $O/test_gpu.txt | cut -c1-400; grep -i "perplexity" $O/test_gpu.txt | head -5 | cut -c1-300
 echo "end $(el)"

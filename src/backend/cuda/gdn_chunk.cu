@@ -262,11 +262,10 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cscan(cu_plan p, cu_gdn_a
         const int i = e / GC_COLS, j = e % GC_COLS;
         Ss[i * CS_LD + j] = j < nc ? Sg[(size_t)i * Dv + j] : 0.0f;
     }
-    /* a chunk's W and g into Y, its q into X; its P; its k into X */
-    auto issue_wq = [&](int c) {
+    /* a chunk's W and g into Y, its q into X; its P; its k into X (t0, n: the chunk's first
+     * token and tokens, read once a chunk: each copy's asm is a memory clobber) */
+    auto issue_wq = [&](int c, int64_t t0, int n) {
         const float *ws = a.chunk_ws + ((size_t)(c - c0) * a.Hv + h) * CF;
-        const int64_t t0 = a.chunks[4 * c];
-        const int n = a.chunks[4 * c + 1];
         for (int e = tid; e < GC * DK / 4; e += GC_THREADS) {
             const int r = e / (DK / 4), i = e % (DK / 4) * 4;
             cp_async16(Y + r * SW + i, ws + r * DK + i, 16);
@@ -281,22 +280,23 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cscan(cu_plan p, cu_gdn_a
             cp_async16(Ps + r * LP + j, P + r * GC + j, 16);
         }
     };
-    auto issue_k = [&](int c) {
-        const int64_t t0 = a.chunks[4 * c];
-        const int n = a.chunks[4 * c + 1];
+    auto issue_k = [&](int64_t t0, int n) {
         for (int e = tid; e < GC * DK / 4; e += GC_THREADS) {
             const int r = e / (DK / 4), i = e % (DK / 4) * 4;
             cp_async16(X + r * SK + i, a.qkv + (t0 + (r < n ? r : 0)) * a.cd + a.kd + (int64_t)kh * DK + i, r < n ? 16 : 0);
         }
     };
-    issue_wq(cb);
+    int64_t t0n = a.chunks[4 * cb]; /* the next chunk's first token and tokens */
+    int nn = a.chunks[4 * cb + 1];
+    issue_wq(cb, t0n, nn);
     issue_p(cb);
     cp_async_commit();
     /* phases A and B: warp w the rows 16 (w / 2) .. + 15 and columns 16 (w % 2) .. + 15 */
     const int mA = 16 * (w >> 1), nA = 16 * (w & 1);
     for (int c = cb; c < ce; c++) {
-        const int64_t t0 = a.chunks[4 * c];
-        const int n = a.chunks[4 * c + 1];
+        const int64_t t0 = t0n;
+        const int n = nn;
+        if (c + 1 < ce) t0n = a.chunks[4 * (c + 1)], nn = a.chunks[4 * (c + 1) + 1];
         /* this thread's U, ahead of the product it is subtracted from */
         const float *U = a.chunk_ws + ((size_t)(c - c0) * a.Hv + h) * CF + GC * DK + col0;
         float2 u[2][2];
@@ -314,7 +314,9 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cscan(cu_plan p, cu_gdn_a
         mma_16x16_two(acc, Y, qs, X, SW, Ss, CS_LD, mA, nA, DK, lane);
         const float g_last = gs[GC - 1], dec0 = expf(gs[mA + gid]), dec1 = expf(gs[mA + gid + 8]);
         if (tid < GC) es[tid] = expf(g_last - gs[tid]);
-        __syncthreads(); /* W read */
+        __syncthreads(); /* W and q read */
+        issue_k(t0, n); /* k into q's place, in flight through B */
+        cp_async_commit();
         float *Ds = Y;
 #pragma unroll
         for (int j = 0; j < 2; j++) {
@@ -336,9 +338,7 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cscan(cu_plan p, cu_gdn_a
             if (r0 < n) *(float2 *)(o + (int64_t)r0 * a.vd) = make_float2(acc[j][0], acc[j][1]);
             if (r1 < n) *(float2 *)(o + (int64_t)r1 * a.vd) = make_float2(acc[j][2], acc[j][3]);
         }
-        __syncthreads(); /* q, P and the state read */
-        issue_k(c);
-        cp_async_commit();
+        __syncthreads(); /* P and the state read */
         if (c + 1 < ce) issue_p(c + 1);
         cp_async_commit();
         cp_async_wait<1>();
@@ -374,7 +374,7 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cscan(cu_plan p, cu_gdn_a
             }
         }
         __syncthreads(); /* the state; k and D read */
-        if (c + 1 < ce) issue_wq(c + 1);
+        if (c + 1 < ce) issue_wq(c + 1, t0n, nn);
         cp_async_commit();
     }
     cp_async_wait<0>();
