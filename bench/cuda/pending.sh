@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One device call's measurements, side by side (a GPU machine's time is short and often none
-# starts: build and pack here, run this there). Session 28's fourth call: k_gdn_cscan with
-# k copied in as soon as phase A has read q (in flight through phase B) and each chunk's
-# first token and length read once (the copies' asm clobbers memory):
+# starts: build and pack here, run this there). Session 28's fifth call: k_attn_fa's softmax
+# in units of log2 (one exp2 a weight, the peers' form) and k_gdn_cscan's D and diag(e) D
+# rounded to tf32 once (the same bits):
 #   new   this build
-#   base  the library of 0a2d33a (before the session's rule changes)
+#   base  the library of 0a2d33a (before the session's prefill changes)
 # On an H200 also the README's prefill rows (bf16 and the MLX 2,048-token prefill).
 # Prepare here:
 #   make -j2 all mmv-bench

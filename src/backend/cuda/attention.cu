@@ -699,8 +699,9 @@ __global__ void k_attn_merge(cu_plan p, cu_attn_args a) {
 /* ---- attention in the `bf16` precision, many queries a block: k_attn_fa ----
  * The peers' way (flash attention, as FlashAttention-2 computes it): a block takes FA_ROWS
  * query rows, each a (token, query head) of one tile of consecutive tokens of an item and
- * the query heads of one KV head; a warp 16 of them. The queries (scaled, rounded to bf16)
- * sit in shared memory; the positions go by in chunks of FA_CH, their K and V rounded to
+ * the query heads of one KV head; a warp 16 of them. The queries (scaled by log2(e) /
+ * sqrt(hd), so that the scores are in units of log2 and each weight is one exp2, as the peers
+ * take them; rounded to bf16) sit in shared memory; the positions go by in chunks of FA_CH, their K and V rounded to
  * bf16 in shared memory (from a bf16 pool by cp.async, the next chunk in flight; from an fp32
  * pool converted by the threads); a warp's scores S = Q K^T (16 x FA_CH) stay in registers,
  * the running max and sum go per row, and S's fragments become the A operand of P V without
@@ -779,7 +780,8 @@ __global__ void __launch_bounds__(32 * FA_WARPS, 1) k_attn_fa(cu_plan p, cu_attn
     if (it < 0) return;
     const int rows = (int)nt * G;
     const int64_t pos_first = p.pos0[it] + (t0 - p.item_t0[it]), pos_last = pos_first + nt - 1;
-    const float scale = 1.0f / sqrtf((float)HD);
+    /* the scores in units of log2 (the softmax's e^x as 2^(x log2 e): one ex2 a weight) */
+    const float scale = 1.4426950408889634f / sqrtf((float)HD);
     if (BF16KV) fa_load<HD, true>(kv, p, it, a.li, h, 0, pos_last, ks, vs); /* chunk 0 in flight */
     cp_async_commit();
     for (int i = tid; i < FA_ROWS * P8; i += 32 * FA_WARPS) {
@@ -862,14 +864,14 @@ __global__ void __launch_bounds__(32 * FA_WARPS, 1) k_attn_fa(cu_plan p, cu_attn
                 mc1 = fmaxf(mc1, __shfl_xor_sync(FULL, mc1, off));
             }
             /* the first chunk always holds position 0 <= every row's: the maxima are finite */
-            const float al0 = expf(m0 - mc0), al1 = expf(m1 - mc1);
+            const float al0 = exp2f(m0 - mc0), al1 = exp2f(m1 - mc1);
             m0 = mc0, m1 = mc1;
             float r0 = 0.0f, r1 = 0.0f;
             uint32_t pa[FA_CH / 16][4]; /* P as the A operand of P V, k steps of 16 positions */
 #pragma unroll
             for (int n = 0; n < FA_CH / 8; n++) {
-                const float p0 = expf(s[n][0] - mc0), p1 = expf(s[n][1] - mc0);
-                const float p2 = expf(s[n][2] - mc1), p3 = expf(s[n][3] - mc1);
+                const float p0 = exp2f(s[n][0] - mc0), p1 = exp2f(s[n][1] - mc0);
+                const float p2 = exp2f(s[n][2] - mc1), p3 = exp2f(s[n][3] - mc1);
                 r0 += p0 + p1, r1 += p2 + p3;
                 pa[n / 2][(n & 1) * 2] = bf2(p0, p1);
                 pa[n / 2][(n & 1) * 2 + 1] = bf2(p2, p3);

@@ -47,21 +47,23 @@ __device__ __forceinline__ void frag_a_tf32(uint32_t (&f)[4], const float *m, in
 }
 
 /* acc[j] += A B for rows m0 .. m0 + 15 and the 8-column tiles n0 and n0 + 8, over k < k_end:
- * A row-major (stride lda), B [k][n] (stride ldb) in shared memory; A_TF32: A's values are
- * tf32 already */
-template <bool A_TF32 = false>
+ * A row-major (stride lda), B [k][n] (stride ldb) in shared memory; TF32: both hold tf32
+ * values already */
+template <bool TF32 = false>
 __device__ __forceinline__ void mma_16x16(float (&acc)[2][4], const float *A, int lda, const float *B, int ldb, int m0,
                                           int n0, int k_end, int lane) {
     const int gid = lane >> 2, tig = lane & 3;
 #pragma unroll 4
     for (int k0 = 0; k0 < k_end; k0 += 8) {
         uint32_t f[4];
-        if (A_TF32) frag_a_tf32(f, A, lda, m0, k0, lane);
+        if (TF32) frag_a_tf32(f, A, lda, m0, k0, lane);
         else frag_a(f, A, lda, m0, k0, lane);
 #pragma unroll
         for (int j = 0; j < 2; j++) {
             const float *br = B + (k0 + tig) * ldb + n0 + 8 * j + gid;
-            mma_tf32(acc[j], f[0], f[1], f[2], f[3], tf32_of(br[0]), tf32_of(br[4 * ldb]));
+            const uint32_t b0 = TF32 ? __float_as_uint(br[0]) : tf32_of(br[0]);
+            const uint32_t b1 = TF32 ? __float_as_uint(br[4 * ldb]) : tf32_of(br[4 * ldb]);
+            mma_tf32(acc[j], f[0], f[1], f[2], f[3], b0, b1);
         }
     }
 }
@@ -232,14 +234,18 @@ __global__ void __launch_bounds__(GC_THREADS) k_gdn_cprep(cu_gdn_args a, int c0)
 /* ---- the scan over an item's chunks ---- */
 
 /* shared memory, floats: X (q [GC][DK + 4], then k [GC][DK + 8]), Y (w [GC][DK + 4], then d
- * [GC][GC_COLS + 8]), P [GC][GC + 4], the state [DK][GC_COLS + 8], g and exp(g_last - g)
- * [GC]. Strides that keep every fragment's 32 loads on distinct banks: a row-major a (rows
- * lane/4 apart) wants a stride of 4 mod 32, a transposed one or a b (rows lane%4 apart) 8. */
+ * and diag(exp(g_last - g)) d, each [GC][GC_COLS + 8]), P [GC][GC + 4], the state [DK][GC_COLS
+ * + 8], g and exp(g_last - g) [GC]. Strides that keep every fragment's 32 loads on distinct
+ * banks: a row-major a (rows lane/4 apart) wants a stride of 4 mod 32, a transposed one or a
+ * b (rows lane%4 apart) 8. */
 #define CS_LD (GC_COLS + 8)
 /* the floats of X and of Y: the widest of what each holds in turn */
 template <int DK> __host__ __device__ constexpr int cscan_buf() { return GC * (DK + 8 > CS_LD ? DK + 8 : CS_LD); }
+template <int DK> __host__ __device__ constexpr int cscan_ybuf() {
+    return cscan_buf<DK>() > 2 * GC * CS_LD ? cscan_buf<DK>() : 2 * GC * CS_LD;
+}
 template <int DK> constexpr size_t cscan_floats() {
-    return (size_t)2 * cscan_buf<DK>() + GC * (GC + 4) + (size_t)DK * CS_LD + 2 * GC;
+    return (size_t)cscan_buf<DK>() + cscan_ybuf<DK>() + GC * (GC + 4) + (size_t)DK * CS_LD + 2 * GC;
 }
 
 template <int DK>
@@ -254,7 +260,7 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cscan(cu_plan p, cu_gdn_a
     constexpr int SW = DK + 4, SK = DK + 8, LP = GC + 4;
     const int Dv = a.Dv, kh = h / (a.Hv / a.Hk);
     const int nc = Dv - col0 < GC_COLS ? Dv - col0 : GC_COLS; /* a multiple of 8 */
-    float *X = (float *)cs_sh4, *Y = X + cscan_buf<DK>(), *Ps = Y + cscan_buf<DK>(), *Ss = Ps + GC * LP, *gs = Ss + DK * CS_LD, *es = gs + GC;
+    float *X = (float *)cs_sh4, *Y = X + cscan_buf<DK>(), *Ps = Y + cscan_ybuf<DK>(), *Ss = Ps + GC * LP, *gs = Ss + DK * CS_LD, *es = gs + GC;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gid = lane >> 2, tig = lane & 3;
     const size_t CF = (size_t)cu_gdn_chunk_floats(DK, Dv);
     float *Sg = a.rec_state + (size_t)p.slot[it] * a.rec_stride + (size_t)h * DK * Dv + col0;
@@ -317,19 +323,28 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cscan(cu_plan p, cu_gdn_a
         __syncthreads(); /* W and q read */
         issue_k(t0, n); /* k into q's place, in flight through B */
         cp_async_commit();
-        float *Ds = Y;
+        /* D (only ever an MMA operand) rounded to tf32 once, for B; and diag(e) D so, for C */
+        float *Ds = Y, *Des = Y + GC * CS_LD;
+        {
+            const int r0 = mA + gid;
+            const float e0 = es[r0], e1 = es[r0 + 8];
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
-            const int col = nA + 8 * j + 2 * tig, r0 = mA + gid;
-            *(float2 *)(Ds + r0 * CS_LD + col) = make_float2(u[j][0].x - acc[j][0], u[j][0].y - acc[j][1]);
-            *(float2 *)(Ds + (r0 + 8) * CS_LD + col) = make_float2(u[j][1].x - acc[j][2], u[j][1].y - acc[j][3]);
+            for (int j = 0; j < 2; j++) {
+                const int col = nA + 8 * j + 2 * tig;
+                const float d0 = u[j][0].x - acc[j][0], d1 = u[j][0].y - acc[j][1];
+                const float d2 = u[j][1].x - acc[j][2], d3 = u[j][1].y - acc[j][3];
+                *(float2 *)(Ds + r0 * CS_LD + col) = make_float2(tf32_val(d0), tf32_val(d1));
+                *(float2 *)(Ds + (r0 + 8) * CS_LD + col) = make_float2(tf32_val(d2), tf32_val(d3));
+                *(float2 *)(Des + r0 * CS_LD + col) = make_float2(tf32_val(d0 * e0), tf32_val(d1 * e0));
+                *(float2 *)(Des + (r0 + 8) * CS_LD + col) = make_float2(tf32_val(d2 * e1), tf32_val(d3 * e1));
+            }
         }
         __syncthreads(); /* D */
         /* B: O = diag(exp(g)) Q S + P D */
 #pragma unroll
         for (int j = 0; j < 2; j++)
             acc[j][0] = qs[j][0] * dec0, acc[j][1] = qs[j][1] * dec0, acc[j][2] = qs[j][2] * dec1, acc[j][3] = qs[j][3] * dec1;
-        mma_16x16<true>(acc, Ps, LP, Ds, CS_LD, mA, nA, mA + 16, lane); /* P is lower triangular */
+        mma_16x16<true>(acc, Ps, LP, Ds, CS_LD, mA, nA, mA + 16, lane); /* P is lower triangular; P and D tf32 */
 #pragma unroll
         for (int j = 0; j < 2; j++) {
             const int col = nA + 8 * j + 2 * tig, r0 = mA + gid, r1 = r0 + 8;
@@ -359,11 +374,10 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cscan(cu_plan p, cu_gdn_a
             for (int k0 = 0; k0 < GC; k0 += 8) {
                 const float *kr = X + (k0 + tig) * SK + m0 + gid; /* a[i][r] = k_r[i] */
                 const uint32_t a0 = tf32_of(kr[0]), a1 = tf32_of(kr[8]), a2 = tf32_of(kr[4 * SK]), a3 = tf32_of(kr[4 * SK + 8]);
-                const float e0 = es[k0 + tig], e1 = es[k0 + tig + 4];
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
-                    const float *dr = Ds + (k0 + tig) * CS_LD + 8 * j + gid;
-                    mma_tf32(sa[j], a0, a1, a2, a3, tf32_of(dr[0] * e0), tf32_of(dr[4 * CS_LD] * e1));
+                    const float *dr = Des + (k0 + tig) * CS_LD + 8 * j + gid;
+                    mma_tf32(sa[j], a0, a1, a2, a3, __float_as_uint(dr[0]), __float_as_uint(dr[4 * CS_LD]));
                 }
             }
 #pragma unroll
