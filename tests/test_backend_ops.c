@@ -45,11 +45,12 @@ static float frand(void) {
     return (float)((double)(rng >> 11) / 9007199254740992.0) * 2.0f - 1.0f;
 }
 
-enum { N_OPS = 16, MAX_T = 1104, LONG_T = 1100 };
+enum { N_OPS = 17, MAX_T = 1104, LONG_T = 1100 };
 static const char *op_names[N_OPS] = {"embed",      "add_norm (add, apply)", "add_norm (post)", "add_norm (final)",
                                       "matmul (GDN in-projections)", "gdn", "matmul (out_proj)",
                                       "matmul (q, k, v)", "attn_prep", "attention", "matmul (o_proj)",
-                                      "matmul (gate, up + SwiGLU)", "matmul (down)", "moe", "allreduce", "logits"};
+                                      "matmul (gate, up + SwiGLU)", "matmul (down)", "moe", "allreduce", "logits",
+                                      "matmul (gate, up + SwiGLU to the next, then down)"};
 
 /* one backend context under test */
 typedef struct ctx {
@@ -165,12 +166,18 @@ static void run_step(ctx *x, const shapes *s, const st_step_plan *pl, const inpu
         save(x, 13, c, ST_ACT_OUT, s->d, T);
     } else {
         const st_mm gu[] = {{ST_W_GATE, ST_ACT_P1}, {ST_W_UP, ST_ACT_P2}};
-        op->matmul(c, 0, ST_ACT_XN, gu, 2, 1);
+        op->matmul(c, 0, ST_ACT_XN, gu, 2, ST_SWIGLU);
         save(x, 11, c, ST_ACT_P1, s->I, T);
         op->write(c, ST_ACT_P1, s->I, in->p1);
         const st_mm dn[] = {{ST_W_DOWN, ST_ACT_OUT}};
         op->matmul(c, 0, ST_ACT_P1, dn, 1, 0);
         save(x, 12, c, ST_ACT_OUT, s->d, T);
+        /* the pair as the model runs it: the SwiGLU's outputs read only by the down product
+         * (the CUDA backend's bf16 MLP keeps them in bf16 in between) */
+        op->write(c, ST_ACT_XN, s->d, in->xn);
+        op->matmul(c, 0, ST_ACT_XN, gu, 2, ST_SWIGLU_TO_NEXT);
+        op->matmul(c, 0, ST_ACT_P1, dn, 1, 0);
+        save(x, 16, c, ST_ACT_OUT, s->d, T);
     }
     op->write(c, ST_ACT_OUT, s->d, in->out);
     op->allreduce(c, ST_ACT_OUT);

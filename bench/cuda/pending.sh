@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # One device call's measurements, side by side (a GPU machine's time is short and often none
-# starts: build and pack here, run this there). Session 28's fifth call: k_attn_fa's softmax
-# in units of log2 (one exp2 a weight, the peers' form) and k_gdn_cscan's D and diag(e) D
-# rounded to tf32 once (the same bits):
+# starts: build and pack here, run this there). Session 28's seventh call: the `bf16` MLP of
+# 1,024 tokens or more with its intermediates in bf16 (gate and up on cuBLASLt with bf16
+# outputs, SwiGLU into bf16 h, the down product on h as it is: cu_mlp_gate_up_bf16,
+# cu_matmul_bf16_in) only where the model says the SwiGLU's outputs go to the down product
+# alone (ST_SWIGLU_TO_NEXT: the op conformance test's plain SwiGLU read them in fp32 in the
+# sixth call), besides the session's rule and attention changes:
 #   new   this build
 #   base  the library of 0a2d33a (before the session's prefill changes)
 # On an H200 also the README's prefill rows (bf16 and the MLX 2,048-token prefill).
@@ -38,11 +41,8 @@ row() { grep -A8 "^$1" "$2" | awk 'NF >= 2 && $1 ~ /^[0-9]+$/' | tr -s ' ' | pas
 echo "start $(el) $(head -2 $O/smi.txt | tail -1)"
 cp build/libstrand-cuda.so var/new.so
 use() { cp var/$1.so build/libstrand-cuda.so; }
-# 1. the rule's kernels alone, and their agreement with the per-step rule
-tl 60 build/mmv_bench gdn 10 > $O/gdn.txt 2>&1; echo "mmv_bench gdn rc $? $(el)"
-grep -E "^gdn|alone:" $O/gdn.txt | head -8 | cut -c1-250; tail -1 $O/gdn.txt
 # 2. bf16 prefill: base and new, twice round
-for r in 1 2; do
+for r in 1; do
     for v in base new; do
         use $v
         tl 40 $B --precision bf16 --kv-dtype bf16 --prompts 512,2048,8192 --batches 1 --decode-s 0.2 >$O/p${r}_$v.txt 2>$O/p${r}_$v.err

@@ -207,6 +207,12 @@ typedef struct st_bctx {
     st_backend *b;
 } st_bctx;
 
+/* matmul's swiglu: 0 none; ST_SWIGLU out0 = silu(out0) * out1, both readable after;
+ * ST_SWIGLU_TO_NEXT the same where the caller promises that the next op is a matmul reading
+ * out0 and that nothing reads out0 or out1 otherwise, so that a backend may keep them in a
+ * form of its own in between (the CUDA backend's `bf16` MLP of many tokens: bf16) */
+enum { ST_SWIGLU = 1, ST_SWIGLU_TO_NEXT = 2 };
+
 typedef struct st_backend_ops {
     const char *name;
     void (*destroy)(st_backend *b);
@@ -220,7 +226,8 @@ typedef struct st_backend_ops {
     st_status (*step_begin)(st_bctx *c, const st_step_plan *plan, st_error *err);
     void (*embed)(st_bctx *c);                                        /* tokens -> X */
     void (*add_norm)(st_bctx *c, int layer, st_norm which, int mode); /* ST_NORM_* bits */
-    /* up to 4 matrices of the layer reading buffer `in`; swiglu: out0 = silu(out0) * out1 */
+    /* up to 4 matrices of the layer reading buffer `in`; swiglu (ST_SWIGLU*): out0 = silu(out0)
+     * * out1 */
     void (*matmul)(st_bctx *c, int layer, st_act in, const st_mm *mm, int n, int swiglu);
     void (*gdn)(st_bctx *c, int layer);        /* P1..P4 -> MIX: conv, norms, delta rule, gated norm */
     void (*attn_prep)(st_bctx *c, int layer);  /* P1, P2, P3: q/k norm, RoPE, K and V into the pool */

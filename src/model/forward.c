@@ -248,7 +248,7 @@ st_status st_fwd_run(st_fwd *f, const st_step_plan *plan, float *logits, st_erro
             op->moe(c, li);
         } else {
             const st_mm gu[] = {{ST_W_GATE, ST_ACT_P1}, {ST_W_UP, ST_ACT_P2}};
-            op->matmul(c, li, ST_ACT_XN, gu, 2, 1);
+            op->matmul(c, li, ST_ACT_XN, gu, 2, ST_SWIGLU_TO_NEXT);
             const st_mm dn[] = {{ST_W_DOWN, ST_ACT_OUT}};
             op->matmul(c, li, ST_ACT_P1, dn, 1, 0);
         }

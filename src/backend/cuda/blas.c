@@ -64,6 +64,7 @@ static void open_blas(void) {
 /* a shape the heuristic was asked about, and its answer */
 typedef struct blas_pick {
     int64_t rows, cols, T, ldw, ldxs, ldy;
+    int y_bf16;        /* the output's type: bf16 (1) or fp32 (0) */
     uint32_t align[3]; /* w's, xs's and y's alignment, bytes (the algorithm depends on them) */
     int ok;         /* 0: the library offered no algorithm (the caller's kernel, every time) */
     cublasLtMatmulAlgo_t algo;
@@ -124,24 +125,27 @@ typedef struct blas_op {
     cublasLtMatrixLayoutOpaque_t a, b, c;
 } blas_op;
 
-static int op_init(cu_blas *bl, blas_op *o, int64_t rows, int64_t cols, int64_t ldw, int64_t T, int64_t ldxs, int64_t ldy) {
+static int op_init(cu_blas *bl, blas_op *o, int64_t rows, int64_t cols, int64_t ldw, int64_t T, int64_t ldxs, int64_t ldy,
+                   int y_bf16) {
     const cublasOperation_t ta = CUBLAS_OP_T;
     cublasStatus_t st = bl->f.desc_init(&o->desc, sizeof o->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
     if (st == CUBLAS_STATUS_SUCCESS) st = bl->f.desc_set(&o->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
     if (st == CUBLAS_STATUS_SUCCESS)
         st = bl->f.layout_init(&o->a, sizeof o->a, CUDA_R_16BF, (uint64_t)cols, (uint64_t)rows, ldw);
     if (st == CUBLAS_STATUS_SUCCESS) st = bl->f.layout_init(&o->b, sizeof o->b, CUDA_R_16BF, (uint64_t)cols, (uint64_t)T, ldxs);
-    if (st == CUBLAS_STATUS_SUCCESS) st = bl->f.layout_init(&o->c, sizeof o->c, CUDA_R_32F, (uint64_t)rows, (uint64_t)T, ldy);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = bl->f.layout_init(&o->c, sizeof o->c, y_bf16 ? CUDA_R_16BF : CUDA_R_32F, (uint64_t)rows, (uint64_t)T, ldy);
     return st == CUBLAS_STATUS_SUCCESS ? 0 : -1;
 }
 
 /* the cached pick for the shape, asking the heuristic on a miss (a refusal or a failure is
  * kept too: the shape then takes the caller's kernel without asking again) */
 static const blas_pick *pick_for(cu_blas *bl, blas_op *o, int64_t rows, int64_t cols, int64_t T, int64_t ldw,
-                                 int64_t ldxs, int64_t ldy, const uint32_t align[3], size_t ws_bytes) {
+                                 int64_t ldxs, int64_t ldy, int y_bf16, const uint32_t align[3], size_t ws_bytes) {
     for (int i = 0; i < bl->n_cache; i++) {
         const blas_pick *p = &bl->cache[i];
         if (p->rows == rows && p->cols == cols && p->T == T && p->ldw == ldw && p->ldxs == ldxs && p->ldy == ldy &&
+            p->y_bf16 == y_bf16 &&
             p->align[0] == align[0] && p->align[1] == align[1] && p->align[2] == align[2] && p->ws <= ws_bytes)
             return p;
     }
@@ -162,7 +166,7 @@ static const blas_pick *pick_for(cu_blas *bl, blas_op *o, int64_t rows, int64_t 
     blas_pick *p;
     if (bl->n_cache < CU_BLAS_CACHE) p = &bl->cache[bl->n_cache++];
     else p = &bl->cache[bl->next], bl->next = (bl->next + 1) % CU_BLAS_CACHE;
-    p->rows = rows, p->cols = cols, p->T = T, p->ldw = ldw, p->ldxs = ldxs, p->ldy = ldy;
+    p->rows = rows, p->cols = cols, p->T = T, p->ldw = ldw, p->ldxs = ldxs, p->ldy = ldy, p->y_bf16 = y_bf16;
     memcpy(p->align, align, sizeof p->align);
     p->ok = st == CUBLAS_STATUS_SUCCESS && n > 0 && r.state == CUBLAS_STATUS_SUCCESS;
     p->algo = r.algo;
@@ -173,11 +177,17 @@ static const blas_pick *pick_for(cu_blas *bl, blas_op *o, int64_t rows, int64_t 
 int cu_blas_gemm(cu_blas *bl, cudaStream_t s, const uint16_t *w, int64_t ldw, int64_t rows, int64_t cols,
                  const uint16_t *xs, int64_t ldxs, int64_t T, float *y, int64_t ldy, int accumulate, void *ws,
                  size_t ws_bytes) {
+    return cu_blas_gemm_to(bl, s, w, ldw, rows, cols, xs, ldxs, T, y, ldy, 0, accumulate, ws, ws_bytes);
+}
+
+int cu_blas_gemm_to(cu_blas *bl, cudaStream_t s, const uint16_t *w, int64_t ldw, int64_t rows, int64_t cols,
+                    const uint16_t *xs, int64_t ldxs, int64_t T, void *y, int64_t ldy, int y_bf16, int accumulate,
+                    void *ws, size_t ws_bytes) {
     if (!bl || rows < 1 || cols < 1 || T < 1 || ldw < cols || ldxs < cols || ldy < rows) return -1;
     const uint32_t align[3] = {align_of(w), align_of(xs), align_of(y)};
     blas_op o;
-    if (op_init(bl, &o, rows, cols, ldw, T, ldxs, ldy) != 0) return -1;
-    const blas_pick *p = pick_for(bl, &o, rows, cols, T, ldw, ldxs, ldy, align, ws_bytes);
+    if (op_init(bl, &o, rows, cols, ldw, T, ldxs, ldy, y_bf16 != 0) != 0) return -1;
+    const blas_pick *p = pick_for(bl, &o, rows, cols, T, ldw, ldxs, ldy, y_bf16 != 0, align, ws_bytes);
     if (!p->ok) return -1;
     /* (the heuristic is asked without alpha and beta: a shape's algorithm serves both) */
     const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;

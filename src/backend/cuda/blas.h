@@ -5,8 +5,9 @@
  * backend's own kernels. It takes the `bf16` precision's products of many tokens (prefill),
  * which are bound by the tensor cores, not by the bytes: bf16 weights row-major (the backend
  * copies a tiled matrix out into a row-major scratch first), bf16 activations, fp32 sums and
- * output, no epilogue. Its summation order is the library's (fixed for a shape, algorithm and
- * GPU: the same bits run to run), not the few-token kernels'. `exact` takes it only where
+ * output (bf16 output for the `bf16` MLP's gate and up of many tokens), no epilogue. Its
+ * summation order is the library's (fixed for a shape, algorithm and GPU: the same bits run
+ * to run), not the few-token kernels'. `exact` takes it only where
  * CU_BLAS_EXACT (cuda_kernels.h) says, for bf16 tiled matrices: three products, one for
  * each bf16 part of the activations, the lowest first, the next two added into its output.
  *
@@ -48,6 +49,11 @@ void cu_blas_describe(const cu_blas *b, char *buf, size_t cap);
 int cu_blas_gemm(cu_blas *b, cudaStream_t s, const uint16_t *w, int64_t ldw, int64_t rows, int64_t cols,
                  const uint16_t *xs, int64_t ldxs, int64_t T, float *y, int64_t ldy, int accumulate, void *ws,
                  size_t ws_bytes);
+/* cu_blas_gemm with the output's type chosen: y_bf16 1, y holds bf16 (the sums rounded to
+ * nearest, as the library rounds them), 0 fp32 */
+int cu_blas_gemm_to(cu_blas *b, cudaStream_t s, const uint16_t *w, int64_t ldw, int64_t rows, int64_t cols,
+                    const uint16_t *xs, int64_t ldxs, int64_t T, void *y, int64_t ldy, int y_bf16, int accumulate,
+                    void *ws, size_t ws_bytes);
 
 #ifdef __cplusplus
 }

@@ -9,6 +9,7 @@
  * the state slots, the plan's device copy and pinned staging once. Every device allocation
  * goes through dev_alloc, which counts: a step allocates nothing.
  */
+#include <assert.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdarg.h>
@@ -841,6 +842,8 @@ typedef struct cuda_ctx {
                           device, owned */
     int xs_holds; /* the st_act buffer whose split xs holds now, or -1 */
     int xq_holds; /* the st_act buffer whose limbs mms.xq holds now (the integer form), or -1 */
+    int h_bf16;   /* the st_act buffer (the MLP's gate output) holding h in bf16 [T][I] for the
+                     down product next (cu_mlp_gate_up_bf16; its fp32 form never made), or -1 */
     float *chunk_ws;          /* the chunked delta rule's [chunk_ws_floats]; device, owned */
     int32_t *gdn_count;       /* [cu_gdn_counts(Hk)] zeros for the rule's decode kernels; device, owned */
     /* compact logit rows: each logit row's mode, the compact rows' places in their pass of
@@ -1176,7 +1179,7 @@ static st_status cuda_step_begin(st_bctx *base, const st_step_plan *pl, st_error
     c->first_error = cudaSuccess;
     c->hp = pl;
     c->T = pl->n_tokens;
-    c->xs_holds = c->xq_holds = -1;
+    c->xs_holds = c->xq_holds = c->h_bf16 = -1;
     const plan_layout l = c->layout;
     const int n = pl->n_items;
     const int64_t nb = pl->block_t0[n];
@@ -1337,8 +1340,33 @@ static void do_add_norm(cuda_ctx *c, int layer, st_norm which, int mode) {
     c->xq_holds = made ? ST_ACT_XN : (c->xq_holds == ST_ACT_XN ? -1 : c->xq_holds);
 }
 
+/* The `bf16` MLP of many tokens with its intermediates in bf16 (cuda_kernels.h): gate, up
+ * and SwiGLU into h (bf16, in the lower half of the gate output's buffer; gate's bf16 output
+ * in its upper half, up's in the up output's), which the down product then reads as it is.
+ * 0, or -1 where cu_mlp_gate_up_bf16 does not take them (the fp32 path then). */
+static int mlp_bf16(cuda_ctx *c, const cl_layer *L, st_act in, const st_mm *mm) {
+    const cu_mat *g = &L->w[mm[0].w], *u = &L->w[mm[1].w];
+    uint16_t *hb = (uint16_t *)act(c, mm[0].out), *ub = (uint16_t *)act(c, mm[1].out);
+    /* (the buffers hold T x I floats each: twice T x I bf16) */
+    if (cu_mlp_gate_up_bf16(c->stream, g, u, act(c, in), g->cols, c->T, hb + c->T * g->rows, ub, hb, &c->mms) != 0)
+        return -1;
+    c->xs_holds = c->xq_holds = -1;
+    c->h_bf16 = (int)mm[0].out;
+    return 0;
+}
+
 static void do_matmul(cuda_ctx *c, int layer, st_act in, const st_mm *mm, int n, int swiglu) {
     const cl_layer *L = &c->b->layers[layer];
+    if (c->h_bf16 >= 0) { /* the down product of mlp_bf16's h: the only op that reads it (ST_SWIGLU_TO_NEXT) */
+        assert((int)in == c->h_bf16 && n == 1 && !swiglu);
+        const cu_mat *w = &L->w[mm[0].w];
+        cu_matmul_bf16_in(c->stream, w, (const uint16_t *)act(c, in), w->cols, c->T, act(c, mm[0].out), w->rows, &c->mms);
+        c->h_bf16 = -1;
+        if ((int)mm[0].out == c->xs_holds) c->xs_holds = -1;
+        if ((int)mm[0].out == c->xq_holds) c->xq_holds = -1;
+        return;
+    }
+    if (swiglu == ST_SWIGLU_TO_NEXT && n == 2 && c->b->mm_mode == CU_MM_BF16 && mlp_bf16(c, L, in, mm) == 0) return;
     const float *x = act(c, in);
     for (int i0 = 0; i0 < n; i0 += 4) { /* up to 4 a launch */
         const int k = n - i0 < 4 ? n - i0 : 4;
@@ -1559,7 +1587,7 @@ static void graph_abort(cuda_ctx *c) {
     }
     g->refused = 1;
     c->graph_mode = G_EAGER;
-    c->xs_holds = c->xq_holds = -1; /* the step from its start */
+    c->xs_holds = c->xq_holds = c->h_bf16 = -1; /* the step from its start */
     for (int i = 0; i < n; i++) run_op(c, &ops[i]);
 }
 

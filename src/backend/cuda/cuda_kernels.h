@@ -219,6 +219,24 @@ int cu_silu_mul(cu_stream s, float *g, const float *u, int64_t T, int64_t n, int
 void cu_gather_rows(cu_stream s, const float *src, int64_t d, const int32_t *rows, int64_t n,
                     float *dst);
 
+/* The `bf16` MLP of many tokens with its intermediates in bf16, as the peers keep them (on
+ * cuBLASLt; about half the bytes of fp32 gate, up and h and of the down product's split):
+ * cu_mlp_gate_up_bf16: gate and up (bf16 tiled, one width; x [T][ldx] fp32) into gb and ub
+ * (bf16 [T][rows]), then h = silu(g) u into hb (bf16 [T][ldh], ldh the rows rounded up to 32,
+ * zeros past them). 0; or -1 where it does not take them (no library, fewer than
+ * CU_BLAS_MIN_TOKENS(1) tokens, other formats or widths, rows not a multiple of 32, the
+ * library refusing a product), with gb and ub perhaps written and hb untouched: the caller
+ * then computes the MLP in fp32. cu_silu_mul_bf16: that SwiGLU alone (n and ldh multiples of
+ * 8, the three 16-byte aligned). cu_matmul_bf16_in: y [T][ldy] = w (bf16 tiled) times xb (bf16
+ * [T][ldxb], ldxb >= w's columns rounded up to 32, zeros past them), on the library or, where
+ * it refuses, on k_gemm. */
+int cu_mlp_gate_up_bf16(cu_stream s, const cu_mat *gate, const cu_mat *up, const float *x, int64_t ldx, int64_t T,
+                        uint16_t *gb, uint16_t *ub, uint16_t *hb, const cu_mm_scratch *sc);
+void cu_silu_mul_bf16(cu_stream s, const uint16_t *g, const uint16_t *u, int64_t T, int64_t n, uint16_t *h,
+                      int64_t ldh);
+void cu_matmul_bf16_in(cu_stream s, const cu_mat *w, const uint16_t *xb, int64_t ldxb, int64_t T, float *y,
+                       int64_t ldy, const cu_mm_scratch *sc);
+
 /* Gated DeltaNet of one layer: conv + SiLU over the item's tokens (state [K-1][cd] per slot,
  * slot stride conv_stride floats), L2 norms of q and k (in place in qkv), the per-step delta rule (state
  * [Hv][Dk][Dv] per slot on the device, stride rec_stride), the gated norm; mix [T][Hv*Dv]. */

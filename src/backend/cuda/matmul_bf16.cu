@@ -910,6 +910,57 @@ int launch_blas(cu_stream s, const mm_group &g, const float *x, int64_t ldx, int
     return 0;
 }
 
+/* ---- the `bf16` MLP of many tokens, its intermediates in bf16 (cuda_kernels.h) ---- */
+
+extern "C" int cu_mlp_gate_up_bf16(cu_stream s, const cu_mat *gate, const cu_mat *up, const float *x, int64_t ldx,
+                                   int64_t T, uint16_t *gb, uint16_t *ub, uint16_t *hb, const cu_mm_scratch *sc) {
+    const int64_t rows = gate->rows, cols = gate->cols, ldxs = tiled_steps(cols) * 32;
+    if (!sc || !sc->blas || !sc->wrm || !sc->blas_ws || T < CU_BLAS_MIN_TOKENS(1) || gate->fmt != CU_FMT_BF16_TILED ||
+        up->fmt != CU_FMT_BF16_TILED || up->rows != rows || up->cols != cols || rows % 32 != 0 ||
+        2 * rows * ldxs > sc->wrm_elems)
+        return -1;
+    int64_t slice = sc->xs_elems > 0 ? sc->xs_elems / ldxs : sc->xs_tokens;
+    if (slice < 16) return -1;
+    uint16_t *wg = sc->wrm, *wu = sc->wrm + rows * ldxs;
+    cu_untile_bf16(s, (const uint16_t *)gate->data, rows, cols, wg);
+    cu_untile_bf16(s, (const uint16_t *)up->data, rows, cols, wu);
+    for (int64_t t0 = 0; t0 < T; t0 += slice) {
+        const int64_t n = T - t0 < slice ? T - t0 : slice;
+        launch_split(s, x + t0 * ldx, ldx, n, cols, sc->xs, ldxs, 1);
+        if (cu_blas_gemm_to(sc->blas, s, wg, ldxs, rows, cols, sc->xs, ldxs, n, gb + t0 * rows, rows, 1, 0, sc->blas_ws,
+                            sc->blas_ws_bytes) != 0 ||
+            cu_blas_gemm_to(sc->blas, s, wu, ldxs, rows, cols, sc->xs, ldxs, n, ub + t0 * rows, rows, 1, 0, sc->blas_ws,
+                            sc->blas_ws_bytes) != 0)
+            return -1;
+    }
+    cu_silu_mul_bf16(s, gb, ub, T, rows, hb, rows); /* (rows a multiple of 32: ldh is rows) */
+    return 0;
+}
+
+extern "C" void cu_matmul_bf16_in(cu_stream s, const cu_mat *w, const uint16_t *xb, int64_t ldxb, int64_t T, float *y,
+                                  int64_t ldy, const cu_mm_scratch *sc) {
+    const int64_t rows = w->rows, cols = w->cols;
+    assert(w->fmt == CU_FMT_BF16_TILED && ldxb >= tiled_steps(cols) * 32);
+    if (T <= 0) return;
+    if (sc->blas && sc->wrm && sc->blas_ws && rows * ldxb <= sc->wrm_elems && ldxb == tiled_steps(cols) * 32) {
+        cu_untile_bf16(s, (const uint16_t *)w->data, rows, cols, sc->wrm);
+        if (cu_blas_gemm_to(sc->blas, s, sc->wrm, ldxb, rows, cols, xb, ldxb, T, y, ldy, 0, 0, sc->blas_ws,
+                            sc->blas_ws_bytes) == 0)
+            return;
+    }
+    /* k_gemm on xb as the split it is (one part), in slices its 32-bit offsets allow */
+    mm_group g;
+    g.n = 1, g.w[0] = *w, g.y[0] = y, g.ldy[0] = ldy, g.blk0[0] = 0;
+    int64_t slice = sc->xs_tokens;
+    while (slice > 16 && 3 * slice * ldxb >= ((int64_t)1 << 31)) slice /= 2;
+    for (int64_t t0 = 0; t0 < T; t0 += slice) {
+        const int64_t n = T - t0 < slice ? T - t0 : slice;
+        mm_group gs = g;
+        gs.y[0] = y + t0 * ldy;
+        launch_gemm_shape<1>(s, gs, xb + t0 * ldxb, ldxb, n, sc);
+    }
+}
+
 /* more than 16 tokens, in slices of at most sc->xs_tokens: split, then k_gemm */
 static void launch_gemm(cu_stream s, const mm_group &g, const float *x, int64_t ldx, int64_t T, int parts,
                         const cu_mm_scratch *sc) {
