@@ -1,14 +1,11 @@
 #!/usr/bin/env bash
 # One device call's measurements, side by side (a GPU machine's time is short and often none
-# starts: build and pack here, run this there). Session 28's seventh call: the `bf16` MLP of
-# 1,024 tokens or more with its intermediates in bf16 (gate and up on cuBLASLt with bf16
-# outputs, SwiGLU into bf16 h, the down product on h as it is: cu_mlp_gate_up_bf16,
-# cu_matmul_bf16_in) only where the model says the SwiGLU's outputs go to the down product
-# alone (ST_SWIGLU_TO_NEXT: the op conformance test's plain SwiGLU read them in fp32 in the
-# sixth call), besides the session's rule and attention changes:
+# starts: build and pack here, run this there). Session 28's eighth call: the session's
+# four prefill changes (the chunked rule's two kernels, k_attn_fa's exp2, the bf16 MLP's
+# intermediates in bf16) against the table's build, for the README: bf16 and MLX bf16
+# prefill, twice round:
 #   new   this build
-#   base  the library of 0a2d33a (before the session's prefill changes)
-# On an H200 also the README's prefill rows (bf16 and the MLX 2,048-token prefill).
+#   base  the library of 0a2d33a (the README table's build)
 # Prepare here:
 #   make -j2 all mmv-bench
 #   (base: git worktree add /tmp/b 0a2d33a && make -C /tmp/b -j2 build/libstrand-cuda.so;
@@ -41,26 +38,16 @@ row() { grep -A8 "^$1" "$2" | awk 'NF >= 2 && $1 ~ /^[0-9]+$/' | tr -s ' ' | pas
 echo "start $(el) $(head -2 $O/smi.txt | tail -1)"
 cp build/libstrand-cuda.so var/new.so
 use() { cp var/$1.so build/libstrand-cuda.so; }
-# 2. bf16 prefill: base and new, twice round
-for r in 1; do
+# 1. bf16 prefill (512 / 2,048 / 8,192 tokens) and the MLX 2,048-token prefill: base and new
+for r in 1 2; do
     for v in base new; do
         use $v
         tl 40 $B --precision bf16 --kv-dtype bf16 --prompts 512,2048,8192 --batches 1 --decode-s 0.2 >$O/p${r}_$v.txt 2>$O/p${r}_$v.err
         echo "prefill $v rc $? $(el): $(row prefill $O/p${r}_$v.txt)"
+        for q in q8 q4; do
+            tl 40 $S bench --device cuda --synth 27b --dtype $q --precision bf16 --kv-dtype bf16 --prompts 2048 --batches 1 --decode-s 0.2 >$O/m${r}_${v}_$q.txt 2>$O/m${r}_${v}_$q.err
+            echo "MLX $q $v rc $? $(el): $(row prefill $O/m${r}_${v}_$q.txt)"
+        done
     done
 done
-use new
-# 3. on an H200: the README's MLX prefill rows
-if grep -q H200 $O/smi.txt; then
-    for q in q8 q4; do
-        tl 50 $S bench --device cuda --synth 27b --dtype $q --precision bf16 --kv-dtype bf16 --prompts 2048 --batches 1 --decode-s 0.3 >$O/m_$q.txt 2>$O/m_$q.err
-        echo "MLX $q rc $? $(el): $(row prefill $O/m_$q.txt)"
-    done
-fi
-# 4. where the new 8,192-token prefill goes
-tl 45 $B --precision bf16 --kv-dtype bf16 --prompts 8192 --batches 1 --decode-s 0.2 --op-times >$O/ops.txt 2>$O/ops.err
-echo "ops rc $? $(el)"; grep -A14 "device time of the" $O/ops.err | head -15
-# 5. the GPU tests on new
-tl 230 tests/gpu_test.sh > $O/test_gpu.txt 2>&1; echo "test-gpu rc $? $(el): $(grep -c '^ok' $O/test_gpu.txt) ok"
-grep '^not ok' $O/test_gpu.txt | cut -c1-400; grep -i "perplexity" $O/test_gpu.txt | head -5 | cut -c1-300
 echo "end $(el)"
