@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # One device call's measurements, side by side (a GPU machine's time is short and often none
-# starts: build and pack here, run this there). Session 28's eighth call: the session's
-# four prefill changes (the chunked rule's two kernels, k_attn_fa's exp2, the bf16 MLP's
-# intermediates in bf16) against the table's build, for the README: bf16 and MLX bf16
-# prefill, twice round:
-#   new   this build
-#   base  the library of 0a2d33a (the README table's build)
+# starts: build and pack here, run this there). Session 28's ninth call, for the next
+# session's work: Nsight Compute's per-instruction stall samples (the SASS source page) of
+# k_attn_fa in an 8,192-token bf16 prefill, k_gdn_cscan (mmv_bench gdn's 8,192 tokens) and
+# k_wgmma_stream in a 64-sequence bf16 decode step, on this build; the pages are kept
+# (gc_*.csv), with each kernel's details.
 # Prepare here:
 #   make -j2 all mmv-bench
 #   (base: git worktree add /tmp/b 0a2d33a && make -C /tmp/b -j2 build/libstrand-cuda.so;
@@ -38,16 +37,17 @@ row() { grep -A8 "^$1" "$2" | awk 'NF >= 2 && $1 ~ /^[0-9]+$/' | tr -s ' ' | pas
 echo "start $(el) $(head -2 $O/smi.txt | tail -1)"
 cp build/libstrand-cuda.so var/new.so
 use() { cp var/$1.so build/libstrand-cuda.so; }
-# 1. bf16 prefill (512 / 2,048 / 8,192 tokens) and the MLX 2,048-token prefill: base and new
-for r in 1 2; do
-    for v in base new; do
-        use $v
-        tl 40 $B --precision bf16 --kv-dtype bf16 --prompts 512,2048,8192 --batches 1 --decode-s 0.2 >$O/p${r}_$v.txt 2>$O/p${r}_$v.err
-        echo "prefill $v rc $? $(el): $(row prefill $O/p${r}_$v.txt)"
-        for q in q8 q4; do
-            tl 40 $S bench --device cuda --synth 27b --dtype $q --precision bf16 --kv-dtype bf16 --prompts 2048 --batches 1 --decode-s 0.2 >$O/m${r}_${v}_$q.txt 2>$O/m${r}_${v}_$q.err
-            echo "MLX $q $v rc $? $(el): $(row prefill $O/m${r}_${v}_$q.txt)"
-        done
-    done
-done
+use new
+NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+prof() { # name, kernel regex, skip, command...
+    local n=$1 k=$2 sk=$3; shift 3
+    tl 100 $NCU --set full -f -o /tmp/$n --kernel-name regex:"$k" --launch-skip $sk --launch-count 1 "$@" > $O/${n}_run.txt 2>&1
+    echo "ncu $n rc $? $(el)"
+    tl 40 $NCU --import /tmp/$n.ncu-rep --page source --csv --print-source sass > $O/${n}_sass.csv 2>/dev/null
+    tl 30 $NCU --import /tmp/$n.ncu-rep --page details > $O/${n}_details.txt 2>&1
+    grep -E "^  [a-z_]+|Duration|Issue Slots Busy|Warp Cycles Per Issued|DRAM Throughput|L2 Cache Throughput" $O/${n}_details.txt | cut -c1-140 | head -8
+}
+prof fa k_attn_fa 3 $B --precision bf16 --kv-dtype bf16 --prompts 8192 --batches 1 --decode-s 0.1
+prof cscan k_gdn_cscan 0 build/mmv_bench gdn 1
+prof ws k_wgmma_stream 200 $B --precision bf16 --kv-dtype bf16 --prompts 128 --batches 64 --decode-s 0.3
 echo "end $(el)"
