@@ -1,26 +1,28 @@
 #!/usr/bin/env bash
 # One device call's measurements, side by side (a GPU machine's time is short and often none
-# starts: build and pack here, run this there). Session 28's ninth call, for the next
-# session's work: Nsight Compute's per-instruction stall samples (the SASS source page) of
-# k_attn_fa in an 8,192-token bf16 prefill, k_gdn_cscan (mmv_bench gdn's 8,192 tokens) and
-# k_wgmma_stream in a 64-sequence bf16 decode step, on this build; the pages are kept
-# (gc_*.csv), with each kernel's details.
+# starts: build and pack here, run this there). Waiting for the next session (written at the
+# end of session 28, not yet run): the chunked rule's scan on 64 state columns a block
+# (-DGC_COLS=64: 96 blocks of one an SM for an 8,192-token prompt, each chunk's W, q, k and P
+# read by half as many blocks) against 32 (192 blocks, two an SM):
+#   new   the default build (GC_COLS 32)
+#   c64   -DGC_COLS=64 (gdn_chunk.cu.o); build/mmv_bench_c64 the same for mmv_bench gdn,
+#         whose check of the chunked rule against the per-step one must pass
 # Prepare here:
-#   make -j2 all mmv-bench
-#   (base: git worktree add /tmp/b 0a2d33a && make -C /tmp/b -j2 build/libstrand-cuda.so;
-#    mkdir -p .gpu/var; cp /tmp/b/build/libstrand-cuda.so .gpu/var/base.so)
+#   make -j2 all mmv-bench; the Makefile's mmv_bench line with -DGC_COLS=64 -o build/mmv_bench_c64
+#   rm -rf .gpu/var; bench/cuda/variants.sh .gpu/var c64 "-DGC_COLS=64" gdn_chunk.cu.o
 #   bench/cuda/pack.sh /tmp/c.tar.xz; rm -rf /tmp/st; mkdir -p /tmp/st/var && tar -C /tmp/st -xJf /tmp/c.tar.xz
+#   strip -o /tmp/st/build/mmv_bench_c64 build/mmv_bench_c64
 #   for f in .gpu/var/*.so; do strip -o /tmp/st/var/${f##*/} $f; done
-#   tar -C /tmp/st -cf - build var | xz -9 -T2 > .gpu/s28.tar.xz
+#   tar -C /tmp/st -cf - build var | xz -9 -T2 > .gpu/s29.tar.xz
 # Run there (device tool: carry .gpu/s28.tar.xz; CAP: seconds in all). At most 8 files come
 # back from the device tool: the logs are kept as one tarball, $OUT/o.tar.xz, with the
 # summary printed and in $OUT/summary.txt.
-#   [CAP=540] bash bench/cuda/pending.sh [.gpu/s28.tar.xz]
+#   [CAP=540] bash bench/cuda/pending.sh [.gpu/s29.tar.xz]
 set -u
 cd "$(dirname "$0")/../.."
 R=${OUT:-/tmp/pending}
 O=/tmp/pending-o; rm -rf $O; mkdir -p $O $R
-PACK=${1:-.gpu/s28.tar.xz}
+PACK=${1:-.gpu/s29.tar.xz}
 st=$(date +%s)
 el() { echo "$(( $(date +%s) - st ))s"; }
 tl() { local left=$((${CAP:-540} - 15 - ($(date +%s) - st))); [ $left -gt 8 ] && timeout $((left < $1 ? left : $1)) "${@:2}"; }
@@ -37,17 +39,21 @@ row() { grep -A8 "^$1" "$2" | awk 'NF >= 2 && $1 ~ /^[0-9]+$/' | tr -s ' ' | pas
 echo "start $(el) $(head -2 $O/smi.txt | tail -1)"
 cp build/libstrand-cuda.so var/new.so
 use() { cp var/$1.so build/libstrand-cuda.so; }
-use new
-NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-prof() { # name, kernel regex, skip, command...
-    local n=$1 k=$2 sk=$3; shift 3
-    tl 100 $NCU --set full -f -o /tmp/$n --kernel-name regex:"$k" --launch-skip $sk --launch-count 1 "$@" > $O/${n}_run.txt 2>&1
-    echo "ncu $n rc $? $(el)"
-    tl 40 $NCU --import /tmp/$n.ncu-rep --page source --csv --print-source sass > $O/${n}_sass.csv 2>/dev/null
-    tl 30 $NCU --import /tmp/$n.ncu-rep --page details > $O/${n}_details.txt 2>&1
-    grep -E "^  [a-z_]+|Duration|Issue Slots Busy|Warp Cycles Per Issued|DRAM Throughput|L2 Cache Throughput" $O/${n}_details.txt | cut -c1-140 | head -8
-}
-prof fa k_attn_fa 3 $B --precision bf16 --kv-dtype bf16 --prompts 8192 --batches 1 --decode-s 0.1
-prof cscan k_gdn_cscan 0 build/mmv_bench gdn 1
-prof ws k_wgmma_stream 200 $B --precision bf16 --kv-dtype bf16 --prompts 128 --batches 64 --decode-s 0.3
+# 1. the rule's kernels: agreement with the per-step rule, and times, on 32 and 64 columns
+for v in mmv_bench mmv_bench_c64; do
+    tl 60 build/$v gdn 10 > $O/gdn_$v.txt 2>&1; echo "$v gdn rc $? $(el)"
+    grep -E "^gdn|alone:" $O/gdn_$v.txt | head -8 | cut -c1-250; tail -1 $O/gdn_$v.txt
+done
+# 2. bf16 prefill, new and c64, twice round
+for r in 1 2; do
+    for v in new c64; do
+        use $v
+        tl 40 $B --precision bf16 --kv-dtype bf16 --prompts 512,2048,8192 --batches 1 --decode-s 0.2 >$O/p${r}_$v.txt 2>$O/p${r}_$v.err
+        echo "prefill $v rc $? $(el): $(row prefill $O/p${r}_$v.txt)"
+    done
+done
+# 3. the GPU tests on c64 (its bf16 checks take the chunked rule)
+use c64
+tl 230 tests/gpu_test.sh > $O/test_gpu.txt 2>&1; echo "test-gpu (c64) rc $? $(el): $(grep -c '^ok' $O/test_gpu.txt) ok"
+grep '^not ok' $O/test_gpu.txt | cut -c1-400
 echo "end $(el)"

@@ -31,7 +31,12 @@
 
 #define GC 64          /* tokens a chunk */
 #define GC_THREADS 256 /* both kernels */
-#define GC_COLS 32     /* state columns a scan block */
+/* state columns a scan block: 32 (two blocks an SM); a build with -DGC_COLS=64 takes 64, one
+ * block an SM (each chunk's W, q, k and P read by half as many blocks), to compare */
+#ifndef GC_COLS
+#define GC_COLS 32
+#endif
+#define GC_NG (GC_COLS / 32) /* the 32-column groups of a scan block: a warp's 16 columns in each */
 
 /* a's fragment of rows r0 .. r0 + 15, columns k0 .. k0 + 7 of a row-major smem matrix */
 __device__ __forceinline__ void frag_a(uint32_t (&f)[4], const float *m, int ld, int r0, int k0, int lane) {
@@ -249,7 +254,7 @@ template <int DK> constexpr size_t cscan_floats() {
 }
 
 template <int DK>
-__global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cscan(cu_plan p, cu_gdn_args a, int c0, int c1) {
+__global__ void __launch_bounds__(GC_THREADS, GC_NG == 1 ? 2 : 1) k_gdn_cscan(cu_plan p, cu_gdn_args a, int c0, int c1) {
     pdl_wait();
     const int it = blockIdx.x, h = blockIdx.y, col0 = blockIdx.z * GC_COLS;
     int cb = a.item_chunk[it], ce = a.item_chunk[it + 1];
@@ -297,27 +302,31 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cscan(cu_plan p, cu_gdn_a
     issue_wq(cb, t0n, nn);
     issue_p(cb);
     cp_async_commit();
-    /* phases A and B: warp w the rows 16 (w / 2) .. + 15 and columns 16 (w % 2) .. + 15 */
-    const int mA = 16 * (w >> 1), nA = 16 * (w & 1);
+    /* phases A and B: warp w the rows 16 (w / 2) .. + 15 and columns 32 g + 16 (w % 2) .. + 15
+     * of each 32-column group g */
+    const int mA = 16 * (w >> 1), nA0 = 16 * (w & 1);
     for (int c = cb; c < ce; c++) {
         const int64_t t0 = t0n;
         const int n = nn;
         if (c + 1 < ce) t0n = a.chunks[4 * (c + 1)], nn = a.chunks[4 * (c + 1) + 1];
         /* this thread's U, ahead of the product it is subtracted from */
         const float *U = a.chunk_ws + ((size_t)(c - c0) * a.Hv + h) * CF + GC * DK + col0;
-        float2 u[2][2];
+        float2 u[GC_NG][2][2];
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
-            const int col = nA + 8 * j + 2 * tig;
-            const bool on = col < nc;
-            u[j][0] = on ? *(const float2 *)(U + (size_t)(mA + gid) * Dv + col) : make_float2(0.0f, 0.0f);
-            u[j][1] = on ? *(const float2 *)(U + (size_t)(mA + gid + 8) * Dv + col) : make_float2(0.0f, 0.0f);
-        }
+        for (int cg = 0; cg < GC_NG; cg++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int col = 32 * cg + nA0 + 8 * j + 2 * tig;
+                const bool on = col < nc;
+                u[cg][j][0] = on ? *(const float2 *)(U + (size_t)(mA + gid) * Dv + col) : make_float2(0.0f, 0.0f);
+                u[cg][j][1] = on ? *(const float2 *)(U + (size_t)(mA + gid + 8) * Dv + col) : make_float2(0.0f, 0.0f);
+            }
         cp_async_wait<0>();
         __syncthreads(); /* W, q, g, P; the state */
         /* A: D = U - W S; and B's Q S beside it, on the same fragments of S */
-        float acc[2][4] = {}, qs[2][4] = {};
-        mma_16x16_two(acc, Y, qs, X, SW, Ss, CS_LD, mA, nA, DK, lane);
+        float acc[GC_NG][2][4] = {}, qs[GC_NG][2][4] = {};
+#pragma unroll
+        for (int cg = 0; cg < GC_NG; cg++) mma_16x16_two(acc[cg], Y, qs[cg], X, SW, Ss, CS_LD, mA, 32 * cg + nA0, DK, lane);
         const float g_last = gs[GC - 1], dec0 = expf(gs[mA + gid]), dec1 = expf(gs[mA + gid + 8]);
         if (tid < GC) es[tid] = expf(g_last - gs[tid]);
         __syncthreads(); /* W and q read */
@@ -329,29 +338,36 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cscan(cu_plan p, cu_gdn_a
             const int r0 = mA + gid;
             const float e0 = es[r0], e1 = es[r0 + 8];
 #pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const int col = nA + 8 * j + 2 * tig;
-                const float d0 = u[j][0].x - acc[j][0], d1 = u[j][0].y - acc[j][1];
-                const float d2 = u[j][1].x - acc[j][2], d3 = u[j][1].y - acc[j][3];
-                *(float2 *)(Ds + r0 * CS_LD + col) = make_float2(tf32_val(d0), tf32_val(d1));
-                *(float2 *)(Ds + (r0 + 8) * CS_LD + col) = make_float2(tf32_val(d2), tf32_val(d3));
-                *(float2 *)(Des + r0 * CS_LD + col) = make_float2(tf32_val(d0 * e0), tf32_val(d1 * e0));
-                *(float2 *)(Des + (r0 + 8) * CS_LD + col) = make_float2(tf32_val(d2 * e1), tf32_val(d3 * e1));
-            }
+            for (int cg = 0; cg < GC_NG; cg++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const int col = 32 * cg + nA0 + 8 * j + 2 * tig;
+                    const float d0 = u[cg][j][0].x - acc[cg][j][0], d1 = u[cg][j][0].y - acc[cg][j][1];
+                    const float d2 = u[cg][j][1].x - acc[cg][j][2], d3 = u[cg][j][1].y - acc[cg][j][3];
+                    *(float2 *)(Ds + r0 * CS_LD + col) = make_float2(tf32_val(d0), tf32_val(d1));
+                    *(float2 *)(Ds + (r0 + 8) * CS_LD + col) = make_float2(tf32_val(d2), tf32_val(d3));
+                    *(float2 *)(Des + r0 * CS_LD + col) = make_float2(tf32_val(d0 * e0), tf32_val(d1 * e0));
+                    *(float2 *)(Des + (r0 + 8) * CS_LD + col) = make_float2(tf32_val(d2 * e1), tf32_val(d3 * e1));
+                }
         }
         __syncthreads(); /* D */
         /* B: O = diag(exp(g)) Q S + P D */
 #pragma unroll
-        for (int j = 0; j < 2; j++)
-            acc[j][0] = qs[j][0] * dec0, acc[j][1] = qs[j][1] * dec0, acc[j][2] = qs[j][2] * dec1, acc[j][3] = qs[j][3] * dec1;
-        mma_16x16<true>(acc, Ps, LP, Ds, CS_LD, mA, nA, mA + 16, lane); /* P is lower triangular; P and D tf32 */
+        for (int cg = 0; cg < GC_NG; cg++) {
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
-            const int col = nA + 8 * j + 2 * tig, r0 = mA + gid, r1 = r0 + 8;
-            if (col >= nc) continue;
-            float *o = a.mix + t0 * a.vd + (int64_t)h * Dv + col0 + col;
-            if (r0 < n) *(float2 *)(o + (int64_t)r0 * a.vd) = make_float2(acc[j][0], acc[j][1]);
-            if (r1 < n) *(float2 *)(o + (int64_t)r1 * a.vd) = make_float2(acc[j][2], acc[j][3]);
+            for (int j = 0; j < 2; j++)
+                acc[cg][j][0] = qs[cg][j][0] * dec0, acc[cg][j][1] = qs[cg][j][1] * dec0, acc[cg][j][2] = qs[cg][j][2] * dec1,
+                acc[cg][j][3] = qs[cg][j][3] * dec1;
+            /* P is lower triangular; P and D tf32 */
+            mma_16x16<true>(acc[cg], Ps, LP, Ds, CS_LD, mA, 32 * cg + nA0, mA + 16, lane);
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int col = 32 * cg + nA0 + 8 * j + 2 * tig, r0 = mA + gid, r1 = r0 + 8;
+                if (col >= nc) continue;
+                float *o = a.mix + t0 * a.vd + (int64_t)h * Dv + col0 + col;
+                if (r0 < n) *(float2 *)(o + (int64_t)r0 * a.vd) = make_float2(acc[cg][j][0], acc[cg][j][1]);
+                if (r1 < n) *(float2 *)(o + (int64_t)r1 * a.vd) = make_float2(acc[cg][j][2], acc[cg][j][3]);
+            }
         }
         __syncthreads(); /* P and the state read */
         if (c + 1 < ce) issue_p(c + 1);
@@ -362,9 +378,9 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cscan(cu_plan p, cu_gdn_a
          * column */
         const float dl = expf(g_last);
         for (int m0 = 16 * w; m0 < DK; m0 += 16 * 8) {
-            float sa[4][4];
+            float sa[GC_COLS / 8][4];
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
+            for (int j = 0; j < GC_COLS / 8; j++) {
                 const int col = 8 * j + 2 * tig;
                 const float2 s0 = *(const float2 *)(Ss + (m0 + gid) * CS_LD + col);
                 const float2 s1 = *(const float2 *)(Ss + (m0 + gid + 8) * CS_LD + col);
@@ -375,13 +391,13 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cscan(cu_plan p, cu_gdn_a
                 const float *kr = X + (k0 + tig) * SK + m0 + gid; /* a[i][r] = k_r[i] */
                 const uint32_t a0 = tf32_of(kr[0]), a1 = tf32_of(kr[8]), a2 = tf32_of(kr[4 * SK]), a3 = tf32_of(kr[4 * SK + 8]);
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
+                for (int j = 0; j < GC_COLS / 8; j++) {
                     const float *dr = Des + (k0 + tig) * CS_LD + 8 * j + gid;
                     mma_tf32(sa[j], a0, a1, a2, a3, __float_as_uint(dr[0]), __float_as_uint(dr[4 * CS_LD]));
                 }
             }
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
+            for (int j = 0; j < GC_COLS / 8; j++) {
                 const int col = 8 * j + 2 * tig;
                 *(float2 *)(Ss + (m0 + gid) * CS_LD + col) = make_float2(sa[j][0], sa[j][1]);
                 *(float2 *)(Ss + (m0 + gid + 8) * CS_LD + col) = make_float2(sa[j][2], sa[j][3]);
