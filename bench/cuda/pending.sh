@@ -3,7 +3,8 @@
 # starts: build and pack here, run this there). Waiting for the next session (written at the
 # end of session 28, not yet run): the chunked rule's scan on 64 state columns a block
 # (-DGC_COLS=64: 96 blocks of one an SM for an 8,192-token prompt, each chunk's W, q, k and P
-# read by half as many blocks) against 32 (192 blocks, two an SM):
+# read by half as many blocks, the next chunk's W, q and g copied in during this one's phases
+# B and C into a second X and Y) against 32 (192 blocks, two an SM):
 #   new   the default build (GC_COLS 32)
 #   c64   -DGC_COLS=64 (gdn_chunk.cu.o); build/mmv_bench_c64 the same for mmv_bench gdn,
 #         whose check of the chunked rule against the per-step one must pass

@@ -249,8 +249,11 @@ template <int DK> __host__ __device__ constexpr int cscan_buf() { return GC * (D
 template <int DK> __host__ __device__ constexpr int cscan_ybuf() {
     return cscan_buf<DK>() > 2 * GC * CS_LD ? cscan_buf<DK>() : 2 * GC * CS_LD;
 }
+/* GC_DB: X and Y twice (the 64-column form, one block an SM: the room is there), so that a
+ * chunk's W, q and g are copied in while the chunk before is still being worked on */
+#define GC_DB (GC_NG == 2)
 template <int DK> constexpr size_t cscan_floats() {
-    return (size_t)cscan_buf<DK>() + cscan_ybuf<DK>() + GC * (GC + 4) + (size_t)DK * CS_LD + 2 * GC;
+    return (size_t)(1 + GC_DB) * (cscan_buf<DK>() + cscan_ybuf<DK>()) + GC * (GC + 4) + (size_t)DK * CS_LD + 2 * GC;
 }
 
 template <int DK>
@@ -265,7 +268,11 @@ __global__ void __launch_bounds__(GC_THREADS, GC_NG == 1 ? 2 : 1) k_gdn_cscan(cu
     constexpr int SW = DK + 4, SK = DK + 8, LP = GC + 4;
     const int Dv = a.Dv, kh = h / (a.Hv / a.Hk);
     const int nc = Dv - col0 < GC_COLS ? Dv - col0 : GC_COLS; /* a multiple of 8 */
-    float *X = (float *)cs_sh4, *Y = X + cscan_buf<DK>(), *Ps = Y + cscan_ybuf<DK>(), *Ss = Ps + GC * LP, *gs = Ss + DK * CS_LD, *es = gs + GC;
+    /* X and Y of chunks cb, cb + 2, ... [0], and (GC_DB) of cb + 1, cb + 3, ... [1] */
+    float *Xb[2], *Yb[2];
+    Xb[0] = (float *)cs_sh4, Yb[0] = Xb[0] + cscan_buf<DK>();
+    Xb[1] = GC_DB ? Yb[0] + cscan_ybuf<DK>() : Xb[0], Yb[1] = GC_DB ? Xb[1] + cscan_buf<DK>() : Yb[0];
+    float *Ps = Yb[1] + cscan_ybuf<DK>(), *Ss = Ps + GC * LP, *gs = Ss + DK * CS_LD, *es = gs + GC;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gid = lane >> 2, tig = lane & 3;
     const size_t CF = (size_t)cu_gdn_chunk_floats(DK, Dv);
     float *Sg = a.rec_state + (size_t)p.slot[it] * a.rec_stride + (size_t)h * DK * Dv + col0;
@@ -277,6 +284,7 @@ __global__ void __launch_bounds__(GC_THREADS, GC_NG == 1 ? 2 : 1) k_gdn_cscan(cu
      * token and tokens, read once a chunk: each copy's asm is a memory clobber) */
     auto issue_wq = [&](int c, int64_t t0, int n) {
         const float *ws = a.chunk_ws + ((size_t)(c - c0) * a.Hv + h) * CF;
+        float *X = Xb[GC_DB ? (c - cb) & 1 : 0], *Y = Yb[GC_DB ? (c - cb) & 1 : 0];
         for (int e = tid; e < GC * DK / 4; e += GC_THREADS) {
             const int r = e / (DK / 4), i = e % (DK / 4) * 4;
             cp_async16(Y + r * SW + i, ws + r * DK + i, 16);
@@ -291,7 +299,7 @@ __global__ void __launch_bounds__(GC_THREADS, GC_NG == 1 ? 2 : 1) k_gdn_cscan(cu
             cp_async16(Ps + r * LP + j, P + r * GC + j, 16);
         }
     };
-    auto issue_k = [&](int64_t t0, int n) {
+    auto issue_k = [&](int64_t t0, int n, float *X) {
         for (int e = tid; e < GC * DK / 4; e += GC_THREADS) {
             const int r = e / (DK / 4), i = e % (DK / 4) * 4;
             cp_async16(X + r * SK + i, a.qkv + (t0 + (r < n ? r : 0)) * a.cd + a.kd + (int64_t)kh * DK + i, r < n ? 16 : 0);
@@ -306,6 +314,7 @@ __global__ void __launch_bounds__(GC_THREADS, GC_NG == 1 ? 2 : 1) k_gdn_cscan(cu
      * of each 32-column group g */
     const int mA = 16 * (w >> 1), nA0 = 16 * (w & 1);
     for (int c = cb; c < ce; c++) {
+        float *X = Xb[GC_DB ? (c - cb) & 1 : 0], *Y = Yb[GC_DB ? (c - cb) & 1 : 0];
         const int64_t t0 = t0n;
         const int n = nn;
         if (c + 1 < ce) t0n = a.chunks[4 * (c + 1)], nn = a.chunks[4 * (c + 1) + 1];
@@ -330,8 +339,12 @@ __global__ void __launch_bounds__(GC_THREADS, GC_NG == 1 ? 2 : 1) k_gdn_cscan(cu
         const float g_last = gs[GC - 1], dec0 = expf(gs[mA + gid]), dec1 = expf(gs[mA + gid + 8]);
         if (tid < GC) es[tid] = expf(g_last - gs[tid]);
         __syncthreads(); /* W and q read */
-        issue_k(t0, n); /* k into q's place, in flight through B */
+        issue_k(t0, n, X); /* k into q's place, in flight through B */
         cp_async_commit();
+        if (GC_DB) { /* the next chunk's W, q and g, in flight through B and C (g read by now) */
+            if (c + 1 < ce) issue_wq(c + 1, t0n, nn);
+            cp_async_commit();
+        }
         /* D (only ever an MMA operand) rounded to tf32 once, for B; and diag(e) D so, for C */
         float *Ds = Y, *Des = Y + GC * CS_LD;
         {
@@ -372,7 +385,7 @@ __global__ void __launch_bounds__(GC_THREADS, GC_NG == 1 ? 2 : 1) k_gdn_cscan(cu
         __syncthreads(); /* P and the state read */
         if (c + 1 < ce) issue_p(c + 1);
         cp_async_commit();
-        cp_async_wait<1>();
+        cp_async_wait<GC_DB ? 2 : 1>(); /* (the next W and q, then P, may still be on their way) */
         __syncthreads(); /* k */
         /* C: S = exp(g_last) S + K^T diag(e) D, warp w the rows 16 w, 16 (w + 8), ... and every
          * column */
@@ -404,8 +417,10 @@ __global__ void __launch_bounds__(GC_THREADS, GC_NG == 1 ? 2 : 1) k_gdn_cscan(cu
             }
         }
         __syncthreads(); /* the state; k and D read */
-        if (c + 1 < ce) issue_wq(c + 1, t0n, nn);
-        cp_async_commit();
+        if (!GC_DB) {
+            if (c + 1 < ce) issue_wq(c + 1, t0n, nn);
+            cp_async_commit();
+        }
     }
     cp_async_wait<0>();
     for (int e = tid; e < DK * GC_COLS; e += GC_THREADS) {
