@@ -38,17 +38,25 @@
 #endif
 #define GC_NG (GC_COLS / 32) /* the 32-column groups of a scan block: a warp's 16 columns in each */
 
-/* a's fragment of rows r0 .. r0 + 15, columns k0 .. k0 + 7 of a row-major smem matrix */
-__device__ __forceinline__ void frag_a(uint32_t (&f)[4], const float *m, int ld, int r0, int k0, int lane) {
-    const float *e = m + (r0 + (lane >> 2)) * ld + k0 + (lane & 3);
-    f[0] = tf32_of(e[0]), f[1] = tf32_of(e[8 * ld]), f[2] = tf32_of(e[4]), f[3] = tf32_of(e[8 * ld + 4]);
+/* an MMA operand's bits: x rounded to tf32, or (TF32: x holds a tf32 value already, k_gdn_cprep's
+ * W and P, the scan's D) as it is */
+template <bool TF32 = false> __device__ __forceinline__ uint32_t tf32_bits(float x) {
+    return TF32 ? __float_as_uint(x) : tf32_of(x);
 }
 
-/* the same fragment of a matrix whose values are tf32 already (k_gdn_cprep's W and P) */
-__device__ __forceinline__ void frag_a_tf32(uint32_t (&f)[4], const float *m, int ld, int r0, int k0, int lane) {
+/* a's fragment of rows r0 .. r0 + 15, columns k0 .. k0 + 7 of a row-major smem matrix */
+template <bool TF32 = false>
+__device__ __forceinline__ void frag_a(uint32_t (&f)[4], const float *m, int ld, int r0, int k0, int lane) {
     const float *e = m + (r0 + (lane >> 2)) * ld + k0 + (lane & 3);
-    f[0] = __float_as_uint(e[0]), f[1] = __float_as_uint(e[8 * ld]), f[2] = __float_as_uint(e[4]),
-    f[3] = __float_as_uint(e[8 * ld + 4]);
+    f[0] = tf32_bits<TF32>(e[0]), f[1] = tf32_bits<TF32>(e[8 * ld]), f[2] = tf32_bits<TF32>(e[4]),
+    f[3] = tf32_bits<TF32>(e[8 * ld + 4]);
+}
+
+/* b's fragment of the 8-column tile n0 + 8 j, rows k0 .. k0 + 7, of B [k][n] (stride ldb) */
+template <bool TF32 = false>
+__device__ __forceinline__ void frag_b(uint32_t &b0, uint32_t &b1, const float *B, int ldb, int n0, int k0, int j, int lane) {
+    const float *br = B + (k0 + (lane & 3)) * ldb + n0 + 8 * j + (lane >> 2);
+    b0 = tf32_bits<TF32>(br[0]), b1 = tf32_bits<TF32>(br[4 * ldb]);
 }
 
 /* acc[j] += A B for rows m0 .. m0 + 15 and the 8-column tiles n0 and n0 + 8, over k < k_end:
@@ -57,17 +65,14 @@ __device__ __forceinline__ void frag_a_tf32(uint32_t (&f)[4], const float *m, in
 template <bool TF32 = false>
 __device__ __forceinline__ void mma_16x16(float (&acc)[2][4], const float *A, int lda, const float *B, int ldb, int m0,
                                           int n0, int k_end, int lane) {
-    const int gid = lane >> 2, tig = lane & 3;
 #pragma unroll 4
     for (int k0 = 0; k0 < k_end; k0 += 8) {
         uint32_t f[4];
-        if (TF32) frag_a_tf32(f, A, lda, m0, k0, lane);
-        else frag_a(f, A, lda, m0, k0, lane);
+        frag_a<TF32>(f, A, lda, m0, k0, lane);
 #pragma unroll
         for (int j = 0; j < 2; j++) {
-            const float *br = B + (k0 + tig) * ldb + n0 + 8 * j + gid;
-            const uint32_t b0 = TF32 ? __float_as_uint(br[0]) : tf32_of(br[0]);
-            const uint32_t b1 = TF32 ? __float_as_uint(br[4 * ldb]) : tf32_of(br[4 * ldb]);
+            uint32_t b0, b1;
+            frag_b<TF32>(b0, b1, B, ldb, n0, k0, j, lane);
             mma_tf32(acc[j], f[0], f[1], f[2], f[3], b0, b1);
         }
     }
@@ -77,16 +82,15 @@ __device__ __forceinline__ void mma_16x16(float (&acc)[2][4], const float *A, in
  * fragments loaded and rounded once for both */
 __device__ __forceinline__ void mma_16x16_two(float (&acc1)[2][4], const float *A1, float (&acc2)[2][4], const float *A2,
                                               int lda, const float *B, int ldb, int m0, int n0, int k_end, int lane) {
-    const int gid = lane >> 2, tig = lane & 3;
 #pragma unroll 4
     for (int k0 = 0; k0 < k_end; k0 += 8) {
         uint32_t f1[4], f2[4];
-        frag_a_tf32(f1, A1, lda, m0, k0, lane);
+        frag_a<true>(f1, A1, lda, m0, k0, lane);
         frag_a(f2, A2, lda, m0, k0, lane);
 #pragma unroll
         for (int j = 0; j < 2; j++) {
-            const float *br = B + (k0 + tig) * ldb + n0 + 8 * j + gid;
-            const uint32_t b0 = tf32_of(br[0]), b1 = tf32_of(br[4 * ldb]);
+            uint32_t b0, b1;
+            frag_b(b0, b1, B, ldb, n0, k0, j, lane);
             mma_tf32(acc1[j], f1[0], f1[1], f1[2], f1[3], b0, b1);
             mma_tf32(acc2[j], f2[0], f2[1], f2[2], f2[3], b0, b1);
         }

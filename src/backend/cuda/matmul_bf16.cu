@@ -844,6 +844,13 @@ static void launch_one_exact(cu_stream s, const mm_group &gs, int i, int64_t ldx
     launch_gemm_shape<3>(s, one_of(gs, i), sc->xs, ldxs, n, sc);
 }
 
+/* the most tokens (halving from `tokens`, at least 16) a slice for k_gemm may hold: its
+ * offsets into xs [3][slice][ldxs] are 32-bit */
+static int64_t gemm_slice(int64_t tokens, int64_t ldxs) {
+    while (tokens > 16 && 3 * tokens * ldxs >= ((int64_t)1 << 31)) tokens /= 2;
+    return tokens;
+}
+
 /* Products on cuBLASLt: the group's matrices copied out into sc->wrm side by side (bf16
  * tiled: as stored; MLX Q tiled: dequantized to bf16, as the peers feed their GEMMs), then
  * slices of as many tokens as xs holds in `parts` parts, each split once and multiplied by
@@ -875,7 +882,7 @@ int launch_blas(cu_stream s, const mm_group &g, const float *x, int64_t ldx, int
     if (need > sc->wrm_elems || (q && ldxs != cols)) return -1;
     /* xs [parts][n][ldxs] for a slice of n tokens (launch_split's layout, k_gemm's reads) */
     int64_t slice = sc->xs_elems > 0 ? sc->xs_elems / (parts * ldxs) : sc->xs_tokens;
-    while (slice > 16 && 3 * slice * ldxs >= ((int64_t)1 << 31)) slice /= 2; /* k_gemm's 32-bit offsets (a refusal) */
+    slice = gemm_slice(slice, ldxs); /* (a refusal takes k_gemm) */
     if (slice < 16) return -1;
     for (int i = 0; i < g.n; i++) {
         if (q) dequant_q(s, g.w[i], sc->wrm + at[i]);
@@ -951,8 +958,7 @@ extern "C" void cu_matmul_bf16_in(cu_stream s, const cu_mat *w, const uint16_t *
     /* k_gemm on xb as the split it is (one part), in slices its 32-bit offsets allow */
     mm_group g;
     g.n = 1, g.w[0] = *w, g.y[0] = y, g.ldy[0] = ldy, g.blk0[0] = 0;
-    int64_t slice = sc->xs_tokens;
-    while (slice > 16 && 3 * slice * ldxb >= ((int64_t)1 << 31)) slice /= 2;
+    const int64_t slice = gemm_slice(sc->xs_tokens, ldxb);
     for (int64_t t0 = 0; t0 < T; t0 += slice) {
         const int64_t n = T - t0 < slice ? T - t0 : slice;
         mm_group gs = g;
@@ -969,8 +975,7 @@ static void launch_gemm(cu_stream s, const mm_group &g, const float *x, int64_t 
     /* slices of xs_tokens (2,048) also in `bf16`, where xs could hold three times as many:
      * measured on the H200, an 8,192-token prompt's gate/up took 428 ms a launch each against
      * 379 in four slices (a slice's activations stay in L2 while every row block reads them) */
-    int64_t slice = sc->xs_tokens;
-    while (slice > 16 && 3 * slice * ldxs >= ((int64_t)1 << 31)) slice /= 2; /* k_gemm's 32-bit offsets */
+    const int64_t slice = gemm_slice(sc->xs_tokens, ldxs);
     for (int64_t t0 = 0; t0 < T; t0 += slice) {
         const int64_t n = T - t0 < slice ? T - t0 : slice;
         mm_group gs = g;
