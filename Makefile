@@ -31,8 +31,8 @@ all: $(BUILD)/strand $(TEST_BIN)
 NVCC ?= $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
-# the wgmma product (Hopper's warpgroup MMA, setmaxnreg) exists for sm_90a alone: its file is
-# built for that target only, and the backend takes it on a compute capability 9.0 device
+# the wgmma product and attention (Hopper's warpgroup MMA, setmaxnreg) exist for sm_90a alone: their files are
+# built for that target only, and the backend takes them on a compute capability 9.0 device
 CUDA_ARCH_90A := -gencode arch=compute_90a,code=sm_90a
 CUDA_LIB := $(BUILD)/libstrand-cuda.so
 # the kernels, one object a family (compiled in parallel under -j): the slowest first (the
@@ -51,12 +51,13 @@ endif
 # the matrix-product bench (bench/cuda/mmv_bench.cu): the backend's kernels side by side
 # (`make mmv-bench`; not part of `all`: it compiles the kernels a second time)
 mmv-bench: $(BUILD)/mmv_bench
-MMV_BENCH_CU := $(addprefix src/backend/cuda/,elementwise.cu matmul.cu matmul_bf16.cu matmul_q.cu matmul_wgmma.cu gdn.cu gdn_chunk.cu sample.cu)
+MMV_BENCH_CU := $(addprefix src/backend/cuda/,elementwise.cu matmul.cu matmul_bf16.cu matmul_q.cu matmul_wgmma.cu gdn.cu gdn_chunk.cu sample.cu attention.cu attention_wgmma.cu)
 $(BUILD)/mmv_bench: bench/cuda/mmv_bench.cu $(MMV_BENCH_CU) $(CUDA_H) $(BUILD)/obj/src/backend/cuda/blas.pic.o
 	@mkdir -p $(dir $@)
 	@echo "  NVCC    $<"
 	@$(NVCC) -std=c++17 -O3 -Isrc $(CUDA_ARCH_90A) $< $(BUILD)/obj/src/backend/cuda/blas.pic.o -o $@ -ldl -lpthread
 $(BUILD)/obj/src/backend/cuda/matmul_wgmma.cu.o: CUDA_ARCH := $(CUDA_ARCH_90A)
+$(BUILD)/obj/src/backend/cuda/attention_wgmma.cu.o: CUDA_ARCH := $(CUDA_ARCH_90A)
 $(BUILD)/obj/%.cu.o: %.cu $(CUDA_H)
 	@mkdir -p $(dir $@)
 	@echo "  NVCC    $<"

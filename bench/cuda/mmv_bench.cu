@@ -34,6 +34,10 @@
  *                                    of outputs and state, ms; a decode step's kernels (three,
  *                                    fused, the conv inside) for the same bits; exits 1 where
  *                                    they disagree
+ *   build/mmv_bench fa [reps]        a prompt's attention in `bf16` on the 27B's heads (up to 8,192
+ *                                    tokens, bf16 and fp32 pools): k_attn_fw (wgmma) against
+ *                                    k_attn_fa, both against `exact` (k_attn_tc): agreement, ms
+ *                                    and TFLOP/s; exits 1 where they disagree
  *   build/mmv_bench top [reps]       compact logit rows (sample.cu) of 1 and 64 rows of the 27B
  *                                    vocabulary against a host reference, and their time;
  *                                    exits 1 where they differ
@@ -60,6 +64,8 @@
 #include "backend/cuda/gdn.cu"
 #include "backend/cuda/gdn_chunk.cu"
 #include "backend/cuda/sample.cu"
+#include "backend/cuda/attention.cu"
+#include "backend/cuda/attention_wgmma.cu"
 #include "backend/cuda/blas.h"
 
 #define CK(x)                                                                                            \
@@ -1452,6 +1458,109 @@ static int gdnbench(int reps) {
     return bad;
 }
 
+/* ---- a prompt's attention in `bf16`: k_attn_fw (wgmma) against k_attn_fa, both against exact ---- */
+
+__global__ void k_floats_to_bf16(const float *src, uint16_t *dst, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const __nv_bfloat16 b = __float2bfloat16_rn(src[i]);
+        dst[i] = *(const uint16_t *)&b;
+    }
+}
+
+static int fabench(int reps) {
+    const int nh = 24, nkv = 4, hd = 256, bs = 16; /* the 27B's attention layers; 16-position KV blocks */
+    const struct { int items; int64_t len, pos0; int bf16kv; } cases[] = {
+        {1, 8192, 0, 1}, {1, 2048, 0, 1}, {1, 1000, 0, 1}, {3, 300, 77, 1}, {1, 5, 0, 1}, {1, 2048, 0, 0}, {2, 129, 40, 0}};
+    cudaStream_t s;
+    CK(cudaStreamCreate(&s));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    cu_attention_init(hd);
+    if (cu_attn_fw_init(hd) != 0) {
+        printf("fa: k_attn_fw does not run on this device\n");
+        return 1;
+    }
+    int bad = 0;
+    for (const auto &cs : cases) {
+        const int64_t T = cs.items * cs.len, npos = cs.pos0 + cs.len, nb = (npos + bs - 1) / bs, NB = cs.items * nb;
+        const int64_t pool_n = NB * 2 * nkv * bs * hd, mix_n = T * nh * hd;
+        float *q = dev_floats(T * 2 * nh * hd, 11, -4.0f, 4.0f), *pool_f = dev_floats(pool_n, 12, -1.0f, 1.0f);
+        uint16_t *pool_b = NULL;
+        if (cs.bf16kv) {
+            CK(cudaMalloc(&pool_b, (size_t)pool_n * 2));
+            k_floats_to_bf16<<<1024, 256>>>(pool_f, pool_b, pool_n);
+        }
+        float *mix[3];
+        for (int i = 0; i < 3; i++) CK(cudaMalloc(&mix[i], (size_t)mix_n * 4));
+        /* items of len tokens from position pos0 (the positions before it as if cached), their
+         * blocks in reverse order through the pool */
+        std::vector<int64_t> t0(cs.items + 1), p0(cs.items, cs.pos0), bt0(cs.items + 1);
+        std::vector<int32_t> blocks(NB);
+        for (int i = 0; i <= cs.items; i++) t0[i] = i * cs.len, bt0[i] = i * nb;
+        for (int64_t k = 0; k < NB; k++) blocks[k] = (int32_t)(NB - 1 - k);
+        int64_t *d_t0, *d_p0, *d_bt0;
+        int32_t *d_blocks;
+        CK(cudaMalloc(&d_t0, t0.size() * 8));
+        CK(cudaMalloc(&d_p0, p0.size() * 8));
+        CK(cudaMalloc(&d_bt0, bt0.size() * 8));
+        CK(cudaMalloc(&d_blocks, blocks.size() * 4));
+        CK(cudaMemcpy(d_t0, t0.data(), t0.size() * 8, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(d_p0, p0.data(), p0.size() * 8, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(d_bt0, bt0.data(), bt0.size() * 8, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(d_blocks, blocks.data(), blocks.size() * 4, cudaMemcpyHostToDevice));
+        cu_plan p = {};
+        p.n_items = cs.items, p.n_tokens = T, p.item_t0 = d_t0, p.pos0 = d_p0, p.block_t0 = d_bt0, p.blocks = d_blocks;
+        cu_kv kv = {};
+        kv.base = cs.bf16kv ? (void *)pool_b : (void *)pool_f, kv.bf16 = cs.bf16kv, kv.block_size = bs, kv.nkv = nkv,
+        kv.hd = hd, kv.n_full = 1;
+        cu_attn_args a = {};
+        a.q = q, a.nh = nh, a.nkv = nkv, a.hd = hd, a.li = 0, a.eps = 1e-6f;
+        double flops = 0; /* the causal products' FLOPs */
+        for (int64_t j = 0; j < cs.len; j++) flops += 4.0 * hd * nh * (double)(cs.pos0 + j + 1) * cs.items;
+        double ms[3] = {0, 0, 0};
+        for (int path = 0; path < 3; path++) { /* exact (k_attn_tc), k_attn_fa, k_attn_fw */
+            a.mix = mix[path], a.parts = path == 0 ? 3 : 1, a.fw = 0;
+            for (int r = 0; r <= (path == 0 ? 0 : reps); r++) { /* the first untimed: its results compared */
+                CK(cudaEventRecord(e0, s));
+                if (path == 2) {
+                    if (cu_attn_fw(s, &p, &a, &kv) != 0) {
+                        printf("fa: k_attn_fw refused the 27B's heads\n");
+                        return 1;
+                    }
+                } else
+                    cu_attention(s, &p, &a, &kv);
+                CK(cudaEventRecord(e1, s));
+                CK(cudaEventSynchronize(e1));
+                CK(cudaGetLastError());
+                float tm;
+                CK(cudaEventElapsedTime(&tm, e0, e1));
+                if (r > 0 || path == 0) ms[path] += tm / (path == 0 ? 1 : reps);
+            }
+        }
+        const double e_fa = rel_diff(mix[0], mix[1], mix_n), e_fw = rel_diff(mix[0], mix[2], mix_n);
+        const double d = rel_diff(mix[1], mix[2], mix_n);
+        /* the two bf16 kernels round the same operands (q, K, V, P) alike: they differ only in
+         * the order of fp32 sums (and a weight rounded the other way where that moves it) */
+        const bool ok = d <= 1e-3 && e_fw <= 1.25 * e_fa + 1e-4;
+        bad |= !ok;
+        printf("fa %d x %5lld from %3lld (%s pool): exact %8.3f ms; fa %7.3f ms %6.1f TFLOP/s, err %.2e; "
+               "fw %7.3f ms %6.1f TFLOP/s, err %.2e; fa-fw %.2e %s\n",
+               cs.items, (long long)cs.len, (long long)cs.pos0, cs.bf16kv ? "bf16" : "fp32", ms[0], ms[1],
+               flops / ms[1] * 1e-9, e_fa, ms[2], flops / ms[2] * 1e-9, e_fw, d, ok ? "ok" : "DIFFER");
+        for (int i = 0; i < 3; i++) CK(cudaFree(mix[i]));
+        CK(cudaFree(q));
+        CK(cudaFree(pool_f));
+        if (pool_b) CK(cudaFree(pool_b));
+        CK(cudaFree(d_t0));
+        CK(cudaFree(d_p0));
+        CK(cudaFree(d_bt0));
+        CK(cudaFree(d_blocks));
+    }
+    printf("fa: %s\n", bad ? "FAILED" : "k_attn_fw agrees with k_attn_fa");
+    return bad ? 1 : 0;
+}
+
 /* ---- compact logit rows (sample.cu) against a host reference ---- */
 
 static int topbench(int reps) {
@@ -1805,6 +1914,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "vp")) return vpbench(argc > 2 ? atoi(argv[2]) : 20);
     if (argc > 1 && !strcmp(argv[1], "top")) return topbench(argc > 2 ? atoi(argv[2]) : 20);
     if (argc > 1 && !strcmp(argv[1], "gdn")) return gdnbench(argc > 2 ? atoi(argv[2]) : 10);
+    if (argc > 1 && !strcmp(argv[1], "fa")) return fabench(argc > 2 ? atoi(argv[2]) : 10);
     if (argc > 1 && !strcmp(argv[1], "sweep")) return sweep(argc > 2 ? atoi(argv[2]) : 10, argc > 3 ? argv[3] : NULL);
     if (argc > 5 && !strcmp(argv[1], "prof")) return prof(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]));
     if (argc > 6 && !strcmp(argv[1], "qprof"))

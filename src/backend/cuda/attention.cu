@@ -5,14 +5,7 @@
  * (k_attn_tc), the same chunking and merge order; in the `bf16` precision, steps holding a
  * prompt take k_attn_fa (flash attention over many queries a block).
  */
-#include "backend/cuda/cu_common.cuh"
-
-__device__ __forceinline__ size_t kv_index(const cu_kv &kv, const cu_plan &p, int it, int li, int which, int h,
-                                           int64_t pos) {
-    const int64_t b = p.blocks[p.block_t0[it] + pos / kv.block_size], off = pos % kv.block_size;
-    return (size_t)b * ((size_t)kv.n_full * 2 * kv.nkv * kv.block_size * kv.hd) +
-           ((size_t)(li * 2 + which) * kv.nkv + h) * ((size_t)kv.block_size * kv.hd) + (size_t)off * kv.hd;
-}
+#include "backend/cuda/attention.cuh"
 
 /* rmsnorm (weight w) then the half-split rotation of the first rope_dim dims, one warp */
 __device__ void norm_rope(float *x, const float *w, int hd, int rope_dim, float eps, const float *cs,
@@ -174,19 +167,6 @@ static size_t att_smem(const cu_attn_args *a) {
     return ATT_Q * 8 + ((size_t)a->hd * ATT_QS + (size_t)a->hd * (ATT_CH + 1) + ATT_Q * ATT_CH + 4 * ATT_Q) * 4;
 }
 
-/* the tile of block k: the k-th of the step's tiles, items in order, ceil(n_i / qt) each */
-/* tile k of the items' tiles of qt tokens: its item (-1 past the last), first token and tokens */
-__device__ __forceinline__ int att_tile_at(const cu_plan &p, int qt, int64_t k, int64_t *t0, int64_t *nt) {
-    for (int i = 0; i < p.n_items; i++) {
-        const int64_t n = p.item_t0[i + 1] - p.item_t0[i], tiles = (n + qt - 1) / qt;
-        if (k < tiles) {
-            *t0 = p.item_t0[i] + k * qt, *nt = n - k * qt < qt ? n - k * qt : qt;
-            return i;
-        }
-        k -= tiles;
-    }
-    return -1;
-}
 __device__ __forceinline__ int att_tile(const cu_plan &p, int qt, int64_t *t0, int64_t *nt) {
     return att_tile_at(p, qt, blockIdx.x, t0, nt);
 }
@@ -710,6 +690,11 @@ __global__ void k_attn_merge(cu_plan p, cu_attn_args a) {
  * first chunk to mask, so not batch-invariant as `exact` is); decode steps and head dims
  * other than 64, 128 and 256 keep k_attn_tc. */
 #define FA_WARPS 8
+/* whether `bf16` prompts take k_attn_fw (attention_wgmma.cu) where the device runs it: a build
+ * option until measured against k_attn_fa (`make mmv-bench; build/mmv_bench fa`) */
+#ifndef CU_ATTN_FW
+#define CU_ATTN_FW 0
+#endif
 #define FA_ROWS (16 * FA_WARPS)
 #define FA_CH 64
 #define FA_PAD 8 /* bf16 a shared row past hd: ldmatrix's 8 rows fall in distinct banks */
@@ -729,10 +714,6 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
 }
-__device__ __forceinline__ uint32_t bf2(float a, float b) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    return *(const uint32_t *)&h;
-}
 
 
 /* chunk c's K and V (positions c0 .. c0 + FA_CH - 1, zeros past last) into buffer kb, vb */
@@ -750,14 +731,8 @@ __device__ __forceinline__ void fa_load(const cu_kv &kv, const cu_plan &p, int i
             cp_async16(kb + r * LD + e0, (const uint16_t *)kv.base + ki, in ? 16 : 0);
             cp_async16(vb + r * LD + e0, (const uint16_t *)kv.base + ki + vstep, in ? 16 : 0);
         } else {
-            uint4 ok = make_uint4(0, 0, 0, 0), ov = ok;
-            if (in) {
-                const float *kp = (const float *)kv.base + ki, *vp = kp + vstep;
-                const float4 k0 = *(const float4 *)kp, k1 = *(const float4 *)(kp + 4);
-                const float4 v0 = *(const float4 *)vp, v1 = *(const float4 *)(vp + 4);
-                ok = make_uint4(bf2(k0.x, k0.y), bf2(k0.z, k0.w), bf2(k1.x, k1.y), bf2(k1.z, k1.w));
-                ov = make_uint4(bf2(v0.x, v0.y), bf2(v0.z, v0.w), bf2(v1.x, v1.y), bf2(v1.z, v1.w));
-            }
+            uint4 ok, ov;
+            fa_kv8(kv, ki, vstep, in, &ok, &ov);
             *(uint4 *)(kb + r * LD + e0) = ok;
             *(uint4 *)(vb + r * LD + e0) = ov;
         }
@@ -768,6 +743,7 @@ template <int HD, bool BF16KV>
 __global__ void __launch_bounds__(32 * FA_WARPS, 1) k_attn_fa(cu_plan p, cu_attn_args a, cu_kv kv, int tt) {
     pdl_wait();
     constexpr int LD = HD + FA_PAD, P8 = HD / 8, NO = HD / 8;
+    static_assert(FA_CH == 64, "fa_softmax takes chunks of 64 positions");
     extern __shared__ int64_t fa_sh[];
     int64_t *qpos = fa_sh;                               /* [FA_ROWS] each row's position */
     uint16_t *qs = (uint16_t *)(fa_sh + FA_ROWS);        /* [FA_ROWS][LD] */
@@ -786,15 +762,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS, 1) k_attn_fa(cu_plan p, cu_attn
     cp_async_commit();
     for (int i = tid; i < FA_ROWS * P8; i += 32 * FA_WARPS) {
         const int r = i / P8, e0 = (i % P8) * 8;
-        uint4 o = make_uint4(0, 0, 0, 0);
-        if (r < rows) {
-            const float *src = a.q + (t0 + r / G) * 2 * a.nh * HD + (int64_t)(h * G + r % G) * 2 * HD + e0;
-            float v[8];
-#pragma unroll
-            for (int k = 0; k < 8; k++) v[k] = __fmul_rn(src[k], scale);
-            o = make_uint4(bf2(v[0], v[1]), bf2(v[2], v[3]), bf2(v[4], v[5]), bf2(v[6], v[7]));
-        }
-        *(uint4 *)(qs + r * LD + e0) = o;
+        *(uint4 *)(qs + r * LD + e0) = fa_q8(a, HD, t0, r, rows, G, h, e0, scale);
     }
     /* rows past the tile take its last token's position: finite, never written */
     for (int r = tid; r < FA_ROWS; r += 32 * FA_WARPS) qpos[r] = pos_first + (r < rows ? r / G : nt - 1);
@@ -842,41 +810,10 @@ __global__ void __launch_bounds__(32 * FA_WARPS, 1) k_attn_fa(cu_plan p, cu_attn
                     mma_bf16(s[n + 1], af[0], af[1], af[2], af[3], bf[2], bf[3]);
                 }
             }
-            /* the causal mask where the chunk reaches past a row's position */
-            if (c0 + FA_CH - 1 > pos_first) {
-#pragma unroll
-                for (int n = 0; n < FA_CH / 8; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int64_t kp = c0 + 8 * n + 2 * t + (e & 1);
-                        if (kp > (e >= 2 ? my_pos1 : my_pos0)) s[n][e] = -INFINITY;
-                    }
-            }
-            float mc0 = m0, mc1 = m1;
-#pragma unroll
-            for (int n = 0; n < FA_CH / 8; n++) {
-                mc0 = fmaxf(mc0, fmaxf(s[n][0], s[n][1]));
-                mc1 = fmaxf(mc1, fmaxf(s[n][2], s[n][3]));
-            }
-#pragma unroll
-            for (int off = 1; off < 4; off <<= 1) {
-                mc0 = fmaxf(mc0, __shfl_xor_sync(FULL, mc0, off));
-                mc1 = fmaxf(mc1, __shfl_xor_sync(FULL, mc1, off));
-            }
-            /* the first chunk always holds position 0 <= every row's: the maxima are finite */
-            const float al0 = exp2f(m0 - mc0), al1 = exp2f(m1 - mc1);
-            m0 = mc0, m1 = mc1;
-            float r0 = 0.0f, r1 = 0.0f;
+            /* the causal mask where the chunk reaches past a row's position; the softmax */
             uint32_t pa[FA_CH / 16][4]; /* P as the A operand of P V, k steps of 16 positions */
-#pragma unroll
-            for (int n = 0; n < FA_CH / 8; n++) {
-                const float p0 = exp2f(s[n][0] - mc0), p1 = exp2f(s[n][1] - mc0);
-                const float p2 = exp2f(s[n][2] - mc1), p3 = exp2f(s[n][3] - mc1);
-                r0 += p0 + p1, r1 += p2 + p3;
-                pa[n / 2][(n & 1) * 2] = bf2(p0, p1);
-                pa[n / 2][(n & 1) * 2 + 1] = bf2(p2, p3);
-            }
-            l0 = l0 * al0 + r0, l1 = l1 * al1 + r1;
+            float al0, al1;
+            fa_softmax(s, c0, c0 + FA_CH - 1 > pos_first, my_pos0, my_pos1, t, m0, m1, l0, l1, pa, al0, al1);
             /* the output's rescale only where a row's max moved (once the maxima settle, most
              * chunks leave every factor 1, and a product by 1 changes no bit) */
             if (!__all_sync(FULL, al0 == 1.0f && al1 == 1.0f)) {
@@ -899,30 +836,15 @@ __global__ void __launch_bounds__(32 * FA_WARPS, 1) k_attn_fa(cu_plan p, cu_attn
     }
     cp_async_wait<0>();
     if (!warp_live) return;
-#pragma unroll
-    for (int off = 1; off < 4; off <<= 1) {
-        l0 += __shfl_xor_sync(FULL, l0, off);
-        l1 += __shfl_xor_sync(FULL, l1, off);
-    }
-    const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
+    const float inv0 = 1.0f / fa_quad_sum(l0), inv1 = 1.0f / fa_quad_sum(l1);
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         const int r = 16 * warp + g + 8 * hf;
         if (r >= rows) continue;
-        const int64_t tok = t0 + r / G;
-        const int j = h * G + r % G;
-        const float *gate = a.q + tok * 2 * a.nh * HD + (int64_t)j * 2 * HD + HD;
-        float *dst = a.mix + tok * a.nh * HD + (int64_t)j * HD;
         const float inv = hf ? inv1 : inv0;
 #pragma unroll
-        for (int n = 0; n < NO; n++) {
-            const int d = 8 * n + 2 * t;
-            const float2 gv = *(const float2 *)(gate + d);
-            float2 out;
-            out.x = o[n][2 * hf] * inv * sigmoidf_(gv.x);
-            out.y = o[n][2 * hf + 1] * inv * sigmoidf_(gv.y);
-            *(float2 *)(dst + d) = out;
-        }
+        for (int n = 0; n < NO; n++)
+            fa_put(a, HD, t0 + r / G, h * G + r % G, 8 * n + 2 * t, o[n][2 * hf] * inv, o[n][2 * hf + 1] * inv);
     }
 }
 
@@ -938,7 +860,9 @@ extern "C" int cu_attention(cu_stream s, const cu_plan *p, const cu_attn_args *a
     const dim3 blk(ATT_THREADS);
     const int G = a->nh / a->nkv;
     if (parts == 1 && p->n_tokens > p->n_items && G <= FA_ROWS && (a->hd == 64 || a->hd == 128 || a->hd == 256)) {
-        /* `bf16` with a prompt in the step: k_attn_fa (a decode step keeps k_attn_tc) */
+        /* `bf16` with a prompt in the step: k_attn_fw where the device runs it and the build
+         * takes it, else k_attn_fa (a decode step keeps k_attn_tc) */
+        if (CU_ATTN_FW && a->fw && cu_attn_fw(s, p, a, kv) == 0) return 0;
         const int tt = FA_ROWS / G;
         const dim3 fgrid((unsigned)((p->n_tokens + tt - 1) / tt + p->n_items), (unsigned)a->nkv), fblk(32 * FA_WARPS);
 #define FA_LAUNCH(HD)                                                                                          \

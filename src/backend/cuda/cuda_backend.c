@@ -89,6 +89,7 @@ typedef struct cuda_backend {
     double upload_s;
     int mm_mode;            /* CU_MM_* for bf16 matrices */
     int gdn_chunked;        /* many-token steps take the chunked delta rule (`bf16` precision) */
+    int attn_fw;            /* the device runs k_attn_fw (cu_attn_fw_init; `bf16` prompts, CU_ATTN_FW) */
     int tiled;              /* bf16 matrices are stored tiled for the tensor cores (not in FMA mode) */
     int64_t tiled_cols;     /* the widest tiled matrix (the split activations' scratch) */
     /* the bits and group of every MLX tiled matrix where they are all one (qi_mixed 0): the
@@ -533,6 +534,7 @@ static st_status cuda_create(const st_model *m, const st_cuda_params *p, const s
     b->base.shard = *shard;
     b->device = p->device;
     b->mm_mode = p->no_tensor_cores ? CU_MM_FMA : p->precision == ST_PRECISION_BF16 ? CU_MM_BF16 : CU_MM_EXACT;
+    b->attn_fw = b->mm_mode == CU_MM_BF16 && m->n_full > 0 && cu_attn_fw_init(m->cfg.head_dim) == 0;
     b->tiled = b->mm_mode != CU_MM_FMA;
     struct cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, p->device) == cudaSuccess) {
@@ -1434,7 +1436,7 @@ static cu_attn_args attn_args(cuda_ctx *c, int layer) {
                       .inv_freq = b->inv_freq, .rope_axis = b->rope_axis, .nh = b->nh, .nkv = b->nkv, .hd = b->hd, .rope_dim = b->rope_dim,
                       .li = L->kind_index, .eps = b->eps,
                       .parts = b->mm_mode == CU_MM_EXACT ? 3 : b->mm_mode == CU_MM_BF16 ? 1 : 0,
-                      .split = c->att_split, .split_chunks = c->att_split_chunks};
+                      .split = c->att_split, .split_chunks = c->att_split_chunks, .fw = b->attn_fw};
     return a;
 }
 

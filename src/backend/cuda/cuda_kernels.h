@@ -334,6 +334,9 @@ typedef struct cu_attn_args {
      * parts for the next product, xs [xs_parts][T][nh * hd] as cu_add_norm splits */
     uint16_t *xs;
     int xs_parts;
+    /* 1: a `bf16` prompt's attention may take k_attn_fw (wgmma; cu_attn_fw_init returned 0 for
+     * this device), where the build's CU_ATTN_FW says so; 0: k_attn_fa */
+    int fw;
 } cu_attn_args;
 /* positions an attention chunk; the floats of the split scratch for `chunks` chunks */
 #define CU_ATT_CH 64
@@ -345,6 +348,11 @@ int cu_attention(cu_stream s, const cu_plan *p, const cu_attn_args *a, const cu_
  * dims at most 256); cu_attention_init: once per device, before the first call */
 int cu_attention_fits(int nh, int nkv, int hd);
 void cu_attention_init(int hd);
+/* flash attention on wgmma (attention_wgmma.cu, sm_90a): cu_attn_fw_init returns 0 where the
+ * device runs it for head dims hd (64, 128, 256), -1 where not; cu_attn_fw launches it for a
+ * `bf16` step (a->parts 1) holding a prompt, -1 where it does not take these heads */
+int cu_attn_fw_init(int hd);
+int cu_attn_fw(cu_stream s, const cu_plan *p, const cu_attn_args *a, const cu_kv *kv);
 
 /* MoE pieces: out[list[i]] += w[i] * src[i] (rows of d); out[t] += sigmoid(g[t]) * src[t] */
 void cu_scatter_add(cu_stream s, float *out, const float *src, const int32_t *list, const float *w,

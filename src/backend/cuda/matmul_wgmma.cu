@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "backend/cuda/mm_int.cuh"
+#include "backend/cuda/wgmma.cuh"
 
 #define WG_BM 128                            /* weight rows a block (2 consumers of 64) */
 #define WG_BN 256                            /* tokens a block */
@@ -39,8 +40,6 @@
 #define WG_STAGE (2 * WG_A_STEP + 2 * WG_B_STEP)
 #define WG_SMEM (WG_STAGES * WG_STAGE + 1024 + 2 * WG_STAGES * 8) /* + alignment, barriers */
 #define WG_THREADS 384
-
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
@@ -76,12 +75,6 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map
                  "[%4];" ::"r"(dst),
                  "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar)
                  : "memory");
-}
-
-/* a shared-memory matrix descriptor: K-major rows of 64 bytes under the 64-byte swizzle, 8-row
- * groups 512 bytes apart (the leading offset is unused in this layout) */
-__device__ __forceinline__ uint64_t wg_desc(uint32_t addr) {
-    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(512 >> 4) << 32 | (uint64_t)2 << 62;
 }
 
 __device__ __forceinline__ void wg_fence_regs(float (&d)[128]) {

@@ -1,0 +1,41 @@
+/* ==== Hopper's warpgroup MMA (wgmma): what its users share (matmul_wgmma.cu,
+ * attention_wgmma.cu; sm_90a code alone) ====
+ *
+ * The shared-memory operands are bf16 under the 64-byte swizzle: rows of 64 bytes (32 values)
+ * whose 16-byte pieces are permuted by the row's address (piece i of the row at byte offset
+ * r * 64 sits at piece i ^ ((r >> 1) & 3), wg_sw64), 8 rows (512 bytes) an atom, each region
+ * aligned to 512 bytes. TMA writes it so with CU_TENSOR_MAP_SWIZZLE_64B; threads write it with
+ * wg_sw64's offsets.
+ *   K-major (wg_desc): an operand's rows (M or N) are the 64-byte rows, K along them; a k16
+ *     step is 32 bytes into the row, the next 32 columns another region.
+ *   MN-major (wg_desc_mn, with the MMA's transpose bit): the 64-byte rows run along M or N
+ *     (32 of them a row), one row a k; 8 k-rows 512 bytes apart (the stride offset), the next
+ *     32 of M or N `lbo` bytes on (the leading offset); a k16 step is 16 rows (1,024 bytes).
+ */
+#ifndef ST_BACKEND_CUDA_WGMMA_CUH
+#define ST_BACKEND_CUDA_WGMMA_CUH
+
+#include <stdint.h>
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* a shared-memory matrix descriptor: K-major rows of 64 bytes under the 64-byte swizzle, 8-row
+ * groups 512 bytes apart (the leading offset is unused in this layout) */
+__device__ __forceinline__ uint64_t wg_desc(uint32_t addr) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(512 >> 4) << 32 | (uint64_t)2 << 62;
+}
+
+/* MN-major under the 64-byte swizzle: the next 32 of M or N lbo bytes on, the next 8 k-rows
+ * sbo bytes on (512 where they follow each other) */
+__device__ __forceinline__ uint64_t wg_desc_mn(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)((lbo & 0x3FFFF) >> 4) << 16 |
+           (uint64_t)((sbo & 0x3FFFF) >> 4) << 32 | (uint64_t)2 << 62;
+}
+
+/* the byte offset of 16-byte piece i (0 .. 4 * regions - 1) of row r in a 64-byte-swizzled
+ * operand of `rows` rows a 32-column region */
+__device__ __forceinline__ uint32_t wg_sw64(int rows, int r, int i) {
+    return (uint32_t)((i >> 2) * rows * 64 + r * 64 + (((i & 3) ^ ((r >> 1) & 3)) << 4));
+}
+
+#endif
