@@ -36,8 +36,10 @@
  *                                    they disagree
  *   build/mmv_bench fa [reps]        a prompt's attention in `bf16` on the 27B's heads (up to 8,192
  *                                    tokens, bf16 and fp32 pools): k_attn_fw (wgmma) against
- *                                    k_attn_fa, both against `exact` (k_attn_tc): agreement, ms
- *                                    and TFLOP/s; exits 1 where they disagree
+ *                                    k_attn_fa (k_attn_fw's two forms: waiting for each chunk's
+ *                                    P V, or leaving it running into the next chunk), all
+ *                                    against `exact` (k_attn_tc): agreement, ms and TFLOP/s;
+ *                                    exits 1 where they disagree
  *   build/mmv_bench top [reps]       compact logit rows (sample.cu) of 1 and 64 rows of the 27B
  *                                    vocabulary against a host reference, and their time;
  *                                    exits 1 where they differ
@@ -1491,8 +1493,8 @@ static int fabench(int reps) {
             CK(cudaMalloc(&pool_b, (size_t)pool_n * 2));
             k_floats_to_bf16<<<1024, 256>>>(pool_f, pool_b, pool_n);
         }
-        float *mix[3];
-        for (int i = 0; i < 3; i++) CK(cudaMalloc(&mix[i], (size_t)mix_n * 4));
+        float *mix[4];
+        for (int i = 0; i < 4; i++) CK(cudaMalloc(&mix[i], (size_t)mix_n * 4));
         /* items of len tokens from position pos0 (the positions before it as if cached), their
          * blocks in reverse order through the pool */
         std::vector<int64_t> t0(cs.items + 1), p0(cs.items, cs.pos0), bt0(cs.items + 1);
@@ -1518,13 +1520,15 @@ static int fabench(int reps) {
         a.q = q, a.nh = nh, a.nkv = nkv, a.hd = hd, a.li = 0, a.eps = 1e-6f;
         double flops = 0; /* the causal products' FLOPs */
         for (int64_t j = 0; j < cs.len; j++) flops += 4.0 * hd * nh * (double)(cs.pos0 + j + 1) * cs.items;
-        double ms[3] = {0, 0, 0};
-        for (int path = 0; path < 3; path++) { /* exact (k_attn_tc), k_attn_fa, k_attn_fw */
+        double ms[4] = {0, 0, 0, 0};
+        /* exact (k_attn_tc), k_attn_fa, k_attn_fw waiting for each chunk's P V, k_attn_fw with
+         * P V running on into the next chunk (on an fp32 pool the same kernel) */
+        for (int path = 0; path < 4; path++) {
             a.mix = mix[path], a.parts = path == 0 ? 3 : 1, a.fw = 0;
             for (int r = 0; r <= (path == 0 ? 0 : reps); r++) { /* the first untimed: its results compared */
                 CK(cudaEventRecord(e0, s));
-                if (path == 2) {
-                    if (cu_attn_fw(s, &p, &a, &kv) != 0) {
+                if (path >= 2) {
+                    if (fw_launch(s, &p, &a, &kv, path == 3) != 0) {
                         printf("fa: k_attn_fw refused the 27B's heads\n");
                         return 1;
                     }
@@ -1539,16 +1543,19 @@ static int fabench(int reps) {
             }
         }
         const double e_fa = rel_diff(mix[0], mix[1], mix_n), e_fw = rel_diff(mix[0], mix[2], mix_n);
-        const double d = rel_diff(mix[1], mix[2], mix_n);
-        /* the two bf16 kernels round the same operands (q, K, V, P) alike: they differ only in
-         * the order of fp32 sums (and a weight rounded the other way where that moves it) */
-        const bool ok = d <= 1e-3 && e_fw <= 1.25 * e_fa + 1e-4;
+        const double e_fa2 = rel_diff(mix[0], mix[3], mix_n);
+        const double d = rel_diff(mix[1], mix[2], mix_n), d2 = rel_diff(mix[1], mix[3], mix_n);
+        /* the bf16 kernels round the same operands (q, K, V, P) alike: they differ only in the
+         * order of fp32 sums (and a weight rounded the other way where that moves it) */
+        const bool ok = d <= 1e-3 && e_fw <= 1.25 * e_fa + 1e-4 && d2 <= 1e-3 && e_fa2 <= 1.25 * e_fa + 1e-4;
         bad |= !ok;
         printf("fa %d x %5lld from %3lld (%s pool): exact %8.3f ms; fa %7.3f ms %6.1f TFLOP/s, err %.2e; "
-               "fw %7.3f ms %6.1f TFLOP/s, err %.2e; fa-fw %.2e %s\n",
+               "fw %7.3f ms %6.1f TFLOP/s, err %.2e, fa-fw %.2e; fw pva %7.3f ms %6.1f TFLOP/s, err %.2e, "
+               "fa-fw %.2e %s\n",
                cs.items, (long long)cs.len, (long long)cs.pos0, cs.bf16kv ? "bf16" : "fp32", ms[0], ms[1],
-               flops / ms[1] * 1e-9, e_fa, ms[2], flops / ms[2] * 1e-9, e_fw, d, ok ? "ok" : "DIFFER");
-        for (int i = 0; i < 3; i++) CK(cudaFree(mix[i]));
+               flops / ms[1] * 1e-9, e_fa, ms[2], flops / ms[2] * 1e-9, e_fw, d, ms[3], flops / ms[3] * 1e-9,
+               e_fa2, d2, ok ? "ok" : "DIFFER");
+        for (int i = 0; i < 4; i++) CK(cudaFree(mix[i]));
         CK(cudaFree(q));
         CK(cudaFree(pool_f));
         if (pool_b) CK(cudaFree(pool_b));

@@ -59,10 +59,10 @@ done
 # 2. the prompt's attention: k_attn_fw against k_attn_fa (and `exact`)
 if part 2; then
     tl 60 build/mmv_bench fa 10 > $O/fa.txt 2>&1; echo "mmv_bench fa rc $? $(el)"
-    grep -E "^fa" $O/fa.txt | cut -c1-250
+    grep -E "^fa" $O/fa.txt | cut -c1-400
     if ! grep -q "^fa: k_attn_fw agrees" $O/fa.txt; then
         tl 60 build/mmv_bench_vswap fa 3 > $O/fa_vswap.txt 2>&1; echo "mmv_bench_vswap fa rc $? $(el)"
-        grep -E "^fa" $O/fa_vswap.txt | cut -c1-250
+        grep -E "^fa" $O/fa_vswap.txt | cut -c1-400
     fi
 fi
 # 3. bf16 prefill, new, c64 and fw, twice round

@@ -35,10 +35,15 @@
 #define FW_V_SBO 512
 #endif
 
+/* where P V's products run on into the next chunk (the bf16 pool alone): V held three times */
+#ifndef FW_PV_ASYNC
+#define FW_PV_ASYNC 1
+#endif
+
 template <int HD>
 static constexpr size_t fw_smem() {
-    /* alignment, Q, K and V twice, the rows' positions */
-    return 1024 + (size_t)(FW_ROWS + 4 * FW_CH) * HD * 2 + FW_ROWS * 8;
+    /* alignment, Q, K twice and V up to three times, the rows' positions */
+    return 1024 + (size_t)(FW_ROWS + 5 * FW_CH) * HD * 2 + FW_ROWS * 8;
 }
 
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -120,15 +125,20 @@ __device__ __forceinline__ void fw_load(const cu_kv &kv, const cu_plan &p, int i
 /* the threads' shared-memory writes seen by the tensor cores' reads (wgmma's async proxy) */
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
-template <int HD, bool BF16KV>
+/* PVA (a bf16 pool): chunk c's P V products are left running while the next chunk's wait,
+ * barrier and Q K^T products are issued (the tensor cores never idle across the barrier);
+ * they are waited for with Q K^T's, before the softmax rescales the output. V then takes a
+ * third buffer, as chunk c + 2's copy starts while chunk c's P V may still read its V. */
+template <int HD, bool BF16KV, bool PVA>
 __global__ void __launch_bounds__(FW_THREADS, 1) k_attn_fw(cu_plan p, cu_attn_args a, cu_kv kv, int tt) {
     pdl_wait();
-    constexpr int P8 = HD / 8, CB = FW_CH * HD * 2, NS = HD / 64;
+    static_assert(BF16KV || !PVA, "P V runs on only where chunks are copied in ahead");
+    constexpr int P8 = HD / 8, CB = FW_CH * HD * 2, NS = HD / 64, NV = PVA ? 3 : 2;
     static_assert(FW_CH == 64, "fa_softmax takes chunks of 64 positions");
     extern __shared__ uint8_t fw_raw[];
     uint8_t *qs = fw_raw + ((1024 - (smem_u32(fw_raw) & 1023)) & 1023); /* the swizzle's atoms aligned */
     uint8_t *ks = qs + FW_ROWS * HD * 2, *vs = ks + 2 * CB;
-    int64_t *qpos = (int64_t *)(vs + 2 * CB); /* [FW_ROWS] each row's position */
+    int64_t *qpos = (int64_t *)(vs + NV * CB); /* [FW_ROWS] each row's position */
     const int G = a.nh / a.nkv, h = blockIdx.y, tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3;
     const int lane = tid & 31, g = lane >> 2, t = lane & 3;
     int64_t t0 = 0, nt = 0;
@@ -164,14 +174,15 @@ __global__ void __launch_bounds__(FW_THREADS, 1) k_attn_fw(cu_plan p, cu_attn_ar
     const bool wg_live = 64 * wg < rows; /* a warpgroup of padding rows only skips the products */
     for (int c = 0; c < nch; c++) {
         const int64_t c0 = (int64_t)c * FW_CH;
-        uint8_t *kb = ks + (BF16KV ? (c & 1) : 0) * CB, *vb = vs + (BF16KV ? (c & 1) : 0) * CB;
+        uint8_t *kb = ks + (BF16KV ? (c & 1) : 0) * CB, *vb = vs + (BF16KV ? c % NV : 0) * CB;
         if (BF16KV) {
             cp_async_wait<0>();
             fence_proxy_async();
-            __syncthreads(); /* chunk c is in, and every warpgroup is done with chunk c - 1's buffer */
-            if (c + 1 < nch) /* the next chunk into that buffer, in flight while this one is used */
+            __syncthreads(); /* chunk c is in; every warpgroup is done with chunk c - 1's K and
+                              * (PVA: c - 2's) V */
+            if (c + 1 < nch) /* the next chunk into those buffers, in flight while this one is used */
                 fw_load<HD, true>(kv, p, it, a.li, h, c0 + FW_CH, pos_last, ks + ((c + 1) & 1) * CB,
-                                  vs + ((c + 1) & 1) * CB);
+                                  vs + ((c + 1) % NV) * CB);
             cp_async_commit();
         } else {
             __syncthreads(); /* the previous chunk is read */
@@ -188,8 +199,12 @@ __global__ void __launch_bounds__(FW_THREADS, 1) k_attn_fw(cu_plan p, cu_attn_ar
             wg_mma64_ss(s32, wg_desc(q_a + (kk >> 1) * (FW_ROWS * 64) + (kk & 1) * 32),
                         wg_desc(k_a + (kk >> 1) * (FW_CH * 64) + (kk & 1) * 32), kk > 0);
         wg_commit();
-        wg_wait0();
+        wg_wait0(); /* (PVA: chunk c - 1's P V too) */
         fw_fence_regs(s32);
+        if (PVA) { /* chunk c - 1's outputs (ptxas keeps the weights' registers for its reads) */
+#pragma unroll
+            for (int j = 0; j < NS; j++) fw_fence_regs(o[j]);
+        }
         /* the causal mask where the chunk reaches past a row's position; the softmax */
         uint32_t pa[FW_CH / 16][4]; /* P as the A operand of P V, k steps of 16 positions */
         float al0, al1;
@@ -212,11 +227,18 @@ __global__ void __launch_bounds__(FW_THREADS, 1) k_attn_fw(cu_plan p, cu_attn_ar
                 wg_mma64_rs_t(o[j], pa[kk],
                               wg_desc_mn(v_a + kk * 1024 + j * 2 * (FW_CH * 64), FW_V_LBO, FW_V_SBO));
         wg_commit();
+        if (!PVA) {
+            wg_wait0();
+#pragma unroll
+            for (int j = 0; j < NS; j++) fw_fence_regs(o[j]);
+        }
+    }
+    cp_async_wait<0>();
+    if (PVA) { /* the last chunk's P V (before any branch: a warp may not leave with products in flight) */
         wg_wait0();
 #pragma unroll
         for (int j = 0; j < NS; j++) fw_fence_regs(o[j]);
     }
-    cp_async_wait<0>();
     if (!wg_live) return;
     const float inv0 = 1.0f / fa_quad_sum(l0), inv1 = 1.0f / fa_quad_sum(l1);
 #pragma unroll
@@ -233,6 +255,18 @@ __global__ void __launch_bounds__(FW_THREADS, 1) k_attn_fw(cu_plan p, cu_attn_ar
     }
 }
 
+/* the shared memory of every form for head dims HD: true where the device refuses one */
+template <int HD>
+static bool fw_attrs() {
+    const int n = (int)fw_smem<HD>();
+    return cudaFuncSetAttribute(k_attn_fw<HD, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, n) !=
+               cudaSuccess ||
+           cudaFuncSetAttribute(k_attn_fw<HD, true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, n) !=
+               cudaSuccess ||
+           cudaFuncSetAttribute(k_attn_fw<HD, false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, n) !=
+               cudaSuccess;
+}
+
 extern "C" int cu_attn_fw_init(int hd) {
     int dev = 0, major = 0, minor = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -240,28 +274,31 @@ extern "C" int cu_attn_fw_init(int hd) {
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess || major != 9 ||
         minor != 0)
         return -1; /* sm_90a code runs on compute capability 9.0 alone */
-#define FW_ATTR(HD)                                                                                          \
-    (cudaFuncSetAttribute(k_attn_fw<HD, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fw_smem<HD>()) != \
-         cudaSuccess ||                                                                                       \
-     cudaFuncSetAttribute(k_attn_fw<HD, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fw_smem<HD>()) != \
-         cudaSuccess)
-    const bool bad = hd == 64 ? FW_ATTR(64) : hd == 128 ? FW_ATTR(128) : hd == 256 ? FW_ATTR(256) : true;
-#undef FW_ATTR
+    const bool bad = hd == 64 ? fw_attrs<64>() : hd == 128 ? fw_attrs<128>() : hd == 256 ? fw_attrs<256>() : true;
     return bad ? -1 : 0;
 }
 
-extern "C" int cu_attn_fw(cu_stream s, const cu_plan *p, const cu_attn_args *a, const cu_kv *kv) {
+template <int HD>
+static void fw_launch_hd(cu_stream s, const cu_plan *p, const cu_attn_args *a, const cu_kv *kv, int tt, bool pva) {
+    const dim3 grid((unsigned)((p->n_tokens + tt - 1) / tt + p->n_items), (unsigned)a->nkv), blk(FW_THREADS);
+    if (!kv->bf16) launch_pdl(k_attn_fw<HD, false, false>, grid, blk, fw_smem<HD>(), s, *p, *a, *kv, tt);
+    else if (pva) launch_pdl(k_attn_fw<HD, true, true>, grid, blk, fw_smem<HD>(), s, *p, *a, *kv, tt);
+    else launch_pdl(k_attn_fw<HD, true, false>, grid, blk, fw_smem<HD>(), s, *p, *a, *kv, tt);
+}
+
+/* k_attn_fw on these heads (-1 where it does not take them); pva: a bf16 pool's P V products
+ * left running into the next chunk (mmv_bench fa times both forms) */
+static int fw_launch(cu_stream s, const cu_plan *p, const cu_attn_args *a, const cu_kv *kv, bool pva) {
     if (p->n_tokens <= 0) return 0;
     const int G = a->nkv > 0 ? a->nh / a->nkv : 0;
     if (G < 1 || G > FW_ROWS || (a->hd != 64 && a->hd != 128 && a->hd != 256)) return -1;
     const int tt = FW_ROWS / G;
-    const dim3 grid((unsigned)((p->n_tokens + tt - 1) / tt + p->n_items), (unsigned)a->nkv), blk(FW_THREADS);
-#define FW_LAUNCH(HD)                                                                                          \
-    (kv->bf16 ? launch_pdl(k_attn_fw<HD, true>, grid, blk, fw_smem<HD>(), s, *p, *a, *kv, tt)                 \
-              : launch_pdl(k_attn_fw<HD, false>, grid, blk, fw_smem<HD>(), s, *p, *a, *kv, tt))
-    if (a->hd == 64) FW_LAUNCH(64);
-    else if (a->hd == 128) FW_LAUNCH(128);
-    else FW_LAUNCH(256);
-#undef FW_LAUNCH
+    if (a->hd == 64) fw_launch_hd<64>(s, p, a, kv, tt, pva);
+    else if (a->hd == 128) fw_launch_hd<128>(s, p, a, kv, tt, pva);
+    else fw_launch_hd<256>(s, p, a, kv, tt, pva);
     return 0;
+}
+
+extern "C" int cu_attn_fw(cu_stream s, const cu_plan *p, const cu_attn_args *a, const cu_kv *kv) {
+    return fw_launch(s, p, a, kv, FW_PV_ASYNC != 0);
 }
