@@ -35,6 +35,8 @@ CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=c
 # built for that target only, and the backend takes them on a compute capability 9.0 device
 CUDA_ARCH_90A := -gencode arch=compute_90a,code=sm_90a
 CUDA_LIB := $(BUILD)/libstrand-cuda.so
+# build switches for the kernel files (bench/cuda/variants.sh sets them; each file keeps its target)
+CUDA_DEFS ?=
 # the kernels, one object a family (compiled in parallel under -j): the slowest first (the
 # CUDA-core products' 30 instantiations, about half the compile time), so that -j2 ends sooner
 CUDA_CU  := src/backend/cuda/matmul.cu $(filter-out src/backend/cuda/matmul.cu,$(sort $(wildcard src/backend/cuda/*.cu)))
@@ -61,7 +63,7 @@ $(BUILD)/obj/src/backend/cuda/attention_wgmma.cu.o: CUDA_ARCH := $(CUDA_ARCH_90A
 $(BUILD)/obj/%.cu.o: %.cu $(CUDA_H)
 	@mkdir -p $(dir $@)
 	@echo "  NVCC    $<"
-	@$(NVCC) -std=c++17 -O3 -Isrc $(CUDA_ARCH) -Xcompiler -fPIC -c $< -o $@
+	@$(NVCC) -std=c++17 -O3 -Isrc $(CUDA_ARCH) $(CUDA_DEFS) -Xcompiler -fPIC -c $< -o $@
 $(BUILD)/obj/src/backend/cuda/%.pic.o: src/backend/cuda/%.c
 	@mkdir -p $(dir $@)
 	@echo "  CC      $< (PIC)"

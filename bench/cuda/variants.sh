@@ -13,7 +13,6 @@ cd "$(dirname "$0")/../.."
 out=$1
 shift
 mkdir -p "$out"
-arch=$(sed -n 's/^CUDA_ARCH ?= //p' Makefile)
 while [ $# -ge 2 ]; do
     name=$1 defs=$2
     shift 2
@@ -21,7 +20,7 @@ while [ $# -ge 2 ]; do
     cp -a build/obj "$B/obj"
     while [ $# -gt 0 ] && [ "$1" != -- ]; do rm -f "$B/obj/src/backend/cuda/$1"; shift; done
     [ "${1:-}" = -- ] && shift
-    make -s BUILD="$B" CUDA_ARCH="$arch $defs" CUDA_CFLAGS="-O2 -g $defs" "$B/libstrand-cuda.so" >"$B/log" 2>&1 ||
+    make -s BUILD="$B" CUDA_DEFS="$defs" CUDA_CFLAGS="-O2 -g $defs" "$B/libstrand-cuda.so" >"$B/log" 2>&1 ||
         { tail -20 "$B/log"; exit 1; }
     cp "$B/libstrand-cuda.so" "$out/$name.so"
     rm -rf "$B"
