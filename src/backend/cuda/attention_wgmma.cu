@@ -12,8 +12,8 @@
  * (MN-major). k_attn_fa's mma.sync products are 16 rows a warp, each warp loading its own K
  * and V fragments with ldmatrix: four times the shared-memory reads for the same products.
  *
- * Shared memory (wgmma.cuh's 64-byte swizzle): Q [hd / 32][FW_ROWS][32], K and V twice each
- * [hd / 32][FW_CH][32], so a warpgroup's Q rows and a chunk's positions are the K-major rows
+ * Shared memory (wgmma.cuh's 64-byte swizzle): Q [hd / 32][FW_ROWS][32], K twice and V twice
+ * (three times where P V runs on into the next chunk) [hd / 32][FW_CH][32], so a warpgroup's Q rows and a chunk's positions are the K-major rows
  * of S's operands and V's positions are the k-rows of the MN-major B of P V.
  *
  * Built for sm_90a alone; cu_attn_fw_init says whether the device runs it. `bf16` only: the
