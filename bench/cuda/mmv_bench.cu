@@ -1173,6 +1173,15 @@ __global__ void k_fill_hash(float *p, int64_t n, unsigned seed, float lo, float 
     }
 }
 
+/* a device copy of v (the caller frees it) */
+template <typename T>
+static T *dev_copy(const std::vector<T> &v) {
+    T *p;
+    CK(cudaMalloc(&p, v.size() * sizeof(T)));
+    CK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return p;
+}
+
 static float *dev_floats(int64_t n, unsigned seed, float lo, float hi) {
     float *p;
     CK(cudaMalloc(&p, (size_t)n * 4));
@@ -1239,16 +1248,8 @@ static int gdnbench(int reps) {
             }
         }
         ic[cs.items] = (int32_t)(ch.size() / 4);
-        int64_t *d_t0;
-        int32_t *d_slot, *d_ch, *d_ic;
-        CK(cudaMalloc(&d_t0, t0.size() * 8));
-        CK(cudaMalloc(&d_slot, slot.size() * 4));
-        CK(cudaMalloc(&d_ch, ch.size() * 4));
-        CK(cudaMalloc(&d_ic, ic.size() * 4));
-        CK(cudaMemcpy(d_t0, t0.data(), t0.size() * 8, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(d_slot, slot.data(), slot.size() * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(d_ch, ch.data(), ch.size() * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(d_ic, ic.data(), ic.size() * 4, cudaMemcpyHostToDevice));
+        int64_t *d_t0 = dev_copy(t0);
+        int32_t *d_slot = dev_copy(slot), *d_ch = dev_copy(ch), *d_ic = dev_copy(ic);
         const int ws_chunks = 32;
         const size_t ws_n = (size_t)ws_chunks * Hv * cu_gdn_chunk_floats(Dk, Dv), conv_ws = ch.size() / 4 * (K - 1) * (size_t)cd;
         CK(cudaMalloc(&ws, (ws_n > conv_ws ? ws_n : conv_ws) * 4));
@@ -1501,16 +1502,8 @@ static int fabench(int reps) {
         std::vector<int32_t> blocks(NB);
         for (int i = 0; i <= cs.items; i++) t0[i] = i * cs.len, bt0[i] = i * nb;
         for (int64_t k = 0; k < NB; k++) blocks[k] = (int32_t)(NB - 1 - k);
-        int64_t *d_t0, *d_p0, *d_bt0;
-        int32_t *d_blocks;
-        CK(cudaMalloc(&d_t0, t0.size() * 8));
-        CK(cudaMalloc(&d_p0, p0.size() * 8));
-        CK(cudaMalloc(&d_bt0, bt0.size() * 8));
-        CK(cudaMalloc(&d_blocks, blocks.size() * 4));
-        CK(cudaMemcpy(d_t0, t0.data(), t0.size() * 8, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(d_p0, p0.data(), p0.size() * 8, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(d_bt0, bt0.data(), bt0.size() * 8, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(d_blocks, blocks.data(), blocks.size() * 4, cudaMemcpyHostToDevice));
+        int64_t *d_t0 = dev_copy(t0), *d_p0 = dev_copy(p0), *d_bt0 = dev_copy(bt0);
+        int32_t *d_blocks = dev_copy(blocks);
         cu_plan p = {};
         p.n_items = cs.items, p.n_tokens = T, p.item_t0 = d_t0, p.pos0 = d_p0, p.block_t0 = d_bt0, p.blocks = d_blocks;
         cu_kv kv = {};

@@ -46,15 +46,6 @@ static constexpr size_t fw_smem() {
     return 1024 + (size_t)(FW_ROWS + 5 * FW_CH) * HD * 2 + FW_ROWS * 8;
 }
 
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-/* the accumulators are read only after the wait (the compiler may not move them above it) */
-__device__ __forceinline__ void fw_fence_regs(float (&d)[32]) {
-#pragma unroll
-    for (int i = 0; i < 32; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
-
 /* the 32 accumulators of an m64n64 product: the operand list and the instruction's registers */
 #define FW_ACC32(d)                                                                                            \
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),   \
@@ -199,11 +190,11 @@ __global__ void __launch_bounds__(FW_THREADS, 1) k_attn_fw(cu_plan p, cu_attn_ar
             wg_mma64_ss(s32, wg_desc(q_a + (kk >> 1) * (FW_ROWS * 64) + (kk & 1) * 32),
                         wg_desc(k_a + (kk >> 1) * (FW_CH * 64) + (kk & 1) * 32), kk > 0);
         wg_commit();
-        wg_wait0(); /* (PVA: chunk c - 1's P V too) */
-        fw_fence_regs(s32);
+        wg_wait<0>(); /* (PVA: chunk c - 1's P V too) */
+        wg_fence_regs(s32);
         if (PVA) { /* chunk c - 1's outputs (ptxas keeps the weights' registers for its reads) */
 #pragma unroll
-            for (int j = 0; j < NS; j++) fw_fence_regs(o[j]);
+            for (int j = 0; j < NS; j++) wg_fence_regs(o[j]);
         }
         /* the causal mask where the chunk reaches past a row's position; the softmax */
         uint32_t pa[FW_CH / 16][4]; /* P as the A operand of P V, k steps of 16 positions */
@@ -228,16 +219,16 @@ __global__ void __launch_bounds__(FW_THREADS, 1) k_attn_fw(cu_plan p, cu_attn_ar
                               wg_desc_mn(v_a + kk * 1024 + j * 2 * (FW_CH * 64), FW_V_LBO, FW_V_SBO));
         wg_commit();
         if (!PVA) {
-            wg_wait0();
+            wg_wait<0>();
 #pragma unroll
-            for (int j = 0; j < NS; j++) fw_fence_regs(o[j]);
+            for (int j = 0; j < NS; j++) wg_fence_regs(o[j]);
         }
     }
     cp_async_wait<0>();
     if (PVA) { /* the last chunk's P V (before any branch: a warp may not leave with products in flight) */
-        wg_wait0();
+        wg_wait<0>();
 #pragma unroll
-        for (int j = 0; j < NS; j++) fw_fence_regs(o[j]);
+        for (int j = 0; j < NS; j++) wg_fence_regs(o[j]);
     }
     if (!wg_live) return;
     const float inv0 = 1.0f / fa_quad_sum(l0), inv1 = 1.0f / fa_quad_sum(l1);
@@ -268,12 +259,7 @@ static bool fw_attrs() {
 }
 
 extern "C" int cu_attn_fw_init(int hd) {
-    int dev = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess || major != 9 ||
-        minor != 0)
-        return -1; /* sm_90a code runs on compute capability 9.0 alone */
+    if (!wg_device_runs_sm90a()) return -1;
     const bool bad = hd == 64 ? fw_attrs<64>() : hd == 128 ? fw_attrs<128>() : hd == 256 ? fw_attrs<256>() : true;
     return bad ? -1 : 0;
 }

@@ -77,11 +77,6 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map
                  : "memory");
 }
 
-__device__ __forceinline__ void wg_fence_regs(float (&d)[128]) {
-#pragma unroll
-    for (int i = 0; i < 128; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
-
 /* d += A (64 rows x 16 columns) B^T (256 tokens x 16 columns) */
 __device__ __forceinline__ void wgmma_256(float (&d)[128], uint64_t da, uint64_t db) {
     asm volatile(
@@ -166,7 +161,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         mbar_wait(full + 8 * s, (i / WG_STAGES) & 1);
         const uint32_t st = base + s * WG_STAGE;
         wg_fence_regs(d);
-        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+        wg_fence();
 #pragma unroll
         for (int h = 0; h < 2; h++) {
 #pragma unroll
@@ -174,13 +169,13 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                 wgmma_256(d, wg_desc(st + h * WG_A_STEP + c * (64 * 64) + 32 * kk),
                           wg_desc(st + 2 * WG_A_STEP + h * WG_B_STEP + 32 * kk));
         }
-        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+        wg_commit();
+        wg_wait<1>();
         wg_fence_regs(d);
         if (prev >= 0 && lane == 0) mbar_arrive(empty + 8 * prev);
         prev = s;
     }
-    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    wg_wait<0>();
     wg_fence_regs(d);
     /* d[4j + e]: row 16 warp + g (+ 8 for e >= 2), token 8j + 2t + (e & 1) */
     const int g = lane / 4, t = lane % 4;
@@ -451,19 +446,17 @@ __global__ void __launch_bounds__(WS_THREADS, 1) k_wgmma_stream(const __grid_con
             const int s = i % S::STAGES;
             mbar_wait(full + 8 * s, (i / S::STAGES) & 1);
             const uint32_t st = base + s * S::STAGE;
-#pragma unroll
-            for (int e = 0; e < S::ACC; e++) asm volatile("" : "+f"(d[e])::"memory");
-            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+            wg_fence_regs(d);
+            wg_fence();
 #pragma unroll
             for (int h = 0; h < 2; h++)
 #pragma unroll
                 for (int kk = 0; kk < 2; kk++)
                     ws_wgmma(d, wg_desc(st + h * WG_A_STEP + c * (64 * 64) + 32 * kk),
                              wg_desc(st + 2 * WG_A_STEP + h * S::B_STEP + 32 * kk));
-            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-            asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-#pragma unroll
-            for (int e = 0; e < S::ACC; e++) asm volatile("" : "+f"(d[e])::"memory");
+            wg_commit();
+            wg_wait<0>();
+            wg_fence_regs(d);
             if (lane == 0) {
                 mbar_arrive(empty + 8 * s);
                 if constexpr (CL > 1)
@@ -539,12 +532,7 @@ static int ws_attrs() {
 }
 
 extern "C" void *cu_wgmma_available(void) {
-    int dev = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess || major != 9 ||
-        minor != 0)
-        return NULL; /* sm_90a code runs on compute capability 9.0 alone */
+    if (!wg_device_runs_sm90a()) return NULL;
     void *fn = NULL;
     cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
     if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||

@@ -15,7 +15,17 @@
 #ifndef ST_BACKEND_CUDA_WGMMA_CUH
 #define ST_BACKEND_CUDA_WGMMA_CUH
 
+#include <cuda_runtime.h>
 #include <stdint.h>
+
+/* whether the current device runs sm_90a code (compute capability 9.0 alone) */
+static inline bool wg_device_runs_sm90a(void) {
+    int dev = 0, major = 0, minor = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
+           minor == 0;
+}
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
@@ -30,6 +40,22 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t addr) {
 __device__ __forceinline__ uint64_t wg_desc_mn(uint32_t addr, uint32_t lbo, uint32_t sbo) {
     return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)((lbo & 0x3FFFF) >> 4) << 16 |
            (uint64_t)((sbo & 0x3FFFF) >> 4) << 32 | (uint64_t)2 << 62;
+}
+
+/* a warpgroup's MMAs: the fence before any that read registers written since, a group's
+ * commit, and the wait until at most N groups are in flight */
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+/* accumulators touched only on this side of a wait or fence (the compiler may not move their
+ * reads or writes across it) */
+template <int N>
+__device__ __forceinline__ void wg_fence_regs(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 /* the byte offset of 16-byte piece i (0 .. 4 * regions - 1) of row r in a 64-byte-swizzled
