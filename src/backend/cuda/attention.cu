@@ -690,10 +690,13 @@ __global__ void k_attn_merge(cu_plan p, cu_attn_args a) {
  * first chunk to mask, so not batch-invariant as `exact` is); decode steps and head dims
  * other than 64, 128 and 256 keep k_attn_tc. */
 #define FA_WARPS 8
-/* whether `bf16` prompts take k_attn_fw (attention_wgmma.cu) where the device runs it: a build
- * option until measured against k_attn_fa (`make mmv-bench; build/mmv_bench fa`) */
+/* whether `bf16` prompts take k_attn_fw (attention_wgmma.cu) where the device runs it (sm_90a):
+ * 1, since it measured faster (`make mmv-bench; build/mmv_bench fa` on an H100, the 27B's
+ * heads: 8,192 tokens 4.47 -> 3.67 ms a layer, 184 -> 225 TFLOP/s, the same bits as k_attn_fa;
+ * the 8,192-token `bf16` prefill 9,527-9,591 -> 9,656-9,659 tok/s side by side); -DCU_ATTN_FW=0
+ * keeps k_attn_fa everywhere */
 #ifndef CU_ATTN_FW
-#define CU_ATTN_FW 0
+#define CU_ATTN_FW 1
 #endif
 #define FA_ROWS (16 * FA_WARPS)
 #define FA_CH 64

@@ -31,12 +31,7 @@
 
 #define GC 64          /* tokens a chunk */
 #define GC_THREADS 256 /* both kernels */
-/* state columns a scan block: 32 (two blocks an SM); a build with -DGC_COLS=64 takes 64, one
- * block an SM (each chunk's W, q, k and P read by half as many blocks), to compare */
-#ifndef GC_COLS
-#define GC_COLS 32
-#endif
-#define GC_NG (GC_COLS / 32) /* the 32-column groups of a scan block: a warp's 16 columns in each */
+#define GC_COLS 32     /* state columns a scan block */
 
 /* an MMA operand's bits: x rounded to tf32, or (TF32: x holds a tf32 value already, k_gdn_cprep's
  * W and P, the scan's D) as it is */
@@ -253,15 +248,12 @@ template <int DK> __host__ __device__ constexpr int cscan_buf() { return GC * (D
 template <int DK> __host__ __device__ constexpr int cscan_ybuf() {
     return cscan_buf<DK>() > 2 * GC * CS_LD ? cscan_buf<DK>() : 2 * GC * CS_LD;
 }
-/* GC_DB: X and Y twice (the 64-column form, one block an SM: the room is there), so that a
- * chunk's W, q and g are copied in while the chunk before is still being worked on */
-#define GC_DB (GC_NG == 2)
 template <int DK> constexpr size_t cscan_floats() {
-    return (size_t)(1 + GC_DB) * (cscan_buf<DK>() + cscan_ybuf<DK>()) + GC * (GC + 4) + (size_t)DK * CS_LD + 2 * GC;
+    return (size_t)cscan_buf<DK>() + cscan_ybuf<DK>() + GC * (GC + 4) + (size_t)DK * CS_LD + 2 * GC;
 }
 
 template <int DK>
-__global__ void __launch_bounds__(GC_THREADS, GC_NG == 1 ? 2 : 1) k_gdn_cscan(cu_plan p, cu_gdn_args a, int c0, int c1) {
+__global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cscan(cu_plan p, cu_gdn_args a, int c0, int c1) {
     pdl_wait();
     const int it = blockIdx.x, h = blockIdx.y, col0 = blockIdx.z * GC_COLS;
     int cb = a.item_chunk[it], ce = a.item_chunk[it + 1];
@@ -272,11 +264,7 @@ __global__ void __launch_bounds__(GC_THREADS, GC_NG == 1 ? 2 : 1) k_gdn_cscan(cu
     constexpr int SW = DK + 4, SK = DK + 8, LP = GC + 4;
     const int Dv = a.Dv, kh = h / (a.Hv / a.Hk);
     const int nc = Dv - col0 < GC_COLS ? Dv - col0 : GC_COLS; /* a multiple of 8 */
-    /* X and Y of chunks cb, cb + 2, ... [0], and (GC_DB) of cb + 1, cb + 3, ... [1] */
-    float *Xb[2], *Yb[2];
-    Xb[0] = (float *)cs_sh4, Yb[0] = Xb[0] + cscan_buf<DK>();
-    Xb[1] = GC_DB ? Yb[0] + cscan_ybuf<DK>() : Xb[0], Yb[1] = GC_DB ? Xb[1] + cscan_buf<DK>() : Yb[0];
-    float *Ps = Yb[1] + cscan_ybuf<DK>(), *Ss = Ps + GC * LP, *gs = Ss + DK * CS_LD, *es = gs + GC;
+    float *X = (float *)cs_sh4, *Y = X + cscan_buf<DK>(), *Ps = Y + cscan_ybuf<DK>(), *Ss = Ps + GC * LP, *gs = Ss + DK * CS_LD, *es = gs + GC;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gid = lane >> 2, tig = lane & 3;
     const size_t CF = (size_t)cu_gdn_chunk_floats(DK, Dv);
     float *Sg = a.rec_state + (size_t)p.slot[it] * a.rec_stride + (size_t)h * DK * Dv + col0;
@@ -288,7 +276,6 @@ __global__ void __launch_bounds__(GC_THREADS, GC_NG == 1 ? 2 : 1) k_gdn_cscan(cu
      * token and tokens, read once a chunk: each copy's asm is a memory clobber) */
     auto issue_wq = [&](int c, int64_t t0, int n) {
         const float *ws = a.chunk_ws + ((size_t)(c - c0) * a.Hv + h) * CF;
-        float *X = Xb[GC_DB ? (c - cb) & 1 : 0], *Y = Yb[GC_DB ? (c - cb) & 1 : 0];
         for (int e = tid; e < GC * DK / 4; e += GC_THREADS) {
             const int r = e / (DK / 4), i = e % (DK / 4) * 4;
             cp_async16(Y + r * SW + i, ws + r * DK + i, 16);
@@ -303,7 +290,7 @@ __global__ void __launch_bounds__(GC_THREADS, GC_NG == 1 ? 2 : 1) k_gdn_cscan(cu
             cp_async16(Ps + r * LP + j, P + r * GC + j, 16);
         }
     };
-    auto issue_k = [&](int64_t t0, int n, float *X) {
+    auto issue_k = [&](int64_t t0, int n) {
         for (int e = tid; e < GC * DK / 4; e += GC_THREADS) {
             const int r = e / (DK / 4), i = e % (DK / 4) * 4;
             cp_async16(X + r * SK + i, a.qkv + (t0 + (r < n ? r : 0)) * a.cd + a.kd + (int64_t)kh * DK + i, r < n ? 16 : 0);
@@ -314,90 +301,74 @@ __global__ void __launch_bounds__(GC_THREADS, GC_NG == 1 ? 2 : 1) k_gdn_cscan(cu
     issue_wq(cb, t0n, nn);
     issue_p(cb);
     cp_async_commit();
-    /* phases A and B: warp w the rows 16 (w / 2) .. + 15 and columns 32 g + 16 (w % 2) .. + 15
-     * of each 32-column group g */
-    const int mA = 16 * (w >> 1), nA0 = 16 * (w & 1);
+    /* phases A and B: warp w the rows 16 (w / 2) .. + 15 and columns 16 (w % 2) .. + 15 */
+    const int mA = 16 * (w >> 1), nA = 16 * (w & 1);
     for (int c = cb; c < ce; c++) {
-        float *X = Xb[GC_DB ? (c - cb) & 1 : 0], *Y = Yb[GC_DB ? (c - cb) & 1 : 0];
         const int64_t t0 = t0n;
         const int n = nn;
         if (c + 1 < ce) t0n = a.chunks[4 * (c + 1)], nn = a.chunks[4 * (c + 1) + 1];
         /* this thread's U, ahead of the product it is subtracted from */
         const float *U = a.chunk_ws + ((size_t)(c - c0) * a.Hv + h) * CF + GC * DK + col0;
-        float2 u[GC_NG][2][2];
+        float2 u[2][2];
 #pragma unroll
-        for (int cg = 0; cg < GC_NG; cg++)
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const int col = 32 * cg + nA0 + 8 * j + 2 * tig;
-                const bool on = col < nc;
-                u[cg][j][0] = on ? *(const float2 *)(U + (size_t)(mA + gid) * Dv + col) : make_float2(0.0f, 0.0f);
-                u[cg][j][1] = on ? *(const float2 *)(U + (size_t)(mA + gid + 8) * Dv + col) : make_float2(0.0f, 0.0f);
-            }
+        for (int j = 0; j < 2; j++) {
+            const int col = nA + 8 * j + 2 * tig;
+            const bool on = col < nc;
+            u[j][0] = on ? *(const float2 *)(U + (size_t)(mA + gid) * Dv + col) : make_float2(0.0f, 0.0f);
+            u[j][1] = on ? *(const float2 *)(U + (size_t)(mA + gid + 8) * Dv + col) : make_float2(0.0f, 0.0f);
+        }
         cp_async_wait<0>();
         __syncthreads(); /* W, q, g, P; the state */
         /* A: D = U - W S; and B's Q S beside it, on the same fragments of S */
-        float acc[GC_NG][2][4] = {}, qs[GC_NG][2][4] = {};
-#pragma unroll
-        for (int cg = 0; cg < GC_NG; cg++) mma_16x16_two(acc[cg], Y, qs[cg], X, SW, Ss, CS_LD, mA, 32 * cg + nA0, DK, lane);
+        float acc[2][4] = {}, qs[2][4] = {};
+        mma_16x16_two(acc, Y, qs, X, SW, Ss, CS_LD, mA, nA, DK, lane);
         const float g_last = gs[GC - 1], dec0 = expf(gs[mA + gid]), dec1 = expf(gs[mA + gid + 8]);
         if (tid < GC) es[tid] = expf(g_last - gs[tid]);
         __syncthreads(); /* W and q read */
-        issue_k(t0, n, X); /* k into q's place, in flight through B */
+        issue_k(t0, n); /* k into q's place, in flight through B */
         cp_async_commit();
-        if (GC_DB) { /* the next chunk's W, q and g, in flight through B and C (g read by now) */
-            if (c + 1 < ce) issue_wq(c + 1, t0n, nn);
-            cp_async_commit();
-        }
         /* D (only ever an MMA operand) rounded to tf32 once, for B; and diag(e) D so, for C */
         float *Ds = Y, *Des = Y + GC * CS_LD;
         {
             const int r0 = mA + gid;
             const float e0 = es[r0], e1 = es[r0 + 8];
 #pragma unroll
-            for (int cg = 0; cg < GC_NG; cg++)
-#pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    const int col = 32 * cg + nA0 + 8 * j + 2 * tig;
-                    const float d0 = u[cg][j][0].x - acc[cg][j][0], d1 = u[cg][j][0].y - acc[cg][j][1];
-                    const float d2 = u[cg][j][1].x - acc[cg][j][2], d3 = u[cg][j][1].y - acc[cg][j][3];
-                    *(float2 *)(Ds + r0 * CS_LD + col) = make_float2(tf32_val(d0), tf32_val(d1));
-                    *(float2 *)(Ds + (r0 + 8) * CS_LD + col) = make_float2(tf32_val(d2), tf32_val(d3));
-                    *(float2 *)(Des + r0 * CS_LD + col) = make_float2(tf32_val(d0 * e0), tf32_val(d1 * e0));
-                    *(float2 *)(Des + (r0 + 8) * CS_LD + col) = make_float2(tf32_val(d2 * e1), tf32_val(d3 * e1));
-                }
+            for (int j = 0; j < 2; j++) {
+                const int col = nA + 8 * j + 2 * tig;
+                const float d0 = u[j][0].x - acc[j][0], d1 = u[j][0].y - acc[j][1];
+                const float d2 = u[j][1].x - acc[j][2], d3 = u[j][1].y - acc[j][3];
+                *(float2 *)(Ds + r0 * CS_LD + col) = make_float2(tf32_val(d0), tf32_val(d1));
+                *(float2 *)(Ds + (r0 + 8) * CS_LD + col) = make_float2(tf32_val(d2), tf32_val(d3));
+                *(float2 *)(Des + r0 * CS_LD + col) = make_float2(tf32_val(d0 * e0), tf32_val(d1 * e0));
+                *(float2 *)(Des + (r0 + 8) * CS_LD + col) = make_float2(tf32_val(d2 * e1), tf32_val(d3 * e1));
+            }
         }
         __syncthreads(); /* D */
         /* B: O = diag(exp(g)) Q S + P D */
 #pragma unroll
-        for (int cg = 0; cg < GC_NG; cg++) {
+        for (int j = 0; j < 2; j++)
+            acc[j][0] = qs[j][0] * dec0, acc[j][1] = qs[j][1] * dec0, acc[j][2] = qs[j][2] * dec1, acc[j][3] = qs[j][3] * dec1;
+        mma_16x16<true>(acc, Ps, LP, Ds, CS_LD, mA, nA, mA + 16, lane); /* P is lower triangular; P and D tf32 */
 #pragma unroll
-            for (int j = 0; j < 2; j++)
-                acc[cg][j][0] = qs[cg][j][0] * dec0, acc[cg][j][1] = qs[cg][j][1] * dec0, acc[cg][j][2] = qs[cg][j][2] * dec1,
-                acc[cg][j][3] = qs[cg][j][3] * dec1;
-            /* P is lower triangular; P and D tf32 */
-            mma_16x16<true>(acc[cg], Ps, LP, Ds, CS_LD, mA, 32 * cg + nA0, mA + 16, lane);
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const int col = 32 * cg + nA0 + 8 * j + 2 * tig, r0 = mA + gid, r1 = r0 + 8;
-                if (col >= nc) continue;
-                float *o = a.mix + t0 * a.vd + (int64_t)h * Dv + col0 + col;
-                if (r0 < n) *(float2 *)(o + (int64_t)r0 * a.vd) = make_float2(acc[cg][j][0], acc[cg][j][1]);
-                if (r1 < n) *(float2 *)(o + (int64_t)r1 * a.vd) = make_float2(acc[cg][j][2], acc[cg][j][3]);
-            }
+        for (int j = 0; j < 2; j++) {
+            const int col = nA + 8 * j + 2 * tig, r0 = mA + gid, r1 = r0 + 8;
+            if (col >= nc) continue;
+            float *o = a.mix + t0 * a.vd + (int64_t)h * Dv + col0 + col;
+            if (r0 < n) *(float2 *)(o + (int64_t)r0 * a.vd) = make_float2(acc[j][0], acc[j][1]);
+            if (r1 < n) *(float2 *)(o + (int64_t)r1 * a.vd) = make_float2(acc[j][2], acc[j][3]);
         }
         __syncthreads(); /* P and the state read */
         if (c + 1 < ce) issue_p(c + 1);
         cp_async_commit();
-        cp_async_wait<GC_DB ? 2 : 1>(); /* (the next W and q, then P, may still be on their way) */
+        cp_async_wait<1>();
         __syncthreads(); /* k */
         /* C: S = exp(g_last) S + K^T diag(e) D, warp w the rows 16 w, 16 (w + 8), ... and every
          * column */
         const float dl = expf(g_last);
         for (int m0 = 16 * w; m0 < DK; m0 += 16 * 8) {
-            float sa[GC_COLS / 8][4];
+            float sa[4][4];
 #pragma unroll
-            for (int j = 0; j < GC_COLS / 8; j++) {
+            for (int j = 0; j < 4; j++) {
                 const int col = 8 * j + 2 * tig;
                 const float2 s0 = *(const float2 *)(Ss + (m0 + gid) * CS_LD + col);
                 const float2 s1 = *(const float2 *)(Ss + (m0 + gid + 8) * CS_LD + col);
@@ -408,23 +379,21 @@ __global__ void __launch_bounds__(GC_THREADS, GC_NG == 1 ? 2 : 1) k_gdn_cscan(cu
                 const float *kr = X + (k0 + tig) * SK + m0 + gid; /* a[i][r] = k_r[i] */
                 const uint32_t a0 = tf32_of(kr[0]), a1 = tf32_of(kr[8]), a2 = tf32_of(kr[4 * SK]), a3 = tf32_of(kr[4 * SK + 8]);
 #pragma unroll
-                for (int j = 0; j < GC_COLS / 8; j++) {
+                for (int j = 0; j < 4; j++) {
                     const float *dr = Des + (k0 + tig) * CS_LD + 8 * j + gid;
                     mma_tf32(sa[j], a0, a1, a2, a3, __float_as_uint(dr[0]), __float_as_uint(dr[4 * CS_LD]));
                 }
             }
 #pragma unroll
-            for (int j = 0; j < GC_COLS / 8; j++) {
+            for (int j = 0; j < 4; j++) {
                 const int col = 8 * j + 2 * tig;
                 *(float2 *)(Ss + (m0 + gid) * CS_LD + col) = make_float2(sa[j][0], sa[j][1]);
                 *(float2 *)(Ss + (m0 + gid + 8) * CS_LD + col) = make_float2(sa[j][2], sa[j][3]);
             }
         }
         __syncthreads(); /* the state; k and D read */
-        if (!GC_DB) {
-            if (c + 1 < ce) issue_wq(c + 1, t0n, nn);
-            cp_async_commit();
-        }
+        if (c + 1 < ce) issue_wq(c + 1, t0n, nn);
+        cp_async_commit();
     }
     cp_async_wait<0>();
     for (int e = tid; e < DK * GC_COLS; e += GC_THREADS) {
