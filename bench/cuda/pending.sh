@@ -1,26 +1,33 @@
 #!/usr/bin/env bash
 # One device call's measurements (a GPU machine's time is short and often none starts: build
-# and pack here, run this there). Session 30's third call, on the build that makes k_attn_fw
-# the `bf16` prompts' attention (session 29's GC_COLS=64 scan measured slower and is gone):
-#   1. where an 8,192-token `bf16` prefill's time goes now (`strand bench --op-times`)
-#   2. Nsight Compute's per-instruction stall samples (the SASS source page) and details of
+# and pack here, run this there). Session 30's third call: k_attn_fw and k_attn_fa finding a
+# chunk row's place in the paged pool once a chunk instead of once a 16-byte piece (and
+# kv_index dividing in 32 bits), and k_attn_fw issuing Q K^T before the next chunk's copies:
+#   1. mmv_bench fa: k_attn_fw against k_attn_fa and `exact`, times (the build before:
+#      8,192 tokens fa 4.47 ms, fw 3.67)
+#   2. the `bf16` prefill side by side: prev (1ba6c54's library, var/prev.so) and new
+#   3. where an 8,192-token `bf16` prefill's time goes now (`strand bench --op-times`)
+#   4. make test-gpu (tests/gpu_test.sh) on new
+#   5. Nsight Compute's per-instruction stall samples (the SASS source page) and details of
 #      k_attn_fw in that prefill, for the next changes to it (kept as fw_*.csv / .txt)
-#   3. `mmv_bench blas` at 8,192 tokens: the library's products alone, with the copy out of
+#   6. `mmv_bench blas` at 8,192 tokens: the library's products alone, with the copy out of
 #      the tiled layout, and the copy's own rate (untile GB/s)
 # Prepare here:
-#   make -j2 all mmv-bench && bench/cuda/pack.sh .gpu/s30c.tar.xz
-# Run there (device tool: carry .gpu/s30c.tar.xz; CAP: seconds in all). At most 8 files come
+#   make -j2 all mmv-bench && bench/cuda/pack.sh /tmp/c.tar.xz; rm -rf /tmp/st; mkdir -p /tmp/st/var
+#   tar -C /tmp/st -xJf /tmp/c.tar.xz; cp PREV/build/libstrand-cuda.so /tmp/st/var/prev.so (stripped)
+#   tar -C /tmp/st -cf - build var | xz -9 -T2 > .gpu/s30d.tar.xz
+# Run there (device tool: carry .gpu/s30d.tar.xz; CAP: seconds in all). At most 8 files come
 # back from the device tool: the logs are kept as one tarball, $OUT/o.tar.xz, with the
 # summary printed and in $OUT/summary.txt.
-#   [CAP=400] bash bench/cuda/pending.sh [.gpu/s30c.tar.xz]
+#   [CAP=500] [PARTS=123456] bash bench/cuda/pending.sh [.gpu/s30d.tar.xz]
 set -u
 cd "$(dirname "$0")/../.."
 R=${OUT:-/tmp/pending}
 O=/tmp/pending-o; rm -rf $O; mkdir -p $O $R
-PACK=${1:-.gpu/s30c.tar.xz}
+PACK=${1:-.gpu/s30d.tar.xz}
 st=$(date +%s)
 el() { echo "$(( $(date +%s) - st ))s"; }
-tl() { local left=$((${CAP:-400} - 15 - ($(date +%s) - st))); [ $left -gt 8 ] && timeout $((left < $1 ? left : $1)) "${@:2}"; }
+tl() { local left=$((${CAP:-500} - 15 - ($(date +%s) - st))); [ $left -gt 8 ] && timeout $((left < $1 ? left : $1)) "${@:2}"; }
 finish() { tar -C $O -cf - . | xz -6 > $R/o.tar.xz; }
 trap finish EXIT
 exec > >(tee $R/summary.txt) 2>&1
@@ -32,11 +39,35 @@ S=build/strand
 B="$S bench --device cuda --synth 27b --dtype bf16 --precision bf16 --kv-dtype bf16"
 row() { grep -A8 "^$1" "$2" | awk 'NF >= 2 && $1 ~ /^[0-9]+$/' | tr -s ' ' | paste -sd'|' -; }
 echo "start $(el) $(head -2 $O/smi.txt | tail -1)"
-# 1. the prefill by operation
-tl 60 $B --prompts 512,2048,8192 --batches 1 --decode-s 0.2 --op-times >$O/ops.txt 2>$O/ops.err
-echo "prefill (op times) rc $? $(el): $(row prefill $O/ops.txt)"
-grep -A14 "device time of the 8192-token prefill" $O/ops.err | cut -c1-160
-# 2. k_attn_fw under Nsight Compute
+cp build/libstrand-cuda.so var/new.so
+use() { cp var/$1.so build/libstrand-cuda.so; }
+part() { case ${PARTS:-123456} in *$1*) return 0 ;; esac; return 1; }
+# 1. the prompt's attention
+if part 1; then
+    tl 60 build/mmv_bench fa 10 > $O/fa.txt 2>&1; echo "mmv_bench fa rc $? $(el)"
+    grep -E "^fa" $O/fa.txt | cut -c1-400
+fi
+# 2. bf16 prefill, prev and new, twice round
+part 2 && for r in 1 2; do
+    for v in prev new; do
+        use $v
+        tl 40 $B --prompts 512,2048,8192 --batches 1 --decode-s 0.2 >$O/p${r}_$v.txt 2>$O/p${r}_$v.err
+        echo "prefill $v rc $? $(el): $(row prefill $O/p${r}_$v.txt)"
+    done
+done
+use new
+# 3. the prefill by operation
+if part 3; then
+    tl 60 $B --prompts 8192 --batches 1 --decode-s 0.2 --op-times >$O/ops.txt 2>$O/ops.err
+    echo "prefill (op times) rc $? $(el): $(row prefill $O/ops.txt)"
+    grep -A14 "device time of the 8192-token prefill" $O/ops.err | cut -c1-160
+fi
+# 4. the GPU tests
+if part 4; then
+    tl 150 tests/gpu_test.sh > $O/test_gpu.txt 2>&1; echo "test-gpu rc $? $(el): $(grep -c '^ok' $O/test_gpu.txt) ok"
+    grep '^not ok' $O/test_gpu.txt | cut -c1-400
+fi
+# 5. k_attn_fw under Nsight Compute
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 prof() { # name, kernel regex, skip, command...
     local n=$1 k=$2 sk=$3; shift 3
@@ -44,10 +75,12 @@ prof() { # name, kernel regex, skip, command...
     echo "ncu $n rc $? $(el)"
     tl 40 $NCU --import /tmp/$n.ncu-rep --page source --csv --print-source sass > $O/${n}_sass.csv 2>/dev/null
     tl 30 $NCU --import /tmp/$n.ncu-rep --page details > $O/${n}_details.txt 2>&1
-    grep -E "^  [a-z_]+|Duration|Issue Slots Busy|Warp Cycles Per Issued|Registers Per|Shared Memory Config|Achieved Occ" $O/${n}_details.txt | cut -c1-140 | head -10
+    grep -E "^  [a-z_]+|Duration|Issue Slots Busy|Warp Cycles Per Issued|Registers Per|Achieved Occ" $O/${n}_details.txt | cut -c1-140 | head -10
 }
-prof fw k_attn_fw 3 $B --prompts 8192 --batches 1 --decode-s 0.1
-# 3. the library's products and the copy out of the tiled layout
-tl 90 build/mmv_bench blas 5 8192 > $O/blas.txt 2>&1; echo "mmv_bench blas rc $? $(el)"
-grep -E "^(gate|down|gdn|out|attn)" $O/blas.txt | grep bf16 | cut -c1-120
+part 5 && prof fw k_attn_fw 3 $B --prompts 8192 --batches 1 --decode-s 0.1
+# 6. the library's products and the copy out of the tiled layout
+if part 6; then
+    tl 90 build/mmv_bench blas 5 8192 > $O/blas.txt 2>&1; echo "mmv_bench blas rc $? $(el)"
+    grep -E "^(gate|down|gdn|out|attn)" $O/blas.txt | grep bf16 | cut -c1-120
+fi
 echo "end $(el)"

@@ -719,17 +719,23 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
 }
 
 
-/* chunk c's K and V (positions c0 .. c0 + FA_CH - 1, zeros past last) into buffer kb, vb */
+/* chunk c's K and V (positions c0 .. c0 + FA_CH - 1, zeros past last) into buffer kb, vb: a
+ * thread's pieces are of one row (thread i: row i / 4, its 8-dim pieces i % 4, + 4, ...), so
+ * the row's place in the paged pool is found once a chunk */
 template <int HD, bool BF16KV>
 __device__ __forceinline__ void fa_load(const cu_kv &kv, const cu_plan &p, int it, int li, int h, int64_t c0,
                                         int64_t last, uint16_t *kb, uint16_t *vb) {
+    static_assert(32 * FA_WARPS == 4 * FA_CH, "four threads a row");
     constexpr int LD = HD + FA_PAD, P8 = HD / 8;
     const int64_t vstep = (int64_t)kv.nkv * kv.block_size * HD;
-    for (int i = threadIdx.x; i < FA_CH * P8; i += 32 * FA_WARPS) {
-        const int r = i / P8, e0 = (i % P8) * 8;
-        const int64_t pos = c0 + r;
-        const bool in = pos <= last;
-        const size_t ki = in ? kv_index(kv, p, it, li, 0, h, pos) + e0 : 0;
+    const int r = threadIdx.x >> 2;
+    const int64_t pos = c0 + r;
+    const bool in = pos <= last;
+    const size_t k0 = in ? kv_index(kv, p, it, li, 0, h, pos) : 0;
+#pragma unroll
+    for (int j = 0; j < P8 / 4; j++) {
+        const int e0 = (4 * j + (threadIdx.x & 3)) * 8;
+        const size_t ki = in ? k0 + e0 : 0;
         if (BF16KV) {
             cp_async16(kb + r * LD + e0, (const uint16_t *)kv.base + ki, in ? 16 : 0);
             cp_async16(vb + r * LD + e0, (const uint16_t *)kv.base + ki + vstep, in ? 16 : 0);

@@ -4,10 +4,13 @@
 
 #include "backend/cuda/cu_common.cuh"
 
-/* the pool index of (item it, layer li, K (which 0) or V (1), KV head h, position pos) */
+/* the pool index of (item it, layer li, K (which 0) or V (1), KV head h, position pos); the
+ * block by 32-bit division (a position is below 2^32: no pool holds more), a fraction of the
+ * instructions of a 64-bit one */
 __device__ __forceinline__ size_t kv_index(const cu_kv &kv, const cu_plan &p, int it, int li, int which, int h,
                                            int64_t pos) {
-    const int64_t b = p.blocks[p.block_t0[it] + pos / kv.block_size], off = pos % kv.block_size;
+    const uint32_t pu = (uint32_t)pos, bs = (uint32_t)kv.block_size;
+    const int64_t b = p.blocks[p.block_t0[it] + pu / bs], off = pu % bs;
     return (size_t)b * ((size_t)kv.n_full * 2 * kv.nkv * kv.block_size * kv.hd) +
            ((size_t)(li * 2 + which) * kv.nkv + h) * ((size_t)kv.block_size * kv.hd) + (size_t)off * kv.hd;
 }

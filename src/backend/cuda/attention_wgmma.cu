@@ -88,18 +88,24 @@ __device__ __forceinline__ void fw_piece(int i, int rows, int *r, int *pc) {
     *r = (i >> 2) % rows, *pc = ((i >> 2) / rows) * 4 + (i & 3);
 }
 
-/* chunk c's K and V (positions c0 .. c0 + FW_CH - 1, zeros past last) into kb and vb, swizzled */
+/* chunk c's K and V (positions c0 .. c0 + FW_CH - 1, zeros past last) into kb and vb, swizzled.
+ * fw_piece's pieces i = tid, tid + FW_THREADS, ... of a thread are all of one row, tid / 4
+ * (FW_THREADS is 4 FW_CH), pieces tid % 4, + 4, ...: the row's place in the paged pool (its
+ * block's table entry, a division) is found once a chunk, not once a piece */
 template <int HD, bool BF16KV>
 __device__ __forceinline__ void fw_load(const cu_kv &kv, const cu_plan &p, int it, int li, int h, int64_t c0,
                                         int64_t last, uint8_t *kb, uint8_t *vb) {
+    static_assert(FW_THREADS == 4 * FW_CH, "a thread's pieces are one row's");
     constexpr int P8 = HD / 8;
     const int64_t vstep = (int64_t)kv.nkv * kv.block_size * HD;
-    for (int i = threadIdx.x; i < FW_CH * P8; i += FW_THREADS) {
-        int r, pc;
-        fw_piece(i, FW_CH, &r, &pc);
-        const int64_t pos = c0 + r;
-        const bool in = pos <= last;
-        const size_t ki = in ? kv_index(kv, p, it, li, 0, h, pos) + (size_t)pc * 8 : 0;
+    const int r = threadIdx.x >> 2;
+    const int64_t pos = c0 + r;
+    const bool in = pos <= last;
+    const size_t k0 = in ? kv_index(kv, p, it, li, 0, h, pos) : 0;
+#pragma unroll
+    for (int j = 0; j < P8 / 4; j++) {
+        const int pc = 4 * j + (threadIdx.x & 3); /* fw_piece(threadIdx.x + j * FW_THREADS, FW_CH) */
+        const size_t ki = in ? k0 + (size_t)pc * 8 : 0;
         const uint32_t off = wg_sw64(FW_CH, r, pc);
         if (BF16KV) {
             cp_async16(kb + off, (const uint16_t *)kv.base + ki, in ? 16 : 0);
@@ -162,15 +168,27 @@ __global__ void __launch_bounds__(FW_THREADS, 1) k_attn_fw(cu_plan p, cu_attn_ar
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
     const uint32_t q_a = smem_u32(qs) + wg * 64 * 64;
     const int nch = (int)(pos_last / FW_CH) + 1;
-    const bool wg_live = 64 * wg < rows; /* a warpgroup of padding rows only skips the products */
+    const bool wg_live = 64 * wg < rows; /* a warpgroup of padding rows writes nothing */
     for (int c = 0; c < nch; c++) {
         const int64_t c0 = (int64_t)c * FW_CH;
         uint8_t *kb = ks + (BF16KV ? (c & 1) : 0) * CB, *vb = vs + (BF16KV ? c % NV : 0) * CB;
+        const uint32_t k_a = smem_u32(kb), v_a = smem_u32(vb);
+        /* S = Q K^T: 64 rows by FW_CH positions (rows past the tile too: their queries are
+         * zeros, and a branch around the products would have ptxas serialize them) */
+        auto qk = [&]() {
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++)
+                wg_mma64_ss(s32, wg_desc(q_a + (kk >> 1) * (FW_ROWS * 64) + (kk & 1) * 32),
+                            wg_desc(k_a + (kk >> 1) * (FW_CH * 64) + (kk & 1) * 32), kk > 0);
+            wg_commit();
+        };
         if (BF16KV) {
             cp_async_wait<0>();
             fence_proxy_async();
             __syncthreads(); /* chunk c is in; every warpgroup is done with chunk c - 1's K and
                               * (PVA: c - 2's) V */
+            qk(); /* issued first: the tensor cores work while the next chunk's copies are issued */
             if (c + 1 < nch) /* the next chunk into those buffers, in flight while this one is used */
                 fw_load<HD, true>(kv, p, it, a.li, h, c0 + FW_CH, pos_last, ks + ((c + 1) & 1) * CB,
                                   vs + ((c + 1) % NV) * CB);
@@ -180,17 +198,9 @@ __global__ void __launch_bounds__(FW_THREADS, 1) k_attn_fw(cu_plan p, cu_attn_ar
             fw_load<HD, false>(kv, p, it, a.li, h, c0, pos_last, kb, vb);
             fence_proxy_async();
             __syncthreads();
+            qk();
         }
-        if (!wg_live) continue;
-        /* S = Q K^T: 64 rows by FW_CH positions */
-        const uint32_t k_a = smem_u32(kb), v_a = smem_u32(vb);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++)
-            wg_mma64_ss(s32, wg_desc(q_a + (kk >> 1) * (FW_ROWS * 64) + (kk & 1) * 32),
-                        wg_desc(k_a + (kk >> 1) * (FW_CH * 64) + (kk & 1) * 32), kk > 0);
-        wg_commit();
-        wg_wait<0>(); /* (PVA: chunk c - 1's P V too) */
+        wg_wait<0>(); /* S (PVA: and chunk c - 1's P V) */
         wg_fence_regs(s32);
         if (PVA) { /* chunk c - 1's outputs (ptxas keeps the weights' registers for its reads) */
 #pragma unroll
