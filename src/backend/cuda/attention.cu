@@ -719,33 +719,14 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
 }
 
 
-/* chunk c's K and V (positions c0 .. c0 + FA_CH - 1, zeros past last) into buffer kb, vb: a
- * thread's pieces are of one row (thread i: row i / 4, its 8-dim pieces i % 4, + 4, ...), so
- * the row's place in the paged pool is found once a chunk */
+/* chunk c's K and V (positions c0 .. c0 + FA_CH - 1, zeros past last) into buffer kb, vb
+ * ([FA_CH][HD + FA_PAD] bf16 each) */
 template <int HD, bool BF16KV>
 __device__ __forceinline__ void fa_load(const cu_kv &kv, const cu_plan &p, int it, int li, int h, int64_t c0,
                                         int64_t last, uint16_t *kb, uint16_t *vb) {
-    static_assert(32 * FA_WARPS == 4 * FA_CH, "four threads a row");
-    constexpr int LD = HD + FA_PAD, P8 = HD / 8;
-    const int64_t vstep = (int64_t)kv.nkv * kv.block_size * HD;
-    const int r = threadIdx.x >> 2;
-    const int64_t pos = c0 + r;
-    const bool in = pos <= last;
-    const size_t k0 = in ? kv_index(kv, p, it, li, 0, h, pos) : 0;
-#pragma unroll
-    for (int j = 0; j < P8 / 4; j++) {
-        const int e0 = (4 * j + (threadIdx.x & 3)) * 8;
-        const size_t ki = in ? k0 + e0 : 0;
-        if (BF16KV) {
-            cp_async16(kb + r * LD + e0, (const uint16_t *)kv.base + ki, in ? 16 : 0);
-            cp_async16(vb + r * LD + e0, (const uint16_t *)kv.base + ki + vstep, in ? 16 : 0);
-        } else {
-            uint4 ok, ov;
-            fa_kv8(kv, ki, vstep, in, &ok, &ov);
-            *(uint4 *)(kb + r * LD + e0) = ok;
-            *(uint4 *)(vb + r * LD + e0) = ov;
-        }
-    }
+    static_assert(32 * FA_WARPS == 256 && FA_CH == 64, "kv_chunk_load's threads and rows");
+    kv_chunk_load<HD, BF16KV>(kv, p, it, li, h, c0, last, (uint8_t *)kb, (uint8_t *)vb,
+                              [](int r, int pc) { return (uint32_t)(r * (HD + FA_PAD) + pc * 8) * 2; });
 }
 
 template <int HD, bool BF16KV>

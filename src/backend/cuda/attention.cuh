@@ -66,6 +66,36 @@ __device__ __forceinline__ void fa_kv8(const cu_kv &kv, size_t ki, int64_t vstep
     }
 }
 
+/* A chunk's K and V (positions c0 .. c0 + 63, zeros past last) into shared memory kb and vb,
+ * as bf16, by 256 threads: thread i takes row i / 4, its 8-dim pieces pc = i % 4, + 4, ...,
+ * each at byte offset at(row, pc) of both buffers (the kernel's layout); so a thread's row
+ * has its place in the paged pool found once a chunk. From a bf16 pool by cp.async (the
+ * caller commits and waits), from an fp32 pool converted and stored by the thread. */
+template <int HD, bool BF16KV, typename At>
+__device__ __forceinline__ void kv_chunk_load(const cu_kv &kv, const cu_plan &p, int it, int li, int h, int64_t c0,
+                                              int64_t last, uint8_t *kb, uint8_t *vb, At at) {
+    const int64_t vstep = (int64_t)kv.nkv * kv.block_size * HD;
+    const int r = threadIdx.x >> 2;
+    const int64_t pos = c0 + r;
+    const bool in = pos <= last;
+    const size_t k0 = in ? kv_index(kv, p, it, li, 0, h, pos) : 0;
+#pragma unroll
+    for (int j = 0; j < HD / 32; j++) {
+        const int pc = 4 * j + (threadIdx.x & 3);
+        const size_t ki = in ? k0 + (size_t)pc * 8 : 0;
+        const uint32_t off = at(r, pc);
+        if (BF16KV) {
+            cp_async16(kb + off, (const uint16_t *)kv.base + ki, in ? 16 : 0);
+            cp_async16(vb + off, (const uint16_t *)kv.base + ki + vstep, in ? 16 : 0);
+        } else {
+            uint4 ok, ov;
+            fa_kv8(kv, ki, vstep, in, &ok, &ov);
+            *(uint4 *)(kb + off) = ok;
+            *(uint4 *)(vb + off) = ov;
+        }
+    }
+}
+
 /* One chunk of the online softmax for a warp's 16 rows, the scores as an MMA's accumulator
  * fragments (s[n][e]: row g, or g + 8 for e >= 2, position c0 + 8 n + 2 t + (e & 1)): where
  * `mask`, positions past a row's (pos0 for row g, pos1 for g + 8) are masked; the running

@@ -88,35 +88,13 @@ __device__ __forceinline__ void fw_piece(int i, int rows, int *r, int *pc) {
     *r = (i >> 2) % rows, *pc = ((i >> 2) / rows) * 4 + (i & 3);
 }
 
-/* chunk c's K and V (positions c0 .. c0 + FW_CH - 1, zeros past last) into kb and vb, swizzled.
- * fw_piece's pieces i = tid, tid + FW_THREADS, ... of a thread are all of one row, tid / 4
- * (FW_THREADS is 4 FW_CH), pieces tid % 4, + 4, ...: the row's place in the paged pool (its
- * block's table entry, a division) is found once a chunk, not once a piece */
+/* chunk c's K and V (positions c0 .. c0 + FW_CH - 1, zeros past last) into kb and vb, swizzled
+ * (fw_piece's layout: kv_chunk_load's thread i writes fw_piece's pieces i, i + FW_THREADS, ...) */
 template <int HD, bool BF16KV>
 __device__ __forceinline__ void fw_load(const cu_kv &kv, const cu_plan &p, int it, int li, int h, int64_t c0,
                                         int64_t last, uint8_t *kb, uint8_t *vb) {
-    static_assert(FW_THREADS == 4 * FW_CH, "a thread's pieces are one row's");
-    constexpr int P8 = HD / 8;
-    const int64_t vstep = (int64_t)kv.nkv * kv.block_size * HD;
-    const int r = threadIdx.x >> 2;
-    const int64_t pos = c0 + r;
-    const bool in = pos <= last;
-    const size_t k0 = in ? kv_index(kv, p, it, li, 0, h, pos) : 0;
-#pragma unroll
-    for (int j = 0; j < P8 / 4; j++) {
-        const int pc = 4 * j + (threadIdx.x & 3); /* fw_piece(threadIdx.x + j * FW_THREADS, FW_CH) */
-        const size_t ki = in ? k0 + (size_t)pc * 8 : 0;
-        const uint32_t off = wg_sw64(FW_CH, r, pc);
-        if (BF16KV) {
-            cp_async16(kb + off, (const uint16_t *)kv.base + ki, in ? 16 : 0);
-            cp_async16(vb + off, (const uint16_t *)kv.base + ki + vstep, in ? 16 : 0);
-        } else {
-            uint4 ok, ov;
-            fa_kv8(kv, ki, vstep, in, &ok, &ov);
-            *(uint4 *)(kb + off) = ok;
-            *(uint4 *)(vb + off) = ov;
-        }
-    }
+    static_assert(FW_THREADS == 256 && FW_CH == 64, "kv_chunk_load's threads and rows");
+    kv_chunk_load<HD, BF16KV>(kv, p, it, li, h, c0, last, kb, vb, [](int r, int pc) { return wg_sw64(FW_CH, r, pc); });
 }
 
 /* the threads' shared-memory writes seen by the tensor cores' reads (wgmma's async proxy) */
