@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One device call's measurements (a GPU machine's time is short and often none starts: build
-# and pack here, run this there). Session 30's third call: k_attn_fw and k_attn_fa finding a
+# and pack here, run this there). Parts 1-4 ran on an H200 on 2026-12-06 (README has the
+# numbers); 5 and 6 are still to run (PARTS=56), for the next changes to k_attn_fw and the
+# products. Session 30's third call: k_attn_fw and k_attn_fa finding a
 # chunk row's place in the paged pool once a chunk instead of once a 16-byte piece (and
 # kv_index dividing in 32 bits), and k_attn_fw issuing Q K^T before the next chunk's copies:
 #   1. mmv_bench fa: k_attn_fw against k_attn_fa and `exact`, times (the build before:
