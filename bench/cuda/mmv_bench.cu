@@ -19,6 +19,11 @@
  *   build/mmv_bench wg [reps] [T,..] bf16 products on wgmma (matmul_wgmma.cu) against k_gemm:
  *                                    agreement and TFLOP/s at 64 to 2,048 tokens (or those
  *                                    given); exits 1 where they disagree
+ *   build/mmv_bench blastune [reps] [T,..] the 27B's prefill products at 2,048 and 8,192
+ *                                    tokens (or those given) with each algorithm cuBLASLt's
+ *                                    heuristic offers (up to 16): TFLOP/s of each against
+ *                                    its first (the backend's), outputs checked; exits 1
+ *                                    where one disagrees
  *   build/mmv_bench blas [reps] [T,..] products of 512 to 8,192 tokens (or those given) on
  *                                    cuBLASLt (blas.c: the tiled matrix copied out row-major
  *                                    first) against the backend's own path, with bf16
@@ -808,6 +813,116 @@ static int wgbench(int reps, const char *tlist) {
         tiled_case_free(tc);
     }
     printf("wgmma: %s\n", bad ? "FAILED" : "all products agree");
+    return bad ? 1 : 0;
+}
+
+/* ---- `mmv_bench blastune [reps] [tokens]`: the library's other algorithms for the prefill
+ * products (the 27B's matrices, bf16 activations, the backend's row-major copy's strides):
+ * each of the first CU_BLAS_TRY its heuristic offers, timed, against the first (the one the
+ * backend takes); every one checked against the first's outputs (two fp32 orders of the same
+ * exact products: within 4e-9 times the columns of the largest, as `mmv_bench blas`) ---- */
+static int blastune(int reps, const char *tlist) {
+    const bench_env env = bench_env_make();
+    cudaStream_t s = env.s;
+    cudaEvent_t e0 = env.e0, e1 = env.e1;
+    char why[300];
+    cu_blas *bl = cu_blas_create(why, sizeof why);
+    if (!bl) {
+        printf("blastune: %s\n", why);
+        return 1;
+    }
+    cu_blas_describe(bl, why, sizeof why);
+    printf("%s: TFLOP/s of each algorithm the heuristic offers (#0 the backend's), the best, and\n"
+           "err = max |y - y#0| / max |y#0| of the worst\n", why);
+    const struct { const char *name; int64_t rows, cols; int y_bf16; } shapes[] = {
+        {"gate|up", 17408, 5120, 1}, {"down", 5120, 17408, 0}, {"gdn qkvz", 16384, 5120, 0}, {"out/o", 5120, 6144, 0},
+        {"attn qkv", 14336, 5120, 0}};
+    const std::vector<int64_t> Ts = token_list(tlist, {2048, 8192});
+    int64_t TM = 16;
+    for (int64_t T : Ts) TM = T > TM ? T : TM;
+    void *ws;
+    CK(cudaMalloc(&ws, CU_BLAS_WORKSPACE));
+    int bad = 0;
+    for (const auto &sh : shapes) {
+        const tiled_case tc = tiled_case_make(s, sh.rows, sh.cols, TM, 23);
+        const int64_t ldxs = tiled_steps(sh.cols) * 32;
+        uint16_t *wrm;
+        CK(cudaMalloc(&wrm, (size_t)sh.rows * ldxs * 2));
+        cu_untile_bf16(s, tc.wt, sh.rows, sh.cols, wrm);
+        for (int64_t T : Ts) {
+            launch_split(s, tc.x, sh.cols, T, sh.cols, tc.xs, ldxs, 1);
+            /* y#0 in yref (fp32, or bf16 in its first half), each other's in y */
+            const int n = cu_blas_try_count(bl, wrm, ldxs, sh.rows, sh.cols, tc.xs, ldxs, T, tc.yref, sh.rows, sh.y_bf16,
+                                            CU_BLAS_WORKSPACE, CU_BLAS_TRY);
+            if (n < 1) {
+                printf("%-9s %6lld: the library offers no algorithm\n", sh.name, (long long)T);
+                bad++;
+                continue;
+            }
+            const double fl = 2.0 * sh.rows * sh.cols * T;
+            std::vector<double> tf((size_t)n, 0.0);
+            double worst = 0.0;
+            CK(cudaStreamSynchronize(s));
+            if (cu_blas_gemm_try(bl, s, 0, wrm, ldxs, sh.rows, sh.cols, tc.xs, ldxs, T, tc.yref, sh.rows, sh.y_bf16, ws,
+                                 CU_BLAS_WORKSPACE) != 0) {
+                printf("%-9s %6lld: algorithm 0 failed\n", sh.name, (long long)T);
+                bad++;
+                continue;
+            }
+            for (int k = 0; k < n; k++) {
+                if (cu_blas_gemm_try(bl, s, k, wrm, ldxs, sh.rows, sh.cols, tc.xs, ldxs, T, tc.y, sh.rows, sh.y_bf16, ws,
+                                     CU_BLAS_WORKSPACE) != 0) {
+                    CK(cudaGetLastError());
+                    continue; /* (tf 0: failed) */
+                }
+                CK(cudaStreamSynchronize(s));
+                CK(cudaGetLastError());
+                double err = 0.0;
+                if (sh.y_bf16) { /* bf16 outputs: the same rounding of sums within the bound, or a step apart */
+                    std::vector<uint16_t> a((size_t)(T * sh.rows)), b((size_t)(T * sh.rows));
+                    CK(cudaMemcpy(a.data(), tc.y, a.size() * 2, cudaMemcpyDeviceToHost));
+                    CK(cudaMemcpy(b.data(), tc.yref, b.size() * 2, cudaMemcpyDeviceToHost));
+                    double md = 0.0, mr = 0.0;
+                    auto bf = [](uint16_t h) {
+                        const uint32_t u = (uint32_t)h << 16;
+                        float f;
+                        memcpy(&f, &u, 4);
+                        return f;
+                    };
+                    for (size_t i = 0; i < a.size(); i++) {
+                        const float fa = bf(a[i]), fb = bf(b[i]);
+                        md = fabs((double)fa - fb) > md ? fabs((double)fa - fb) : md;
+                        mr = fabs((double)fb) > mr ? fabs((double)fb) : mr;
+                    }
+                    err = mr > 0 ? md / mr : 0.0;
+                } else {
+                    agreement ag;
+                    ag.add(tc.y, tc.yref, (size_t)(T * sh.rows));
+                    err = ag.nan ? 1.0 : ag.err();
+                }
+                worst = err > worst ? err : worst;
+                tf[(size_t)k] = fl / time_launches(s, e0, e1, reps, 1, [&](int) {
+                                    cu_blas_gemm_try(bl, s, k, wrm, ldxs, sh.rows, sh.cols, tc.xs, ldxs, T, tc.y, sh.rows,
+                                                     sh.y_bf16, ws, CU_BLAS_WORKSPACE);
+                                }) / 1e12;
+            }
+            int best = 0;
+            for (int k = 1; k < n; k++) best = tf[(size_t)k] > tf[(size_t)best] ? k : best;
+            /* bf16 outputs: each sum rounded once, so two orders differ by a bf16 step at most
+             * (of the largest: 2^-7 of it) */
+            const bool ok = worst <= (sh.y_bf16 ? 1.0 / 128 : 4e-9 * (double)sh.cols);
+            bad += !ok;
+            printf("%-9s %6lld  #0 %6.1f  best #%-2d %6.1f (%+.1f%%)  of %2d, err %.2e%s\n   ", sh.name, (long long)T,
+                   tf[0], best, tf[(size_t)best], 100.0 * (tf[(size_t)best] / tf[0] - 1.0), n, worst, ok ? "" : "  FAIL");
+            for (int k = 0; k < n; k++) printf(" %.0f", tf[(size_t)k]);
+            printf("\n");
+        }
+        CK(cudaFree(wrm));
+        tiled_case_free(tc);
+    }
+    CK(cudaFree(ws));
+    cu_blas_destroy(bl);
+    printf("blastune: %s\n", bad ? "FAILED" : "every algorithm agrees");
     return bad ? 1 : 0;
 }
 
@@ -1924,6 +2039,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "qv")) return qvbench(argc > 2 ? atoi(argv[2]) : 20);
     if (argc > 1 && !strcmp(argv[1], "wg")) return wgbench(argc > 2 ? atoi(argv[2]) : 10, argc > 3 ? argv[3] : NULL);
     if (argc > 1 && !strcmp(argv[1], "blas")) return blasbench(argc > 2 ? atoi(argv[2]) : 10, argc > 3 ? argv[3] : NULL);
+    if (argc > 1 && !strcmp(argv[1], "blastune")) return blastune(argc > 2 ? atoi(argv[2]) : 5, argc > 3 ? argv[3] : NULL);
     if (argc > 1 && !strcmp(argv[1], "ws")) return wsbench(argc > 2 ? atoi(argv[2]) : 20, argc > 3 ? argv[3] : NULL);
     const int reps = argc > 1 ? atoi(argv[1]) : 20;
     cudaDeviceProp prop;

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call's measurements (a GPU machine's time is short and often none starts: build
 # and pack here, run this there). Parts 1-4 ran on an H200 on 2026-12-06 (README has the
-# numbers); 5 and 6 are still to run (PARTS=56), for the next changes to k_attn_fw and the
-# products. Session 30's third call: k_attn_fw and k_attn_fa finding a
+# numbers); 5, 6 and 7 are still to run (PARTS=567, about 250 s), for the next changes to
+# k_attn_fw and the products (7: whether another of cuBLASLt's algorithms beats the one its
+# heuristic gives the backend, `mmv_bench blastune`, session 30, not yet run). Session 30's third call: k_attn_fw and k_attn_fa finding a
 # chunk row's place in the paged pool once a chunk instead of once a 16-byte piece (and
 # kv_index dividing in 32 bits), and k_attn_fw issuing Q K^T before the next chunk's copies:
 #   1. mmv_bench fa: k_attn_fw against k_attn_fa and `exact`, times (the build before:
@@ -14,6 +15,8 @@
 #      k_attn_fw in that prefill, for the next changes to it (kept as fw_*.csv / .txt)
 #   6. `mmv_bench blas` at 8,192 tokens: the library's products alone, with the copy out of
 #      the tiled layout, and the copy's own rate (untile GB/s)
+#   7. `mmv_bench blastune` at 2,048 and 8,192 tokens: each algorithm the library offers for
+#      the 27B's prefill products, timed against its first
 # Prepare here:
 #   make -j2 all mmv-bench && bench/cuda/pack.sh /tmp/c.tar.xz; rm -rf /tmp/st; mkdir -p /tmp/st/var
 #   tar -C /tmp/st -xJf /tmp/c.tar.xz; cp PREV/build/libstrand-cuda.so /tmp/st/var/prev.so (stripped)
@@ -21,7 +24,7 @@
 # Run there (device tool: carry .gpu/s30d.tar.xz; CAP: seconds in all). At most 8 files come
 # back from the device tool: the logs are kept as one tarball, $OUT/o.tar.xz, with the
 # summary printed and in $OUT/summary.txt.
-#   [CAP=500] [PARTS=123456] bash bench/cuda/pending.sh [.gpu/s30d.tar.xz]
+#   [CAP=500] [PARTS=1234567] bash bench/cuda/pending.sh [.gpu/s30d.tar.xz]
 set -u
 cd "$(dirname "$0")/../.."
 R=${OUT:-/tmp/pending}
@@ -43,7 +46,7 @@ row() { grep -A8 "^$1" "$2" | awk 'NF >= 2 && $1 ~ /^[0-9]+$/' | tr -s ' ' | pas
 echo "start $(el) $(head -2 $O/smi.txt | tail -1)"
 cp build/libstrand-cuda.so var/new.so
 use() { cp var/$1.so build/libstrand-cuda.so; }
-part() { case ${PARTS:-123456} in *$1*) return 0 ;; esac; return 1; }
+part() { case ${PARTS:-1234567} in *$1*) return 0 ;; esac; return 1; }
 # 1. the prompt's attention
 if part 1; then
     tl 60 build/mmv_bench fa 10 > $O/fa.txt 2>&1; echo "mmv_bench fa rc $? $(el)"
@@ -84,5 +87,10 @@ part 5 && prof fw k_attn_fw 3 $B --prompts 8192 --batches 1 --decode-s 0.1
 if part 6; then
     tl 90 build/mmv_bench blas 5 8192 > $O/blas.txt 2>&1; echo "mmv_bench blas rc $? $(el)"
     grep -E "^(gate|down|gdn|out|attn)" $O/blas.txt | grep bf16 | cut -c1-120
+fi
+# 7. the library's other algorithms
+if part 7; then
+    tl 150 build/mmv_bench blastune 5 > $O/blastune.txt 2>&1; echo "mmv_bench blastune rc $? $(el)"
+    grep -E "^[a-z]|#0" $O/blastune.txt | cut -c1-140
 fi
 echo "end $(el)"

@@ -76,6 +76,8 @@ struct cu_blas {
     cublasLtHandle_t h; /* owned */
     blas_pick cache[CU_BLAS_CACHE];
     int n_cache, next; /* entries in use; the one to replace next when full */
+    cublasLtMatmulHeuristicResult_t tries[CU_BLAS_TRY]; /* cu_blas_try_count's, n_tries of them */
+    int n_tries;
 };
 
 cu_blas *cu_blas_create(char *why, size_t cap) {
@@ -138,6 +140,30 @@ static int op_init(cu_blas *bl, blas_op *o, int64_t rows, int64_t cols, int64_t 
     return st == CUBLAS_STATUS_SUCCESS ? 0 : -1;
 }
 
+/* the heuristic's first `cap` algorithms for the operation (the operands' alignments and the
+ * workspace as given) into r: how many, 0 where it offers none or fails */
+static int ask_heuristic(cu_blas *bl, blas_op *o, const uint32_t align[3], size_t ws_bytes, int cap,
+                         cublasLtMatmulHeuristicResult_t *r) {
+    cublasLtMatmulPreferenceOpaque_t pref;
+    const uint64_t wsb = ws_bytes;
+    cublasStatus_t st = bl->f.pref_init(&pref, sizeof pref);
+    if (st == CUBLAS_STATUS_SUCCESS) st = bl->f.pref_set(&pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
+    const cublasLtMatmulPreferenceAttributes_t al[] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    /* A is w, B is xs, C and D are y */
+    for (size_t i = 0; i < sizeof al / sizeof al[0] && st == CUBLAS_STATUS_SUCCESS; i++)
+        st = bl->f.pref_set(&pref, al[i], &align[i < 2 ? i : 2], sizeof align[0]);
+    memset(r, 0, (size_t)cap * sizeof *r);
+    int n = 0;
+    if (st == CUBLAS_STATUS_SUCCESS) st = bl->f.heuristic(bl->h, &o->desc, &o->a, &o->b, &o->c, &o->c, &pref, cap, r, &n);
+    if (st != CUBLAS_STATUS_SUCCESS || n < 0) return 0;
+    int ok = 0; /* the usable ones, in order */
+    for (int i = 0; i < n && i < cap; i++)
+        if (r[i].state == CUBLAS_STATUS_SUCCESS) r[ok++] = r[i];
+    return ok;
+}
+
 /* the cached pick for the shape, asking the heuristic on a miss (a refusal or a failure is
  * kept too: the shape then takes the caller's kernel without asking again) */
 static const blas_pick *pick_for(cu_blas *bl, blas_op *o, int64_t rows, int64_t cols, int64_t T, int64_t ldw,
@@ -149,26 +175,14 @@ static const blas_pick *pick_for(cu_blas *bl, blas_op *o, int64_t rows, int64_t 
             p->align[0] == align[0] && p->align[1] == align[1] && p->align[2] == align[2] && p->ws <= ws_bytes)
             return p;
     }
-    cublasLtMatmulPreferenceOpaque_t pref;
-    const uint64_t wsb = ws_bytes;
-    cublasStatus_t st = bl->f.pref_init(&pref, sizeof pref);
-    if (st == CUBLAS_STATUS_SUCCESS) st = bl->f.pref_set(&pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
-    const cublasLtMatmulPreferenceAttributes_t al[] = {
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    /* A is w, B is xs, C and D are y */
-    for (size_t i = 0; i < sizeof al / sizeof al[0] && st == CUBLAS_STATUS_SUCCESS; i++)
-        st = bl->f.pref_set(&pref, al[i], &align[i < 2 ? i : 2], sizeof align[0]);
     cublasLtMatmulHeuristicResult_t r;
-    memset(&r, 0, sizeof r);
-    int n = 0;
-    if (st == CUBLAS_STATUS_SUCCESS) st = bl->f.heuristic(bl->h, &o->desc, &o->a, &o->b, &o->c, &o->c, &pref, 1, &r, &n);
+    const int n = ask_heuristic(bl, o, align, ws_bytes, 1, &r);
     blas_pick *p;
     if (bl->n_cache < CU_BLAS_CACHE) p = &bl->cache[bl->n_cache++];
     else p = &bl->cache[bl->next], bl->next = (bl->next + 1) % CU_BLAS_CACHE;
     p->rows = rows, p->cols = cols, p->T = T, p->ldw = ldw, p->ldxs = ldxs, p->ldy = ldy, p->y_bf16 = y_bf16;
     memcpy(p->align, align, sizeof p->align);
-    p->ok = st == CUBLAS_STATUS_SUCCESS && n > 0 && r.state == CUBLAS_STATUS_SUCCESS;
+    p->ok = n > 0;
     p->algo = r.algo;
     p->ws = p->ok ? r.workspaceSize : 0;
     return p;
@@ -193,6 +207,30 @@ int cu_blas_gemm_to(cu_blas *bl, cudaStream_t s, const uint16_t *w, int64_t ldw,
     const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     return bl->f.matmul(bl->h, &o.desc, &one, w, &o.a, xs, &o.b, &beta, y, &o.c, y, &o.c, &p->algo, ws, ws_bytes, s) ==
                    CUBLAS_STATUS_SUCCESS
+               ? 0
+               : -1;
+}
+
+int cu_blas_try_count(cu_blas *bl, const uint16_t *w, int64_t ldw, int64_t rows, int64_t cols, const uint16_t *xs,
+                      int64_t ldxs, int64_t T, const void *y, int64_t ldy, int y_bf16, size_t ws_bytes, int cap) {
+    bl->n_tries = 0;
+    if (rows < 1 || cols < 1 || T < 1 || ldw < cols || ldxs < cols || ldy < rows) return 0;
+    const uint32_t align[3] = {align_of(w), align_of(xs), align_of(y)};
+    blas_op o;
+    if (op_init(bl, &o, rows, cols, ldw, T, ldxs, ldy, y_bf16 != 0) != 0) return 0;
+    bl->n_tries = ask_heuristic(bl, &o, align, ws_bytes, cap < CU_BLAS_TRY ? cap : CU_BLAS_TRY, bl->tries);
+    return bl->n_tries;
+}
+
+int cu_blas_gemm_try(cu_blas *bl, cudaStream_t s, int k, const uint16_t *w, int64_t ldw, int64_t rows, int64_t cols,
+                     const uint16_t *xs, int64_t ldxs, int64_t T, void *y, int64_t ldy, int y_bf16, void *ws,
+                     size_t ws_bytes) {
+    if (k < 0 || k >= bl->n_tries || bl->tries[k].workspaceSize > ws_bytes) return -1;
+    blas_op o;
+    if (op_init(bl, &o, rows, cols, ldw, T, ldxs, ldy, y_bf16 != 0) != 0) return -1;
+    const float one = 1.0f, zero = 0.0f;
+    return bl->f.matmul(bl->h, &o.desc, &one, w, &o.a, xs, &o.b, &zero, y, &o.c, y, &o.c, &bl->tries[k].algo, ws,
+                        ws_bytes, s) == CUBLAS_STATUS_SUCCESS
                ? 0
                : -1;
 }

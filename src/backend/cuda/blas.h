@@ -55,6 +55,18 @@ int cu_blas_gemm_to(cu_blas *b, cudaStream_t s, const uint16_t *w, int64_t ldw, 
                     const uint16_t *xs, int64_t ldxs, int64_t T, void *y, int64_t ldy, int y_bf16, int accumulate,
                     void *ws, size_t ws_bytes);
 
+/* For measuring the library's choice (`mmv_bench blastune`): up to cap (at most CU_BLAS_TRY)
+ * of the algorithms its heuristic offers for cu_blas_gemm_to's shape (these operands'
+ * alignments, this workspace), in its order, the first being the one cu_blas_gemm_to takes;
+ * the count, 0 where none. cu_blas_gemm_try runs algorithm k of the last count's (beta 0):
+ * 0, or -1 where k is past them or the library fails. */
+#define CU_BLAS_TRY 16
+int cu_blas_try_count(cu_blas *b, const uint16_t *w, int64_t ldw, int64_t rows, int64_t cols, const uint16_t *xs,
+                      int64_t ldxs, int64_t T, const void *y, int64_t ldy, int y_bf16, size_t ws_bytes, int cap);
+int cu_blas_gemm_try(cu_blas *b, cudaStream_t s, int k, const uint16_t *w, int64_t ldw, int64_t rows, int64_t cols,
+                     const uint16_t *xs, int64_t ldxs, int64_t T, void *y, int64_t ldy, int y_bf16, void *ws,
+                     size_t ws_bytes);
+
 #ifdef __cplusplus
 }
 #endif
