@@ -20,16 +20,16 @@
 # Prepare here:
 #   make -j2 all mmv-bench && bench/cuda/pack.sh /tmp/c.tar.xz; rm -rf /tmp/st; mkdir -p /tmp/st/var
 #   tar -C /tmp/st -xJf /tmp/c.tar.xz; cp PREV/build/libstrand-cuda.so /tmp/st/var/prev.so (stripped)
-#   tar -C /tmp/st -cf - build var | xz -9 -T2 > .gpu/s30d.tar.xz
-# Run there (device tool: carry .gpu/s30d.tar.xz; CAP: seconds in all). At most 8 files come
+#   tar -C /tmp/st -cf - build var | xz -9 -T2 > .gpu/s31.tar.xz
+# Run there (device tool: carry .gpu/s31.tar.xz; CAP: seconds in all). At most 8 files come
 # back from the device tool: the logs are kept as one tarball, $OUT/o.tar.xz, with the
 # summary printed and in $OUT/summary.txt.
-#   [CAP=500] [PARTS=1234567] bash bench/cuda/pending.sh [.gpu/s30d.tar.xz]
+#   [CAP=500] [PARTS=1234567] bash bench/cuda/pending.sh [.gpu/s31.tar.xz]
 set -u
 cd "$(dirname "$0")/../.."
 R=${OUT:-/tmp/pending}
 O=/tmp/pending-o; rm -rf $O; mkdir -p $O $R
-PACK=${1:-.gpu/s30d.tar.xz}
+PACK=${1:-.gpu/s31.tar.xz}
 st=$(date +%s)
 el() { echo "$(( $(date +%s) - st ))s"; }
 tl() { local left=$((${CAP:-500} - 15 - ($(date +%s) - st))); [ $left -gt 8 ] && timeout $((left < $1 ? left : $1)) "${@:2}"; }
