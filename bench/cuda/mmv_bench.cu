@@ -149,6 +149,25 @@ static double time_launches(cudaStream_t s, cudaEvent_t e0, cudaEvent_t e1, int 
     return ms * 1e-3 / reps;
 }
 
+/* the most tokens of a bench's list (at least 16): what its buffers are made for */
+static int64_t most_tokens(const std::vector<int64_t> &Ts) {
+    int64_t tm = 16;
+    for (int64_t T : Ts) tm = T > tm ? T : tm;
+    return tm;
+}
+
+/* a cuBLASLt handle with its description in desc[cap] ("cuBLASLt 13.1.0"); NULL, with the
+ * reason printed after the mode's name, where the library is not there */
+static cu_blas *blas_open(const char *mode, char *desc, size_t cap) {
+    cu_blas *bl = cu_blas_create(desc, cap);
+    if (!bl) {
+        printf("%s: %s\n", mode, desc);
+        return NULL;
+    }
+    cu_blas_describe(bl, desc, cap);
+    return bl;
+}
+
 /* the device's copy bandwidth (bytes read + written a second, GB/s), printed */
 static double copy_bandwidth(cudaStream_t s, cudaEvent_t e0, cudaEvent_t e1) {
     const size_t cb = (size_t)2 << 30;
@@ -768,8 +787,7 @@ static int wgbench(int reps, const char *tlist) {
         {"gate+up", 34816, 5120}, {"down", 5120, 17408}, {"gdn in", 16512, 5120}, {"out/o", 5120, 6144},
         {"attn qkv", 14336, 5120}, {"odd rows", 1000, 384}};
     const std::vector<int64_t> Ts = token_list(tlist, {64, 128, 256, 512, 1024, 2048});
-    int64_t TM = 16;
-    for (int64_t T : Ts) TM = T > TM ? T : TM;
+    const int64_t TM = most_tokens(Ts);
     int bad = 0;
     printf("bf16 products on wgmma against k_gemm: TFLOP/s; err = max |wgmma - k_gemm| / max |k_gemm|\n");
     printf("%-9s %6s %10s %10s %10s\n", "shape", "T", "k_gemm", "wgmma", "err");
@@ -826,20 +844,15 @@ static int blastune(int reps, const char *tlist) {
     cudaStream_t s = env.s;
     cudaEvent_t e0 = env.e0, e1 = env.e1;
     char why[300];
-    cu_blas *bl = cu_blas_create(why, sizeof why);
-    if (!bl) {
-        printf("blastune: %s\n", why);
-        return 1;
-    }
-    cu_blas_describe(bl, why, sizeof why);
+    cu_blas *bl = blas_open("blastune", why, sizeof why);
+    if (!bl) return 1;
     printf("%s: TFLOP/s of each algorithm the heuristic offers (#0 the backend's), the best, and\n"
            "err = max |y - y#0| / max |y#0| of the worst\n", why);
     const struct { const char *name; int64_t rows, cols; int y_bf16; } shapes[] = {
         {"gate|up", 17408, 5120, 1}, {"down", 5120, 17408, 0}, {"gdn qkvz", 16384, 5120, 0}, {"out/o", 5120, 6144, 0},
         {"attn qkv", 14336, 5120, 0}};
     const std::vector<int64_t> Ts = token_list(tlist, {2048, 8192});
-    int64_t TM = 16;
-    for (int64_t T : Ts) TM = T > TM ? T : TM;
+    const int64_t TM = most_tokens(Ts);
     void *ws;
     CK(cudaMalloc(&ws, CU_BLAS_WORKSPACE));
     int bad = 0;
@@ -934,20 +947,15 @@ static int blasbench(int reps, const char *tlist) {
     cudaStream_t s = env.s;
     cudaEvent_t e0 = env.e0, e1 = env.e1;
     char why[300];
-    cu_blas *bl = cu_blas_create(why, sizeof why);
-    if (!bl) {
-        printf("blas: %s\n", why);
-        return 1;
-    }
-    cu_blas_describe(bl, why, sizeof why);
+    cu_blas *bl = blas_open("blas", why, sizeof why);
+    if (!bl) return 1;
     void *enc = cu_wgmma_available();
     printf("%s; the backend's own path: bf16 %s, exact k_gemm\n", why, enc ? "k_wgmma (k_gemm under 128 tokens)" : "k_gemm");
     const struct { const char *name; int64_t rows, cols; } shapes[] = {
         {"gate+up", 34816, 5120}, {"down", 5120, 17408}, {"gdn in", 16512, 5120}, {"out/o", 5120, 6144},
         {"attn qkv", 14336, 5120}, {"odd rows", 1000, 384}};
     const std::vector<int64_t> Ts = token_list(tlist, {512, 1024, 2048, 4096, 8192});
-    int64_t TM = 16;
-    for (int64_t T : Ts) TM = T > TM ? T : TM;
+    const int64_t TM = most_tokens(Ts);
     void *ws;
     CK(cudaMalloc(&ws, CU_BLAS_WORKSPACE));
     int bad = 0;

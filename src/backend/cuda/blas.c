@@ -188,6 +188,16 @@ static const blas_pick *pick_for(cu_blas *bl, blas_op *o, int64_t rows, int64_t 
     return p;
 }
 
+/* y (+)= the operation o with algorithm algo (accumulate: beta 1, else 0), enqueued on s */
+static int run_algo(cu_blas *bl, cudaStream_t s, blas_op *o, const cublasLtMatmulAlgo_t *algo, const uint16_t *w,
+                    const uint16_t *xs, void *y, int accumulate, void *ws, size_t ws_bytes) {
+    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    return bl->f.matmul(bl->h, &o->desc, &one, w, &o->a, xs, &o->b, &beta, y, &o->c, y, &o->c, algo, ws, ws_bytes, s) ==
+                   CUBLAS_STATUS_SUCCESS
+               ? 0
+               : -1;
+}
+
 int cu_blas_gemm(cu_blas *bl, cudaStream_t s, const uint16_t *w, int64_t ldw, int64_t rows, int64_t cols,
                  const uint16_t *xs, int64_t ldxs, int64_t T, float *y, int64_t ldy, int accumulate, void *ws,
                  size_t ws_bytes) {
@@ -204,11 +214,7 @@ int cu_blas_gemm_to(cu_blas *bl, cudaStream_t s, const uint16_t *w, int64_t ldw,
     const blas_pick *p = pick_for(bl, &o, rows, cols, T, ldw, ldxs, ldy, y_bf16 != 0, align, ws_bytes);
     if (!p->ok) return -1;
     /* (the heuristic is asked without alpha and beta: a shape's algorithm serves both) */
-    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    return bl->f.matmul(bl->h, &o.desc, &one, w, &o.a, xs, &o.b, &beta, y, &o.c, y, &o.c, &p->algo, ws, ws_bytes, s) ==
-                   CUBLAS_STATUS_SUCCESS
-               ? 0
-               : -1;
+    return run_algo(bl, s, &o, &p->algo, w, xs, y, accumulate, ws, ws_bytes);
 }
 
 int cu_blas_try_count(cu_blas *bl, const uint16_t *w, int64_t ldw, int64_t rows, int64_t cols, const uint16_t *xs,
@@ -228,9 +234,5 @@ int cu_blas_gemm_try(cu_blas *bl, cudaStream_t s, int k, const uint16_t *w, int6
     if (k < 0 || k >= bl->n_tries || bl->tries[k].workspaceSize > ws_bytes) return -1;
     blas_op o;
     if (op_init(bl, &o, rows, cols, ldw, T, ldxs, ldy, y_bf16 != 0) != 0) return -1;
-    const float one = 1.0f, zero = 0.0f;
-    return bl->f.matmul(bl->h, &o.desc, &one, w, &o.a, xs, &o.b, &zero, y, &o.c, y, &o.c, &bl->tries[k].algo, ws,
-                        ws_bytes, s) == CUBLAS_STATUS_SUCCESS
-               ? 0
-               : -1;
+    return run_algo(bl, s, &o, &bl->tries[k].algo, w, xs, y, 0, ws, ws_bytes);
 }
