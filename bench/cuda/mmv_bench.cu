@@ -1448,7 +1448,7 @@ static int gdnbench(int reps) {
             for (int c0 = 0; c0 < nch; c0 += ws_chunks) {
                 const int c1 = c0 + ws_chunks < nch ? c0 + ws_chunks : nch;
                 dim3 g3((unsigned)p.n_items, (unsigned)Hv, (unsigned)((Dv + GC_COLS - 1) / GC_COLS));
-                launch_pdl(k_gdn_cscan<128>, g3, dim3(GC_THREADS), cscan_floats<128>() * sizeof(float), s, p, a, c0, c1);
+                launch_pdl(k_gdn_cscan<128>, g3, dim3(GC_THREADS), cscan_bytes<128>(), s, p, a, c0, c1);
             }
         });
         const int rec_cl = cs.len < GDN_CHUNK ? (int)cs.len : GDN_CHUNK;

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # One device call's measurements (a GPU machine's time is short and often none starts: build
-# and pack here, run this there). Parts 1-4 ran on an H200 on 2026-12-06 (README has the
-# numbers); 5, 6 and 7 are still to run (PARTS=567, about 250 s), for the next changes to
-# k_attn_fw and the products (7: whether another of cuBLASLt's algorithms beats the one its
-# heuristic gives the backend, `mmv_bench blastune`, session 30, not yet run). Session 30's third call: k_attn_fw and k_attn_fa finding a
-# chunk row's place in the paged pool once a chunk instead of once a 16-byte piece (and
-# kv_index dividing in 32 bits), and k_attn_fw issuing Q K^T before the next chunk's copies:
+# and pack here, run this there). Session 31: the chunked delta rule's scan on bf16 operands
+# (mma.sync m16n8k16 from ldmatrix, the state in the warps' accumulators; k_gdn_cprep writes
+# W, P, exp(g) q and exp(g_last - g) k in bf16 for it): PARTS=824367 (8 first: the new scan
+# against the per-step rule; then the prefill side by side with the build before, var/prev.so,
+# the op times, the GPU tests and the library's products) and 9 (both rule kernels under
+# Nsight Compute). Earlier parts, kept for the next changes to their kernels:
 #   1. mmv_bench fa: k_attn_fw against k_attn_fa and `exact`, times (the build before:
 #      8,192 tokens fa 4.47 ms, fw 3.67)
-#   2. the `bf16` prefill side by side: prev (1ba6c54's library, var/prev.so) and new
+#   2. the `bf16` prefill side by side: prev (var/prev.so: 9c9d310's library) and new
 #   3. where an 8,192-token `bf16` prefill's time goes now (`strand bench --op-times`)
 #   4. make test-gpu (tests/gpu_test.sh) on new
 #   5. Nsight Compute's per-instruction stall samples (the SASS source page) and details of
@@ -20,16 +20,16 @@
 # Prepare here:
 #   make -j2 all mmv-bench && bench/cuda/pack.sh /tmp/c.tar.xz; rm -rf /tmp/st; mkdir -p /tmp/st/var
 #   tar -C /tmp/st -xJf /tmp/c.tar.xz; cp PREV/build/libstrand-cuda.so /tmp/st/var/prev.so (stripped)
-#   tar -C /tmp/st -cf - build var | xz -9 -T2 > .gpu/s31.tar.xz
-# Run there (device tool: carry .gpu/s31.tar.xz; CAP: seconds in all). At most 8 files come
+#   tar -C /tmp/st -cf - build var | xz -9 -T2 > .gpu/s31b.tar.xz
+# Run there (device tool: carry .gpu/s31b.tar.xz; CAP: seconds in all). At most 8 files come
 # back from the device tool: the logs are kept as one tarball, $OUT/o.tar.xz, with the
 # summary printed and in $OUT/summary.txt.
-#   [CAP=500] [PARTS=1234567] bash bench/cuda/pending.sh [.gpu/s31.tar.xz]
+#   [CAP=500] [PARTS=123456789] bash bench/cuda/pending.sh [.gpu/s31b.tar.xz]
 set -u
 cd "$(dirname "$0")/../.."
 R=${OUT:-/tmp/pending}
 O=/tmp/pending-o; rm -rf $O; mkdir -p $O $R
-PACK=${1:-.gpu/s31.tar.xz}
+PACK=${1:-.gpu/s31b.tar.xz}
 st=$(date +%s)
 el() { echo "$(( $(date +%s) - st ))s"; }
 tl() { local left=$((${CAP:-500} - 15 - ($(date +%s) - st))); [ $left -gt 8 ] && timeout $((left < $1 ? left : $1)) "${@:2}"; }
@@ -47,6 +47,11 @@ echo "start $(el) $(head -2 $O/smi.txt | tail -1)"
 cp build/libstrand-cuda.so var/new.so
 use() { cp var/$1.so build/libstrand-cuda.so; }
 part() { case ${PARTS:-1234567} in *$1*) return 0 ;; esac; return 1; }
+# 8. the delta rule's kernels alone: per step against chunked (agreement, times)
+if part 8; then
+    tl 90 build/mmv_bench gdn 10 > $O/gdn.txt 2>&1; echo "mmv_bench gdn rc $? $(el)"
+    grep -E "^gdn|alone" $O/gdn.txt | cut -c1-200
+fi
 # 1. the prompt's attention
 if part 1; then
     tl 60 build/mmv_bench fa 10 > $O/fa.txt 2>&1; echo "mmv_bench fa rc $? $(el)"
@@ -83,6 +88,11 @@ prof() { # name, kernel regex, skip, command...
     grep -E "^  [a-z_]+|Duration|Issue Slots Busy|Warp Cycles Per Issued|Registers Per|Achieved Occ" $O/${n}_details.txt | cut -c1-140 | head -10
 }
 part 5 && prof fw k_attn_fw 3 $B --prompts 8192 --batches 1 --decode-s 0.1
+# 9. the chunked rule's kernels under Nsight Compute (the same prefill as 5)
+if part 9; then
+    prof cprep k_gdn_cprep 3 $B --prompts 8192 --batches 1 --decode-s 0.1
+    prof cscan k_gdn_cscan 3 $B --prompts 8192 --batches 1 --decode-s 0.1
+fi
 # 6. the library's products and the copy out of the tiled layout
 if part 6; then
     tl 90 build/mmv_bench blas 5 8192 > $O/blas.txt 2>&1; echo "mmv_bench blas rc $? $(el)"

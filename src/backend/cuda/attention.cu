@@ -707,18 +707,6 @@ static constexpr size_t fa_smem() {
     return (size_t)(FA_ROWS + 4 * FA_CH) * (HD + FA_PAD) * 2 + FA_ROWS * 8;
 }
 
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-
 /* chunk c's K and V (positions c0 .. c0 + FA_CH - 1, zeros past last) into buffer kb, vb
  * ([FA_CH][HD + FA_PAD] bf16 each) */
 template <int HD, bool BF16KV>

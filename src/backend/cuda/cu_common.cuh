@@ -229,6 +229,20 @@ __device__ __forceinline__ uint4 ldg_stream(const uint16_t *p) {
     return v;
 }
 
+/* ldmatrix: four 8 x 8 bf16 matrices from shared memory, lanes 8 i .. 8 i + 7 giving the 16-byte
+ * rows of matrix i (r[i]); _t transposed (a lane gets its elements of a column pair instead of a
+ * row pair: a B fragment from a [k][n] matrix, an A fragment from an [k][m] one) */
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
 /* cp.async: 16 bytes (bytes < 16: the rest zeros) global -> shared, in groups */
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int bytes) {
     const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);

@@ -283,13 +283,14 @@ static inline size_t cu_gdn_counts(int Hk) { return (size_t)CU_GDN_DEC_FUSED_MAX
 int cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int max_item_tokens);
 /* Once per shape, before cu_gdn: 0 when cu_gdn takes these head dims, -1 when not. */
 int cu_gdn_prepare(int Dk, int Dv);
-/* the chunked rule: the floats a (chunk, head) takes in the workspace (W [64][Dk], U [64][Dv],
- * P [64][64], g [64]); 0 when it takes these head dims (Dk 16, 32, 64 or 128, Dv a
- * multiple of 8), -1 when not; the chunks' part of cu_gdn (tf32 tensor cores: `bf16` only) */
+/* the chunked rule: the floats a (chunk, head) takes in the workspace (U [64][Dv] and g [64]
+ * in fp32, then W, exp(g) q and exp(g_last - g) k [64][Dk] and P [64][64] in bf16);
+ * cu_gdn_chunked_prepare: 0 when it takes these head dims (Dk 16, 32, 64 or 128, Dv a
+ * multiple of 8), -1 when not; the chunks' part of cu_gdn (tensor cores: `bf16` only) */
 #ifdef __CUDACC__
 __host__ __device__
 #endif
-static inline int64_t cu_gdn_chunk_floats(int Dk, int Dv) { return 64 * (int64_t)(Dk + Dv) + 64 * 64 + 64; }
+static inline int64_t cu_gdn_chunk_floats(int Dk, int Dv) { return 64 * (int64_t)Dv + 64 + 96 * (int64_t)Dk + 64 * 64 / 2; }
 int cu_gdn_chunked_prepare(int Dk, int Dv);
 void cu_gdn_chunked(cu_stream s, const cu_plan *p, const cu_gdn_args *a);
 /* the chunked rule runs for steps with an item of at least this many tokens */
