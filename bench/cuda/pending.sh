@@ -5,7 +5,9 @@
 # W, P, exp(g) q and exp(g_last - g) k in bf16 for it): PARTS=824367 (8 first: the new scan
 # against the per-step rule; then the prefill side by side with the build before, var/prev.so,
 # the op times, the GPU tests and the library's products) and 9 (both rule kernels under
-# Nsight Compute). Earlier parts, kept for the next changes to their kernels:
+# Nsight Compute). Ran on an H100 on 2026-12-06 (README has the numbers): 8, 2, 4, 3, 9 and 7.
+# Not yet run on this build: 6, and the prefill side by side on an H200. Earlier parts, kept
+# for the next changes to their kernels:
 #   1. mmv_bench fa: k_attn_fw against k_attn_fa and `exact`, times (the build before:
 #      8,192 tokens fa 4.47 ms, fw 3.67)
 #   2. the `bf16` prefill side by side: prev (var/prev.so: 9c9d310's library) and new
