@@ -41,6 +41,9 @@ __device__ __forceinline__ void frag_a(uint32_t (&f)[4], const float *m, int ld,
     f[0] = tf32_of(e[0]), f[1] = tf32_of(e[8 * ld]), f[2] = tf32_of(e[4]), f[3] = tf32_of(e[8 * ld + 4]);
 }
 
+/* lo and hi rounded to bf16, as a pair */
+__device__ __forceinline__ uint32_t bf16x2(float lo, float hi) { return pack2(f2bf16(lo), f2bf16(hi)); }
+
 /* a (chunk, head)'s place in the workspace (cu_gdn_chunk_floats): U [GC][Dv] and g [GC] in
  * fp32, then W, exp(g) q, exp(g_last - g) k [GC][DK] and P [GC][GC] in bf16 (row-major) */
 struct gc_ws {
@@ -116,8 +119,8 @@ __global__ void __launch_bounds__(GC_THREADS) k_gdn_cprep(cu_gdn_args a, int c0)
         const int r = e / (DK / 4), i = e % (DK / 4) * 4;
         const float eq = expf(g[r]), ek = expf(g[GC - 1] - g[r]);
         const float4 q4 = *(const float4 *)(Qs + r * SW + i), k4 = *(const float4 *)(Ks + r * SW + i);
-        *(uint2 *)(cw.Q + r * DK + i) = make_uint2(pack2(f2bf16(eq * q4.x), f2bf16(eq * q4.y)), pack2(f2bf16(eq * q4.z), f2bf16(eq * q4.w)));
-        *(uint2 *)(cw.K + r * DK + i) = make_uint2(pack2(f2bf16(ek * k4.x), f2bf16(ek * k4.y)), pack2(f2bf16(ek * k4.z), f2bf16(ek * k4.w)));
+        *(uint2 *)(cw.Q + r * DK + i) = make_uint2(bf16x2(eq * q4.x, eq * q4.y), bf16x2(eq * q4.z, eq * q4.w));
+        *(uint2 *)(cw.K + r * DK + i) = make_uint2(bf16x2(ek * k4.x, ek * k4.y), bf16x2(ek * k4.z, ek * k4.w));
     }
     /* k_r . k_j and q_r . k_j on tensor cores: warp w the rows 16 (w / 2) .. + 15, columns
      * 32 (w % 2) .. + 31 (tiles wholly above the diagonal left zero), into A and P */
@@ -160,7 +163,7 @@ __global__ void __launch_bounds__(GC_THREADS) k_gdn_cprep(cu_gdn_args a, int c0)
                     pv[v] = col + v <= r ? d * qk[j][2 * hh + v] : 0.0f;
                 }
                 *(float2 *)(A + r * LA + col) = make_float2(av[0], av[1]);
-                *(uint32_t *)(cw.P + r * GC + col) = pack2(f2bf16(pv[0]), f2bf16(pv[1]));
+                *(uint32_t *)(cw.P + r * GC + col) = bf16x2(pv[0], pv[1]);
             }
     }
     cp_async_wait<0>();
@@ -217,8 +220,6 @@ template <int DK> struct cscan_at {
     static constexpr int D = S + DK * CR, BYTES = D + GC * CR;
 };
 template <int DK> constexpr size_t cscan_bytes() { return (size_t)cscan_at<DK>::BYTES; }
-
-__device__ __forceinline__ uint32_t bf16x2(float lo, float hi) { return pack2(f2bf16(lo), f2bf16(hi)); }
 
 template <int DK>
 __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cscan(cu_plan p, cu_gdn_args a, int c0, int c1) {
