@@ -205,9 +205,6 @@ __device__ __forceinline__ uint32_t tf32_of(float x) {
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
     return r;
 }
-/* x rounded to tf32 (an MMA operand rounded once where it is made; rounding it again at the
- * MMA changes nothing) */
-__device__ __forceinline__ float tf32_val(float x) { return __uint_as_float(tf32_of(x)); }
 
 /* d += a b for a 16 x 8 tile over 8 of k: a (row-major, lane l: rows l/4 and l/4 + 8, columns
  * l%4 and l%4 + 4), b (columns l/4, rows l%4 and l%4 + 4), d (rows l/4 and l/4 + 8, columns
