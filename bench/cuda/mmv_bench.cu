@@ -1401,9 +1401,9 @@ static int gdnbench(int reps) {
                 CK(cudaEventElapsedTime(&t, e0, e1));
                 if (r) ms[path] += t / reps;
             }
-            /* a decode step of few items normalizes q and k inside the rule's kernel, not in place: as the other
-             * path does */
-            if (path == 0 && cs.len == 1 && cs.items <= GDN_DEC_FUSED_MAX)
+            /* a decode step of few items normalizes q and k inside the rule's kernel, as does the chunked
+             * rule (k_gdn_cprep), not in place: as the other path does */
+            if ((path == 0 && cs.len == 1 && cs.items <= GDN_DEC_FUSED_MAX) || (path == 1 && a.n_chunks > 0))
                 launch_pdl(k_gdn_qknorm, dim3((unsigned)(T * Hk)), dim3(32), 0, s, a, (int64_t)T * Hk);
             CK(cudaMemcpy(qkv_after[path], qkv, (size_t)T * cd * 4, cudaMemcpyDeviceToDevice));
         }

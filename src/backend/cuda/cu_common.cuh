@@ -74,6 +74,17 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+/* The scale of a q row (also by 1 / sqrt(Dk)) or a k row of Dk by its L2 norm, as every kernel
+ * makes it: a warp's lanes sum the squares of columns lane, lane + 32, ... in order, then a
+ * butterfly (k_gdn_qknorm's order, which k_gdn_dec and k_gdn_cprep repeat: the same bits) */
+__device__ __forceinline__ float gdn_l2_scale(const float *v, int Dk, bool is_q) {
+    const int lane = threadIdx.x & 31;
+    float ss = 0.0f;
+    for (int j = lane; j < Dk; j += 32) ss = fmaf(v[j], v[j], ss);
+    ss = warp_sum(ss);
+    return (is_q ? 1.0f / sqrtf((float)Dk) : 1.0f) / sqrtf(ss + 1e-6f);
+}
+
 /* sum over a block of blockDim.x (a multiple of 32, at most 1024) threads, in a fixed
  * order; every thread gets it. red: [32] shared floats. */
 static inline __device__ float block_sum(float v, float *red) {
@@ -245,11 +256,30 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int byt
     const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa), "l"(gmem), "r"(bytes));
 }
+/* the same from a shared-memory address (__cvta_generic_to_shared's), all 16 bytes */
+__device__ __forceinline__ void cp_async16_at(uint32_t saddr, const void *gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(saddr), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async16_at(uint32_t saddr, const void *gmem, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(saddr), "l"(gmem), "r"(bytes));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 __device__ __forceinline__ uint32_t pack2(uint16_t lo, uint16_t hi) { return (uint32_t)lo | ((uint32_t)hi << 16); }
+/* lo and hi rounded to bf16 (to nearest, ties to even: f2bf16's values, one instruction for
+ * the pair; a NaN comes out as the canonical one) */
+__device__ __forceinline__ uint32_t bf16x2_rn(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); /* first source: the high half */
+    return r;
+}
+__device__ __forceinline__ uint16_t bf16_rn(float f) {
+    uint16_t r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    return r;
+}
 
 /* the tiled layout */
 __host__ __device__ __forceinline__ int64_t tiled_steps(int64_t cols) { return (cols + 31) / 32; }

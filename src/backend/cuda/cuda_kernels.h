@@ -238,8 +238,10 @@ void cu_matmul_bf16_in(cu_stream s, const cu_mat *w, const uint16_t *xb, int64_t
                        int64_t ldy, const cu_mm_scratch *sc);
 
 /* Gated DeltaNet of one layer: conv + SiLU over the item's tokens (state [K-1][cd] per slot,
- * slot stride conv_stride floats), L2 norms of q and k (in place in qkv), the per-step delta rule (state
- * [Hv][Dk][Dv] per slot on the device, stride rec_stride), the gated norm; mix [T][Hv*Dv]. */
+ * slot stride conv_stride floats; in place in qkv), L2 norms of q and k (in place in qkv on the
+ * per-step path, inside k_gdn_cprep on the chunked one), the delta rule (state [Hv][Dk][Dv] per
+ * slot on the device, stride rec_stride), the gated norm; mix [T][Hv*Dv]. qkv's contents after
+ * it are scratch. */
 typedef struct cu_gdn_args {
     float *qkv;              /* P1 [T][cd] */
     const float *z, *b, *a;  /* P2 [T][vd], P3 [T][Hv], P4 [T][Hv] */

@@ -115,17 +115,6 @@ static void cu_gdn_conv_chunked(cu_stream s, const cu_plan *p, const cu_gdn_args
     launch_pdl(k_gdn_conv_chunk, g, dim3(CONV_THREADS), 0, s, *p, *a);
 }
 
-/* The scale of a q row (also by 1 / sqrt(Dk)) or a k row of Dk by its L2 norm, as every kernel
- * makes it: a warp's lanes sum the squares of columns lane, lane + 32, ... in order, then a
- * butterfly (k_gdn_qknorm's order, which k_gdn_dec repeats: the same bits) */
-__device__ __forceinline__ float gdn_l2_scale(const float *v, int Dk, bool is_q) {
-    const int lane = threadIdx.x & 31;
-    float ss = 0.0f;
-    for (int j = lane; j < Dk; j += 32) ss = fmaf(v[j], v[j], ss);
-    ss = warp_sum(ss);
-    return (is_q ? 1.0f / sqrtf((float)Dk) : 1.0f) / sqrtf(ss + 1e-6f);
-}
-
 /* the gated RMSNorm's scale of a head's Dv outputs o (a warp; k_gdn_gnorm's order, which
  * k_gdn_dec repeats), and one output gated */
 __device__ __forceinline__ float gdn_gnorm_scale(const float *o, int Dv, float eps) {
@@ -560,7 +549,8 @@ extern "C" int cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int m
      * though the norms alone were faster; the chunked rule takes GDN_NORM_WARPS */
     const int nw = a->n_chunks > 0 ? GDN_NORM_WARPS : 1;
     const int64_t nqk = (int64_t)p->n_tokens * a->Hk, ng = (int64_t)p->n_tokens * a->Hv;
-    if (!fused) launch_pdl(k_gdn_qknorm, dim3((unsigned)((nqk + nw - 1) / nw)), dim3(32 * nw), 0, s, *a, nqk);
+    /* the chunked rule's k_gdn_cprep normalizes the rows it reads itself */
+    if (!fused && a->n_chunks == 0) launch_pdl(k_gdn_qknorm, dim3((unsigned)((nqk + nw - 1) / nw)), dim3(32 * nw), 0, s, *a, nqk);
     dim3 gr((unsigned)p->n_items, (unsigned)a->Hv, (unsigned)((a->Dv + 8 * GDN_WARPS - 1) / (8 * GDN_WARPS)));
     const int cl = max_item_tokens < GDN_CHUNK ? (max_item_tokens > 0 ? max_item_tokens : 1) : GDN_CHUNK;
     const size_t shm = gdn_smem(a->Dk, cl);

@@ -1,11 +1,11 @@
 /* ==== CUDA kernels: the chunked delta rule (see cuda_kernels.h) ====
  *
  * The delta rule of many-token items in `bf16` precision, 64 tokens at a time on tensor
- * cores (tf32 operands, fp32 accumulation and state). Per value head, for a chunk of n <= 64
+ * cores (fp32 accumulation and state). Per value head, for a chunk of n <= 64
  * tokens whose log decays cumulate to g (g_s = sum of l_u, u <= s, from the chunk's start):
  *
  *   A[s][j] = beta_s exp(g_s - g_j) (k_s . k_j), j < s        (strictly lower)
- *   (I + A) W = diag(beta exp(g)) K,  (I + A) U = diag(beta) V  (forward substitution)
+ *   (I + A) W = diag(beta exp(g)) K,  (I + A) U = diag(beta) V
  *   P[t][s] = exp(g_t - g_s) (q_t . k_s), s <= t
  *
  * and then, from the state S [Dk][Dv] at the chunk's start,
@@ -16,10 +16,11 @@
  *
  * which is the per-step recurrence of gdn.cu rearranged (exactly, in real arithmetic). The
  * first part has no dependence between chunks: k_gdn_cprep runs a block per (chunk, head),
- * the two Gram products on tensor cores (tf32 operands) and the substitution a thread per
- * column in fp32, and writes U and g in fp32 and W, P, exp(g) q and exp(g_last - g) k
- * rounded to bf16 (the scan's operands, as the peers' chunked kernels take them) to the
- * chunk workspace. The second is the only sequential part: k_gdn_cscan runs a block per
+ * the two Gram products on tensor cores (tf32 operands), T = (I + A)^-1 in fp32 by blocks of
+ * 16 (the diagonal blocks by substitution, then those below from them), W = T diag(beta
+ * exp(g)) K and U = T diag(beta) V on tensor cores (tf32 operands), and writes U and g in
+ * fp32 and W, P, exp(g) q and exp(g_last - g) k rounded to bf16 (the scan's operands, as the
+ * peers' chunked kernels take them) to the chunk workspace. The second is the only sequential part: k_gdn_cscan runs a block per
  * (item, head, 32 state columns) over the item's chunks in order, the fp32 state in its
  * warps' accumulators (a bf16 copy in shared memory as the products' operand), the products
  * mma.sync m16n8k16 on bf16 operands with fp32 sums, their fragments by ldmatrix; two such
@@ -42,7 +43,7 @@ __device__ __forceinline__ void frag_a(uint32_t (&f)[4], const float *m, int ld,
 }
 
 /* lo and hi rounded to bf16, as a pair */
-__device__ __forceinline__ uint32_t bf16x2(float lo, float hi) { return pack2(f2bf16(lo), f2bf16(hi)); }
+__device__ __forceinline__ uint32_t bf16x2(float lo, float hi) { return bf16x2_rn(lo, hi); }
 
 /* a (chunk, head)'s place in the workspace (cu_gdn_chunk_floats): U [GC][Dv] and g [GC] in
  * fp32, then W, exp(g) q, exp(g_last - g) k [GC][DK] and P [GC][GC] in bf16 (row-major) */
@@ -62,24 +63,25 @@ template <int DK> __device__ __forceinline__ gc_ws gc_ws_at(const cu_gdn_args &a
 /* ---- the chunk's own part: W, U, P, g ---- */
 
 /* shared memory, floats: q [GC][max(DK, Dv) + 4], where v [GC][Dv + 4] goes once q is read;
- * k [GC][DK + 4] (row-major), A [GC][GC + 4], beta, g and beta exp(g) [GC] */
+ * k [GC][DK + 4] (row-major), A and T = (I + A)^-1 [GC][GC + 4], beta, g and beta exp(g) [GC] */
 template <int DK> __host__ __device__ constexpr int cprep_qw(int Dv) { return (DK > Dv ? DK : Dv) + 4; }
 template <int DK> constexpr size_t cprep_floats(int Dv) {
-    return (size_t)GC * cprep_qw<DK>(Dv) + (size_t)GC * (DK + 4) + GC * (GC + 4) + 3 * GC;
+    return (size_t)GC * cprep_qw<DK>(Dv) + (size_t)GC * (DK + 4) + 2 * GC * (GC + 4) + 3 * GC;
 }
 
 template <int DK>
-__global__ void __launch_bounds__(GC_THREADS) k_gdn_cprep(cu_gdn_args a, int c0) {
+__global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cprep(cu_gdn_args a, int c0) {
     pdl_wait();
     extern __shared__ float4 cp_sh4[];
     constexpr int SW = DK + 4, LA = GC + 4;
     const int Dv = a.Dv, SV = Dv + 4; /* v's stride, where q was */
-    float *Qs = (float *)cp_sh4, *Ks = Qs + GC * cprep_qw<DK>(Dv), *A = Ks + GC * SW, *bt = A + GC * LA, *g = bt + GC, *be = g + GC;
+    float *Qs = (float *)cp_sh4, *Ks = Qs + GC * cprep_qw<DK>(Dv), *A = Ks + GC * SW, *T = A + GC * LA;
+    float *bt = T + GC * LA, *g = bt + GC, *be = g + GC;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, h = blockIdx.y, c = c0 + blockIdx.x;
     const int64_t t0 = a.chunks[4 * c];
     const int n = a.chunks[4 * c + 1], kh = h / (a.Hv / a.Hk);
     const gc_ws cw = gc_ws_at<DK>(a, blockIdx.x, h);
-    /* q and k of the chunk (zeros past its end), every copy in flight at once */
+    /* q and k of the chunk as the conv left them (zeros past its end), every copy in flight at once */
     for (int e = tid; e < GC * DK / 4; e += GC_THREADS) {
         const int r = e / (DK / 4), i = e % (DK / 4) * 4;
         const float *row = a.qkv + (t0 + (r < n ? r : 0)) * a.cd + (int64_t)kh * DK + i;
@@ -113,6 +115,14 @@ __global__ void __launch_bounds__(GC_THREADS) k_gdn_cprep(cu_gdn_args a, int c0)
         }
     }
     cp_async_wait<0>();
+    __syncthreads();
+    /* q and k by their L2 norms (q also by 1 / sqrt(DK)), a warp a row, as k_gdn_qknorm makes
+     * them in place on the per-step path (the same bits) */
+    for (int r = w; r < GC; r += GC_THREADS / 32) {
+        float *qr = Qs + r * SW, *kr = Ks + r * SW;
+        const float sq = gdn_l2_scale(qr, DK, true), sk = gdn_l2_scale(kr, DK, false);
+        for (int j = lane; j < DK; j += 32) qr[j] *= sq, kr[j] *= sk;
+    }
     __syncthreads();
     /* the scan's exp(g) q and exp(g_last - g) k, in bf16 */
     for (int e = tid; e < GC * DK / 4; e += GC_THREADS) {
@@ -168,41 +178,91 @@ __global__ void __launch_bounds__(GC_THREADS) k_gdn_cprep(cu_gdn_args a, int c0)
     }
     cp_async_wait<0>();
     __syncthreads();
-    /* (I + A) X = R by forward substitution, a thread per column of [W | U], the column in
-     * registers; A's rows read four at a time (the same address across the block) */
-    for (int col = tid; col < DK + Dv; col += GC_THREADS) {
-        float x[GC];
-        if (col < DK) {
+    /* T = (I + A)^-1 (unit lower triangular, fp32) in blocks of 16: first the diagonal blocks'
+     * inverses, a thread per (block, column) by substitution */
+    if (tid < GC) {
+        const int b0 = 16 * (tid >> 4), j = tid & 15;
+        float x[16];
 #pragma unroll
-            for (int r = 0; r < GC; r++) x[r] = be[r] * Ks[r * SW + col];
-        } else {
-            const float *v = Qs + (col - DK); /* Vs */
+        for (int r = 0; r < 16; r++) {
+            float v = r == j ? 1.0f : 0.0f; /* (x[k] is 0 for k < j: rows above the diagonal 0) */
 #pragma unroll
-            for (int r = 0; r < GC; r++) x[r] = bt[r] * v[r * SV]; /* (beta and v are 0 past the end) */
+            for (int k = 0; k < r; k++) v = fmaf(-A[(b0 + r) * LA + b0 + k], x[k], v);
+            x[r] = v;
         }
 #pragma unroll
-        for (int r = 1; r < GC; r++) {
-            /* four sums (the columns j mod 4 apart), so that the chain of dependent FMAs is
-             * a quarter as long */
-            float s0 = x[r], s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+        for (int r = 0; r < 16; r++) T[(b0 + r) * LA + b0 + j] = x[r];
+    }
+    __syncthreads();
+    /* then the blocks d below the diagonal, d = 1, 2, 3: T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj
+     * (i = j + d), the sum M_ij kept in T's block (j, i) above the diagonal, which the products
+     * never read */
+#pragma unroll 1
+    for (int d = 1; d < GC / 16; d++) {
+        for (int e = tid; e < (GC / 16 - d) * 256; e += GC_THREADS) {
+            const int i = d + (e >> 8), j = i - d, r = (e >> 4) & 15, c = e & 15;
+            float m = 0.0f;
+#pragma unroll 1
+            for (int kb = 16 * j; kb < 16 * i; kb += 16)
 #pragma unroll
-            for (int j = 0; j < (r & ~3); j += 4) {
-                const float4 e = *(const float4 *)(A + r * LA + j);
-                s0 = fmaf(-e.x, x[j], s0);
-                s1 = fmaf(-e.y, x[j + 1], s1);
-                s2 = fmaf(-e.z, x[j + 2], s2);
-                s3 = fmaf(-e.w, x[j + 3], s3);
+                for (int k = kb; k < kb + 16; k++) m = fmaf(A[(16 * i + r) * LA + k], T[k * LA + 16 * j + c], m);
+            T[(16 * j + r) * LA + 16 * i + c] = m;
+        }
+        __syncthreads();
+        for (int e = tid; e < (GC / 16 - d) * 256; e += GC_THREADS) {
+            const int i = d + (e >> 8), j = i - d, r = (e >> 4) & 15, c = e & 15;
+            float t = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 16; k++) /* T_ii is 0 past its diagonal */
+                t = fmaf(T[(16 * i + r) * LA + 16 * i + k], T[(16 * j + k) * LA + 16 * i + c], t);
+            T[(16 * i + r) * LA + 16 * j + c] = -t;
+        }
+        __syncthreads();
+    }
+    /* [W | U] = T [diag(beta exp(g)) K | diag(beta) V] on tensor cores (tf32 operands, fp32
+     * sums): warp w the 32 columns from 32 w (every 256th on), all 64 rows; T's row tile m
+     * stops at its diagonal (k < 16 m + 16) */
+    {
+        const int gid = lane >> 2, tig = lane & 3, NC = DK + Dv;
+        const float *Vs = Qs; /* stride SV */
+        for (int n0 = 32 * w; n0 < NC; n0 += 32 * (GC_THREADS / 32)) {
+            float acc[GC / 16][4][4] = {};
+#pragma unroll
+            for (int ks = 0; ks < GC / 8; ks++) {
+                const int k = 8 * ks + tig;
+                uint32_t fb[4][2];
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++) { /* a tile's 8 columns all of k, or all of v */
+                    const int col = n0 + 8 * nt + gid;
+                    float b0 = 0.0f, b1 = 0.0f;
+                    if (n0 + 8 * nt < DK) {
+                        b0 = be[k] * Ks[k * SW + col], b1 = be[k + 4] * Ks[(k + 4) * SW + col];
+                    } else if (n0 + 8 * nt < NC) {
+                        b0 = bt[k] * Vs[k * SV + col - DK], b1 = bt[k + 4] * Vs[(k + 4) * SV + col - DK];
+                    }
+                    fb[nt][0] = tf32_of(b0), fb[nt][1] = tf32_of(b1);
+                }
+#pragma unroll
+                for (int mt = ks / 2; mt < GC / 16; mt++) {
+                    uint32_t fa[4];
+                    frag_a(fa, T, LA, 16 * mt, 8 * ks, lane);
+#pragma unroll
+                    for (int nt = 0; nt < 4; nt++) mma_tf32(acc[mt][nt], fa[0], fa[1], fa[2], fa[3], fb[nt][0], fb[nt][1]);
+                }
             }
 #pragma unroll
-            for (int j = r & ~3; j < r; j++) s0 = fmaf(-A[r * LA + j], x[j], s0);
-            x[r] = (s0 + s1) + (s2 + s3);
-        }
-        if (col < DK) {
+            for (int mt = 0; mt < GC / 16; mt++)
 #pragma unroll
-            for (int r = 0; r < GC; r++) cw.W[r * DK + col] = f2bf16(x[r]);
-        } else {
-#pragma unroll
-            for (int r = 0; r < GC; r++) cw.U[r * Dv + (col - DK)] = x[r];
+                for (int nt = 0; nt < 4; nt++) {
+                    const int col = n0 + 8 * nt + 2 * tig, r0 = 16 * mt + gid;
+                    if (n0 + 8 * nt < DK) {
+                        *(uint32_t *)(cw.W + r0 * DK + col) = bf16x2(acc[mt][nt][0], acc[mt][nt][1]);
+                        *(uint32_t *)(cw.W + (r0 + 8) * DK + col) = bf16x2(acc[mt][nt][2], acc[mt][nt][3]);
+                    } else if (n0 + 8 * nt < NC) {
+                        *(float2 *)(cw.U + r0 * Dv + col - DK) = make_float2(acc[mt][nt][0], acc[mt][nt][1]);
+                        *(float2 *)(cw.U + (r0 + 8) * Dv + col - DK) = make_float2(acc[mt][nt][2], acc[mt][nt][3]);
+                    }
+                }
         }
     }
 }
@@ -216,8 +276,17 @@ __global__ void __launch_bounds__(GC_THREADS) k_gdn_cprep(cu_gdn_args a, int c0)
 static_assert(GC_COLS == 32, "the scan's warps take 32 state columns");
 template <int DK> struct cscan_at {
     static constexpr int SR = (DK + 8) * 2, PR = (GC + 8) * 2, CR = (GC_COLS + 8) * 2; /* a row's bytes */
+    static constexpr int UR = (GC_COLS + 8) * 4; /* U's rows (fp32): 8 rows a float2 per lane in two wavefronts */
     static constexpr int W = 0, Q = W + GC * SR, K = Q + GC * SR, P = K + 2 * GC * SR, S = P + 2 * GC * PR;
-    static constexpr int D = S + DK * CR, BYTES = D + GC * CR;
+    static constexpr int D = S + DK * CR, U = D + GC * CR, BYTES = U + GC * UR;
+};
+/* a block's copies of a [GC][COLS] matrix's 16-byte pieces (ELEM bytes a value), piece e = tid +
+ * GC_THREADS i of row e / (pieces a row): a thread's first piece and the rows between its pieces */
+template <int COLS, int ELEM> struct cscan_pieces {
+    static constexpr int ROW = COLS * ELEM / 16, ALL = GC * ROW;
+    static constexpr int EACH = (ALL + GC_THREADS - 1) / GC_THREADS, STEP = GC_THREADS / ROW;
+    static_assert(GC_THREADS % ROW == 0, "a row's pieces divide the block");
+    static __device__ __forceinline__ bool on(int tid, int i) { return ALL % GC_THREADS == 0 || tid + GC_THREADS * i < ALL; }
 };
 template <int DK> constexpr size_t cscan_bytes() { return (size_t)cscan_at<DK>::BYTES; }
 
@@ -261,28 +330,41 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cscan(cu_plan p, cu_gdn_a
             }
         put_state();
     }
-    /* chunk c's W and exp(g) q; its exp(g_last - g) k and P into buffer c & 1 */
+    /* a thread's pieces of the copies: their offsets in shared memory (bytes) and in the
+     * workspace (values), the same every chunk */
+    typedef cscan_pieces<DK, 2> PK;
+    typedef cscan_pieces<GC, 2> PP;
+    typedef cscan_pieces<GC_COLS, 4> PU;
+    const uint32_t sk = (tid / PK::ROW) * L::SR + 16 * (tid % PK::ROW), sp = (tid / PP::ROW) * L::PR + 16 * (tid % PP::ROW);
+    const uint32_t su = sa + L::U + (tid / PU::ROW) * L::UR + 16 * (tid % PU::ROW);
+    const int gk = (tid / PK::ROW) * DK + 8 * (tid % PK::ROW), gp = (tid / PP::ROW) * GC + 8 * (tid % PP::ROW);
+    const int uc = 4 * (tid % PU::ROW); /* a U piece's first column of the 32 */
+    const size_t gu = (size_t)(tid / PU::ROW) * Dv + col0 + uc;
+    const int ubytes = uc < nc ? 16 : 0;
+    /* chunk c's W, exp(g) q and U; its exp(g_last - g) k and P into buffer c & 1 */
     auto issue_wq = [&](int c) {
         const gc_ws cw = gc_ws_at<DK>(a, c - c0, h);
-        for (int e = tid; e < GC * DK / 8; e += GC_THREADS) {
-            const int r = e / (DK / 8), i = e % (DK / 8) * 8;
-            cp_async16(sm + L::W + r * L::SR + 2 * i, cw.W + r * DK + i, 16);
-            cp_async16(sm + L::Q + r * L::SR + 2 * i, cw.Q + r * DK + i, 16);
-        }
+#pragma unroll
+        for (int i = 0; i < PK::EACH; i++)
+            if (PK::on(tid, i)) {
+                cp_async16_at(sa + L::W + sk + i * PK::STEP * L::SR, cw.W + gk + i * PK::STEP * DK);
+                cp_async16_at(sa + L::Q + sk + i * PK::STEP * L::SR, cw.Q + gk + i * PK::STEP * DK);
+            }
+#pragma unroll
+        for (int i = 0; i < PU::EACH; i++)
+            if (PU::on(tid, i)) cp_async16_at(su + i * PU::STEP * L::UR, ubytes ? cw.U + gu + (size_t)i * PU::STEP * Dv : cw.U, ubytes);
     };
     auto issue_kp = [&](int c) {
         const gc_ws cw = gc_ws_at<DK>(a, c - c0, h);
-        uint8_t *kb = sm + L::K + (c & 1) * GC * L::SR, *pb = sm + L::P + (c & 1) * GC * L::PR;
-        for (int e = tid; e < GC * DK / 8; e += GC_THREADS) {
-            const int r = e / (DK / 8), i = e % (DK / 8) * 8;
-            cp_async16(kb + r * L::SR + 2 * i, cw.K + r * DK + i, 16);
-        }
-        for (int e = tid; e < GC * GC / 8; e += GC_THREADS) {
-            const int r = e / (GC / 8), i = e % (GC / 8) * 8;
-            cp_async16(pb + r * L::PR + 2 * i, cw.P + r * GC + i, 16);
-        }
+        const uint32_t kb = sa + L::K + (c & 1) * GC * L::SR + sk, pb = sa + L::P + (c & 1) * GC * L::PR + sp;
+#pragma unroll
+        for (int i = 0; i < PK::EACH; i++)
+            if (PK::on(tid, i)) cp_async16_at(kb + i * PK::STEP * L::SR, cw.K + gk + i * PK::STEP * DK);
+#pragma unroll
+        for (int i = 0; i < PP::EACH; i++)
+            if (PP::on(tid, i)) cp_async16_at(pb + i * PP::STEP * L::PR, cw.P + gp + i * PP::STEP * GC);
     };
-    /* in flight, in this order: k and P of the chunk, W and q of the chunk, k and P of the next */
+    /* in flight, in this order: k and P of the chunk, W, q and U of the chunk, k and P of the next */
     issue_kp(cb);
     cp_async_commit();
     issue_wq(cb);
@@ -299,19 +381,9 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cscan(cu_plan p, cu_gdn_a
         const gc_ws cw = gc_ws_at<DK>(a, c - c0, h);
         const int64_t t0 = a.chunks[4 * c];
         const int n = a.chunks[4 * c + 1];
-        /* this thread's U and the chunk's last log decay, ahead of the products */
-        float2 u[2][2];
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            const int col = nA + 8 * j + 2 * tig;
-            const bool on = col < nc;
-            const float *U = cw.U + col0 + col;
-            u[j][0] = on ? *(const float2 *)(U + (size_t)(mA + gid) * Dv) : make_float2(0.0f, 0.0f);
-            u[j][1] = on ? *(const float2 *)(U + (size_t)(mA + gid + 8) * Dv) : make_float2(0.0f, 0.0f);
-        }
-        const float g_last = cw.G[GC - 1];
+        const float g_last = cw.G[GC - 1]; /* the chunk's last log decay, ahead of the products */
         cp_async_wait<1>();
-        __syncthreads(); /* W, q, k and P of the chunk; the state */
+        __syncthreads(); /* W, q, U, k and P of the chunk; the state */
         float dacc[2][4] = {}, o[2][4] = {};
 #pragma unroll
         for (int k0 = 0; k0 < DK; k0 += 16) {
@@ -328,11 +400,13 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cscan(cu_plan p, cu_gdn_a
         }
 #pragma unroll
         for (int j = 0; j < 2; j++) {
-            const int col = nA + 8 * j + 2 * tig, r0 = mA + gid;
-            *(uint32_t *)(sm + L::D + r0 * L::CR + 2 * col) = bf16x2(u[j][0].x - dacc[j][0], u[j][0].y - dacc[j][1]);
-            *(uint32_t *)(sm + L::D + (r0 + 8) * L::CR + 2 * col) = bf16x2(u[j][1].x - dacc[j][2], u[j][1].y - dacc[j][3]);
+            const int col = nA + 8 * j + 2 * tig, r0 = mA + gid; /* U past nc: zeros */
+            const float2 u0 = *(const float2 *)(sm + L::U + r0 * L::UR + 4 * col);
+            const float2 u1 = *(const float2 *)(sm + L::U + (r0 + 8) * L::UR + 4 * col);
+            *(uint32_t *)(sm + L::D + r0 * L::CR + 2 * col) = bf16x2(u0.x - dacc[j][0], u0.y - dacc[j][1]);
+            *(uint32_t *)(sm + L::D + (r0 + 8) * L::CR + 2 * col) = bf16x2(u1.x - dacc[j][2], u1.y - dacc[j][3]);
         }
-        __syncthreads(); /* D; W, q and the state read */
+        __syncthreads(); /* D; W, q, U and the state read */
         if (c + 1 < ce) issue_wq(c + 1);
         cp_async_commit();
         /* O = exp(g) Q S + P D (P lower triangular) */
