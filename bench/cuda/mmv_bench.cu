@@ -1353,9 +1353,6 @@ static int gdnbench(int reps) {
             CK(cudaMalloc(&rec[i], rec_n * 4));
         }
         CK(cudaMalloc(&conv_st, conv_n * 4));
-        /* a conv state to start from (so the first chunk's window is not zeros), each path's after */
-        float *conv0 = dev_floats((int64_t)conv_n, 8, -1.0f, 1.0f), *conv_after[2];
-        for (int i = 0; i < 2; i++) CK(cudaMalloc(&conv_after[i], conv_n * 4));
         std::vector<float> hd(Hv), hn(Hv);
         for (int h = 0; h < Hv; h++) hd[h] = -4.0f + 6.0f * h / Hv, hn[h] = -(1.0f + 15.0f * ((h * 7) % Hv) / Hv);
         CK(cudaMalloc(&dtb, Hv * 4));
@@ -1377,8 +1374,8 @@ static int gdnbench(int reps) {
         int64_t *d_t0 = dev_copy(t0);
         int32_t *d_slot = dev_copy(slot), *d_ch = dev_copy(ch), *d_ic = dev_copy(ic);
         const int ws_chunks = 32;
-        const size_t ws_n = (size_t)ws_chunks * Hv * cu_gdn_chunk_floats(Dk, Dv);
-        CK(cudaMalloc(&ws, ws_n * 4));
+        const size_t ws_n = (size_t)ws_chunks * Hv * cu_gdn_chunk_floats(Dk, Dv), conv_ws = ch.size() / 4 * (K - 1) * (size_t)cd;
+        CK(cudaMalloc(&ws, (ws_n > conv_ws ? ws_n : conv_ws) * 4));
         float *qkv_after[2];
         for (int i = 0; i < 2; i++) CK(cudaMalloc(&qkv_after[i], (size_t)T * cd * 4));
         cu_plan p = {};
@@ -1393,7 +1390,7 @@ static int gdnbench(int reps) {
             a.mix = mix[path], a.rec_state = rec[path], a.n_chunks = path ? (int)(ch.size() / 4) : 0;
             for (int r = 0; r <= reps; r++) { /* the first untimed: its results compared */
                 CK(cudaMemcpyAsync(qkv, qkv0, (size_t)T * cd * 4, cudaMemcpyDeviceToDevice, s));
-                CK(cudaMemcpyAsync(conv_st, conv0, conv_n * 4, cudaMemcpyDeviceToDevice, s));
+                CK(cudaMemsetAsync(conv_st, 0, conv_n * 4, s));
                 CK(cudaMemsetAsync(rec[path], 0, rec_n * 4, s));
                 CK(cudaEventRecord(e0, s));
                 cu_gdn(s, &p, &a, (int)cs.len);
@@ -1404,15 +1401,14 @@ static int gdnbench(int reps) {
                 CK(cudaEventElapsedTime(&t, e0, e1));
                 if (r) ms[path] += t / reps;
             }
-            /* a decode step of few items normalizes q and k inside the rule's kernel, not in place: as the other
-             * path does (the chunked rule's conv and norms are inside k_gdn_cprep: its qkv is left as it was) */
-            if (path == 0 && cs.len == 1 && cs.items <= GDN_DEC_FUSED_MAX)
+            /* a decode step of few items normalizes q and k inside the rule's kernel, as does the chunked
+             * rule (k_gdn_cprep), not in place: as the other path does */
+            if ((path == 0 && cs.len == 1 && cs.items <= GDN_DEC_FUSED_MAX) || (path == 1 && a.n_chunks > 0))
                 launch_pdl(k_gdn_qknorm, dim3((unsigned)(T * Hk)), dim3(32), 0, s, a, (int64_t)T * Hk);
             CK(cudaMemcpy(qkv_after[path], qkv, (size_t)T * cd * 4, cudaMemcpyDeviceToDevice));
-            CK(cudaMemcpy(conv_after[path], conv_st, conv_n * 4, cudaMemcpyDeviceToDevice));
         }
         const double dm = rel_diff(mix[0], mix[1], (size_t)T * vd), dsv = rel_diff(rec[0], rec[1], rec_n);
-        const bool conv_same = same_bits(conv_after[0], conv_after[1], conv_n);
+        const bool conv_same = same_bits(qkv_after[0], qkv_after[1], (size_t)T * cd);
         const bool ok = dm < 2e-2 && dsv < 2e-2 && conv_same;
         bad |= !ok;
         /* each kernel alone (on whatever the buffers hold by then) */
@@ -1432,10 +1428,7 @@ static int gdnbench(int reps) {
             dim3 gc((unsigned)p.n_items, (unsigned)((cd + CONV_THREADS - 1) / CONV_THREADS));
             launch_pdl(k_gdn_conv, gc, dim3(CONV_THREADS), 0, s, p, a);
         });
-        const double t_convl = time_ms([&] {
-            launch_pdl(k_gdn_conv_last, dim3((unsigned)p.n_items, (unsigned)((cd + GC_LAST_THREADS - 1) / GC_LAST_THREADS)),
-                       dim3(GC_LAST_THREADS), 0, s, p, a);
-        });
+        const double t_convc = time_ms([&] { cu_gdn_conv_chunked(s, &p, &a); });
         const double t_qk = time_ms([&] { launch_pdl(k_gdn_qknorm, dim3((unsigned)(T * Hk)), dim3(32), 0, s, a, (int64_t)T * Hk); });
         const double t_gn = time_ms([&] { launch_pdl(k_gdn_gnorm, dim3((unsigned)(T * Hv)), dim3(32), 0, s, a, (int64_t)T * Hv); });
         /* the norms as the chunked rule takes them: GDN_NORM_WARPS warps a block */
@@ -1448,7 +1441,7 @@ static int gdnbench(int reps) {
             for (int c0 = 0; c0 < nch; c0 += ws_chunks) {
                 const int c1 = c0 + ws_chunks < nch ? c0 + ws_chunks : nch;
                 launch_pdl(k_gdn_cprep<128>, dim3((unsigned)(c1 - c0), (unsigned)Hv), dim3(GC_THREADS),
-                           cprep_floats<128>(Dv) * sizeof(float), s, p, a, c0);
+                           cprep_floats<128>(Dv) * sizeof(float), s, a, c0);
             }
         });
         const double t_scan = time_ms([&] {
@@ -1464,11 +1457,11 @@ static int gdnbench(int reps) {
             launch_pdl(k_gdn_recur<16>, gr, dim3(32 * GDN_WARPS), gdn_smem(Dk, rec_cl), s, p, a, rec_cl);
         });
         printf("gdn %2d x %5lld tokens: per step %8.3f ms, chunked %8.3f ms; outputs differ by %.2e, state by %.2e of their"
-               " largest, the conv states' %s%s\n", cs.items, (long long)cs.len, ms[0], ms[1], dm, dsv,
+               " largest, the conv's %s%s\n", cs.items, (long long)cs.len, ms[0], ms[1], dm, dsv,
                conv_same ? "bits equal" : "bits DIFFER", ok ? "" : "  FAILED");
-        printf("    alone: conv %.3f ms, conv states after the chunks %.3f, q/k norms %.3f (%d warps a block %.3f), gated norm %.3f (%.3f),"
+        printf("    alone: conv %.3f ms, chunked conv %.3f, q/k norms %.3f (%d warps a block %.3f), gated norm %.3f (%.3f),"
                " chunks' part %.3f, scan %.3f ms\n",
-               t_conv, t_convl, t_qk, (int)nw, t_qk8, t_gn, t_gn8, t_prep, t_scan);
+               t_conv, t_convc, t_qk, (int)nw, t_qk8, t_gn, t_gn8, t_prep, t_scan);
         printf("    the per-step rule alone %.3f ms: %.0f GB/s of its state read and written\n", t_rec,
                2.0 * rec_n * 4 / (t_rec * 1e-3) / 1e9);
         if (cs.len == 1) { /* a decode step's kernels (k_gdn_dec, and the fused one with the norms inside)
@@ -1580,7 +1573,7 @@ static int gdnbench(int reps) {
             CK(cudaFree(st0));
         }
         float *fr[] = {qkv0, z, bb, aa, conv_t, normw, qkv, mix[0], mix[1], rec[0], rec[1], conv_st, dtb, nea, ws,
-                       qkv_after[0], qkv_after[1], conv0, conv_after[0], conv_after[1]};
+                       qkv_after[0], qkv_after[1]};
         for (float *f : fr) CK(cudaFree(f));
         CK(cudaFree(d_t0));
         CK(cudaFree(d_slot));

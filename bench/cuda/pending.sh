@@ -3,16 +3,13 @@
 # and pack here, run this there). Session 32: k_gdn_cprep makes T = (I + A)^-1 by 16-blocks and
 # W, U as T's products on tensor cores (was: a thread per column's substitution); k_gdn_cscan
 # copies U with W and q (cp.async), its copies' offsets made once, bf16 pairs by cvt.rn.bf16x2;
-# the chunked path's q/k norms inside k_gdn_cprep (no k_gdn_qknorm pass): var/mid.so (6bd61cf);
-# then the chunked path's conv inside k_gdn_cprep too (K = 4; each item's conv state after the
-# chunks by k_gdn_conv_last; no k_gdn_conv_save / k_gdn_conv_chunk passes): new.
+# the chunked path's q/k norms inside k_gdn_cprep (no k_gdn_qknorm pass):
 # PARTS=8243 (the rule against per step, the prefill side by side with var/prev.so = 8eb1064's
 # library, the GPU tests, the op times), then 9 (both kernels under Nsight Compute). Earlier
 # parts, kept for the next changes to their kernels:
 #   1. mmv_bench fa: k_attn_fw against k_attn_fa and `exact`, times (the build before:
 #      8,192 tokens fa 4.47 ms, fw 3.67)
-#   2. the `bf16` prefill side by side: prev (var/prev.so), mid (var/mid.so, where the pack
-#      has one: a build between them) and new
+#   2. the `bf16` prefill side by side: prev (var/prev.so) and new
 #   3. where an 8,192-token `bf16` prefill's time goes now (`strand bench --op-times`)
 #   4. make test-gpu (tests/gpu_test.sh) on new
 #   5. Nsight Compute's per-instruction stall samples (the SASS source page) and details of
@@ -62,9 +59,8 @@ if part 1; then
     grep -E "^fa" $O/fa.txt | cut -c1-400
 fi
 # 2. bf16 prefill, prev and new, twice round
-vs="prev $([ -f var/mid.so ] && echo mid) new"
 part 2 && for r in 1 2; do
-    for v in $vs; do
+    for v in prev new; do
         use $v
         tl 40 $B --prompts 512,2048,8192 --batches 1 --decode-s 0.2 >$O/p${r}_$v.txt 2>$O/p${r}_$v.err
         echo "prefill $v rc $? $(el): $(row prefill $O/p${r}_$v.txt)"

@@ -74,6 +74,17 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+/* The scale of a q row (also by 1 / sqrt(Dk)) or a k row of Dk by its L2 norm, as every kernel
+ * makes it: a warp's lanes sum the squares of columns lane, lane + 32, ... in order, then a
+ * butterfly (k_gdn_qknorm's order, which k_gdn_dec and k_gdn_cprep repeat: the same bits) */
+__device__ __forceinline__ float gdn_l2_scale(const float *v, int Dk, bool is_q) {
+    const int lane = threadIdx.x & 31;
+    float ss = 0.0f;
+    for (int j = lane; j < Dk; j += 32) ss = fmaf(v[j], v[j], ss);
+    ss = warp_sum(ss);
+    return (is_q ? 1.0f / sqrtf((float)Dk) : 1.0f) / sqrtf(ss + 1e-6f);
+}
+
 /* sum over a block of blockDim.x (a multiple of 32, at most 1024) threads, in a fixed
  * order; every thread gets it. red: [32] shared floats. */
 static inline __device__ float block_sum(float v, float *red) {

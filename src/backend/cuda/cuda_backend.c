@@ -798,10 +798,12 @@ static int64_t ws_chunks_of(const cuda_backend *b, const st_ctx_params *p) {
     const int64_t n = max_chunks_of(p);
     return n < 32 ? n : 32;
 }
-/* the workspace: the slabs' chunks */
+/* the workspace: the slabs' chunks, or the inputs the chunked conv saves before each chunk */
 static size_t chunk_ws_floats(const cuda_backend *b, const st_ctx_params *p) {
     if (!b->gdn_chunked) return 0;
-    return (size_t)ws_chunks_of(b, p) * (size_t)b->Hv * (size_t)cu_gdn_chunk_floats(b->Dk, b->Dv);
+    const size_t rule = (size_t)ws_chunks_of(b, p) * (size_t)b->Hv * (size_t)cu_gdn_chunk_floats(b->Dk, b->Dv);
+    const size_t conv = (size_t)max_chunks_of(p) * (size_t)(b->K - 1) * (size_t)b->cd;
+    return rule > conv ? rule : conv;
 }
 
 /* an op of the forward pass, as called (kind and arguments) */

@@ -4,7 +4,6 @@
  * rule over each item's steps (state rows in registers) and the gated RMS norm.
  */
 #include "backend/cuda/cu_common.cuh"
-#include "backend/cuda/gdn_common.cuh"
 
 /* causal depthwise conv + SiLU of one channel over n tokens in place (col: the first token's
  * value, tokens cd apart), the window sv (the K - 1 inputs before, oldest first; left holding
@@ -12,6 +11,14 @@
  * width): the window in registers, the inputs of 8 tokens loaded at once. */
 #define CONV_THREADS 64
 #define CONV_U 8
+/* one token of a K = 4 channel: the window sv (oldest first), the taps, the input m */
+__device__ __forceinline__ float conv4_one(const float (&sv)[3], const float (&tap)[4], float m) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 3; j++) acc += tap[j] * sv[j];
+    acc += tap[3] * m;
+    return acc / (1.0f + expf(-acc));
+}
 __device__ __forceinline__ void conv4_run(float *col, int64_t n, int64_t cd, float (&sv)[3], const float (&tap)[4]) {
     for (int64_t i = 0; i < n; i += CONV_U) {
         const int c = n - i < CONV_U ? (int)(n - i) : CONV_U;
@@ -67,6 +74,45 @@ __global__ void __launch_bounds__(CONV_THREADS) k_gdn_conv(cu_plan p, cu_gdn_arg
     float *col = a.qkv + t0 * a.cd + ch;
     if (a.K == 4) conv4_from(col, n, a.cd, st, a.conv_t + ch, st);
     else conv_run(col, n, a.cd, st, a.conv_t + ch, a.K);
+}
+
+/* The conv of a step cut into the chunked rule's chunks (a thread per (chunk, channel), so
+ * that a long item's tokens run in parallel): each chunk's window is saved first (save
+ * [n_chunks][K - 1][cd], the chunk workspace): the K - 1 inputs before it, which the conv
+ * overwrites, or for an item's first chunk the state, which its last chunk rewrites; then
+ * each chunk runs from its window
+ * in the same order of sums as k_gdn_conv, and an item's last chunk leaves its window in the
+ * state. K = 4 only (others take k_gdn_conv). */
+__global__ void k_gdn_conv_save(cu_plan p, cu_gdn_args a) {
+    pdl_wait();
+    const int c = blockIdx.x;
+    const int it = a.chunks[4 * c + 2];
+    const int64_t ch = (int64_t)blockIdx.y * blockDim.x + threadIdx.x, t0 = a.chunks[4 * c];
+    if (ch >= a.cd) return;
+    float *sv = a.chunk_ws + (size_t)c * (a.K - 1) * a.cd + ch;
+    if (t0 == p.item_t0[it]) { /* the item's first chunk: the state (its last chunk rewrites it) */
+        const float *st = a.conv_state + (size_t)p.slot[it] * a.conv_stride + ch;
+        for (int j = 0; j < a.K - 1; j++) sv[j * a.cd] = st[j * a.cd];
+        return;
+    }
+    for (int j = 0; j < a.K - 1; j++) sv[j * a.cd] = a.qkv[(t0 - (a.K - 1) + j) * a.cd + ch];
+}
+
+__global__ void __launch_bounds__(CONV_THREADS) k_gdn_conv_chunk(cu_plan p, cu_gdn_args a) {
+    pdl_wait();
+    const int c = blockIdx.x, it = a.chunks[4 * c + 2];
+    const int64_t ch = (int64_t)blockIdx.y * blockDim.x + threadIdx.x, t0 = a.chunks[4 * c], n = a.chunks[4 * c + 1];
+    if (ch >= a.cd) return;
+    const bool last = t0 + n == p.item_t0[it + 1];
+    float *st = a.conv_state + (size_t)p.slot[it] * a.conv_stride + ch;
+    const float *win = a.chunk_ws + (size_t)c * (a.K - 1) * a.cd + ch;
+    conv4_from(a.qkv + t0 * a.cd + ch, n, a.cd, win, a.conv_t + ch, last ? st : NULL);
+}
+
+static void cu_gdn_conv_chunked(cu_stream s, const cu_plan *p, const cu_gdn_args *a) {
+    dim3 g((unsigned)a->n_chunks, (unsigned)((a->cd + CONV_THREADS - 1) / CONV_THREADS));
+    launch_pdl(k_gdn_conv_save, g, dim3(CONV_THREADS), 0, s, *p, *a);
+    launch_pdl(k_gdn_conv_chunk, g, dim3(CONV_THREADS), 0, s, *p, *a);
 }
 
 /* the gated RMSNorm's scale of a head's Dv outputs o (a warp; k_gdn_gnorm's order, which
@@ -491,8 +537,9 @@ extern "C" int cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int m
     if (af.xq) af.xs = NULL;
     a = &af;
     if (how != GDN_DEC_CONV) {
-        /* the chunked rule's k_gdn_cprep runs a K = 4 conv itself, chunk by chunk */
-        if (a->n_chunks == 0 || a->K != 4) {
+        if (a->n_chunks > 0 && a->K == 4) {
+            cu_gdn_conv_chunked(s, p, a);
+        } else {
             dim3 gc((unsigned)p->n_items, (unsigned)((a->cd + CONV_THREADS - 1) / CONV_THREADS));
             launch_pdl(k_gdn_conv, gc, dim3(CONV_THREADS), 0, s, *p, *a);
         }

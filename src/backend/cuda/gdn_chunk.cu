@@ -31,7 +31,6 @@
  * neither the outputs nor the state.
  */
 #include "backend/cuda/cu_common.cuh"
-#include "backend/cuda/gdn_common.cuh"
 
 #define GC 64          /* tokens a chunk */
 #define GC_THREADS 256 /* both kernels */
@@ -63,63 +62,31 @@ template <int DK> __device__ __forceinline__ gc_ws gc_ws_at(const cu_gdn_args &a
 
 /* ---- the chunk's own part: W, U, P, g ---- */
 
-/* shared memory, floats: q [GC_IN][max(DK, Dv) + 4], where v [GC_IN][Dv + 4] goes once q is
- * read; k [GC_IN][DK + 4] (row-major; GC_IN: the chunk's rows and the conv's window of 3
- * before them), A and T = (I + A)^-1 [GC][GC + 4], beta, g and beta exp(g) [GC] */
-#define GC_IN (GC + 3)
+/* shared memory, floats: q [GC][max(DK, Dv) + 4], where v [GC][Dv + 4] goes once q is read;
+ * k [GC][DK + 4] (row-major), A and T = (I + A)^-1 [GC][GC + 4], beta, g and beta exp(g) [GC] */
 template <int DK> __host__ __device__ constexpr int cprep_qw(int Dv) { return (DK > Dv ? DK : Dv) + 4; }
 template <int DK> constexpr size_t cprep_floats(int Dv) {
-    return (size_t)GC_IN * cprep_qw<DK>(Dv) + (size_t)GC_IN * (DK + 4) + 2 * GC * (GC + 4) + 3 * GC;
-}
-
-/* the causal conv (K = 4) of one column of a chunk in place: b's rows 0 .. 2 the window (the
- * inputs before the chunk), rows 3 .. GC + 2 the chunk's inputs (ld floats apart); left
- * holding the outputs in rows 0 .. GC - 1, zeros past n */
-__device__ __forceinline__ void conv4_rows(float *b, int ld, const float *taps, int64_t cd, int n) {
-    float sv[3] = {b[0], b[ld], b[2 * ld]}, tap[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++) tap[j] = taps[j * cd];
-#pragma unroll 8
-    for (int r = 0; r < GC; r++) {
-        const float m = b[(r + 3) * ld];
-        const float o = conv4_one(sv, tap, m);
-        b[r * ld] = r < n ? o : 0.0f;
-        sv[0] = sv[1], sv[1] = sv[2], sv[2] = m;
-    }
+    return (size_t)GC * cprep_qw<DK>(Dv) + (size_t)GC * (DK + 4) + 2 * GC * (GC + 4) + 3 * GC;
 }
 
 template <int DK>
-__global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cprep(cu_plan p, cu_gdn_args a, int c0) {
+__global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cprep(cu_gdn_args a, int c0) {
     pdl_wait();
     extern __shared__ float4 cp_sh4[];
     constexpr int SW = DK + 4, LA = GC + 4;
     const int Dv = a.Dv, SV = Dv + 4; /* v's stride, where q was */
-    float *Qs = (float *)cp_sh4, *Ks = Qs + GC_IN * cprep_qw<DK>(Dv), *A = Ks + GC_IN * SW, *T = A + GC * LA;
+    float *Qs = (float *)cp_sh4, *Ks = Qs + GC * cprep_qw<DK>(Dv), *A = Ks + GC * SW, *T = A + GC * LA;
     float *bt = T + GC * LA, *g = bt + GC, *be = g + GC;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, h = blockIdx.y, c = c0 + blockIdx.x;
     const int64_t t0 = a.chunks[4 * c];
-    const int n = a.chunks[4 * c + 1], it = a.chunks[4 * c + 2], kh = h / (a.Hv / a.Hk);
+    const int n = a.chunks[4 * c + 1], kh = h / (a.Hv / a.Hk);
     const gc_ws cw = gc_ws_at<DK>(a, blockIdx.x, h);
-    /* K = 4: the conv runs here, on the raw inputs (cv; row i of q, k and v is token t0 + i - 3,
-     * rows 0 .. 2 the window: the tokens before the chunk, or for an item's first chunk the
-     * slot's conv state, which k_gdn_conv_last rewrites after every chunk has read it); else
-     * the conv ran before and row i is token t0 + i. Rows past the chunk's end zeros. */
-    const bool cv = a.K == 4, first = c == a.item_chunk[it];
-    const float *cst = a.conv_state + (size_t)p.slot[it] * a.conv_stride;
-    const int rows = cv ? GC_IN : GC;
-    auto src = [&](int i, int64_t ch, int &bytes) -> const float * {
-        const int r = cv ? i - 3 : i;
-        bytes = r < n ? 16 : 0;
-        if (r < 0) return first ? cst + (r + 3) * a.cd + ch : a.qkv + (t0 + r) * a.cd + ch;
-        return a.qkv + (t0 + (r < n ? r : 0)) * a.cd + ch;
-    };
-    /* q and k of the chunk, every copy in flight at once */
-    for (int e = tid; e < rows * (DK / 4); e += GC_THREADS) {
+    /* q and k of the chunk as the conv left them (zeros past its end), every copy in flight at once */
+    for (int e = tid; e < GC * DK / 4; e += GC_THREADS) {
         const int r = e / (DK / 4), i = e % (DK / 4) * 4;
-        int bytes;
-        const float *row = src(r, (int64_t)kh * DK + i, bytes);
-        cp_async16(Qs + r * SW + i, row, bytes);
-        cp_async16(Ks + r * SW + i, row + a.kd, bytes);
+        const float *row = a.qkv + (t0 + (r < n ? r : 0)) * a.cd + (int64_t)kh * DK + i;
+        cp_async16(Qs + r * SW + i, row, r < n ? 16 : 0);
+        cp_async16(Ks + r * SW + i, row + a.kd, r < n ? 16 : 0);
     }
     cp_async_commit();
     /* beta and the cumulated log decay (warp 0: an inclusive scan of each half, then the
@@ -149,13 +116,6 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cprep(cu_plan p, cu_gdn_a
     }
     cp_async_wait<0>();
     __syncthreads();
-    if (cv) { /* the conv of q and k, a thread a column (k_gdn_conv's sums: the same bits) */
-        for (int col = tid; col < 2 * DK; col += GC_THREADS) {
-            const int64_t ch = (col < DK ? 0 : a.kd) + (int64_t)kh * DK + col % DK;
-            conv4_rows(col < DK ? Qs + col : Ks + col - DK, SW, a.conv_t + ch, a.cd, n);
-        }
-        __syncthreads();
-    }
     /* q and k by their L2 norms (q also by 1 / sqrt(DK)), a warp a row, as k_gdn_qknorm makes
      * them in place on the per-step path (the same bits) */
     for (int r = w; r < GC; r += GC_THREADS / 32) {
@@ -195,11 +155,9 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cprep(cu_plan p, cu_gdn_a
          * while A and P are made */
         __syncthreads();
         float *Vs = Qs; /* stride SV */
-        for (int e = tid; e < rows * (Dv / 4); e += GC_THREADS) {
+        for (int e = tid; e < GC * Dv / 4; e += GC_THREADS) {
             const int r = e / (Dv / 4), i = e % (Dv / 4) * 4;
-            int bytes;
-            const float *row = src(r, 2 * a.kd + (int64_t)h * Dv + i, bytes);
-            cp_async16(Vs + r * SV + i, row, bytes);
+            cp_async16(Vs + r * SV + i, a.qkv + (t0 + (r < n ? r : 0)) * a.cd + 2 * a.kd + (int64_t)h * Dv + i, r < n ? 16 : 0);
         }
         cp_async_commit();
 #pragma unroll
@@ -221,11 +179,7 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cprep(cu_plan p, cu_gdn_a
     cp_async_wait<0>();
     __syncthreads();
     /* T = (I + A)^-1 (unit lower triangular, fp32) in blocks of 16: first the diagonal blocks'
-     * inverses, a thread per (block, column) by substitution; meanwhile the other threads
-     * the conv of v */
-    if (tid >= GC && cv)
-        for (int col = tid - GC; col < Dv; col += GC_THREADS - GC)
-            conv4_rows(Qs + col, SV, a.conv_t + 2 * a.kd + (int64_t)h * Dv + col, a.cd, n);
+     * inverses, a thread per (block, column) by substitution */
     if (tid < GC) {
         const int b0 = 16 * (tid >> 4), j = tid & 15;
         float x[16];
@@ -508,24 +462,6 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cscan(cu_plan p, cu_gdn_a
             }
 }
 
-/* after the chunks (K = 4): each item's conv state, the last 3 inputs (oldest first), from
- * its raw inputs, or for an item of fewer than 3 tokens partly from the state before (read
- * ahead of where it is written: in place) */
-#define GC_LAST_THREADS 128
-__global__ void __launch_bounds__(GC_LAST_THREADS) k_gdn_conv_last(cu_plan p, cu_gdn_args a) {
-    pdl_wait();
-    const int it = blockIdx.x;
-    const int64_t ch = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
-    if (ch >= a.cd) return;
-    const int64_t t0 = p.item_t0[it], len = p.item_t0[it + 1] - t0;
-    float *st = a.conv_state + (size_t)p.slot[it] * a.conv_stride + ch;
-#pragma unroll
-    for (int j = 0; j < 3; j++) {
-        const int64_t r = len - 3 + j;
-        st[j * a.cd] = r >= 0 ? a.qkv[(t0 + r) * a.cd + ch] : st[(j + len) * a.cd];
-    }
-}
-
 template <int DK> static int chunked_prepare(int Dv) {
     if (cudaFuncSetAttribute(k_gdn_cprep<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)(cprep_floats<DK>(Dv) * sizeof(float))) != cudaSuccess)
@@ -549,13 +485,10 @@ template <int DK> static void chunked_run(cu_stream s, const cu_plan *p, const c
     for (int c0 = 0; c0 < a->n_chunks; c0 += a->ws_chunks) {
         const int c1 = c0 + a->ws_chunks < a->n_chunks ? c0 + a->ws_chunks : a->n_chunks;
         launch_pdl(k_gdn_cprep<DK>, dim3((unsigned)(c1 - c0), (unsigned)a->Hv), dim3(GC_THREADS),
-                   cprep_floats<DK>(a->Dv) * sizeof(float), s, *p, *a, c0);
+                   cprep_floats<DK>(a->Dv) * sizeof(float), s, *a, c0);
         dim3 gs((unsigned)p->n_items, (unsigned)a->Hv, (unsigned)((a->Dv + GC_COLS - 1) / GC_COLS));
         launch_pdl(k_gdn_cscan<DK>, gs, dim3(GC_THREADS), cscan_bytes<DK>(), s, *p, *a, c0, c1);
     }
-    if (a->K == 4)
-        launch_pdl(k_gdn_conv_last, dim3((unsigned)p->n_items, (unsigned)((a->cd + GC_LAST_THREADS - 1) / GC_LAST_THREADS)),
-                   dim3(GC_LAST_THREADS), 0, s, *p, *a);
 }
 
 extern "C" void cu_gdn_chunked(cu_stream s, const cu_plan *p, const cu_gdn_args *a) {
