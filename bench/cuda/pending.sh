@@ -3,13 +3,15 @@
 # and pack here, run this there). Session 32: k_gdn_cprep makes T = (I + A)^-1 by 16-blocks and
 # W, U as T's products on tensor cores (was: a thread per column's substitution); k_gdn_cscan
 # copies U with W and q (cp.async), its copies' offsets made once, bf16 pairs by cvt.rn.bf16x2;
-# the chunked path's q/k norms inside k_gdn_cprep (no k_gdn_qknorm pass):
-# PARTS=8243 (the rule against per step, the prefill side by side with var/prev.so = 8eb1064's
-# library, the GPU tests, the op times), then 9 (both kernels under Nsight Compute). Earlier
+# the chunked path's q/k norms inside k_gdn_cprep (no k_gdn_qknorm pass). Ran on an H100 on
+# 2026-12-06 as var/mid.so beside a build with the conv inside k_gdn_cprep too (measured
+# slower, not kept; README has both) and 8eb1064's library (var/prev.so): 8, 2, 4, 3, 9; then
+# this build (.gpu/s32c.tar.xz) beside var/prev.so alone: 8, 2, 4, 3, 9 again. Earlier
 # parts, kept for the next changes to their kernels:
 #   1. mmv_bench fa: k_attn_fw against k_attn_fa and `exact`, times (the build before:
 #      8,192 tokens fa 4.47 ms, fw 3.67)
-#   2. the `bf16` prefill side by side: prev (var/prev.so) and new
+#   2. the `bf16` prefill side by side: prev (var/prev.so), mid (var/mid.so, where the pack
+#      has one: a build between them) and new
 #   3. where an 8,192-token `bf16` prefill's time goes now (`strand bench --op-times`)
 #   4. make test-gpu (tests/gpu_test.sh) on new
 #   5. Nsight Compute's per-instruction stall samples (the SASS source page) and details of
@@ -21,16 +23,16 @@
 # Prepare here:
 #   make -j2 all mmv-bench && bench/cuda/pack.sh /tmp/c.tar.xz; rm -rf /tmp/st; mkdir -p /tmp/st/var
 #   tar -C /tmp/st -xJf /tmp/c.tar.xz; cp PREV/build/libstrand-cuda.so /tmp/st/var/prev.so (stripped)
-#   tar -C /tmp/st -cf - build var | xz -9 -T2 > .gpu/s32.tar.xz
-# Run there (device tool: carry .gpu/s32.tar.xz; CAP: seconds in all). At most 8 files come
+#   tar -C /tmp/st -cf - build var | xz -9 -T2 > .gpu/s32c.tar.xz
+# Run there (device tool: carry .gpu/s32c.tar.xz; CAP: seconds in all). At most 8 files come
 # back from the device tool: the logs are kept as one tarball, $OUT/o.tar.xz, with the
 # summary printed and in $OUT/summary.txt.
-#   [CAP=500] [PARTS=123456789] bash bench/cuda/pending.sh [.gpu/s32.tar.xz]
+#   [CAP=500] [PARTS=123456789] bash bench/cuda/pending.sh [.gpu/s32c.tar.xz]
 set -u
 cd "$(dirname "$0")/../.."
 R=${OUT:-/tmp/pending}
 O=/tmp/pending-o; rm -rf $O; mkdir -p $O $R
-PACK=${1:-.gpu/s32.tar.xz}
+PACK=${1:-.gpu/s32c.tar.xz}
 st=$(date +%s)
 el() { echo "$(( $(date +%s) - st ))s"; }
 tl() { local left=$((${CAP:-500} - 15 - ($(date +%s) - st))); [ $left -gt 8 ] && timeout $((left < $1 ? left : $1)) "${@:2}"; }
@@ -59,8 +61,9 @@ if part 1; then
     grep -E "^fa" $O/fa.txt | cut -c1-400
 fi
 # 2. bf16 prefill, prev and new, twice round
+vs="prev $([ -f var/mid.so ] && echo mid) new"
 part 2 && for r in 1 2; do
-    for v in prev new; do
+    for v in $vs; do
         use $v
         tl 40 $B --prompts 512,2048,8192 --batches 1 --decode-s 0.2 >$O/p${r}_$v.txt 2>$O/p${r}_$v.err
         echo "prefill $v rc $? $(el): $(row prefill $O/p${r}_$v.txt)"

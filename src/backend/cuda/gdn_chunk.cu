@@ -20,7 +20,9 @@
  * 16 (the diagonal blocks by substitution, then those below from them), W = T diag(beta
  * exp(g)) K and U = T diag(beta) V on tensor cores (tf32 operands), and writes U and g in
  * fp32 and W, P, exp(g) q and exp(g_last - g) k rounded to bf16 (the scan's operands, as the
- * peers' chunked kernels take them) to the chunk workspace. The second is the only sequential part: k_gdn_cscan runs a block per
+ * peers' chunked kernels take them) to the chunk workspace; it also scales q and k by their
+ * L2 norms (k_gdn_qknorm's sums), which the chunked path does nowhere else. The second is
+ * the only sequential part: k_gdn_cscan runs a block per
  * (item, head, 32 state columns) over the item's chunks in order, the fp32 state in its
  * warps' accumulators (a bf16 copy in shared memory as the products' operand), the products
  * mma.sync m16n8k16 on bf16 operands with fp32 sums, their fragments by ldmatrix; two such
@@ -200,22 +202,22 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cprep(cu_gdn_args a, int 
 #pragma unroll 1
     for (int d = 1; d < GC / 16; d++) {
         for (int e = tid; e < (GC / 16 - d) * 256; e += GC_THREADS) {
-            const int i = d + (e >> 8), j = i - d, r = (e >> 4) & 15, c = e & 15;
+            const int i = d + (e >> 8), j = i - d, r = (e >> 4) & 15, cc = e & 15;
             float m = 0.0f;
 #pragma unroll 1
             for (int kb = 16 * j; kb < 16 * i; kb += 16)
 #pragma unroll
-                for (int k = kb; k < kb + 16; k++) m = fmaf(A[(16 * i + r) * LA + k], T[k * LA + 16 * j + c], m);
-            T[(16 * j + r) * LA + 16 * i + c] = m;
+                for (int k = kb; k < kb + 16; k++) m = fmaf(A[(16 * i + r) * LA + k], T[k * LA + 16 * j + cc], m);
+            T[(16 * j + r) * LA + 16 * i + cc] = m;
         }
         __syncthreads();
         for (int e = tid; e < (GC / 16 - d) * 256; e += GC_THREADS) {
-            const int i = d + (e >> 8), j = i - d, r = (e >> 4) & 15, c = e & 15;
+            const int i = d + (e >> 8), j = i - d, r = (e >> 4) & 15, cc = e & 15;
             float t = 0.0f;
 #pragma unroll
             for (int k = 0; k < 16; k++) /* T_ii is 0 past its diagonal */
-                t = fmaf(T[(16 * i + r) * LA + 16 * i + k], T[(16 * j + k) * LA + 16 * i + c], t);
-            T[(16 * i + r) * LA + 16 * j + c] = -t;
+                t = fmaf(T[(16 * i + r) * LA + 16 * i + k], T[(16 * j + k) * LA + 16 * i + cc], t);
+            T[(16 * i + r) * LA + 16 * j + cc] = -t;
         }
         __syncthreads();
     }
