@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # One device call's measurements (a GPU machine's time is short and often none starts: build
-# and pack here, run this there). Session 32: k_gdn_cprep makes T = (I + A)^-1 by 16-blocks and
-# W, U as T's products on tensor cores (was: a thread per column's substitution); k_gdn_cscan
-# copies U with W and q (cp.async), its copies' offsets made once, bf16 pairs by cvt.rn.bf16x2;
-# the chunked path's q/k norms inside k_gdn_cprep (no k_gdn_qknorm pass). Ran on an H100 on
-# 2026-12-06 as var/mid.so beside a build with the conv inside k_gdn_cprep too (measured
-# slower, not kept; README has both) and 8eb1064's library (var/prev.so): 8, 2, 4, 3, 9; then
-# this build (.gpu/s32c.tar.xz) beside var/prev.so alone: 8, 2, 4, 3, 9 again. Earlier
+# and pack here, run this there). Session 32 (README has what each measured, all on an H100):
+# the chunked rule's T = (I + A)^-1 and tensor-core W, U, the norms inside k_gdn_cprep, the
+# scan's U copies and offsets (8, 2, 4, 3, 9, beside 8eb1064's library and a build with the
+# conv inside k_gdn_cprep, not kept); then k_wgmma on clusters of 2 row blocks sharing the
+# activations by TMA multicast (branch s32-wgcl, not kept): 0, 2 (var/prev.so 79f6a11's
+# library, var/nb.so that build with -DCU_BLAS_MIN_T=1000000), 4, 6. Part 0 (k_wgmma against
+# k_gemm at the prefill's sizes) stays for the next change to k_wgmma. Earlier
 # parts, kept for the next changes to their kernels:
 #   1. mmv_bench fa: k_attn_fw against k_attn_fa and `exact`, times (the build before:
 #      8,192 tokens fa 4.47 ms, fw 3.67)
-#   2. the `bf16` prefill side by side: prev (var/prev.so), mid (var/mid.so, where the pack
-#      has one: a build between them) and new
+#   2. the `bf16` prefill side by side: prev (var/prev.so), the pack's other var/NAME.so (builds
+#      between them, or variants: bench/cuda/variants.sh) and new
 #   3. where an 8,192-token `bf16` prefill's time goes now (`strand bench --op-times`)
 #   4. make test-gpu (tests/gpu_test.sh) on new
 #   5. Nsight Compute's per-instruction stall samples (the SASS source page) and details of
@@ -50,6 +50,11 @@ echo "start $(el) $(head -2 $O/smi.txt | tail -1)"
 cp build/libstrand-cuda.so var/new.so
 use() { cp var/$1.so build/libstrand-cuda.so; }
 part() { case ${PARTS:-1234567} in *$1*) return 0 ;; esac; return 1; }
+# 0. k_wgmma on clusters of 2 (the activations multicast) against clusters of 1 and k_gemm
+if part 0; then
+    tl 90 build/mmv_bench wg 5 1024,2048,8192 > $O/wg.txt 2>&1; echo "mmv_bench wg rc $? $(el)"
+    grep -vE "^ *$" $O/wg.txt | cut -c1-160 | tail -22
+fi
 # 8. the delta rule's kernels alone: per step against chunked (agreement, times)
 if part 8; then
     tl 90 build/mmv_bench gdn 10 > $O/gdn.txt 2>&1; echo "mmv_bench gdn rc $? $(el)"
@@ -61,7 +66,7 @@ if part 1; then
     grep -E "^fa" $O/fa.txt | cut -c1-400
 fi
 # 2. bf16 prefill, prev and new, twice round
-vs="prev $([ -f var/mid.so ] && echo mid) new"
+vs="prev $(cd var && ls *.so | sed 's/\.so$//' | grep -vx 'prev\|new' | tr '\n' ' ')new"
 part 2 && for r in 1 2; do
     for v in $vs; do
         use $v
