@@ -770,7 +770,8 @@ static int qprof(int64_t rows, int64_t cols, int64_t T, int P, int bits) {
 /* ---- `mmv_bench wg [reps] [T,...]`: bf16 products of many tokens on wgmma (matmul_wgmma.cu)
  * against k_gemm, on the same bf16 activations: the largest difference relative to the
  * largest output (the summation orders differ, so fp32 rounding apart: at most 4e-9 times the
- * columns passes), every output written, and TFLOP/s of each ---- */
+ * columns passes), every output written, and TFLOP/s of each; k_wgmma on clusters of 2 (the
+ * backend's, the activations multicast) and of 1, whose outputs must be the same bits ---- */
 static int wgbench(int reps, const char *tlist) {
     cudaStream_t s;
     CK(cudaStreamCreate(&s));
@@ -790,7 +791,7 @@ static int wgbench(int reps, const char *tlist) {
     const int64_t TM = most_tokens(Ts);
     int bad = 0;
     printf("bf16 products on wgmma against k_gemm: TFLOP/s; err = max |wgmma - k_gemm| / max |k_gemm|\n");
-    printf("%-9s %6s %10s %10s %10s\n", "shape", "T", "k_gemm", "wgmma", "err");
+    printf("%-9s %6s %10s %10s %10s %10s\n", "shape", "T", "k_gemm", "wgmma", "cluster 1", "err");
     for (const auto &sh : shapes) {
         const tiled_case tc = tiled_case_make(s, sh.rows, sh.cols, TM, 13);
         uint16_t *const wt = tc.wt, *const xs = tc.xs;
@@ -800,16 +801,21 @@ static int wgbench(int reps, const char *tlist) {
         const int64_t ldxs = tiled_steps(sh.cols) * 32;
         mm_group g;
         g.n = 1, g.w[0] = w, g.y[0] = yref, g.ldy[0] = sh.rows, g.blk0[0] = 0;
+        float *y1;
+        CK(cudaMalloc(&y1, (size_t)TM * sh.rows * 4));
         for (int64_t T : Ts) {
             launch_split(s, x, sh.cols, T, sh.cols, xs, ldxs, 1);
             launch_gemm_shape<1>(s, g, xs, ldxs, T, &sc);
             CK(cudaMemsetAsync(y, 0xff, T * sh.rows * 4, s)); /* NaN: an output never written stays one */
-            if (cu_wgmma_matmul(s, enc, &w, xs, ldxs, T, y, sh.rows) != 0) {
+            CK(cudaMemsetAsync(y1, 0xff, T * sh.rows * 4, s));
+            if (cu_wgmma_matmul(s, enc, &w, xs, ldxs, T, y, sh.rows) != 0 ||
+                wg_matmul_cl(s, enc, &w, xs, ldxs, T, y1, sh.rows, 1) != 0) {
                 printf("%-9s %6lld refused\n", sh.name, (long long)T);
                 bad++;
                 continue;
             }
             CK(cudaStreamSynchronize(s));
+            const bool same = same_bits(y, y1, (size_t)(T * sh.rows));
             agreement ag;
             ag.add(y, yref, (size_t)(T * sh.rows));
             const size_t nan = ag.nan;
@@ -818,16 +824,20 @@ static int wgbench(int reps, const char *tlist) {
              * with the sum's length (measured on the H200: 6e-6 of the largest output at 5,120
              * columns, 2e-5 at 17,408); a wrong tile or index is of the order of the output */
             const double bound = 4e-9 * (double)sh.cols;
-            const bool ok = nan == 0 && err <= bound;
+            const bool ok = nan == 0 && err <= bound && same;
             bad += !ok;
             const double t_ref = time_launches(s, e0, e1, reps, 1, [&](int) { launch_gemm_shape<1>(s, g, xs, ldxs, T, &sc); });
             const double t_wg = time_launches(s, e0, e1, reps, 1, [&](int) { cu_wgmma_matmul(s, enc, &w, xs, ldxs, T, y, sh.rows); });
+            const double t_wg1 =
+                time_launches(s, e0, e1, reps, 1, [&](int) { wg_matmul_cl(s, enc, &w, xs, ldxs, T, y1, sh.rows, 1); });
             const double fl = 2.0 * sh.rows * sh.cols * T;
-            printf("%-9s %6lld %10.1f %10.1f %10.2e%s", sh.name, (long long)T, fl / t_ref / 1e12, fl / t_wg / 1e12, err,
-                   ok ? "\n" : "  FAIL");
+            printf("%-9s %6lld %10.1f %10.1f %10.1f %10.2e%s", sh.name, (long long)T, fl / t_ref / 1e12, fl / t_wg / 1e12,
+                   fl / t_wg1 / 1e12, err, ok ? "\n" : "  FAIL");
             if (nan) printf(" (%zu outputs not written)", nan);
+            if (!same) printf(" (clusters of 1 and 2 differ)");
             if (!ok) printf("\n");
         }
+        CK(cudaFree(y1));
         tiled_case_free(tc);
     }
     printf("wgmma: %s\n", bad ? "FAILED" : "all products agree");

@@ -113,80 +113,127 @@ __device__ __forceinline__ void wgmma_256(float (&d)[128], uint64_t da, uint64_t
         : "l"(da), "l"(db), "r"(1));
 }
 
+/* clusters: this block's rank, a barrier of every thread of the cluster, an arrival on the
+ * barrier at the same place in block cta's shared memory, and a 2-D TMA load written into the
+ * shared memory of every block of `mask` (at dst's place in each), completing on each one's
+ * barrier at bar's place */
+__device__ __forceinline__ uint32_t ws_cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void ws_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\n"
+                 "barrier.cluster.wait.acquire;" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive_at(uint32_t bar, uint32_t cta) {
+    asm volatile("{\n"
+                 ".reg .b32 ra;\n"
+                 "mapa.shared::cluster.u32 ra, %0, %1;\n"
+                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n"
+                 "}\n" ::"r"(bar),
+                 "r"(cta)
+                 : "memory");
+}
+__device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar,
+                                               uint16_t mask) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
+                 "[%1, {%2, %3}], [%4], %5;" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
+                 : "memory");
+}
+
+/* CL: the blocks of a cluster, along the row blocks (1, or 2: the pair of row blocks 2 p and
+ * 2 p + 1 of one token tile, each block's producer loading one of a stage's two activation
+ * steps into both blocks' shared memory by TMA multicast, so the cluster reads the token
+ * tile's activations from L2 once where two blocks read them twice; a stage is refilled once
+ * both blocks' consumers have freed it, and neither block leaves before the other) */
+template <int CL>
 __global__ void __launch_bounds__(WG_THREADS, 1)
     k_wgmma(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap, int64_t rows,
             int64_t T, int nsteps, float *y, int64_t ldy) {
+    static_assert(CL == 1 || CL == 2, "clusters of 1 or 2 blocks");
     extern __shared__ uint8_t wg_raw[];
     const uint32_t base = (smem_u32(wg_raw) + 1023u) & ~1023u; /* the swizzle repeats every 512 bytes */
     const uint32_t full = base + WG_STAGES * WG_STAGE, empty = full + WG_STAGES * 8;
     const int tid = threadIdx.x, wg = tid / 128;
     const int tb = blockIdx.x, rb = blockIdx.y;
+    const int q = CL > 1 ? (int)ws_cluster_rank() : 0; /* (CL 2: rb % 2) */
     const int nk = nsteps / 2; /* stages: two steps each (nsteps is even) */
     if (tid == 0) {
         for (int s = 0; s < WG_STAGES; s++) {
             mbar_init(full + 8 * s, 1);
-            mbar_init(empty + 8 * s, 8); /* a consumer warp's lane 0 each */
+            mbar_init(empty + 8 * s, 8 * CL); /* a consumer warp's lane 0 each, of each block of the cluster */
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-    __syncthreads();
+    if constexpr (CL > 1) ws_cluster_sync(); /* the other block's barriers are ready before anything reaches them */
+    else __syncthreads();
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
         if (tid == 0) {
             for (int i = 0; i < nk; i++) {
                 const int s = i % WG_STAGES;
                 mbar_wait(empty + 8 * s, ((i / WG_STAGES) & 1) ^ 1);
-                mbar_expect_tx(full + 8 * s, WG_STAGE);
+                mbar_expect_tx(full + 8 * s, WG_STAGE); /* (CL 2: one of the activation steps from the other block) */
                 const uint32_t st = base + s * WG_STAGE;
-                for (int h = 0; h < 2; h++) {
-                    const int k = 2 * i + h;
-                    tma_load_4d(st + h * WG_A_STEP, &wmap, 0, 0, k, rb * (WG_BM / 16), full + 8 * s);
-                    tma_load_2d(st + 2 * WG_A_STEP + h * WG_B_STEP, &xmap, 32 * k, tb * WG_BN, full + 8 * s);
-                }
+                for (int h = 0; h < 2; h++)
+                    tma_load_4d(st + h * WG_A_STEP, &wmap, 0, 0, 2 * i + h, rb * (WG_BM / 16), full + 8 * s);
+                if constexpr (CL > 1)
+                    tma_load_2d_mc(st + 2 * WG_A_STEP + q * WG_B_STEP, &xmap, 32 * (2 * i + q), tb * WG_BN, full + 8 * s,
+                                   (uint16_t)((1u << CL) - 1));
+                else
+                    for (int h = 0; h < 2; h++)
+                        tma_load_2d(st + 2 * WG_A_STEP + h * WG_B_STEP, &xmap, 32 * (2 * i + h), tb * WG_BN, full + 8 * s);
             }
         }
-        return;
-    }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-    const int c = wg - 1, warp = (tid / 32) % 4, lane = tid % 32;
-    float d[128];
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+        const int c = wg - 1, warp = (tid / 32) % 4, lane = tid % 32;
+        float d[128];
 #pragma unroll
-    for (int i = 0; i < 128; i++) d[i] = 0.0f;
-    /* one stage's MMAs stay in flight while the next stage's are issued: a stage is freed
-     * once the group after it has been committed and its own has completed (the tensor
-     * cores never wait for the barrier round trip; the order of the sums is unchanged) */
-    int prev = -1;
-    for (int i = 0; i < nk; i++) {
-        const int s = i % WG_STAGES;
-        mbar_wait(full + 8 * s, (i / WG_STAGES) & 1);
-        const uint32_t st = base + s * WG_STAGE;
-        wg_fence_regs(d);
-        wg_fence();
+        for (int i = 0; i < 128; i++) d[i] = 0.0f;
+        /* one stage's MMAs stay in flight while the next stage's are issued: a stage is freed
+         * once the group after it has been committed and its own has completed (the tensor
+         * cores never wait for the barrier round trip; the order of the sums is unchanged) */
+        int prev = -1;
+        for (int i = 0; i < nk; i++) {
+            const int s = i % WG_STAGES;
+            mbar_wait(full + 8 * s, (i / WG_STAGES) & 1);
+            const uint32_t st = base + s * WG_STAGE;
+            wg_fence_regs(d);
+            wg_fence();
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
+            for (int h = 0; h < 2; h++) {
 #pragma unroll
-            for (int kk = 0; kk < 2; kk++)
-                wgmma_256(d, wg_desc(st + h * WG_A_STEP + c * (64 * 64) + 32 * kk),
-                          wg_desc(st + 2 * WG_A_STEP + h * WG_B_STEP + 32 * kk));
+                for (int kk = 0; kk < 2; kk++)
+                    wgmma_256(d, wg_desc(st + h * WG_A_STEP + c * (64 * 64) + 32 * kk),
+                              wg_desc(st + 2 * WG_A_STEP + h * WG_B_STEP + 32 * kk));
+            }
+            wg_commit();
+            wg_wait<1>();
+            wg_fence_regs(d);
+            if (prev >= 0 && lane == 0) {
+                mbar_arrive(empty + 8 * prev);
+                if constexpr (CL > 1) mbar_arrive_at(empty + 8 * prev, (uint32_t)(q ^ 1));
+            }
+            prev = s;
         }
-        wg_commit();
-        wg_wait<1>();
+        wg_wait<0>();
         wg_fence_regs(d);
-        if (prev >= 0 && lane == 0) mbar_arrive(empty + 8 * prev);
-        prev = s;
+        /* d[4j + e]: row 16 warp + g (+ 8 for e >= 2), token 8j + 2t + (e & 1) */
+        const int g = lane / 4, t = lane % 4;
+        const int64_t r0 = (int64_t)rb * WG_BM + c * 64 + warp * 16 + g, n0 = (int64_t)tb * WG_BN + 2 * t;
+#pragma unroll
+        for (int j = 0; j < 32; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int64_t r = r0 + (e >= 2 ? 8 : 0), n = n0 + 8 * j + (e & 1);
+                if (r < rows && n < T) y[n * ldy + r] = d[4 * j + e];
+            }
     }
-    wg_wait<0>();
-    wg_fence_regs(d);
-    /* d[4j + e]: row 16 warp + g (+ 8 for e >= 2), token 8j + 2t + (e & 1) */
-    const int g = lane / 4, t = lane % 4;
-    const int64_t r0 = (int64_t)rb * WG_BM + c * 64 + warp * 16 + g, n0 = (int64_t)tb * WG_BN + 2 * t;
-#pragma unroll
-    for (int j = 0; j < 32; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int64_t r = r0 + (e >= 2 ? 8 : 0), n = n0 + 8 * j + (e & 1);
-            if (r < rows && n < T) y[n * ldy + r] = d[4 * j + e];
-        }
+    /* CL 2: no block leaves while the other may still load into its stages or arrive on its barriers */
+    if constexpr (CL > 1) ws_cluster_sync();
 }
 
 
@@ -343,36 +390,6 @@ __device__ __forceinline__ int ws_mat(const ws_args &a, int64_t R, int64_t *r) {
         if (q < a.n && R >= a.rb0[q]) i = q;
     *r = R - a.rb0[i];
     return i;
-}
-
-/* clusters: this block's rank, a barrier of every thread of the cluster, an arrival on the
- * barrier at the same place in block cta's shared memory, and a 2-D TMA load written into the
- * shared memory of every block of `mask` (at dst's place in each), completing on each one's
- * barrier at bar's place */
-__device__ __forceinline__ uint32_t ws_cluster_rank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ void ws_cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release;\n"
-                 "barrier.cluster.wait.acquire;" ::: "memory");
-}
-__device__ __forceinline__ void mbar_arrive_at(uint32_t bar, uint32_t cta) {
-    asm volatile("{\n"
-                 ".reg .b32 ra;\n"
-                 "mapa.shared::cluster.u32 ra, %0, %1;\n"
-                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n"
-                 "}\n" ::"r"(bar),
-                 "r"(cta)
-                 : "memory");
-}
-__device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar,
-                                               uint16_t mask) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
-                 "[%1, {%2, %3}], [%4], %5;" ::"r"(dst),
-                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
-                 : "memory");
 }
 
 template <int BN, int KB, int CL = 1>
@@ -538,7 +555,8 @@ extern "C" void *cu_wgmma_available(void) {
     if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
         q != cudaDriverEntryPointSuccess || !fn)
         return NULL;
-    if (cudaFuncSetAttribute(k_wgmma, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess ||
+    if (cudaFuncSetAttribute(k_wgmma<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess ||
+        cudaFuncSetAttribute(k_wgmma<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess ||
         ws_attrs<WS_KB, CU_WS_CL>() != 0)
         return NULL;
     return fn;
@@ -576,18 +594,41 @@ static bool wg_takes(const cu_mat *w) {
            ((uintptr_t)w->data & 15) == 0;
 }
 
-extern "C" int cu_wgmma_matmul(cu_stream s, void *encode, const cu_mat *w, const uint16_t *xs, int64_t ldxs, int64_t T,
-                               float *y, int64_t ldy) {
+/* k_wgmma's blocks a cluster in the backend (a build may set 1 to compare) */
+#ifndef CU_WG_CL
+#define CU_WG_CL 2
+#endif
+
+/* k_wgmma on clusters of cl (1 or 2) blocks */
+static int wg_matmul_cl(cu_stream s, void *encode, const cu_mat *w, const uint16_t *xs, int64_t ldxs, int64_t T,
+                        float *y, int64_t ldy, int cl) {
     const tmap_encode_fn enc = (tmap_encode_fn)encode;
     const int64_t nsteps = (w->cols + 31) / 32;
-    if (!enc || !wg_takes(w) || T <= 0 || ldxs % 32 != 0 || ((uintptr_t)xs & 15)) return -1;
+    if (!enc || !wg_takes(w) || T <= 0 || ldxs % 32 != 0 || ((uintptr_t)xs & 15) || (cl != 1 && cl != 2)) return -1;
     CUtensorMap wmap, xmap;
     if (wg_map_w(enc, w, &wmap) != 0 || wg_map_x(enc, xs, ldxs, T, WG_BN, &xmap) != 0) return -1;
     /* token tiles fastest: the blocks running at once share a few row blocks' weights, read
-     * from memory once, and the slice's activations stay in L2 */
-    const dim3 grid((unsigned)((T + WG_BN - 1) / WG_BN), (unsigned)((w->rows + WG_BM - 1) / WG_BM));
-    k_wgmma<<<grid, WG_THREADS, WG_SMEM, s>>>(wmap, xmap, w->rows, T, (int)nsteps, y, ldy);
-    return cudaGetLastError() == cudaSuccess ? 0 : -1;
+     * from memory once, and the slice's activations stay in L2; the row blocks rounded up to
+     * whole clusters (a block past the matrix reads zeros and writes nothing) */
+    const int64_t rbs = (w->rows + WG_BM - 1) / WG_BM;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)((T + WG_BN - 1) / WG_BN), (unsigned)((rbs + cl - 1) / cl * cl));
+    cfg.blockDim = dim3(WG_THREADS);
+    cfg.dynamicSmemBytes = WG_SMEM;
+    cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = 1, at[0].val.clusterDim.y = (unsigned)cl, at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    const cudaError_t e = cl == 2 ? cudaLaunchKernelEx(&cfg, k_wgmma<2>, wmap, xmap, w->rows, T, (int)nsteps, y, ldy)
+                                  : cudaLaunchKernelEx(&cfg, k_wgmma<1>, wmap, xmap, w->rows, T, (int)nsteps, y, ldy);
+    return e == cudaSuccess && cudaGetLastError() == cudaSuccess ? 0 : -1;
+}
+
+extern "C" int cu_wgmma_matmul(cu_stream s, void *encode, const cu_mat *w, const uint16_t *xs, int64_t ldxs, int64_t T,
+                               float *y, int64_t ldy) {
+    return wg_matmul_cl(s, encode, w, xs, ldxs, T, y, ldy, CU_WG_CL);
 }
 
 /* a cluster launch's configuration (at: its attributes' storage, 2) */
