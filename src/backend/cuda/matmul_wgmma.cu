@@ -130,7 +130,7 @@ __device__ __forceinline__ void mbar_arrive_at(uint32_t bar, uint32_t cta) {
     asm volatile("{\n"
                  ".reg .b32 ra;\n"
                  "mapa.shared::cluster.u32 ra, %0, %1;\n"
-                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n"
+                 "mbarrier.arrive.shared::cluster.b64 _, [ra];\n"
                  "}\n" ::"r"(bar),
                  "r"(cta)
                  : "memory");
