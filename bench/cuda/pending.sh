@@ -4,9 +4,10 @@
 # the chunked rule's T = (I + A)^-1 and tensor-core W, U, the norms inside k_gdn_cprep, the
 # scan's U copies and offsets (8, 2, 4, 3, 9, beside 8eb1064's library and a build with the
 # conv inside k_gdn_cprep, not kept); then k_wgmma on clusters of 2 row blocks sharing the
-# activations by TMA multicast (branch s32-wgcl, not kept): 0, 2 (var/prev.so 79f6a11's
-# library, var/nb.so that build with -DCU_BLAS_MIN_T=1000000), 4, 6. Part 0 (k_wgmma against
-# k_gemm at the prefill's sizes) stays for the next change to k_wgmma. Earlier
+# activations by TMA multicast: 0, 2, 4, 6 with its first arrive (.release.cluster, slower),
+# 0 and 2 with the plain one (this build, .gpu/s32y.tar.xz). Not yet run on it: 4 (make
+# test-gpu) and 2 with var/nb.so (this build with -DCU_BLAS_MIN_T=1000000: k_wgmma in place of
+# cuBLASLt at every prefill size), the next call: CAP=300 PARTS=240. Earlier
 # parts, kept for the next changes to their kernels:
 #   1. mmv_bench fa: k_attn_fw against k_attn_fa and `exact`, times (the build before:
 #      8,192 tokens fa 4.47 ms, fw 3.67)
@@ -23,16 +24,16 @@
 # Prepare here:
 #   make -j2 all mmv-bench && bench/cuda/pack.sh /tmp/c.tar.xz; rm -rf /tmp/st; mkdir -p /tmp/st/var
 #   tar -C /tmp/st -xJf /tmp/c.tar.xz; cp PREV/build/libstrand-cuda.so /tmp/st/var/prev.so (stripped)
-#   tar -C /tmp/st -cf - build var | xz -9 -T2 > .gpu/s32c.tar.xz
-# Run there (device tool: carry .gpu/s32c.tar.xz; CAP: seconds in all). At most 8 files come
+#   tar -C /tmp/st -cf - build var | xz -9 -T2 > .gpu/s32y.tar.xz
+# Run there (device tool: carry .gpu/s32y.tar.xz; CAP: seconds in all). At most 8 files come
 # back from the device tool: the logs are kept as one tarball, $OUT/o.tar.xz, with the
 # summary printed and in $OUT/summary.txt.
-#   [CAP=500] [PARTS=123456789] bash bench/cuda/pending.sh [.gpu/s32c.tar.xz]
+#   [CAP=500] [PARTS=123456789] bash bench/cuda/pending.sh [.gpu/s32y.tar.xz]
 set -u
 cd "$(dirname "$0")/../.."
 R=${OUT:-/tmp/pending}
 O=/tmp/pending-o; rm -rf $O; mkdir -p $O $R
-PACK=${1:-.gpu/s32c.tar.xz}
+PACK=${1:-.gpu/s32y.tar.xz}
 st=$(date +%s)
 el() { echo "$(( $(date +%s) - st ))s"; }
 tl() { local left=$((${CAP:-500} - 15 - ($(date +%s) - st))); [ $left -gt 8 ] && timeout $((left < $1 ? left : $1)) "${@:2}"; }
