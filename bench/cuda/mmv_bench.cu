@@ -16,7 +16,8 @@
  *                                    as limbs) against the bf16 ones: error against `exact`,
  *                                    a token's bits alone and in a batch, GB/s; exits 1 where
  *                                    the error passes 1e-5 or the bits differ
- *   build/mmv_bench wg [reps] [T,..] bf16 products on wgmma (matmul_wgmma.cu) against k_gemm:
+ *   build/mmv_bench wg [reps] [T,..] bf16 products on wgmma (matmul_wgmma.cu) against k_gemm,
+ *                                    its clusters of 2 against single blocks (the same bits):
  *                                    agreement and TFLOP/s at 64 to 2,048 tokens (or those
  *                                    given); exits 1 where they disagree
  *   build/mmv_bench blastune [reps] [T,..] the 27B's prefill products at 2,048 and 8,192
