@@ -1442,10 +1442,9 @@ static int gdnbench(int reps) {
         const double t_convc = time_ms([&] { cu_gdn_conv_chunked(s, &p, &a); });
         const double t_qk = time_ms([&] { launch_pdl(k_gdn_qknorm, dim3((unsigned)(T * Hk)), dim3(32), 0, s, a, (int64_t)T * Hk); });
         const double t_gn = time_ms([&] { launch_pdl(k_gdn_gnorm, dim3((unsigned)(T * Hv)), dim3(32), 0, s, a, (int64_t)T * Hv); });
-        /* the norms as the chunked rule takes them: GDN_NORM_WARPS warps a block */
-        const int64_t nqk = (int64_t)T * Hk, ngn = (int64_t)T * Hv, nw = GDN_NORM_WARPS;
-        const double t_qk8 = time_ms(
-            [&] { launch_pdl(k_gdn_qknorm, dim3((unsigned)((nqk + nw - 1) / nw)), dim3(32 * nw), 0, s, a, nqk); });
+        /* the gated norm as the chunked rule takes it: GDN_NORM_WARPS warps a block (its q/k
+         * norms are inside k_gdn_cprep) */
+        const int64_t ngn = (int64_t)T * Hv, nw = GDN_NORM_WARPS;
         const double t_gn8 = time_ms(
             [&] { launch_pdl(k_gdn_gnorm, dim3((unsigned)((ngn + nw - 1) / nw)), dim3(32 * nw), 0, s, a, ngn); });
         const double t_prep = time_ms([&] {
@@ -1470,9 +1469,9 @@ static int gdnbench(int reps) {
         printf("gdn %2d x %5lld tokens: per step %8.3f ms, chunked %8.3f ms; outputs differ by %.2e, state by %.2e of their"
                " largest, the conv's %s%s\n", cs.items, (long long)cs.len, ms[0], ms[1], dm, dsv,
                conv_same ? "bits equal" : "bits DIFFER", ok ? "" : "  FAILED");
-        printf("    alone: conv %.3f ms, chunked conv %.3f, q/k norms %.3f (%d warps a block %.3f), gated norm %.3f (%.3f),"
+        printf("    alone: conv %.3f ms, chunked conv %.3f, q/k norms %.3f, gated norm %.3f (%d warps a block %.3f),"
                " chunks' part %.3f, scan %.3f ms\n",
-               t_conv, t_convc, t_qk, (int)nw, t_qk8, t_gn, t_gn8, t_prep, t_scan);
+               t_conv, t_convc, t_qk, t_gn, (int)nw, t_gn8, t_prep, t_scan);
         printf("    the per-step rule alone %.3f ms: %.0f GB/s of its state read and written\n", t_rec,
                2.0 * rec_n * 4 / (t_rec * 1e-3) / 1e9);
         if (cs.len == 1) { /* a decode step's kernels (k_gdn_dec, and the fused one with the norms inside)

@@ -251,17 +251,16 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
                  : "r"(addr));
 }
 
-/* cp.async: 16 bytes (bytes < 16: the rest zeros) global -> shared, in groups */
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int bytes) {
-    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa), "l"(gmem), "r"(bytes));
+/* cp.async: 16 bytes (bytes < 16: the rest zeros) global -> shared, in groups; _at from a
+ * shared-memory address (__cvta_generic_to_shared's), without bytes all 16 */
+__device__ __forceinline__ void cp_async16_at(uint32_t saddr, const void *gmem, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(saddr), "l"(gmem), "r"(bytes));
 }
-/* the same from a shared-memory address (__cvta_generic_to_shared's), all 16 bytes */
 __device__ __forceinline__ void cp_async16_at(uint32_t saddr, const void *gmem) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(saddr), "l"(gmem));
 }
-__device__ __forceinline__ void cp_async16_at(uint32_t saddr, const void *gmem, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(saddr), "l"(gmem), "r"(bytes));
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int bytes) {
+    cp_async16_at((uint32_t)__cvta_generic_to_shared(smem), gmem, bytes);
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N>

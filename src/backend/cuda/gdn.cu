@@ -544,13 +544,14 @@ extern "C" int cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int m
             launch_pdl(k_gdn_conv, gc, dim3(CONV_THREADS), 0, s, *p, *a);
         }
     }
-    /* one warp a block before the per-step rule: 8 a block made the rule after them 1.4x
+    /* the q/k norms only before the per-step rule (the chunked rule's k_gdn_cprep normalizes
+     * the rows it reads itself), one warp a block: 8 a block made the rule after them 1.4x
      * slower on one long prompt (8.7 -> 12.2 ms a 27B layer at 8,192 tokens on the H200),
-     * though the norms alone were faster; the chunked rule takes GDN_NORM_WARPS */
+     * though the norms alone were faster; the gated norm after the chunked rule takes
+     * GDN_NORM_WARPS */
     const int nw = a->n_chunks > 0 ? GDN_NORM_WARPS : 1;
     const int64_t nqk = (int64_t)p->n_tokens * a->Hk, ng = (int64_t)p->n_tokens * a->Hv;
-    /* the chunked rule's k_gdn_cprep normalizes the rows it reads itself */
-    if (!fused && a->n_chunks == 0) launch_pdl(k_gdn_qknorm, dim3((unsigned)((nqk + nw - 1) / nw)), dim3(32 * nw), 0, s, *a, nqk);
+    if (!fused && a->n_chunks == 0) launch_pdl(k_gdn_qknorm, dim3((unsigned)nqk), dim3(32), 0, s, *a, nqk);
     dim3 gr((unsigned)p->n_items, (unsigned)a->Hv, (unsigned)((a->Dv + 8 * GDN_WARPS - 1) / (8 * GDN_WARPS)));
     const int cl = max_item_tokens < GDN_CHUNK ? (max_item_tokens > 0 ? max_item_tokens : 1) : GDN_CHUNK;
     const size_t shm = gdn_smem(a->Dk, cl);

@@ -44,9 +44,6 @@ __device__ __forceinline__ void frag_a(uint32_t (&f)[4], const float *m, int ld,
     f[0] = tf32_of(e[0]), f[1] = tf32_of(e[8 * ld]), f[2] = tf32_of(e[4]), f[3] = tf32_of(e[8 * ld + 4]);
 }
 
-/* lo and hi rounded to bf16, as a pair */
-__device__ __forceinline__ uint32_t bf16x2(float lo, float hi) { return bf16x2_rn(lo, hi); }
-
 /* a (chunk, head)'s place in the workspace (cu_gdn_chunk_floats): U [GC][Dv] and g [GC] in
  * fp32, then W, exp(g) q, exp(g_last - g) k [GC][DK] and P [GC][GC] in bf16 (row-major) */
 struct gc_ws {
@@ -131,8 +128,8 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cprep(cu_gdn_args a, int 
         const int r = e / (DK / 4), i = e % (DK / 4) * 4;
         const float eq = expf(g[r]), ek = expf(g[GC - 1] - g[r]);
         const float4 q4 = *(const float4 *)(Qs + r * SW + i), k4 = *(const float4 *)(Ks + r * SW + i);
-        *(uint2 *)(cw.Q + r * DK + i) = make_uint2(bf16x2(eq * q4.x, eq * q4.y), bf16x2(eq * q4.z, eq * q4.w));
-        *(uint2 *)(cw.K + r * DK + i) = make_uint2(bf16x2(ek * k4.x, ek * k4.y), bf16x2(ek * k4.z, ek * k4.w));
+        *(uint2 *)(cw.Q + r * DK + i) = make_uint2(bf16x2_rn(eq * q4.x, eq * q4.y), bf16x2_rn(eq * q4.z, eq * q4.w));
+        *(uint2 *)(cw.K + r * DK + i) = make_uint2(bf16x2_rn(ek * k4.x, ek * k4.y), bf16x2_rn(ek * k4.z, ek * k4.w));
     }
     /* k_r . k_j and q_r . k_j on tensor cores: warp w the rows 16 (w / 2) .. + 15, columns
      * 32 (w % 2) .. + 31 (tiles wholly above the diagonal left zero), into A and P */
@@ -175,7 +172,7 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cprep(cu_gdn_args a, int 
                     pv[v] = col + v <= r ? d * qk[j][2 * hh + v] : 0.0f;
                 }
                 *(float2 *)(A + r * LA + col) = make_float2(av[0], av[1]);
-                *(uint32_t *)(cw.P + r * GC + col) = bf16x2(pv[0], pv[1]);
+                *(uint32_t *)(cw.P + r * GC + col) = bf16x2_rn(pv[0], pv[1]);
             }
     }
     cp_async_wait<0>();
@@ -258,8 +255,8 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cprep(cu_gdn_args a, int 
                 for (int nt = 0; nt < 4; nt++) {
                     const int col = n0 + 8 * nt + 2 * tig, r0 = 16 * mt + gid;
                     if (n0 + 8 * nt < DK) {
-                        *(uint32_t *)(cw.W + r0 * DK + col) = bf16x2(acc[mt][nt][0], acc[mt][nt][1]);
-                        *(uint32_t *)(cw.W + (r0 + 8) * DK + col) = bf16x2(acc[mt][nt][2], acc[mt][nt][3]);
+                        *(uint32_t *)(cw.W + r0 * DK + col) = bf16x2_rn(acc[mt][nt][0], acc[mt][nt][1]);
+                        *(uint32_t *)(cw.W + (r0 + 8) * DK + col) = bf16x2_rn(acc[mt][nt][2], acc[mt][nt][3]);
                     } else if (n0 + 8 * nt < NC) {
                         *(float2 *)(cw.U + r0 * Dv + col - DK) = make_float2(acc[mt][nt][0], acc[mt][nt][1]);
                         *(float2 *)(cw.U + (r0 + 8) * Dv + col - DK) = make_float2(acc[mt][nt][2], acc[mt][nt][3]);
@@ -318,8 +315,8 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cscan(cu_plan p, cu_gdn_a
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             const int col = 8 * j + 2 * tig;
-            *(uint32_t *)(sm + L::S + (m0 + gid) * L::CR + 2 * col) = bf16x2(s[j][0], s[j][1]);
-            *(uint32_t *)(sm + L::S + (m0 + gid + 8) * L::CR + 2 * col) = bf16x2(s[j][2], s[j][3]);
+            *(uint32_t *)(sm + L::S + (m0 + gid) * L::CR + 2 * col) = bf16x2_rn(s[j][0], s[j][1]);
+            *(uint32_t *)(sm + L::S + (m0 + gid + 8) * L::CR + 2 * col) = bf16x2_rn(s[j][2], s[j][3]);
         }
     };
     if (owns) {
@@ -405,8 +402,8 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cscan(cu_plan p, cu_gdn_a
             const int col = nA + 8 * j + 2 * tig, r0 = mA + gid; /* U past nc: zeros */
             const float2 u0 = *(const float2 *)(sm + L::U + r0 * L::UR + 4 * col);
             const float2 u1 = *(const float2 *)(sm + L::U + (r0 + 8) * L::UR + 4 * col);
-            *(uint32_t *)(sm + L::D + r0 * L::CR + 2 * col) = bf16x2(u0.x - dacc[j][0], u0.y - dacc[j][1]);
-            *(uint32_t *)(sm + L::D + (r0 + 8) * L::CR + 2 * col) = bf16x2(u1.x - dacc[j][2], u1.y - dacc[j][3]);
+            *(uint32_t *)(sm + L::D + r0 * L::CR + 2 * col) = bf16x2_rn(u0.x - dacc[j][0], u0.y - dacc[j][1]);
+            *(uint32_t *)(sm + L::D + (r0 + 8) * L::CR + 2 * col) = bf16x2_rn(u1.x - dacc[j][2], u1.y - dacc[j][3]);
         }
         __syncthreads(); /* D; W, q, U and the state read */
         if (c + 1 < ce) issue_wq(c + 1);

@@ -117,12 +117,12 @@ __device__ __forceinline__ void wgmma_256(float (&d)[128], uint64_t da, uint64_t
  * barrier at the same place in block cta's shared memory, and a 2-D TMA load written into the
  * shared memory of every block of `mask` (at dst's place in each), completing on each one's
  * barrier at bar's place */
-__device__ __forceinline__ uint32_t ws_cluster_rank() {
+__device__ __forceinline__ uint32_t wg_cluster_rank() {
     uint32_t r;
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
     return r;
 }
-__device__ __forceinline__ void ws_cluster_sync() {
+__device__ __forceinline__ void wg_cluster_sync() {
     asm volatile("barrier.cluster.arrive.release;\n"
                  "barrier.cluster.wait.acquire;" ::: "memory");
 }
@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     const uint32_t full = base + WG_STAGES * WG_STAGE, empty = full + WG_STAGES * 8;
     const int tid = threadIdx.x, wg = tid / 128;
     const int tb = blockIdx.x, rb = blockIdx.y;
-    const int q = CL > 1 ? (int)ws_cluster_rank() : 0; /* (CL 2: rb % 2) */
+    const int q = CL > 1 ? (int)wg_cluster_rank() : 0; /* (CL 2: rb % 2) */
     const int nk = nsteps / 2; /* stages: two steps each (nsteps is even) */
     if (tid == 0) {
         for (int s = 0; s < WG_STAGES; s++) {
@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-    if constexpr (CL > 1) ws_cluster_sync(); /* the other block's barriers are ready before anything reaches them */
+    if constexpr (CL > 1) wg_cluster_sync(); /* the other block's barriers are ready before anything reaches them */
     else __syncthreads();
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
@@ -233,7 +233,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
             }
     }
     /* CL 2: no block leaves while the other may still load into its stages or arrive on its barriers */
-    if constexpr (CL > 1) ws_cluster_sync();
+    if constexpr (CL > 1) wg_cluster_sync();
 }
 
 
@@ -401,7 +401,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) k_wgmma_stream(const __grid_con
     const uint32_t base = (smem_u32(wg_raw) + 1023u) & ~1023u;
     const uint32_t full = base + S::STAGES * S::STAGE, empty = full + S::STAGES * 8;
     const int tid = threadIdx.x;
-    const int q = CL > 1 ? (int)ws_cluster_rank() : 0; /* the block's row block of its group */
+    const int q = CL > 1 ? (int)wg_cluster_rank() : 0; /* the block's row block of its group */
     const int64_t cl = (int64_t)blockIdx.x / CL;      /* the cluster (CL 1: the block) */
     const int64_t u0 = cl * a.per;
     const int nu = (int)(a.units - u0 < a.per ? a.units - u0 : a.per);
@@ -412,7 +412,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) k_wgmma_stream(const __grid_con
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-    if constexpr (CL > 1) ws_cluster_sync(); /* the other block's barriers are ready before anything reaches them */
+    if constexpr (CL > 1) wg_cluster_sync(); /* the other block's barriers are ready before anything reaches them */
     else __syncthreads();
     if (tid >= 256) { /* the producer */
         if (tid == 256) {
@@ -529,7 +529,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1) k_wgmma_stream(const __grid_con
         }
     }
     /* CL > 1: no block leaves while another may still load into its stages or arrive on its barriers */
-    if constexpr (CL > 1) ws_cluster_sync();
+    if constexpr (CL > 1) wg_cluster_sync();
 }
 
 typedef CUresult (*tmap_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
