@@ -1,13 +1,11 @@
 #!/usr/bin/env bash
 # One device call's measurements (a GPU machine's time is short and often none starts: build
-# and pack here, run this there). Session 32 (README has what each measured, all on an H100):
-# the chunked rule's T = (I + A)^-1 and tensor-core W, U, the norms inside k_gdn_cprep, the
-# scan's U copies and offsets (8, 2, 4, 3, 9, beside 8eb1064's library and a build with the
-# conv inside k_gdn_cprep, not kept); then k_wgmma on clusters of 2 row blocks sharing the
-# activations by TMA multicast: 0, 2, 4, 6 with its first arrive (.release.cluster, slower),
-# 0 and 2 with the plain one (this build, .gpu/s32y.tar.xz). Not yet run on it: 4 (make
-# test-gpu) and 2 with var/nb.so (this build with -DCU_BLAS_MIN_T=1000000: k_wgmma in place of
-# cuBLASLt at every prefill size), the next call: CAP=300 PARTS=240. Earlier
+# and pack here, run this there). Session 33 measured on an H100 (README: the raster, the
+# projections on k_wgmma, k_wgmma_stream's clusters, k_mmvc: none kept; branches s33-raster,
+# s33-pw, s33-mmvc) and ran `make test-gpu` on main's build with PARTS=4m (m: MLX 8- and 4-bit
+# decode at batch 1, both precisions, for the H100's fractions of its floors). Letter parts:
+# w (mmv_bench ws), d (decode side by side at batches $DB), o (a decode step by operation,
+# prev and var/$OPV), g (k_wgmma under Nsight Compute, from var/nb.so), m. Earlier
 # parts, kept for the next changes to their kernels:
 #   1. mmv_bench fa: k_attn_fw against k_attn_fa and `exact`, times (the build before:
 #      8,192 tokens fa 4.47 ms, fw 3.67)
@@ -76,16 +74,58 @@ part 2 && for r in 1 2; do
     done
 done
 use new
+# w. k_wgmma_stream on clusters of 2 and 4 (the plain remote arrive) against the backend's path
+if part w; then
+    tl 90 build/mmv_bench ws 10 ${WS_T:-9,16,32,64,96,127} > $O/ws.txt 2>&1; echo "mmv_bench ws rc $? $(el)"
+    grep -vE "^ *$" $O/ws.txt | cut -c1-120 | tail -60
+fi
+# o. a decode step by operation at batch ${OB:-16}, for prev and for var/$OPV.so (if named)
+if part o; then
+    for v in prev ${OPV:-}; do
+        use $v
+        tl 60 $B --prompts 128 --batches ${OB:-16} --op-times >$O/ops_$v.txt 2>$O/ops_$v.err
+        echo "decode (op times) $v rc $? $(el)"
+        grep -A14 "device time of a decode step" $O/ops_$v.err | cut -c1-110
+    done
+    use new
+fi
+# d. decode side by side (batches $DB, after a 128-token prompt): prev, the other var/NAME.so, new
+part d && for r in 1 2; do
+    for v in $vs; do
+        use $v
+        tl 60 $B --prompts 128 --batches ${DB:-16,64} >$O/d${r}_$v.txt 2>$O/d${r}_$v.err
+        echo "decode $v rc $? $(el): $(row decode $O/d${r}_$v.txt | cut -d'|' -f1-4)"
+    done
+done
+use new
 # 3. the prefill by operation
 if part 3; then
-    tl 60 $B --prompts 8192 --batches 1 --decode-s 0.2 --op-times >$O/ops.txt 2>$O/ops.err
-    echo "prefill (op times) rc $? $(el): $(row prefill $O/ops.txt)"
-    grep -A14 "device time of the 8192-token prefill" $O/ops.err | cut -c1-160
+    for v in new ${OPV:-}; do
+        use $v
+        for p in ${OP_P:-8192}; do
+            tl 60 $B --prompts $p --batches 1 --decode-s 0.2 --op-times >$O/ops_${v}_$p.txt 2>$O/ops_${v}_$p.err
+            echo "prefill (op times) $v rc $? $(el): $(row prefill $O/ops_${v}_$p.txt)"
+            grep -A14 "device time of the $p-token prefill" $O/ops_${v}_$p.err | cut -c1-110
+        done
+    done
+    use new
+fi
+# m. MLX 8- and 4-bit decode at batch 1 (the kernels' fraction of this device's floor)
+if part m; then
+    for d in q8 q4; do
+        for p in exact bf16; do
+            tl 60 $S bench --device cuda --synth 27b --dtype $d --precision $p --prompts 128 --batches ${MB:-1} \
+                >$O/m_${d}_$p.txt 2>$O/m_${d}_$p.err
+            echo "mlx $d $p rc $? $(el): $(row decode $O/m_${d}_$p.txt)"
+        done
+    done
 fi
 # 4. the GPU tests
 if part 4; then
-    tl 150 tests/gpu_test.sh > $O/test_gpu.txt 2>&1; echo "test-gpu rc $? $(el): $(grep -c '^ok' $O/test_gpu.txt) ok"
+    use ${TV:-new} # (TV: a var/NAME.so to test in place of new)
+    tl 150 tests/gpu_test.sh > $O/test_gpu.txt 2>&1; echo "test-gpu ${TV:-new} rc $? $(el): $(grep -c '^ok' $O/test_gpu.txt) ok"
     grep '^not ok' $O/test_gpu.txt | cut -c1-400
+    use new
 fi
 # 5. k_attn_fw under Nsight Compute
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
@@ -98,6 +138,12 @@ prof() { # name, kernel regex, skip, command...
     grep -E "^  [a-z_]+|Duration|Issue Slots Busy|Warp Cycles Per Issued|Registers Per|Achieved Occ" $O/${n}_details.txt | cut -c1-140 | head -10
 }
 part 5 && prof fw k_attn_fw 3 $B --prompts 8192 --batches 1 --decode-s 0.1
+# g. k_wgmma (var/nb.so: at every prefill size) under Nsight Compute, a 2,048-token prefill
+if part g; then
+    use nb
+    prof wg k_wgmma ${WG_SKIP:-3} $B --prompts 2048 --batches 1 --decode-s 0.1
+    use new
+fi
 # 9. the chunked rule's kernels under Nsight Compute (the same prefill as 5)
 if part 9; then
     prof cprep k_gdn_cprep 3 $B --prompts 8192 --batches 1 --decode-s 0.1

@@ -123,7 +123,9 @@ size_t cu_qint_bytes(int64_t cols);
 /* the fewest tokens a bf16-activation product takes k_wgmma_stream for, and the scratch it
  * needs: the pieces of up to CU_WS_BLOCKS blocks, a count for each row block of a launch
  * whose matrices have `rows` rows together */
+#ifndef CU_WS_MIN_T
 #define CU_WS_MIN_T 17 /* `mmv_bench ws`: 16 tokens and fewer stream faster on k_mmvp / k_mmv */
+#endif
 #define CU_WS_BLOCKS 160
 static inline size_t cu_ws_part_elems(void) { return (size_t)CU_WS_BLOCKS * 256 * 128; }
 /* (each of up to 4 matrices rounds its row blocks up, and up again to whole groups of up to 4
