@@ -5,7 +5,8 @@
 # s33-pw, s33-mmvc) and ran `make test-gpu` on main's build with PARTS=4m (m: MLX 8- and 4-bit
 # decode at batch 1, both precisions, for the H100's fractions of its floors). Letter parts:
 # w (mmv_bench ws), d (decode side by side at batches $DB), o (a decode step by operation,
-# prev and var/$OPV), g (k_wgmma under Nsight Compute, from var/nb.so), m. Earlier
+# prev and var/$OPV), g (k_wgmma under Nsight Compute, from var/nb.so), b (the library's kernel
+# for the same product), m. Earlier
 # parts, kept for the next changes to their kernels:
 #   1. mmv_bench fa: k_attn_fw against k_attn_fa and `exact`, times (the build before:
 #      8,192 tokens fa 4.47 ms, fw 3.67)
@@ -138,11 +139,18 @@ prof() { # name, kernel regex, skip, command...
     grep -E "^  [a-z_]+|Duration|Issue Slots Busy|Warp Cycles Per Issued|Registers Per|Achieved Occ" $O/${n}_details.txt | cut -c1-140 | head -10
 }
 part 5 && prof fw k_attn_fw 3 $B --prompts 8192 --batches 1 --decode-s 0.1
-# g. k_wgmma (var/nb.so: at every prefill size) under Nsight Compute, a 2,048-token prefill
+# g. k_wgmma (var/nb.so: at every prefill size) under Nsight Compute, a 2,048-token prefill;
+# WG_SKIP launches skipped (5: layer 0's gate, after its GDN in-projections' four and out_proj;
+# 3 took the 48-row one)
 if part g; then
     use nb
-    prof wg k_wgmma ${WG_SKIP:-3} $B --prompts 2048 --batches 1 --decode-s 0.1
+    prof wg 'k_wgmma$' ${WG_SKIP:-5} $B --prompts 2048 --batches 1 --decode-s 0.1
     use new
+fi
+# b. the library's kernel for the same product (new: cuBLASLt from 1,024 tokens; BL_SKIP
+# library kernels (sm90, gemm, xmma, nvjet, cutlass in the name) skipped: 5, layer 0's gate as in g)
+if part b; then
+    prof blas 'sm90|gemm|xmma|nvjet|cutlass' ${BL_SKIP:-5} $B --prompts 2048 --batches 1 --decode-s 0.1
 fi
 # 9. the chunked rule's kernels under Nsight Compute (the same prefill as 5)
 if part 9; then
