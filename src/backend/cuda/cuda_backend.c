@@ -1000,6 +1000,29 @@ static void cuda_ctx_destroy(st_bctx *base) {
     free(c);
 }
 
+/* 1: a context with cuBLASLt runs two of the library's products of the hidden width at its
+ * fewest tokens (fp32 and bf16 outputs, on the scratch's contents; their results overwritten
+ * before anything reads them) before its first step: a process's first product on the
+ * library took a few hundred ms more than the next ones (an H100, 2026-12-06: the first
+ * 2,048-token prefill at 4,473-6,028 tok/s against 9,400 after it), which a server's first
+ * long prompt would otherwise pay. A failure here is the first step's to meet. */
+#ifndef CU_BLAS_WARM
+#define CU_BLAS_WARM 1
+#endif
+static void blas_warm(cuda_ctx *c) {
+    const cuda_backend *b = c->b;
+    const int64_t T = blas_min_t(b), ld = (b->d + 31) / 32 * 32;
+    if (!c->mms.blas || !c->mms.wrm || c->p.max_tokens < T || b->d * ld > c->mms.wrm_elems ||
+        T * ld > c->mms.xs_elems)
+        return;
+    (void)cu_blas_gemm_to(c->mms.blas, c->stream, c->mms.wrm, ld, b->d, b->d, c->mms.xs, ld, T, c->x, b->d, 0, 0,
+                          c->mms.blas_ws, c->mms.blas_ws_bytes);
+    (void)cu_blas_gemm_to(c->mms.blas, c->stream, c->mms.wrm, ld, b->d, b->d, c->mms.xs, ld, T, c->out, b->d, 1, 0,
+                          c->mms.blas_ws, c->mms.blas_ws_bytes);
+    (void)cudaStreamSynchronize(c->stream);
+    (void)cudaGetLastError();
+}
+
 static st_status cuda_ctx_create(st_backend *base, const st_ctx_params *p, st_bctx **out, st_error *err) {
     *out = NULL;
     cuda_backend *b = (cuda_backend *)base;
@@ -1164,6 +1187,7 @@ static st_status cuda_ctx_create(st_backend *base, const st_ctx_params *p, st_bc
         cuda_ctx_destroy(&c->base);
         return st;
     }
+    if (CU_BLAS_WARM) blas_warm(c);
     *out = &c->base;
     return ST_OK;
 }
