@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # One device call's measurements (a GPU machine's time is short and often none starts: build
-# and pack here, run this there). Session 33 measured on an H100 (README: the raster, the
-# projections on k_wgmma, k_wgmma_stream's clusters, k_mmvc: none kept; branches s33-raster,
-# s33-pw, s33-mmvc) and ran `make test-gpu` on main's build with PARTS=4m (m: MLX 8- and 4-bit
-# decode at batch 1, both precisions, for the H100's fractions of its floors). Letter parts:
-# w (mmv_bench ws), d (decode side by side at batches $DB), o (a decode step by operation,
-# prev and var/$OPV), g (k_wgmma under Nsight Compute, from var/nb.so), b (the library's kernel
-# for the same product), m. Earlier
+# and pack here, run this there). Session 33 (on an H100; README has each): the raster, the
+# projections on k_wgmma, k_wgmma_stream's clusters, k_mmvc, 128-token k_wgmma blocks, none
+# kept (branches s33-raster, s33-pw, s33-mmvc, s33-bn128); the cuBLASLt warm-up, kept (PARTS=24);
+# `make test-gpu` 16 of 16 on main's final build. Nothing is pending: the next change brings
+# its own pack. Letter parts: w (mmv_bench ws), d (decode side by side at batches $DB), o (a
+# decode step by operation, prev and var/$OPV), g (k_wgmma under Nsight Compute, from
+# var/nb.so), b (the library's kernel for the same product), m (MLX batch-1 decode). Earlier
 # parts, kept for the next changes to their kernels:
 #   1. mmv_bench fa: k_attn_fw against k_attn_fa and `exact`, times (the build before:
 #      8,192 tokens fa 4.47 ms, fw 3.67)
