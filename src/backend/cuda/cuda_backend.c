@@ -1001,8 +1001,8 @@ static void cuda_ctx_destroy(st_bctx *base) {
 }
 
 /* 1: a context with cuBLASLt runs two of the library's products of the hidden width at its
- * fewest tokens (fp32 and bf16 outputs, on the scratch's contents; their results overwritten
- * before anything reads them) before its first step: a process's first product on the
+ * fewest tokens (fp32 and bf16 outputs, of zeroed scratch; their results overwritten before
+ * anything reads them) before its first step: a process's first product on the
  * library took a few hundred ms more than the next ones (an H100, 2026-12-06: the first
  * 2,048-token prefill at 4,473-6,028 tok/s against 9,400 after it), which a server's first
  * long prompt would otherwise pay. A failure here is the first step's to meet. */
@@ -1015,6 +1015,11 @@ static void blas_warm(cuda_ctx *c) {
     if (!c->mms.blas || !c->mms.wrm || c->p.max_tokens < T || b->d * ld > c->mms.wrm_elems ||
         T * ld > c->mms.xs_elems)
         return;
+    if (cudaMemsetAsync(c->mms.wrm, 0, (size_t)(b->d * ld) * 2, c->stream) != cudaSuccess ||
+        cudaMemsetAsync(c->mms.xs, 0, (size_t)(T * ld) * 2, c->stream) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return;
+    }
     (void)cu_blas_gemm_to(c->mms.blas, c->stream, c->mms.wrm, ld, b->d, b->d, c->mms.xs, ld, T, c->x, b->d, 0, 0,
                           c->mms.blas_ws, c->mms.blas_ws_bytes);
     (void)cu_blas_gemm_to(c->mms.blas, c->stream, c->mms.wrm, ld, b->d, b->d, c->mms.xs, ld, T, c->out, b->d, 1, 0,
