@@ -2,7 +2,7 @@
 # One device call's measurements (a GPU machine's time is short and often none starts: build
 # and pack here, run this there). Session 33 (on an H100; README has each): the raster, the
 # projections on k_wgmma, k_wgmma_stream's clusters, k_mmvc, 128-token k_wgmma blocks, none
-# kept (branches s33-raster, s33-pw, s33-mmvc, s33-bn128); the cuBLASLt warm-up, kept (PARTS=24);
+# kept; the cuBLASLt warm-up, kept (PARTS=24);
 # `make test-gpu` 16 of 16 on main's final build. Nothing is pending: the next change brings
 # its own pack. Letter parts: w (mmv_bench ws), d (decode side by side at batches $DB), o (a
 # decode step by operation, prev and var/$OPV), g (k_wgmma under Nsight Compute, from
