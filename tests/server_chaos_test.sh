@@ -20,8 +20,13 @@ cleanup() {
 trap cleanup EXIT
 build/strand synth --preset tiny --tokenizer tests/data/tokenizers/qwen3 --seed 11 -o "$T/m" >/dev/null || exit 1
 cp tests/data/templates/qwen3.5.jinja "$T/m/chat_template.jinja"
+# --idle-timeout 5 (the default), not less: a connection that never carried a response never
+# got the server's Keep-Alive hint, and Node's fetch keeps such a one up to 4 s. It opens them:
+# a fetch aborted after its request went out reconnects for it and leaves the new connection
+# unused. Under a shorter idle timeout, a request sent on one just as the server closed it for
+# idleness failed with "other side closed" (HTTP/1.1's keep-alive race, not a dropped request).
 "$S" serve --port 0 -m "$T/m" --model-name random --max-seqs 4 --kv-blocks 96 --max-queue 4 --ctx 512 \
-    --stall-timeout 2 --idle-timeout 2 --max-body-mb 2 >"$T/log" 2>&1 &
+    --stall-timeout 2 --idle-timeout 5 --max-body-mb 2 >"$T/log" 2>&1 &
 pid=$!
 for _ in $(seq 300); do grep -q '^strand: ready' "$T/log" && break; sleep 0.1; done
 url=$(sed -n 's/^strand: listening on \(http:[^ ]*\).*/\1/p' "$T/log")

@@ -106,7 +106,7 @@ async function httpRequest(path, text, { readMode = 'all', abortMs = 0 } = {}) {
       bad.push({ what: 'hung', ms: Date.now() - started, path, body: text.slice(0, 300) });
     } else if (!ctl.signal.aborted) {
       const c = e && e.cause;
-      bad.push({ what: 'fetch failed', at: new Date().toISOString(), err: String(e).slice(0, 200), cause: c ? `${c.code || ''} ${c.message || c}`.slice(0, 200) : null, path, ms: Date.now() - started, body: text.slice(0, 120) });
+      bad.push({ what: 'fetch failed', at: new Date().toISOString(), err: String(e).slice(0, 200), cause: c ? `${c.code || ''} ${c.message || c}`.slice(0, 200) : null, socket: c && c.socket ? c.socket : null, path, ms: Date.now() - started, body: text.slice(0, 120) });
     }
     else count('aborted');
   } finally {
