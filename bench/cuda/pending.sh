@@ -67,14 +67,21 @@ if part 1; then
 fi
 # 2. bf16 prefill, prev and new, twice round
 vs="prev $(cd var && ls *.so | sed 's/\.so$//' | grep -vx 'prev\|new' | tr '\n' ' ')new"
-part 2 && for r in 1 2; do
-    for v in $vs; do
-        use $v
-        tl 40 $B --prompts 512,2048,8192 --batches 1 --decode-s 0.2 >$O/p${r}_$v.txt 2>$O/p${r}_$v.err
-        echo "prefill $v rc $? $(el): $(row prefill $O/p${r}_$v.txt)"
+# every library of $vs twice round, in that order: F (the logs' prefix), WHAT, the table to
+# show, then the bench's arguments
+rounds() {
+    local f=$1 what=$2 tab=$3
+    shift 3
+    for r in 1 2; do
+        for v in $vs; do
+            use $v
+            tl 60 $B "$@" >$O/$f${r}_$v.txt 2>$O/$f${r}_$v.err
+            echo "$what $v rc $? $(el): $(row $tab $O/$f${r}_$v.txt | cut -d'|' -f1-4)"
+        done
     done
-done
-use new
+    use new
+}
+part 2 && rounds p prefill prefill --prompts 512,2048,8192 --batches 1 --decode-s 0.2
 # w. k_wgmma_stream on clusters of 2 and 4 (the plain remote arrive) against the backend's path
 if part w; then
     tl 90 build/mmv_bench ws 10 ${WS_T:-9,16,32,64,96,127} > $O/ws.txt 2>&1; echo "mmv_bench ws rc $? $(el)"
@@ -91,14 +98,7 @@ if part o; then
     use new
 fi
 # d. decode side by side (batches $DB, after a 128-token prompt): prev, the other var/NAME.so, new
-part d && for r in 1 2; do
-    for v in $vs; do
-        use $v
-        tl 60 $B --prompts 128 --batches ${DB:-16,64} >$O/d${r}_$v.txt 2>$O/d${r}_$v.err
-        echo "decode $v rc $? $(el): $(row decode $O/d${r}_$v.txt | cut -d'|' -f1-4)"
-    done
-done
-use new
+part d && rounds d decode decode --prompts 128 --batches ${DB:-16,64}
 # 3. the prefill by operation
 if part 3; then
     for v in new ${OPV:-}; do
