@@ -464,12 +464,57 @@ static enum MHD_Result route(srv *s, struct MHD_Connection *c, httpreq *h, const
     return start_generation(s, c, h, chat ? ST_OAI_CHAT : ST_OAI_COMPLETION);
 }
 
+/* a header entry's share of libmicrohttpd's pool beyond its bytes: the entry's record (56 bytes on
+ * 64-bit, rounded to 16, a red zone in sanitizer builds) and its ": " / "\r\n" */
+#define HEADER_ENTRY_COST 100
+
+static enum MHD_Result add_header_bytes(void *cls, enum MHD_ValueKind kind, const char *key, size_t key_size,
+                                        const char *value, size_t value_size) {
+    size_t *n = cls;
+    *n += key_size + value_size + HEADER_ENTRY_COST;
+    if (kind == MHD_COOKIE_KIND) *n += key_size + value_size + 2; /* cookies are parsed from a copy */
+    return MHD_YES;
+}
+
+/* an estimate from above of what a request's header block holds of its connection's pool: the
+ * request line, every header, cookie and query argument (whose bytes are already in the URL,
+ * counted twice) */
+static size_t srv_header_bytes(struct MHD_Connection *c, const char *url, const char *method, const char *version) {
+    size_t n = strlen(url) + strlen(method) + strlen(version) + 64;
+    MHD_get_connection_values_n(c, MHD_HEADER_KIND | MHD_COOKIE_KIND | MHD_GET_ARGUMENT_KIND, add_header_bytes, &n);
+    return n;
+}
+
+/* 431 for a header block over max_header (srv.h, HEADER_RESERVE), written to the socket
+ * directly: libmicrohttpd may have no room left to build a reply; then the connection closes
+ * (MHD_NO: libmicrohttpd shuts its writing side down after these bytes) */
+static enum MHD_Result srv_refuse_headers(srv *s, struct MHD_Connection *c, const char *method, size_t bytes) {
+    char body[400], msg[800];
+    int nb = snprintf(body, sizeof body,
+                      "{\"error\":{\"message\":\"the request's header block (about %zu bytes) exceeds the server's "
+                      "limit of %zu bytes\",\"type\":\"invalid_request_error\",\"param\":null,"
+                      "\"code\":\"request_header_fields_too_large\"}}",
+                      bytes, s->p.max_header);
+    int n = snprintf(msg, sizeof msg,
+                     "HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\nContent-Type: "
+                     "application/json\r\nContent-Length: %d\r\nServer: strand\r\nAccess-Control-Allow-Origin: "
+                     "*\r\n\r\n%s",
+                     nb, strcmp(method, "HEAD") ? body : "");
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    /* a fresh request's socket has sent everything before it: these few bytes fit its buffer */
+    if (ci && send(ci->connect_fd, msg, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
+        ST_DEBUG("http: the 431 could not be written: %s", strerror(errno));
+    st_metrics_count_status(&s->metrics, 431);
+    return MHD_NO;
+}
+
 enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls) {
-    (void)version;
     srv *s = cls;
     httpreq *h = *con_cls;
     if (!h) {
+        size_t hb = srv_header_bytes(c, url, method, version);
+        if (hb > s->p.max_header) return srv_refuse_headers(s, c, method, hb);
         if (atomic_load(&s->n_conns) > s->p.max_connections) {
             st_metrics_refused(&s->metrics);
             return error_simple(s, c, 503, "server_error", "too_many_connections",

@@ -324,7 +324,7 @@ st_status st_server_run(const st_server_params *p, volatile sig_atomic_t *stop, 
     s->d = MHD_start_daemon(flags, (uint16_t)s->p.port, NULL, NULL, srv_on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                             MHD_OPTION_THREAD_POOL_SIZE, (unsigned)s->p.http_threads,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)(s->p.max_connections + EXTRA_CONNECTIONS),
-                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, s->p.max_header, MHD_OPTION_CONNECTION_TIMEOUT,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, s->p.max_header + HEADER_RESERVE, MHD_OPTION_CONNECTION_TIMEOUT,
                             s->p.idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED, srv_on_completed, s,
                             MHD_OPTION_NOTIFY_CONNECTION, srv_on_connection, s, MHD_OPTION_EXTERNAL_LOGGER, srv_mhd_log, s,
                             MHD_OPTION_END);

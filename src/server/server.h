@@ -46,7 +46,8 @@ typedef struct st_server_params {
     double mem_fraction;     /* of the memory this process can have, for the plan; 0 = no check */
     const char *api_key;     /* NULL = no authentication; "" is refused */
     size_t max_body;         /* request body limit in bytes */
-    size_t max_header;       /* per-connection memory for headers */
+    size_t max_header;       /* a request's header block, bytes (estimated as libmicrohttpd
+                                stores it); larger ones are answered 431 */
     int http_threads;
     int prep_threads;        /* threads that parse, render and tokenize requests */
     int max_connections;     /* open connections; more are answered 503 */

@@ -65,6 +65,13 @@ enum { HEALTH_LOADING = 0, HEALTH_READY = 1, HEALTH_UNHEALTHY = 2 };
 #define INBOX_LP 64          /* undelivered log-probability records */
 #define ERROR_MAX 512        /* bytes of a DONE event's error message kept */
 #define EXTRA_CONNECTIONS 64 /* accepted past max_connections, to answer them 503 */
+/* libmicrohttpd 0.9.75 parses a request's headers in place in its connection's memory pool and
+ * builds the reply's header block in what is left: a request whose headers fit but leave too
+ * little room was closed unanswered. So the pool is max_header + HEADER_RESERVE, and a request
+ * whose header block (srv_header_bytes: an estimate from above of its share of the pool) exceeds
+ * max_header is answered 431 before anything else (srv_refuse_headers): the reserve holds every
+ * other reply's header block; blocks past the pool get libmicrohttpd's own 431. */
+#define HEADER_RESERVE ((size_t)16 << 10)
 
 /* ---------------------------------------------------------------------------------------- */
 /* growable byte buffers (HTTP and prep threads only) */
