@@ -1188,12 +1188,18 @@ static int wsbench(int reps, const char *tlist) {
     const std::vector<int64_t> Ts = token_list(tlist, {1, 2, 4, 8, 9, 16, 17, 24, 32, 48, 64, 65, 96, 127});
     const int64_t TM = 128;
     int bad = 0;
-    constexpr int NV = 3;         /* the backend's stream kernel, clusters of 2, of 4 */
-    const int vcl[NV] = {0, 2, 4}; /* (0: the backend's) */
+    /* the backend's stream kernel (200 KB of stages of 4 steps); 110 KB of stages of 2 (the form
+     * before); that on clusters of 2; 150 and 110 KB of stages of 4 */
+    constexpr int NV = 5;
+    static const char *const vname[NV] = {"stream", "sp2", "cl2", "k150", "k110"};
     std::vector<double> t_old(Ts.size(), 0.0), t_v[NV];
     for (int v = 0; v < NV; v++) t_v[v].assign(Ts.size(), 0.0);
     const int most2 = cu_wgmma_stream_clusters(2), most4 = cu_wgmma_stream_clusters(4);
     printf("clusters that run at once: %d of 2 blocks, %d of 4 (%d SMs)\n", most2, most4, mm_sms());
+    if (ws_attrs<110, 1, 2>() != 0 || ws_attrs<150, 1, 4>() != 0 || ws_attrs<110, 1, 4>() != 0) {
+        printf("ws: the variants' shared memory is refused\n");
+        return 1;
+    }
     float *wpart, *part;
     int32_t *wcount;
     const int64_t counts = cu_ws_counts(248320);
@@ -1205,9 +1211,12 @@ static int wsbench(int reps, const char *tlist) {
     cu_mm_scratch sc_old = {};
     sc_old.xs_tokens = TM, sc_old.part = part, sc_old.part_elems = (int64_t)cu_mm_part_elems(64, 248320);
     printf("bf16 products of few tokens: k_wgmma_stream against the backend's other path; GB/s of weights;\n"
-           "err = max |stream - other| / max |other|; cl2, cl4: on clusters of 2 and 4 blocks\n");
-    printf("%-9s %4s %8s %8s %8s %8s %9s %9s %9s\n", "launch", "T", "other", "stream", "cl2", "cl4", "err", "err cl2",
-           "err cl4");
+           "err = max |variant - other| / max |other| over the variants; stream: the backend's (stages of %d\n"
+           "steps in %d KB, 0: 110 at 33-64 tokens, 150 else); sp2: 110 KB of stages of 2 (the form before);\n"
+           "cl2: that on clusters of 2 blocks; k150, k110: 150 and 110 KB of stages of 4\n", CU_WS_SP, CU_WS_KB);
+    printf("%-9s %4s %8s", "launch", "T", "other");
+    for (int v = 0; v < NV; v++) printf(" %8s", vname[v]);
+    printf(" %9s\n", "err");
     for (const dec_launch &gr : groups) {
         launch_bufs lb = launch_bufs_make(s, gr, TM, NV + 1);
         const size_t bytes = lb.bytes;
@@ -1220,8 +1229,8 @@ static int wsbench(int reps, const char *tlist) {
         sc_old_x.xs = xs;
         sc.xs = xs, sc.tma_encode = enc, sc.wpart = wpart, sc.wpart_elems = (int64_t)cu_ws_part_elems();
         sc.wcount = wcount, sc.wcount_n = counts;
-        cu_mm_scratch sc2 = sc, sc4 = sc;
-        sc2.ws_clusters = most2, sc4.ws_clusters = most4;
+        cu_mm_scratch sc2 = sc;
+        sc2.ws_clusters = most2;
         const int64_t ldxs = tiled_steps(gr.cols) * 32;
         auto group_of = [&](int c, const std::vector<float *> &out) {
             mm_group g;
@@ -1237,9 +1246,13 @@ static int wsbench(int reps, const char *tlist) {
             const mm_group g = group_of(c, lb.y[v]);
             const cu_mat *w[4];
             for (int i = 0; i < gr.n; i++) w[i] = &g.w[i];
-            return vcl[v] == 2   ? ws_stream<WS_KB, 2>(s, &sc2, g.n, w, g.y, g.ldy, xs, ldxs, T)
-                   : vcl[v] == 4 ? ws_stream<WS_KB, 4>(s, &sc4, g.n, w, g.y, g.ldy, xs, ldxs, T)
-                                 : cu_wgmma_stream(s, &sc, g.n, w, g.y, g.ldy, xs, ldxs, T);
+            switch (v) {
+            case 1: return ws_stream<110, 1, 2>(s, &sc, g.n, w, g.y, g.ldy, xs, ldxs, T);
+            case 2: return ws_stream<WS_CL_KB, 2, 2>(s, &sc2, g.n, w, g.y, g.ldy, xs, ldxs, T);
+            case 3: return ws_stream<150, 1, 4>(s, &sc, g.n, w, g.y, g.ldy, xs, ldxs, T);
+            case 4: return ws_stream<110, 1, 4>(s, &sc, g.n, w, g.y, g.ldy, xs, ldxs, T);
+            default: return cu_wgmma_stream(s, &sc, g.n, w, g.y, g.ldy, xs, ldxs, T);
+            }
         };
         for (size_t ti = 0; ti < Ts.size(); ti++) {
             const int64_t T = Ts[ti];
@@ -1274,8 +1287,13 @@ static int wsbench(int reps, const char *tlist) {
             const double to = time_launches(s, e0, e1, reps, copies, [&](int c) { launch_tiled(s, group_of(c, yref), x, gr.cols, T, 1, &sc_old_x, 1); });
             double tv[NV];
             for (int v = 0; v < NV; v++) tv[v] = time_launches(s, e0, e1, reps, copies, [&](int c) { stream(c, v, T); });
-            printf("%-9s %4lld %8.0f %8.0f %8.0f %8.0f %9.2e %9.2e %9.2e%s\n", gr.name, (long long)T, bytes / to / 1e9,
-                   bytes / tv[0] / 1e9, bytes / tv[1] / 1e9, bytes / tv[2] / 1e9, err[0], err[1], err[2], ok ? "" : "  FAIL");
+            double emax = 0.0;
+            printf("%-9s %4lld %8.0f", gr.name, (long long)T, bytes / to / 1e9);
+            for (int v = 0; v < NV; v++) {
+                printf(" %8.0f", bytes / tv[v] / 1e9);
+                emax = err[v] > emax ? err[v] : emax;
+            }
+            printf(" %9.2e%s\n", emax, ok ? "" : "  FAIL");
             if (nan) printf("          (%zu outputs not written)\n", nan);
             t_old[ti] += to * gr.per_token;
             for (int v = 0; v < NV; v++) t_v[v][ti] += tv[v] * gr.per_token;
@@ -1283,13 +1301,16 @@ static int wsbench(int reps, const char *tlist) {
         launch_bufs_free(lb);
     }
     printf("\none 27B token's matrices, summed: ms (%% of the copy-bandwidth floor, 51.2 GB)\n");
-    printf("%4s %18s %18s %18s %18s\n", "T", "other", "stream", "clusters of 2", "clusters of 4");
+    printf("%4s %18s", "T", "other");
+    for (int v = 0; v < NV; v++) printf(" %18s", vname[v]);
+    printf("\n");
     const double floor_s = 51.2 / copy_bw;
     for (size_t ti = 0; ti < Ts.size(); ti++)
-        if (t_old[ti] > 0)
-            printf("%4lld %9.2f (%5.1f%%) %9.2f (%5.1f%%) %9.2f (%5.1f%%) %9.2f (%5.1f%%)\n", (long long)Ts[ti],
-                   t_old[ti] * 1e3, 100.0 * floor_s / t_old[ti], t_v[0][ti] * 1e3, 100.0 * floor_s / t_v[0][ti],
-                   t_v[1][ti] * 1e3, 100.0 * floor_s / t_v[1][ti], t_v[2][ti] * 1e3, 100.0 * floor_s / t_v[2][ti]);
+        if (t_old[ti] > 0) {
+            printf("%4lld %9.2f (%5.1f%%)", (long long)Ts[ti], t_old[ti] * 1e3, 100.0 * floor_s / t_old[ti]);
+            for (int v = 0; v < NV; v++) printf(" %9.2f (%5.1f%%)", t_v[v][ti] * 1e3, 100.0 * floor_s / t_v[v][ti]);
+            printf("\n");
+        }
     CK(cudaFree(wpart));
     CK(cudaFree(wcount));
     CK(cudaFree(part));

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One device call's measurements (a GPU machine's time is short and often none starts: build
-# and pack here, run this there). Session 33 (on an H100; README has each): the raster, the
-# projections on k_wgmma, k_wgmma_stream's clusters, k_mmvc, 128-token k_wgmma blocks, none
-# kept; the cuBLASLt warm-up, kept (PARTS=24);
-# `make test-gpu` 16 of 16 on main's final build. Nothing is pending: the next change brings
-# its own pack. Letter parts: w (mmv_bench ws), d (decode side by side at batches $DB), o (a
+# and pack here, run this there). Session 34 (on an H100; README has each): k_wgmma_stream's
+# stages of 4 steps, kept (PARTS=wd24, DB=1,16,24,32,48,64); `make test-gpu` 16 of 16 on
+# main's final build. Nothing is pending: the next change brings its own pack. Letter parts:
+# s (k_wgmma_stream under Nsight Compute in a decode step), w (mmv_bench ws), d (decode side
+# by side at batches $DB), o (a
 # decode step by operation, prev and var/$OPV), g (k_wgmma under Nsight Compute, from
 # var/nb.so), b (the library's kernel for the same product), m (MLX batch-1 decode). Earlier
 # parts, kept for the next changes to their kernels:
@@ -151,6 +151,13 @@ fi
 # library kernels (sm90, gemm, xmma, nvjet, cutlass in the name) skipped: 5, layer 0's gate as in g)
 if part b; then
     prof blas 'sm90|gemm|xmma|nvjet|cutlass' ${BL_SKIP:-5} $B --prompts 2048 --batches 1 --decode-s 0.1
+fi
+# s. k_wgmma_stream under Nsight Compute in a batch-${OB:-64} decode (SS_SKIP stream launches skipped:
+# 2, layer 0's gate/up after its GDN in-projections and out_proj)
+if part s; then
+    prof ws 'k_wgmma_stream' ${SS_SKIP:-2} $B --prompts 128 --batches ${OB:-64} --decode-s 0.1
+    grep -E "Stall|stall|Throughput|Hit Rate|Busy|Bandwidth|Elapsed Cycles|SM Frequency|DRAM Frequency|Theoretical Occ|Waves" \
+        $O/ws_details.txt | cut -c1-140 | head -40
 fi
 # 9. the chunked rule's kernels under Nsight Compute (the same prefill as 5)
 if part 9; then

@@ -241,9 +241,9 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
  * Decode steps of 9 to 127 sequences (and any product of fewer than CU_WGMMA_MIN_T tokens in
  * `bf16`) read every weight once for a few tokens: the bytes, not the arithmetic, set the
  * time. So the blocks stay resident (one an SM) and stream: the work is the units (row block
- * of 128 rows, stage of two 32-column steps) of all the launch's matrices in order (matrix,
+ * of 128 rows, stage of SP 32-column steps) of all the launch's matrices in order (matrix,
  * row block, stage), and block b takes the `per` consecutive units from b * per, its producer
- * warp keeping WS_STAGES stages in flight across the row blocks it crosses (TMA, as
+ * warp keeping the stages that fit in KB in flight across the row blocks it crosses (TMA, as
  * k_wgmma's producer), its two consumer warpgroups summing 64 rows each (wgmma m64nBNk16, BN
  * the launch's tokens rounded up to 8, 16, 32, 64 or 128). A row block whose units all fall in
  * one block is written out at its end; one shared by blocks b0 .. b1 (the ranges cut it) is
@@ -336,17 +336,30 @@ __device__ __forceinline__ void ws_wgmma(float (&d)[64], uint64_t da, uint64_t d
         : "l"(da), "l"(db), "r"(1));
 }
 
-/* the stages' shared memory a block, KB: small enough that a block of the next launch fits
- * beside one of this (it starts while this one drains; `mmv_bench ws` compares 200) */
-#define WS_KB 110
-/* the blocks of the backend's clusters (1; a build may set 2 or 4 to compare in the model) */
+/* the backend's blocks: stages of CU_WS_SP steps (ws_shape) in CU_WS_KB KB, 0: by the tokens
+ * (ws_kb). A block in 110 KB lets a block of the next launch start beside it while it drains
+ * (measured in the model, not alone); deeper rings pay where the stages are small. */
+#ifndef CU_WS_KB
+#define CU_WS_KB 0
+#endif
+#ifndef CU_WS_SP
+#define CU_WS_SP 4
+#endif
+/* the blocks of the backend's clusters (1; a build may set 2 or 4 to compare in the model: on
+ * clusters the blocks take WS_CL_KB of stages of 2 steps) */
 #ifndef CU_WS_CL
 #define CU_WS_CL 1
 #endif
-template <int BN, int KB>
+#define WS_CL_KB 110
+/* SP: the 32-column steps a stage. 4 for the backend's blocks: each tile row's weights then come
+ * as runs of 4 KB instead of 2 (the tiled layout: a tile row's steps follow each other), which
+ * the memory streams better (H100, 2026-12-06, `mmv_bench ws`: one 27B token's products at 16 /
+ * 32 / 64 tokens 89.9 / 88.5 / 84.3% of the copy floor -> 94.1 / 91.2 / 87.1% in 200 KB, 94.5
+ * / 93.0 / 88.0 in 150; 200 KB of stages of 2 steps alone: 91.2 / 88.8 / 83.7) */
+template <int BN, int KB, int SP>
 struct ws_shape {
-    static constexpr int B_STEP = BN * 64;                   /* one step of the activations */
-    static constexpr int STAGE = 2 * WG_A_STEP + 2 * B_STEP; /* two steps of both */
+    static constexpr int B_STEP = BN * 64;                     /* one step of the activations */
+    static constexpr int STAGE = SP * WG_A_STEP + SP * B_STEP; /* SP steps of both */
     static constexpr int STAGES = KB * 1024 / STAGE > 12 ? 12 : KB * 1024 / STAGE;
     static constexpr int SMEM = STAGES * STAGE + 1024 + 2 * STAGES * 8;
     static constexpr int ACC = BN / 2; /* a consumer thread's accumulators */
@@ -392,10 +405,11 @@ __device__ __forceinline__ int ws_mat(const ws_args &a, int64_t R, int64_t *r) {
     return i;
 }
 
-template <int BN, int KB, int CL = 1>
+template <int BN, int KB, int CL, int SP>
 __global__ void __launch_bounds__(WS_THREADS, 1) k_wgmma_stream(const __grid_constant__ ws_maps maps, const ws_args a) {
     static_assert(CL == 1 || CL == 2 || CL == 4, "clusters of 1, 2 or 4 blocks");
-    typedef ws_shape<BN, KB> S;
+    static_assert(SP == 2 || (SP == 4 && CL == 1), "stages of 2 steps, or of 4 without clusters");
+    typedef ws_shape<BN, KB, SP> S;
     extern __shared__ uint8_t wg_raw[];
     __shared__ int ws_last;
     const uint32_t base = (smem_u32(wg_raw) + 1023u) & ~1023u;
@@ -422,19 +436,19 @@ __global__ void __launch_bounds__(WS_THREADS, 1) k_wgmma_stream(const __grid_con
                 int64_t r;
                 const int m = ws_mat(a, R, &r);
                 const uint32_t st = base + s * S::STAGE;
-                for (int h = 0; h < 2; h++)
-                    tma_load_4d(st + h * WG_A_STEP, &maps.w[m], 0, 0, 2 * k + h, (int)((r * CL + q) * (WG_BM / 16)),
+                for (int h = 0; h < SP; h++)
+                    tma_load_4d(st + h * WG_A_STEP, &maps.w[m], 0, 0, SP * k + h, (int)((r * CL + q) * (WG_BM / 16)),
                                 full + 8 * s);
             };
             auto load_x = [&](int i) {
                 const int k = (int)((u0 + i) % a.nk), s = i % S::STAGES;
-                const uint32_t st = base + s * S::STAGE + 2 * WG_A_STEP;
+                const uint32_t st = base + s * S::STAGE + SP * WG_A_STEP;
                 if constexpr (CL > 1) { /* blocks 0 and 1: step q of the stage, to every block */
                     if (q < 2)
                         tma_load_2d_mc(st + q * S::B_STEP, &maps.x, 32 * (2 * k + q), 0, full + 8 * s,
                                        (uint16_t)((1u << CL) - 1));
                 } else
-                    for (int h = 0; h < 2; h++) tma_load_2d(st + h * S::B_STEP, &maps.x, 32 * (2 * k + h), 0, full + 8 * s);
+                    for (int h = 0; h < SP; h++) tma_load_2d(st + h * S::B_STEP, &maps.x, 32 * (SP * k + h), 0, full + 8 * s);
             };
             /* the first stages' weights go out before the predecessor is done (they never
              * change); its activations after */
@@ -466,11 +480,11 @@ __global__ void __launch_bounds__(WS_THREADS, 1) k_wgmma_stream(const __grid_con
             wg_fence_regs(d);
             wg_fence();
 #pragma unroll
-            for (int h = 0; h < 2; h++)
+            for (int h = 0; h < SP; h++)
 #pragma unroll
                 for (int kk = 0; kk < 2; kk++)
                     ws_wgmma(d, wg_desc(st + h * WG_A_STEP + c * (64 * 64) + 32 * kk),
-                             wg_desc(st + 2 * WG_A_STEP + h * S::B_STEP + 32 * kk));
+                             wg_desc(st + SP * WG_A_STEP + h * S::B_STEP + 32 * kk));
             wg_commit();
             wg_wait<0>();
             wg_fence_regs(d);
@@ -536,16 +550,34 @@ typedef CUresult (*tmap_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_
                                    const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
-template <int BN, int KB, int CL>
+template <int BN, int KB, int CL, int SP>
 static int ws_attr() {
-    const cudaError_t e = cudaFuncSetAttribute(k_wgmma_stream<BN, KB, CL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               ws_shape<BN, KB>::SMEM);
+    const cudaError_t e = cudaFuncSetAttribute(k_wgmma_stream<BN, KB, CL, SP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               ws_shape<BN, KB, SP>::SMEM);
     return e == cudaSuccess ? 0 : -1;
 }
-template <int KB, int CL = 1>
+/* the KB of stages of the BN-token kernel: kb, or for kb 0 the backend's pick. With stages of 4
+ * steps on an H100 (2026-12-06, decode side by side, tok/s at 24 / 32 / 48 / 64 sequences):
+ * 110 KB 897 / 1,141 / 1,575 / 1,920, 150 KB 948 / 1,197 / 1,565 / 1,905, 200 KB 932 / 1,172 /
+ * 1,554 / 1,891 (stages of 2 in 110 KB, the form before: 847 / 1,078 / 1,410 / 1,882). So 110
+ * where BN is 64 (two stages of 48 KB), 150 elsewhere (128 tokens need two stages of 64 KB). */
+constexpr int ws_kb(int bn, int kb) { return kb ? kb : bn == 64 ? 110 : 150; }
+
+template <int KB, int CL, int SP>
 static int ws_attrs() {
-    if (ws_attr<8, KB, CL>() || ws_attr<16, KB, CL>() || ws_attr<32, KB, CL>() || ws_attr<64, KB, CL>()) return -1;
-    return ws_attr<128, KB, CL>();
+    if (ws_attr<8, ws_kb(8, KB), CL, SP>() || ws_attr<16, ws_kb(16, KB), CL, SP>() ||
+        ws_attr<32, ws_kb(32, KB), CL, SP>() || ws_attr<64, ws_kb(64, KB), CL, SP>())
+        return -1;
+    return ws_attr<128, ws_kb(128, KB), CL, SP>();
+}
+
+/* the backend's form's shared memory allowed */
+static int ws_attrs_backend(void) {
+#if CU_WS_CL == 1
+    return ws_attrs<CU_WS_KB, 1, CU_WS_SP>();
+#else
+    return ws_attrs<WS_CL_KB, CU_WS_CL, 2>();
+#endif
 }
 
 extern "C" void *cu_wgmma_available(void) {
@@ -557,7 +589,7 @@ extern "C" void *cu_wgmma_available(void) {
         return NULL;
     if (cudaFuncSetAttribute(k_wgmma<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess ||
         cudaFuncSetAttribute(k_wgmma<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess ||
-        ws_attrs<WS_KB, CU_WS_CL>() != 0)
+        ws_attrs_backend() != 0)
         return NULL;
     return fn;
 }
@@ -637,7 +669,7 @@ static cudaLaunchConfig_t ws_cluster_cfg(cu_stream s, int64_t blocks, cudaLaunch
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)blocks);
     cfg.blockDim = dim3(WS_THREADS);
-    cfg.dynamicSmemBytes = (size_t)ws_shape<BN, KB>::SMEM;
+    cfg.dynamicSmemBytes = (size_t)ws_shape<BN, KB, 2>::SMEM;
     cfg.stream = s;
     at[0].id = cudaLaunchAttributeClusterDimension;
     at[0].val.clusterDim.x = CL, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
@@ -654,7 +686,7 @@ static int ws_clusters_of() {
     cudaLaunchAttribute at[2];
     const cudaLaunchConfig_t cfg = ws_cluster_cfg<BN, KB, CL>(0, CL, at);
     int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, k_wgmma_stream<BN, KB, CL>, &cfg) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveClusters(&n, k_wgmma_stream<BN, KB, CL, 2>, &cfg) != cudaSuccess) {
         (void)cudaGetLastError(); /* not sticky */
         return 0;
     }
@@ -671,26 +703,26 @@ static int ws_clusters_all() {
 extern "C" int cu_wgmma_stream_clusters(int cl) {
     if (cl == 0) cl = CU_WS_CL;
     int n = 0;
-    if (cl == 2) n = ws_attrs<WS_KB, 2>() == 0 ? ws_clusters_all<WS_KB, 2>() : 0;
-    else if (cl == 4) n = ws_attrs<WS_KB, 4>() == 0 ? ws_clusters_all<WS_KB, 4>() : 0;
+    if (cl == 2) n = ws_attrs<WS_CL_KB, 2, 2>() == 0 ? ws_clusters_all<WS_CL_KB, 2>() : 0;
+    else if (cl == 4) n = ws_attrs<WS_CL_KB, 4, 2>() == 0 ? ws_clusters_all<WS_CL_KB, 4>() : 0;
     (void)cudaGetLastError(); /* a refused attribute or query: no error left for a later launch to report */
     return n;
 }
 
-template <int BN, int KB, int CL>
+template <int BN, int KB, int CL, int SP>
 static int ws_launch(cu_stream s, const ws_maps &maps, const ws_args &a, int64_t blocks) {
     if constexpr (CL == 1)
-        launch_pdl(k_wgmma_stream<BN, KB, CL>, dim3((unsigned)blocks), dim3(WS_THREADS), (size_t)ws_shape<BN, KB>::SMEM, s,
-                   maps, a);
+        launch_pdl(k_wgmma_stream<BN, KB, CL, SP>, dim3((unsigned)blocks), dim3(WS_THREADS),
+                   (size_t)ws_shape<BN, KB, SP>::SMEM, s, maps, a);
     else {
         cudaLaunchAttribute at[2];
         const cudaLaunchConfig_t cfg = ws_cluster_cfg<BN, KB, CL>(s, blocks, at);
-        cudaLaunchKernelEx(&cfg, k_wgmma_stream<BN, KB, CL>, maps, a);
+        cudaLaunchKernelEx(&cfg, k_wgmma_stream<BN, KB, CL, SP>, maps, a);
     }
     return cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
 
-template <int KB, int CL = 1>
+template <int KB, int CL, int SP>
 static int ws_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *const *w, float *const *y,
                      const int64_t *ldy, const uint16_t *xs, int64_t ldxs, int64_t T) {
     const tmap_encode_fn enc = sc ? (tmap_encode_fn)sc->tma_encode : NULL;
@@ -703,7 +735,8 @@ static int ws_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *
     memset(&maps, 0, sizeof maps);
     memset(&a, 0, sizeof a);
     a.n = n;
-    a.nk = (int)((w[0]->cols + 31) / 32 / 2);
+    if (((w[0]->cols + 31) / 32) % SP != 0) return -1;
+    a.nk = (int)((w[0]->cols + 31) / 32 / SP);
     a.T = T;
     int64_t R = 0;
     for (int i = 0; i < n; i++) {
@@ -732,15 +765,19 @@ static int ws_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *
     a.count = sc->wcount;
     const int64_t blocks = clusters * CL;
     switch (bn) {
-    case 8: return ws_launch<8, KB, CL>(s, maps, a, blocks);
-    case 16: return ws_launch<16, KB, CL>(s, maps, a, blocks);
-    case 32: return ws_launch<32, KB, CL>(s, maps, a, blocks);
-    case 64: return ws_launch<64, KB, CL>(s, maps, a, blocks);
-    default: return ws_launch<128, KB, CL>(s, maps, a, blocks);
+    case 8: return ws_launch<8, ws_kb(8, KB), CL, SP>(s, maps, a, blocks);
+    case 16: return ws_launch<16, ws_kb(16, KB), CL, SP>(s, maps, a, blocks);
+    case 32: return ws_launch<32, ws_kb(32, KB), CL, SP>(s, maps, a, blocks);
+    case 64: return ws_launch<64, ws_kb(64, KB), CL, SP>(s, maps, a, blocks);
+    default: return ws_launch<128, ws_kb(128, KB), CL, SP>(s, maps, a, blocks);
     }
 }
 
 extern "C" int cu_wgmma_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *const *w, float *const *y,
                                const int64_t *ldy, const uint16_t *xs, int64_t ldxs, int64_t T) {
-    return ws_stream<WS_KB, CU_WS_CL>(s, sc, n, w, y, ldy, xs, ldxs, T);
+#if CU_WS_CL == 1
+    return ws_stream<CU_WS_KB, 1, CU_WS_SP>(s, sc, n, w, y, ldy, xs, ldxs, T);
+#else
+    return ws_stream<WS_CL_KB, CU_WS_CL, 2>(s, sc, n, w, y, ldy, xs, ldxs, T);
+#endif
 }
