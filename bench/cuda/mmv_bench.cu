@@ -1508,7 +1508,7 @@ static int gdnbench(int reps) {
             auto recur = [&] { launch_pdl(k_gdn_recur<16>, gr, dim3(32 * GDN_WARPS), gdn_smem(Dk, 1), s, p, a, 1); };
             auto dec = [&] {
                 launch_pdl(k_gdn_dec<16, 0>, dim3(gr.x, gr.y, (unsigned)((Dv + GDN_DEC_COLS - 1) / GDN_DEC_COLS)),
-                           dim3(32 * GDN_WARPS), 0, s, p, a);
+                           dim3(32 * GDN_DEC_WARPS), 0, s, p, a);
             };
             auto fused = [&] {
                 launch_pdl(k_gdn_dec<16, 1>, dim3(gr.x, gr.y), dim3(32 * ((Dv + 15) / 16)), (size_t)Dv * 4, s, p, a);

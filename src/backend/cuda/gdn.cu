@@ -287,7 +287,7 @@ __global__ void __launch_bounds__(32 * GDN_WARPS) k_gdn_recur(cu_plan p, cu_gdn_
  * memory (the four lanes of a row share them through L1) instead of through shared memory:
  * the chunk copies' index arithmetic was most of k_gdn_recur's instructions at one token, and
  * the state's read and write are what is left. A warp takes 16 columns.
- * FUSED 0: a block of GDN_WARPS warps (GDN_DEC_COLS columns) on q and k normed in place
+ * FUSED 0: a block of GDN_DEC_WARPS warps (GDN_DEC_COLS columns) on q and k normed in place
  * (k_gdn_qknorm before, k_gdn_gnorm after). FUSED 1 (few items: the launches, not the state,
  * set the time): a block a whole value head (Dv <= GDN_DEC_MAX_DV), each warp scaling q and
  * k by their norms itself (gdn_l2_scale: k_gdn_qknorm's sums) and the head's outputs meeting
@@ -309,13 +309,20 @@ __global__ void __launch_bounds__(32 * GDN_WARPS) k_gdn_recur(cu_plan p, cu_gdn_
  * QI (FUSED, a.xq): the gated outputs also as the MLX integer form's limbs for out_proj, a
  * warp a group from shared memory (a form of its own: the 27B one spills 136 bytes, which
  * the others must not). */
-#define GDN_DEC_COLS (16 * GDN_WARPS)
+/* FUSED 0's warps a block: 8, so that a 128-column head's block reads whole state rows (512
+ * bytes each) where 4 read half of each, the other half in a block launched much later (H100,
+ * 2026-12-06, decode at 48 / 64 sequences 1,613 / 1,965 -> 1,622-1,628 / 1,985-1,988 tok/s;
+ * the same sums, so the same bits) */
+#ifndef GDN_DEC_WARPS
+#define GDN_DEC_WARPS 8
+#endif
+#define GDN_DEC_COLS (16 * GDN_DEC_WARPS)
 #define GDN_DEC_MAX_DV 256
 #define GDN_DEC_MAX_RP 16  /* FUSED: key dims up to 128 (more rows a lane spill under its 128 registers) */
 #define GDN_DEC_FUSED_MAX CU_GDN_DEC_FUSED_MAX /* decode steps of up to this many items take FUSED */
 #define GDN_CONV_PER 2       /* FUSED 2: channels a thread convolves at most (2 Dk + Dv <= 4 Dv) */
 template <int RP, int FUSED, bool QI = false>
-__global__ void __launch_bounds__(FUSED ? 32 * GDN_DEC_MAX_DV / 16 : 32 * GDN_WARPS) k_gdn_dec(cu_plan p, cu_gdn_args a) {
+__global__ void __launch_bounds__(FUSED ? 32 * GDN_DEC_MAX_DV / 16 : 32 * GDN_DEC_WARPS) k_gdn_dec(cu_plan p, cu_gdn_args a) {
     if constexpr (!FUSED) pdl_wait();
     extern __shared__ float gdn_o[]; /* FUSED: [Dv] the head's outputs */
     const int it = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -514,7 +521,7 @@ static void gdn_rule(cu_stream s, dim3 gr, const cu_plan *p, const cu_gdn_args *
         }
     }
     if (how == GDN_DEC) launch_pdl(k_gdn_dec<RP, 0>, dim3(gr.x, gr.y, (unsigned)((a->Dv + GDN_DEC_COLS - 1) / GDN_DEC_COLS)),
-                        dim3(32 * GDN_WARPS), 0, s, *p, *a);
+                        dim3(32 * GDN_DEC_WARPS), 0, s, *p, *a);
     else launch_pdl(k_gdn_recur<RP>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a, cl);
 }
 
