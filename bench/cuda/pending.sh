@@ -159,6 +159,12 @@ if part s; then
     grep -E "Stall|stall|Throughput|Hit Rate|Busy|Bandwidth|Elapsed Cycles|SM Frequency|DRAM Frequency|Theoretical Occ|Waves" \
         $O/ws_details.txt | cut -c1-140 | head -40
 fi
+# a. a decode step's attention kernels under Nsight Compute (batch ${OB:-64}, AT_SKIP launches
+# of each skipped)
+if part a; then
+    prof atts k_attn_split ${AT_SKIP:-2} $B --prompts 128 --batches ${OB:-64} --decode-s 0.1
+    prof attm k_attn_merge ${AT_SKIP:-2} $B --prompts 128 --batches ${OB:-64} --decode-s 0.1
+fi
 # 9. the chunked rule's kernels under Nsight Compute (the same prefill as 5)
 if part 9; then
     prof cprep k_gdn_cprep 3 $B --prompts 8192 --batches 1 --decode-s 0.1

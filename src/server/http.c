@@ -500,6 +500,7 @@ static enum MHD_Result srv_refuse_headers(srv *s, struct MHD_Connection *c, cons
                      "application/json\r\nContent-Length: %d\r\nServer: strand\r\nAccess-Control-Allow-Origin: "
                      "*\r\n\r\n%s",
                      nb, strcmp(method, "HEAD") ? body : "");
+    if (nb < 0 || n < 0 || (size_t)n >= sizeof msg) return MHD_NO; /* (cannot happen: both fit) */
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     /* a fresh request's socket has sent everything before it: these few bytes fit its buffer */
     if (ci && send(ci->connect_fd, msg, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)

@@ -345,12 +345,13 @@ __device__ __forceinline__ void ws_wgmma(float (&d)[64], uint64_t da, uint64_t d
 #ifndef CU_WS_SP
 #define CU_WS_SP 4
 #endif
-/* the blocks of the backend's clusters (1; a build may set 2 or 4 to compare in the model: on
- * clusters the blocks take WS_CL_KB of stages of 2 steps) */
+/* the blocks of the backend's clusters (1; a build may set 2 or 4 to compare in the model) */
 #ifndef CU_WS_CL
 #define CU_WS_CL 1
 #endif
-#define WS_CL_KB 110
+/* stages of 2 steps (the form on clusters, and for matrices whose steps are not a multiple of
+ * CU_WS_SP) in this many KB */
+#define WS_SP2_KB 110
 /* SP: the 32-column steps a stage. 4 for the backend's blocks: each tile row's weights then come
  * as runs of 4 KB instead of 2 (the tiled layout: a tile row's steps follow each other), which
  * the memory streams better (H100, 2026-12-06, `mmv_bench ws`: one 27B token's products at 16 /
@@ -571,12 +572,12 @@ static int ws_attrs() {
     return ws_attr<128, ws_kb(128, KB), CL, SP>();
 }
 
-/* the backend's form's shared memory allowed */
+/* the backend's forms' shared memory allowed */
 static int ws_attrs_backend(void) {
 #if CU_WS_CL == 1
-    return ws_attrs<CU_WS_KB, 1, CU_WS_SP>();
+    return ws_attrs<CU_WS_KB, 1, CU_WS_SP>() || ws_attrs<WS_SP2_KB, 1, 2>() ? -1 : 0;
 #else
-    return ws_attrs<WS_CL_KB, CU_WS_CL, 2>();
+    return ws_attrs<WS_SP2_KB, CU_WS_CL, 2>();
 #endif
 }
 
@@ -703,8 +704,8 @@ static int ws_clusters_all() {
 extern "C" int cu_wgmma_stream_clusters(int cl) {
     if (cl == 0) cl = CU_WS_CL;
     int n = 0;
-    if (cl == 2) n = ws_attrs<WS_CL_KB, 2, 2>() == 0 ? ws_clusters_all<WS_CL_KB, 2>() : 0;
-    else if (cl == 4) n = ws_attrs<WS_CL_KB, 4, 2>() == 0 ? ws_clusters_all<WS_CL_KB, 4>() : 0;
+    if (cl == 2) n = ws_attrs<WS_SP2_KB, 2, 2>() == 0 ? ws_clusters_all<WS_SP2_KB, 2>() : 0;
+    else if (cl == 4) n = ws_attrs<WS_SP2_KB, 4, 2>() == 0 ? ws_clusters_all<WS_SP2_KB, 4>() : 0;
     (void)cudaGetLastError(); /* a refused attribute or query: no error left for a later launch to report */
     return n;
 }
@@ -776,8 +777,10 @@ static int ws_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *
 extern "C" int cu_wgmma_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *const *w, float *const *y,
                                const int64_t *ldy, const uint16_t *xs, int64_t ldxs, int64_t T) {
 #if CU_WS_CL == 1
+    if (n >= 1 && ((w[0]->cols + 31) / 32) % CU_WS_SP != 0) /* (every launch's matrices have one width) */
+        return ws_stream<WS_SP2_KB, 1, 2>(s, sc, n, w, y, ldy, xs, ldxs, T);
     return ws_stream<CU_WS_KB, 1, CU_WS_SP>(s, sc, n, w, y, ldy, xs, ldxs, T);
 #else
-    return ws_stream<WS_CL_KB, CU_WS_CL, 2>(s, sc, n, w, y, ldy, xs, ldxs, T);
+    return ws_stream<WS_SP2_KB, CU_WS_CL, 2>(s, sc, n, w, y, ldy, xs, ldxs, T);
 #endif
 }
