@@ -1188,15 +1188,15 @@ static int wsbench(int reps, const char *tlist) {
     const std::vector<int64_t> Ts = token_list(tlist, {1, 2, 4, 8, 9, 16, 17, 24, 32, 48, 64, 65, 96, 127});
     const int64_t TM = 128;
     int bad = 0;
-    /* the backend's stream kernel (200 KB of stages of 4 steps); 110 KB of stages of 2 (the form
-     * before); that on clusters of 2; 150 and 110 KB of stages of 4 */
+    /* the backend's stream kernel (stages of 4 steps in ws_kb's KB); 110 KB of stages of 2 (the
+     * form before); that on clusters of 2; 150 and 110 KB of stages of 4 */
     constexpr int NV = 5;
     static const char *const vname[NV] = {"stream", "sp2", "cl2", "k150", "k110"};
     std::vector<double> t_old(Ts.size(), 0.0), t_v[NV];
     for (int v = 0; v < NV; v++) t_v[v].assign(Ts.size(), 0.0);
     const int most2 = cu_wgmma_stream_clusters(2), most4 = cu_wgmma_stream_clusters(4);
     printf("clusters that run at once: %d of 2 blocks, %d of 4 (%d SMs)\n", most2, most4, mm_sms());
-    if (ws_attrs<150, 1, 4>() != 0 || ws_attrs<110, 1, 4>() != 0) { /* (the backend's allowed sp2's) */
+    if (ws_attrs<150, 1, 4>() != 0 || ws_attrs<110, 1, 4>() != 0) { /* (cu_wgmma_available allowed sp2's) */
         printf("ws: the variants' shared memory is refused\n");
         return 1;
     }
