@@ -489,21 +489,22 @@ static size_t srv_header_bytes(struct MHD_Connection *c, const char *url, const 
  * directly: libmicrohttpd may have no room left to build a reply; then the connection closes
  * (MHD_NO: libmicrohttpd shuts its writing side down after these bytes) */
 static enum MHD_Result srv_refuse_headers(srv *s, struct MHD_Connection *c, const char *method, size_t bytes) {
-    char body[400], msg[800];
-    int nb = snprintf(body, sizeof body,
-                      "{\"error\":{\"message\":\"the request's header block (about %zu bytes) exceeds the server's "
-                      "limit of %zu bytes\",\"type\":\"invalid_request_error\",\"param\":null,"
-                      "\"code\":\"request_header_fields_too_large\"}}",
-                      bytes, s->p.max_header);
-    int n = snprintf(msg, sizeof msg,
-                     "HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\nContent-Type: "
-                     "application/json\r\nContent-Length: %d\r\nServer: strand\r\nAccess-Control-Allow-Origin: "
-                     "*\r\n\r\n%s",
-                     nb, strcmp(method, "HEAD") ? body : "");
-    if (nb < 0 || n < 0 || (size_t)n >= sizeof msg) return MHD_NO; /* (cannot happen: both fit) */
+    st_oai_error e;
+    st_oai_error_set(&e, 431, "invalid_request_error", NULL, "request_header_fields_too_large",
+                     "the request's header block (about %zu bytes) exceeds the server's limit of %zu bytes", bytes,
+                     s->p.max_header);
+    char *body = st_oai_error_json(&e);
+    if (!body) return MHD_NO;
+    char msg[1200]; /* the head and the body (its message at most 600 bytes) */
+    const int n = snprintf(msg, sizeof msg,
+                           "HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\nContent-Type: "
+                           "application/json\r\nContent-Length: %zu\r\nServer: strand\r\nAccess-Control-Allow-Origin: "
+                           "*\r\n\r\n%s",
+                           strlen(body), strcmp(method, "HEAD") ? body : "");
+    free(body);
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     /* a fresh request's socket has sent everything before it: these few bytes fit its buffer */
-    if (ci && send(ci->connect_fd, msg, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
+    if (ci && n > 0 && (size_t)n < sizeof msg && send(ci->connect_fd, msg, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
         ST_DEBUG("http: the 431 could not be written: %s", strerror(errno));
     st_metrics_count_status(&s->metrics, 431);
     return MHD_NO;
