@@ -474,6 +474,7 @@ static int merge_part(st_tokenizer *t, const char *s, size_t n, size_t idx, int3
 
 /* Append to a growable byte buffer. */
 static int cat_put(char **buf, size_t *cap, size_t at, const char *s, size_t n) {
+    if (n == 0) return 0; /* (an empty half: *buf may still be NULL) */
     if (at + n > *cap) {
         size_t nc = *cap ? *cap : 256;
         while (nc < at + n) nc *= 2;
