@@ -450,6 +450,70 @@ static void test_mixed_step(fixture *fx) {
     free(lg[1]);
 }
 
+/* A decode step of many items gives each sequence the bits of its step alone: NW sequences
+ * (more than a GPU's fused delta-rule decode kernels take, so the rule, the products and
+ * attention run on their many-item kernels) with prompts of 3 to 9 tokens of the fixture's
+ * longest prompt (repeated) from offset i, each prefilled alone, then one decode step of all of them
+ * against each one's decode step alone. */
+static void test_wide_decode(fixture *fx) {
+    const st_tensor *ti = NULL; /* the longest of the fixture's prompts */
+    for (int i = 0; i < 4; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "p%d.ids", i);
+        const st_tensor *t = golden_get(fx->g, key, ST_DTYPE_I32);
+        if (t && t->numel > 0 && (!ti || t->numel > ti->numel)) ti = t;
+    }
+    if (!ti) ti = golden_get(fx->g, "text.ids", ST_DTYPE_I32);
+    if (!ti || ti->numel < 1) return;
+    enum { NW = 24, PL = 10 };
+    const int32_t *ids = ti->data;
+    int32_t toks[NW][PL];
+    int len[NW];
+    for (int i = 0; i < NW; i++) {
+        len[i] = 3 + i % 7;
+        for (int j = 0; j < PL; j++) toks[i][j] = ids[(i + j) % ti->numel];
+    }
+    float *lg[2] = {malloc((size_t)NW * fx->V * sizeof(float)), malloc((size_t)NW * fx->V * sizeof(float))};
+    float *pre_lg = malloc((size_t)fx->V * sizeof(float));
+    st_error err = {0};
+    st_status st = lg[0] && lg[1] && pre_lg ? ST_OK : ST_ERR_NOMEM;
+    for (int run = 0; run < 2 && st == ST_OK; run++) { /* 0: each decode step alone; 1: all in one */
+        st_cache_params cp = st_cache_default_params();
+        cp.n_slots = NW;
+        cp.max_seq_len = PL + 8;
+        st_cache *cache = NULL;
+        st_fwd *f = NULL;
+        st_seq seqs[NW];
+        st_batch_item items[NW];
+        st = st_cache_create(fx->m, &cp, &cache, &err);
+        if (st == ST_OK) st = kit_fwd(fx->be, cache, NW + PL, &f, &err);
+        for (int i = 0; i < NW && st == ST_OK; i++) {
+            seqs[i] = (st_seq){.slot = -1};
+            st = st_cache_seq_start(cache, &seqs[i], &err);
+            if (st != ST_OK) break;
+            st_batch_item pre = {&seqs[i], toks[i], len[i], ST_LOGITS_LAST};
+            st = st_batch_run(cache, f, &pre, 1, pre_lg, &err);
+        }
+        for (int i = 0; i < NW && st == ST_OK; i++) {
+            items[i] = (st_batch_item){&seqs[i], &toks[i][len[i]], 1, ST_LOGITS_LAST};
+            if (run == 0) st = st_batch_run(cache, f, &items[i], 1, lg[0] + (size_t)i * fx->V, &err);
+        }
+        if (run == 1 && st == ST_OK) st = st_batch_run(cache, f, items, NW, lg[1], &err);
+        st_fwd_destroy(f);
+        st_cache_destroy(cache);
+    }
+    int differ = -1; /* the first sequence whose logits differ */
+    for (int i = 0; i < NW && st == ST_OK && differ < 0; i++)
+        if (memcmp(lg[0] + (size_t)i * fx->V, lg[1] + (size_t)i * fx->V, (size_t)fx->V * sizeof(float))) differ = i;
+    CHECK(st == ST_OK && differ < 0,
+          "%s wide decode: %d sequences' logits in one decode step equal each one's step alone, bit for bit "
+          "(first differing: %d; %s)",
+          fx->dir, NW, differ, err.msg);
+    free(lg[0]);
+    free(lg[1]);
+    free(pre_lg);
+}
+
 /* The vision checkpoint's text path: text.ids / text.logits */
 static void test_text_only(fixture *fx) {
     const st_tensor *ti = golden_get(fx->g, "text.ids", ST_DTYPE_I32);
@@ -478,6 +542,7 @@ int main(int argc, char **argv) {
             test_batch(&fx);
             test_long(&fx);
             test_mixed_step(&fx);
+            test_wide_decode(&fx);
             test_text_only(&fx);
         }
         close_fixture(&fx);
