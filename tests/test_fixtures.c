@@ -402,18 +402,24 @@ static void test_long(fixture *fx) {
     free(ol);
 }
 
-/* A sequence's decode logits do not depend on what else its step holds: its next token in a
- * step of one token an item (where a GPU splits attention over the context) and beside another
- * sequence's prompt give the same bits. The prompt: 150 tokens (three attention chunks) of the
- * fixture's longest prompt repeated. */
-static void test_mixed_step(fixture *fx) {
-    const st_tensor *ti = NULL; /* the longest of the fixture's prompts */
+/* the longest of the fixture's prompts p0..p3 (their ids), NULL where it has none */
+static const st_tensor *longest_prompt(fixture *fx) {
+    const st_tensor *ti = NULL;
     for (int i = 0; i < 4; i++) {
         char key[16];
         snprintf(key, sizeof key, "p%d.ids", i);
         const st_tensor *t = golden_get(fx->g, key, ST_DTYPE_I32);
         if (t && t->numel > 0 && (!ti || t->numel > ti->numel)) ti = t;
     }
+    return ti;
+}
+
+/* A sequence's decode logits do not depend on what else its step holds: its next token in a
+ * step of one token an item (where a GPU splits attention over the context) and beside another
+ * sequence's prompt give the same bits. The prompt: 150 tokens (three attention chunks) of the
+ * fixture's longest prompt repeated. */
+static void test_mixed_step(fixture *fx) {
+    const st_tensor *ti = longest_prompt(fx);
     if (!ti) return;
     enum { N = 150, NB = 12 };
     int32_t prompt[N + 1];
@@ -456,13 +462,7 @@ static void test_mixed_step(fixture *fx) {
  * longest prompt (repeated) from offset i, each prefilled alone, then one decode step of all of them
  * against each one's decode step alone. */
 static void test_wide_decode(fixture *fx) {
-    const st_tensor *ti = NULL; /* the longest of the fixture's prompts */
-    for (int i = 0; i < 4; i++) {
-        char key[16];
-        snprintf(key, sizeof key, "p%d.ids", i);
-        const st_tensor *t = golden_get(fx->g, key, ST_DTYPE_I32);
-        if (t && t->numel > 0 && (!ti || t->numel > ti->numel)) ti = t;
-    }
+    const st_tensor *ti = longest_prompt(fx);
     if (!ti) ti = golden_get(fx->g, "text.ids", ST_DTYPE_I32);
     if (!ti || ti->numel < 1) return;
     enum { NW = 24, PL = 10 };
