@@ -1513,23 +1513,36 @@ static int gdnbench(int reps) {
             auto fused = [&] {
                 launch_pdl(k_gdn_dec<16, 1>, dim3(gr.x, gr.y), dim3(32 * ((Dv + 15) / 16)), (size_t)Dv * 4, s, p, a);
             };
-            bool same = true;
-            for (int k = 0; k < 3; k++) {
+            const int64_t dunits = (int64_t)p.n_items * Hv;
+            auto decs = [&] { /* the streamed one (k_gdn_decs), as the backend launches it */
+                launch_pdl(k_gdn_decs<16>, dim3((unsigned)(dunits < mm_sms() ? dunits : mm_sms())), dim3(GDN_DS_THREADS),
+                           gdn_decs_smem(Dk, Dv), s, p, a, gdn_decs_stages(Dk, Dv));
+            };
+            bool same = true, same_s = true;
+            for (int k = 0; k < 4; k++) {
                 a.mix = mix[k ? 1 : 0], a.rec_state = rec[k ? 1 : 0];
                 CK(cudaMemcpy(a.rec_state, st0, rec_n * 4, cudaMemcpyDeviceToDevice));
                 CK(cudaMemcpy(qkv, qkv_after[0], (size_t)T * cd * 4, cudaMemcpyDeviceToDevice));
                 if (k == 0) norms_around(recur);
                 else if (k == 1) norms_around(dec);
-                else fused();
+                else if (k == 2) fused();
+                else norms_around(decs);
                 CK(cudaStreamSynchronize(s));
                 CK(cudaGetLastError());
-                if (k) same = same && same_bits(mix[0], mix[1], (size_t)T * vd) && same_bits(rec[0], rec[1], rec_n);
+                const bool eq = k == 0 || (same_bits(mix[0], mix[1], (size_t)T * vd) && same_bits(rec[0], rec[1], rec_n));
+                if (k == 3) same_s = eq;
+                else same = same && eq;
             }
-            bad |= !same;
+            bad |= !same || !same_s;
             const double t_three = time_ms([&] { norms_around(dec); }), t_fused = time_ms(fused);
+            const double t_rule = time_ms(dec), t_decs = time_ms(decs), t_three_s = time_ms([&] { norms_around(decs); });
             printf("    a decode step's q/k norms, rule and gated norm: %.3f ms as three kernels (k_gdn_dec), %.3f ms fused"
                    " (%.0f GB/s of state); both %s the per-step rule's\n",
                    t_three, t_fused, 2.0 * rec_n * 4 / (t_fused * 1e-3) / 1e9, same ? "the same bits as" : "DIFFER from");
+            printf("    the rule streamed (k_gdn_decs, %d stages): %.3f ms alone (%.0f GB/s of state) against k_gdn_dec's"
+                   " %.3f (%.0f GB/s); %.3f ms with the norms; %s the per-step rule's\n",
+                   gdn_decs_stages(Dk, Dv), t_decs, 2.0 * rec_n * 4 / (t_decs * 1e-3) / 1e9, t_rule,
+                   2.0 * rec_n * 4 / (t_rule * 1e-3) / 1e9, t_three_s, same_s ? "the same bits as" : "DIFFERS from");
             { /* the conv inside too (k_gdn_dec<., 2>), from random windows: k_gdn_conv and the fused
                  kernel's outputs, state and windows (at any count of items: the counts here are the items') */
                 float *w0 = dev_floats((int64_t)conv_n, 9, -1.0f, 1.0f), *wref;

@@ -185,6 +185,43 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+/* the current device's SMs (1 where it cannot say; matmul_bf16.cu) */
+__attribute__((visibility("hidden"))) int mm_sms(void);
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* ---- mbarriers (sm_90): a ring's stages filled by bulk copies (matmul_wgmma.cu, gdn.cu) ----
+ * bar: a shared-memory address (smem_u32) */
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+/* until the phase of this parity has completed */
+__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@p bra.uni DONE;\n"
+                 "bra.uni WAIT;\n"
+                 "DONE:\n"
+                 "}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+/* bytes (a multiple of 16; both addresses 16-byte aligned) from global src into shared dst,
+ * counted on bar's transaction count */
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
 template <typename... KP, typename... A>
 static void launch_pdl(void (*k)(KP...), dim3 grid, dim3 block, size_t shm, cu_stream s, A... args) {
     cudaLaunchConfig_t cfg = {};

@@ -466,6 +466,136 @@ __global__ void __launch_bounds__(FUSED ? 32 * GDN_DEC_MAX_DV / 16 : 32 * GDN_DE
         }
 }
 
+/* the rows a lane of k_gdn_recur holds (Dk / 8 rounded up to a kernel's), 0: none */
+static int gdn_rows(int Dk) {
+    const int r = (Dk + 7) / 8;
+    return r <= 2 ? 2 : r <= 4 ? 4 : r <= 8 ? 8 : r <= 16 ? 16 : r <= 32 ? 32 : 0;
+}
+
+/* ---- the delta rule of a decode step of many items, streamed: k_gdn_decs ----
+ * FUSED 0's arithmetic on the same lanes' rows (gdn_token: the same bits), on resident blocks
+ * (one an SM) that take the step's (item, value head) units in turn: block b units b, b +
+ * grid, ... A producer thread copies each unit's state (Dk x Dv fp32, one run of the slot) and
+ * its token's q and k rows and v columns into a ring of stages in shared memory (bulk copies
+ * on the stage's mbarrier), so that the next units' state is in flight while the block's
+ * GDN_DEC_WARPS consumer warps step this one. FUSED 0's blocks each read their state, wait for
+ * it, step it and write it, and a block's read starts only once a block before it has left:
+ * few bytes in flight where the state is most of a step's bytes. The consumers free a stage as
+ * soon as its values are in their registers and write the new state and the outputs straight
+ * to global memory; the units' gates come from global memory. The first stages' state goes out
+ * before the PDL wait (only this kernel writes it, a layer before); q, k and v after it.
+ * Shapes (gdn_decs_stages > 0): Dv <= GDN_DEC_COLS (a block's columns), every piece 16-byte
+ * aligned, at least 2 stages in GDN_DS_SMEM bytes. q and k normed in place before
+ * (k_gdn_qknorm), the gated norm after (k_gdn_gnorm), as FUSED 0. */
+/* whether decode steps of more than CU_GDN_DEC_FUSED_MAX items take k_gdn_decs (a build may set
+ * 0: k_gdn_dec's FUSED 0 blocks) */
+#ifndef CU_GDN_DECS
+#define CU_GDN_DECS 1
+#endif
+#define GDN_DS_SMEM (200 * 1024) /* the ring's shared memory at most */
+#define GDN_DS_THREADS (32 * GDN_DEC_WARPS + 32)
+/* a stage's bytes: the state, then q [Dk], k [Dk], v [Dv]; 128-byte aligned stages */
+__host__ __device__ static inline int gdn_decs_stage(int Dk, int Dv) { return ((Dk * Dv + 2 * Dk + Dv) * 4 + 127) / 128 * 128; }
+/* the ring's stages for this shape (up to 4), or 0 where k_gdn_decs does not take it */
+static int gdn_decs_stages(int Dk, int Dv) {
+    if (Dv > GDN_DEC_COLS || Dk % 4 != 0 || Dv % 4 != 0 || gdn_rows(Dk) % 4 != 0) return 0;
+    const int n = GDN_DS_SMEM / gdn_decs_stage(Dk, Dv);
+    return n < 2 ? 0 : n > 4 ? 4 : n;
+}
+static size_t gdn_decs_smem(int Dk, int Dv) {
+    return (size_t)gdn_decs_stages(Dk, Dv) * gdn_decs_stage(Dk, Dv) + 128 + 16 * 4;
+}
+template <int RP>
+__global__ void __launch_bounds__(GDN_DS_THREADS, 1) k_gdn_decs(cu_plan p, cu_gdn_args a, int stages) {
+    static_assert(RP % 4 == 0, "q and k as 16-byte pieces");
+    extern __shared__ float4 gds4[];
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, Dk = a.Dk, Dv = a.Dv, Hv = a.Hv;
+    const int SB = gdn_decs_stage(Dk, Dv);
+    const uint32_t base = (smem_u32(gds4) + 127u) & ~127u, full = base + stages * SB, empty = full + 8 * stages;
+    const uint8_t *ring = (const uint8_t *)gds4 + (base - smem_u32(gds4));
+    const int64_t units = (int64_t)p.n_items * Hv;
+    const int nu = blockIdx.x < units ? (int)((units - blockIdx.x + gridDim.x - 1) / gridDim.x) : 0;
+    if (tid == 0) {
+        for (int s = 0; s < stages; s++) {
+            mbar_init(full + 8 * s, 1);
+            mbar_init(empty + 8 * s, GDN_DEC_WARPS); /* a consumer warp's lane 0 each */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    const uint32_t sbytes = (uint32_t)(Dk * Dv * 4), qbytes = (uint32_t)(Dk * 4), vbytes = (uint32_t)(Dv * 4);
+    if (w == GDN_DEC_WARPS) { /* the producer */
+        if (lane != 0) return;
+        auto state = [&](int i) {
+            const int64_t u = blockIdx.x + (int64_t)i * gridDim.x;
+            const int s = i % stages;
+            const float *Sg = a.rec_state + (size_t)p.slot[u / Hv] * a.rec_stride + (size_t)(u % Hv) * Dv * Dk;
+            bulk_load(base + s * SB, Sg, sbytes, full + 8 * s);
+        };
+        auto inputs = [&](int i) {
+            const int64_t u = blockIdx.x + (int64_t)i * gridDim.x, t = p.item_t0[u / Hv];
+            const int h = (int)(u % Hv), g = h / (Hv / a.Hk), s = i % stages;
+            const float *qr = a.qkv + t * a.cd + (int64_t)g * Dk;
+            const uint32_t st = base + s * SB + sbytes;
+            bulk_load(st, qr, qbytes, full + 8 * s);
+            bulk_load(st + qbytes, qr + a.kd, qbytes, full + 8 * s);
+            bulk_load(st + 2 * qbytes, a.qkv + t * a.cd + 2 * a.kd + (int64_t)h * Dv, vbytes, full + 8 * s);
+        };
+        const int pre = nu < stages ? nu : stages;
+        for (int i = 0; i < pre; i++) {
+            mbar_expect_tx(full + 8 * i, sbytes + 2 * qbytes + vbytes);
+            state(i);
+        }
+        pdl_wait(); /* q, k and v are the predecessors' */
+        for (int i = 0; i < pre; i++) inputs(i);
+        for (int i = pre; i < nu; i++) {
+            const int s = i % stages;
+            mbar_wait(empty + 8 * s, ((i / stages) & 1) ^ 1);
+            mbar_expect_tx(full + 8 * s, sbytes + 2 * qbytes + vbytes);
+            state(i);
+            inputs(i);
+        }
+        return;
+    }
+    pdl_wait(); /* the gates are the predecessors', and mix their input until they are done */
+    const int ra = lane >> 2, r0 = ra * RP, i0 = w * 16 + 4 * (lane & 3); /* FUSED 0's rows and columns */
+    const bool on = i0 < Dv;
+    for (int i = 0; i < nu; i++) {
+        const int64_t u = blockIdx.x + (int64_t)i * gridDim.x;
+        const int it = (int)(u / Hv), h = (int)(u % Hv), s = i % stages;
+        const int64_t t = p.item_t0[it];
+        const float bt = a.b[t * Hv + h], at = a.a[t * Hv + h], dtb = a.dt_bias[h], nea = a.neg_exp_a[h];
+        mbar_wait(full + 8 * s, (i / stages) & 1);
+        const float *st = (const float *)(ring + (size_t)s * SB), *qs = st + Dk * Dv, *ks = qs + Dk;
+        float S[4][RP], q[RP], k[RP];
+#pragma unroll
+        for (int m = 0; m < RP; m++) {
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (on && r0 + m < Dk) v = *(const float4 *)(st + (r0 + m) * Dv + i0);
+            S[0][m] = v.x, S[1][m] = v.y, S[2][m] = v.z, S[3][m] = v.w;
+        }
+#pragma unroll
+        for (int m = 0; m < RP; m += 4) {
+            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f), y = x;
+            if (r0 + m < Dk) x = *(const float4 *)(qs + r0 + m), y = *(const float4 *)(ks + r0 + m);
+            q[m] = x.x, q[m + 1] = x.y, q[m + 2] = x.z, q[m + 3] = x.w;
+            k[m] = y.x, k[m + 1] = y.y, k[m + 2] = y.z, k[m + 3] = y.w;
+        }
+        const float4 v = on ? *(const float4 *)(ks + Dk + i0) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty + 8 * s); /* the warp's values are in its registers */
+        float beta, alpha, o[4];
+        gdn_gates(bt, at, dtb, nea, beta, alpha);
+        gdn_token(S[0], S[1], q, k, make_float2(v.x, v.y), beta, alpha, o[0], o[1]);
+        gdn_token(S[2], S[3], q, k, make_float2(v.z, v.w), beta, alpha, o[2], o[3]);
+        if (ra == 0 && on) *(float4 *)(a.mix + t * a.vd + (int64_t)h * Dv + i0) = make_float4(o[0], o[1], o[2], o[3]);
+        float *Sg = a.rec_state + (size_t)p.slot[it] * a.rec_stride + (size_t)h * Dv * Dk;
+#pragma unroll
+        for (int m = 0; m < RP; m++)
+            if (on && r0 + m < Dk) *(float4 *)(Sg + (size_t)(r0 + m) * Dv + i0) = make_float4(S[0][m], S[1][m], S[2][m], S[3][m]);
+    }
+}
+
 /* k_gdn_dec<., 2>'s shared memory: outputs [Dv], q, k [Dk], v [Dv], the q and k windows [3][2 Dk] */
 static size_t gdn_dec_conv_smem(int Dk, int Dv) { return (size_t)(2 * Dv + 8 * Dk) * sizeof(float); }
 
@@ -494,11 +624,6 @@ __global__ void k_gdn_gnorm(cu_gdn_args a, int64_t n) {
 /* for chunks of cl tokens (a decode step's one token takes little, so more blocks share an SM) */
 static size_t gdn_smem(int Dk, int cl) { return (size_t)2 * cl * gdn_token_floats(Dk) * sizeof(float); }
 
-/* the rows a lane of k_gdn_recur holds (Dk / 8 rounded up to a kernel's), 0: none */
-static int gdn_rows(int Dk) {
-    const int r = (Dk + 7) / 8;
-    return r <= 2 ? 2 : r <= 4 ? 4 : r <= 8 ? 8 : r <= 16 ? 16 : r <= 32 ? 32 : 0;
-}
 
 /* how a step's per-step rule runs: k_gdn_recur, k_gdn_dec (a decode step), or k_gdn_dec's
  * fused forms (a decode step of few items: the norms inside; and the conv) */
@@ -520,6 +645,15 @@ static void gdn_rule(cu_stream s, dim3 gr, const cu_plan *p, const cu_gdn_args *
             return;
         }
     }
+    if constexpr (RP % 4 == 0 && RP <= GDN_DEC_MAX_RP)
+        if (how == GDN_DEC && CU_GDN_DECS && gdn_decs_stages(a->Dk, a->Dv) > 0 &&
+            ((uintptr_t)a->rec_state | (uintptr_t)a->qkv) % 16 == 0 && a->rec_stride % 4 == 0 && a->cd % 4 == 0 &&
+            a->kd % 4 == 0) { /* (the bulk copies' pieces 16-byte aligned) */
+            const int64_t units = (int64_t)p->n_items * a->Hv, sms = mm_sms();
+            launch_pdl(k_gdn_decs<RP>, dim3((unsigned)(units < sms ? units : sms)), dim3(GDN_DS_THREADS),
+                       gdn_decs_smem(a->Dk, a->Dv), s, *p, *a, gdn_decs_stages(a->Dk, a->Dv));
+            return;
+        }
     if (how == GDN_DEC) launch_pdl(k_gdn_dec<RP, 0>, dim3(gr.x, gr.y, (unsigned)((a->Dv + GDN_DEC_COLS - 1) / GDN_DEC_COLS)),
                         dim3(32 * GDN_DEC_WARPS), 0, s, *p, *a);
     else launch_pdl(k_gdn_recur<RP>, gr, dim3(32 * GDN_WARPS), shm, s, *p, *a, cl);
@@ -578,7 +712,12 @@ extern "C" int cu_gdn(cu_stream s, const cu_plan *p, const cu_gdn_args *a, int m
  * (16-byte copies); the shared memory of the largest kernel allowed */
 extern "C" int cu_gdn_prepare(int Dk, int Dv) {
     if (Dk < 4 || Dk % 4 != 0 || gdn_rows(Dk) == 0 || Dv < 4 || Dv % 4 != 0) return -1;
-    const int shm = (int)gdn_smem(Dk, GDN_CHUNK);
+    const int shm = (int)gdn_smem(Dk, GDN_CHUNK), dshm = (int)gdn_decs_smem(Dk, Dv);
+    if (gdn_decs_stages(Dk, Dv) > 0) {
+        cudaFuncSetAttribute(k_gdn_decs<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, dshm);
+        cudaFuncSetAttribute(k_gdn_decs<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, dshm);
+        cudaFuncSetAttribute(k_gdn_decs<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, dshm);
+    }
     cudaFuncSetAttribute(k_gdn_recur<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, shm);
     cudaFuncSetAttribute(k_gdn_recur<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, shm);
     cudaFuncSetAttribute(k_gdn_recur<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, shm);

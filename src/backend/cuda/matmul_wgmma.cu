@@ -41,28 +41,6 @@
 #define WG_SMEM (WG_STAGES * WG_STAGE + 1024 + 2 * WG_STAGES * 8) /* + alignment, barriers */
 #define WG_THREADS 384
 
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-/* until the phase of this parity has completed */
-__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
-    asm volatile("{\n"
-                 ".reg .pred p;\n"
-                 "WAIT:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@p bra.uni DONE;\n"
-                 "bra.uni WAIT;\n"
-                 "DONE:\n"
-                 "}\n" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
-}
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, int c3,
                                             uint32_t bar) {
     asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
@@ -366,6 +344,12 @@ struct ws_shape {
     static constexpr int ACC = BN / 2; /* a consumer thread's accumulators */
 };
 
+/* blocks of the BN-token kernel an SM: 2 where a build sets CU_WS_2BLK and two blocks' stages
+ * fit (64 tokens in 110 KB: two stages of 48 KB each), else 1 */
+#ifndef CU_WS_2BLK
+#define CU_WS_2BLK 0
+#endif
+#define WS_MINB(BN, KB, CL) (CU_WS_2BLK && (BN) == 64 && (KB) <= 110 && (CL) == 1 ? 2 : 1)
 /* CL: the blocks of a cluster (1: the backend's; 2 and 4: mmv_bench ws's variants). With CL >
  * 1, a unit is (group of CL row blocks, stage): the cluster's blocks take the group's row
  * blocks (block q of the cluster row block CL p + q) at the same stages, and each stage's
@@ -407,7 +391,7 @@ __device__ __forceinline__ int ws_mat(const ws_args &a, int64_t R, int64_t *r) {
 }
 
 template <int BN, int KB, int CL, int SP>
-__global__ void __launch_bounds__(WS_THREADS, 1) k_wgmma_stream(const __grid_constant__ ws_maps maps, const ws_args a) {
+__global__ void __launch_bounds__(WS_THREADS, WS_MINB(BN, KB, CL)) k_wgmma_stream(const __grid_constant__ ws_maps maps, const ws_args a) {
     static_assert(CL == 1 || CL == 2 || CL == 4, "clusters of 1, 2 or 4 blocks");
     static_assert(SP == 2 || (SP == 4 && CL == 1), "stages of 2 steps, or of 4 without clusters");
     typedef ws_shape<BN, KB, SP> S;
@@ -751,7 +735,7 @@ static int ws_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *
     a.units = R * a.nk;
     /* a block an SM, as many as the scratch has pieces for (a piece pair a block), in clusters
      * of CL (no more than can run at once: a cluster's blocks share a GPC), none without units */
-    int64_t clusters = mm_sms() / CL;
+    int64_t clusters = mm_sms() / CL * (bn == 64 ? WS_MINB(64, ws_kb(64, KB), CL) : 1);
     if constexpr (CL > 1) {
         if (sc->ws_clusters < 1) return -1;
         clusters = clusters < sc->ws_clusters ? clusters : sc->ws_clusters;

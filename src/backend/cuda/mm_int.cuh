@@ -49,8 +49,6 @@ __device__ __forceinline__ mm_pick mm_select(const mm_group &g) { return mm_sele
 /* matmul_bf16.cu */
 /* the group's block offsets for MT tiles a block; its blocks in all */
 MM_HIDDEN int64_t group_blocks(mm_group *g, int MT);
-/* the current device's SMs (1 where it cannot say) */
-MM_HIDDEN int mm_sms(void);
 /* k_mmvp's (and k_qmvp's) grid for nblk blocks, minb resident an SM */
 MM_HIDDEN unsigned mmvp_grid(int64_t nblk, int minb);
 /* xs[p][n][c] = part p of x[n][c], n < T, c < ldxs (zeros past cols) */

@@ -18,6 +18,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "backend/cuda/cu_common.cuh"
+
 /* whether the current device runs sm_90a code (compute capability 9.0 alone) */
 static inline bool wg_device_runs_sm90a(void) {
     int dev = 0, major = 0, minor = 0;
@@ -27,7 +29,6 @@ static inline bool wg_device_runs_sm90a(void) {
            minor == 0;
 }
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
 /* a shared-memory matrix descriptor: K-major rows of 64 bytes under the 64-byte swizzle, 8-row
  * groups 512 bytes apart (the leading offset is unused in this layout) */
