@@ -68,6 +68,8 @@ if part 1; then
 fi
 # 2. bf16 prefill, prev and new, twice round
 vs="prev $(cd var && ls *.so | sed 's/\.so$//' | grep -vx 'prev\|new' | tr '\n' ' ')new"
+# on an H100, the libraries named in H100_SKIP stay out (measured there before)
+case "$(cat $O/smi.txt)" in *H100*) for v in ${H100_SKIP:-}; do vs=$(echo " $vs " | sed "s/ $v / /; s/^ //; s/ $//"); done ;; esac
 # every library of $vs twice round, in that order: F (the logs' prefix), WHAT, the table to
 # show, then the bench's arguments
 rounds() {
@@ -100,6 +102,18 @@ if part o; then
 fi
 # d. decode side by side (batches $DB, after a 128-token prompt): prev, the other var/NAME.so, new
 part d && rounds d decode decode --prompts 128 --batches ${DB:-16,64}
+# t. the README table's 27B bf16 rows for new: `exact` and `bf16` (TPREC), prefill 512 / 2,048 / 8,192 and
+# decode at batches ${TB:-1,4,16,32,64}
+if part t; then
+    use new
+    for p in ${TPREC:-exact bf16}; do
+        kv=; [ $p = bf16 ] && kv="--kv-dtype bf16"
+        tl 150 $S bench --device cuda --synth 27b --dtype bf16 --precision $p $kv --prompts ${TP:-512,2048,8192} \
+            --batches ${TB:-1,4,16,32,64} >$O/t_$p.txt 2>$O/t_$p.err
+        echo "table $p rc $? $(el)"
+        grep -E "^(prefill|decode)|floor|^ *[0-9]+ " $O/t_$p.txt | cut -c1-140
+    done
+fi
 # 3. the prefill by operation
 if part 3; then
     for v in new ${OPV:-}; do
@@ -161,10 +175,17 @@ if part s; then
         $O/ws_details.txt | cut -c1-140 | head -40
 fi
 # a. a decode step's attention kernels under Nsight Compute (batch ${OB:-64}, AT_SKIP launches
-# of each skipped)
+# of each skipped: 40, past the warm-up step's 16 (batch 1) and a batch-64 step's)
 if part a; then
-    prof atts k_attn_split ${AT_SKIP:-2} $B --prompts 128 --batches ${OB:-64} --decode-s 0.1
-    prof attm k_attn_merge ${AT_SKIP:-2} $B --prompts 128 --batches ${OB:-64} --decode-s 0.1
+    prof atts k_attn_split ${AT_SKIP:-40} $B --prompts 128 --batches ${OB:-64} --decode-s 0.1
+    prof attm k_attn_merge ${AT_SKIP:-40} $B --prompts 128 --batches ${OB:-64} --decode-s 0.1
+fi
+# r. the delta rule's decode kernel under Nsight Compute in a batch-${OB:-64} step (RS_SKIP
+# launches skipped: the warm-up step's 48 (batch 1, fused), two batch-64 steps' 96, then 5)
+if part r; then
+    prof gdnd 'k_gdn_dec' ${RS_SKIP:-149} $B --prompts 128 --batches ${OB:-64} --decode-s 0.1
+    grep -E "Stall|stall|Throughput|Hit Rate|Busy|Bandwidth|Elapsed Cycles|SM Frequency|DRAM Frequency|Theoretical Occ|Achieved Occ|Waves|Block Limit" \
+        $O/gdnd_details.txt | cut -c1-140 | head -40
 fi
 # 9. the chunked rule's kernels under Nsight Compute (the same prefill as 5)
 if part 9; then

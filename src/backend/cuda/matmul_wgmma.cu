@@ -345,7 +345,10 @@ struct ws_shape {
 };
 
 /* blocks of the BN-token kernel an SM: 2 where a build sets CU_WS_2BLK and two blocks' stages
- * fit (64 tokens in 110 KB: two stages of 48 KB each), else 1 */
+ * fit (64 tokens in 110 KB: two stages of 48 KB each, 95 registers a thread), else 1. Twice the
+ * bytes in flight, but no room for the next launch's block beside a draining one: on an H100
+ * (2026-12-06) decode at 64 sequences 1,913-1,917 against 2,004-2,006 tok/s, so 0; the H200,
+ * which wants more bytes in flight, is not measured */
 #ifndef CU_WS_2BLK
 #define CU_WS_2BLK 0
 #endif
