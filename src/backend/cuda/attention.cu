@@ -624,16 +624,37 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) k_attn_tc(cu_plan p, cu_attn_a
  * decode graph replays at every length): k_attn_split's blocks take the units in turn; where
  * the step's chunks outnumber the scratch's (sequences sharing a prefix's blocks), its blocks
  * take whole (item, KV head) tiles as k_attn_tc does and k_attn_merge does nothing. */
-__device__ __forceinline__ int64_t dec_chunks(const cu_plan &p, int items) {
-    int64_t n = 0;
-    for (int i = 0; i < items; i++) n += p.pos0[i] / ATT_CH + 1;
-    return n;
+/* the step's chunks before item `upto` (into *before) and in all, by the whole block (every
+ * thread calls it; blockDim.x a multiple of 32, at most 1,024): one pass over the items
+ * shared by the threads (every thread walking them all was most of k_attn_merge's time: 30
+ * us a layer at 64 items on an H100, Nsight Compute) */
+__device__ int64_t dec_chunks_block(const cu_plan &p, int upto, int64_t *before) {
+    __shared__ int64_t red[2][32];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int64_t b = 0, all = 0;
+    for (int i = threadIdx.x; i < p.n_items; i += blockDim.x) {
+        const int64_t c = p.pos0[i] / ATT_CH + 1;
+        all += c;
+        if (i < upto) b += c;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        b += __shfl_xor_sync(FULL, b, o);
+        all += __shfl_xor_sync(FULL, all, o);
+    }
+    __syncthreads(); /* red is free (a caller's earlier call is done with it) */
+    if (lane == 0) red[0][w] = b, red[1][w] = all;
+    __syncthreads();
+    b = 0, all = 0;
+    for (int i = 0; i < nw; i++) b += red[0][i], all += red[1][i];
+    *before = b;
+    return all;
 }
 
 template <int QP, int KP, int NQ>
 __global__ void __launch_bounds__(ATT_THREADS, NQ == 1 ? 2 : 1) k_attn_split(cu_plan p, cu_attn_args a, cu_kv kv) {
     pdl_wait();
-    const int64_t total = dec_chunks(p, p.n_items);
+    int64_t none;
+    const int64_t total = dec_chunks_block(p, 0, &none);
     const int G = a.nh / a.nkv;
     if (total > a.split_chunks) {
         for (int64_t u = blockIdx.x; u < (int64_t)p.n_items * a.nkv; u += gridDim.x) {
@@ -656,10 +677,11 @@ __global__ void __launch_bounds__(ATT_THREADS, NQ == 1 ? 2 : 1) k_attn_split(cu_
 /* a block per (item, query head), a thread per dim: the chunks merged in order, then the gate */
 __global__ void k_attn_merge(cu_plan p, cu_attn_args a) {
     pdl_wait();
-    if (dec_chunks(p, p.n_items) > a.split_chunks) return; /* k_attn_split took the tiles whole */
     const int it = blockIdx.x, j = blockIdx.y, e = threadIdx.x, hd = a.hd, E = hd + 2;
+    int64_t first; /* item it's first chunk */
+    if (dec_chunks_block(p, it, &first) > a.split_chunks) return; /* k_attn_split took the tiles whole */
     const int64_t nch = p.pos0[it] / ATT_CH + 1;
-    const float *pp = a.split + ((size_t)dec_chunks(p, it) * a.nh + j) * E;
+    const float *pp = a.split + ((size_t)first * a.nh + j) * E;
     float m = -INFINITY, l = 0.0f, o = 0.0f;
     for (int64_t c = 0; c < nch; c++, pp += (size_t)a.nh * E) {
         const float mc = pp[0], lc = pp[1];
