@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # One device call's measurements (a GPU machine's time is short and often none starts: build
-# and pack here, run this there). Session 34 (on an H100; README has each): k_wgmma_stream's
-# stages of 4 steps and k_gdn_dec's blocks of 8 warps, kept (PARTS=wd24, DB=1,16,24,32,48,64;
-# PARTS=do4); `make test-gpu` 16 of 16 on main's final build (PARTS=wd4a). Nothing is pending:
-# the next change brings its own pack. Letter parts: s (k_wgmma_stream under Nsight Compute in
-# a decode step), a (decode attention's kernels under Nsight Compute: AT_SKIP 2 caught a
-# batch-1 step's), w (mmv_bench ws), d (decode side by side at batches $DB), o (a
+# and pack here, run this there). Session 35 (on H100s; README has each): k_gdn_decs and the
+# attention kernels' chunk count, kept (PARTS=84 then wd DB=16,64; PARTS=d4 DB=16,64), with
+# `make test-gpu` 16 of 16 on the final build; this build's bf16 table row on the H100
+# (PARTS=t TPREC=bf16). Nothing is pending: the next change brings its own pack. Letter
+# parts: s (k_wgmma_stream under Nsight Compute in a decode step), a (decode attention's
+# kernels under Nsight Compute), r (the rule's decode kernel so), t (the README table's rows),
+# w (mmv_bench ws), d (decode side by side at batches $DB), o (a
 # decode step by operation, prev and var/$OPV), g (k_wgmma under Nsight Compute, from
 # var/nb.so), b (the library's kernel for the same product), m (MLX batch-1 decode). Earlier
 # parts, kept for the next changes to their kernels:
