@@ -488,6 +488,64 @@ static size_t srv_header_bytes(struct MHD_Connection *c, const char *url, const 
 /* 431 for a header block over max_header (srv.h, HEADER_RESERVE), written to the socket
  * directly: libmicrohttpd may have no room left to build a reply; then the connection closes
  * (MHD_NO: libmicrohttpd shuts its writing side down after these bytes) */
+void srv_linger_init(srv *s) {
+    pthread_mutex_init(&s->linger_mu, NULL);
+    for (int i = 0; i < LINGER_SOCKETS; i++) s->linger_fd[i] = -1;
+}
+
+/* slot i's socket closes (linger_mu held) */
+static void linger_close(srv *s, int i) {
+    epoll_ctl(s->epoll_fd, EPOLL_CTL_DEL, s->linger_fd[i], NULL);
+    close(s->linger_fd[i]);
+    s->linger_fd[i] = -1;
+}
+
+void srv_linger(srv *s, int fd) {
+    pthread_mutex_lock(&s->linger_mu);
+    int i = 0;
+    while (i < LINGER_SOCKETS && s->linger_fd[i] >= 0) i++;
+    const int d = i < LINGER_SOCKETS && s->epoll_fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
+    if (d >= 0) {
+        /* the answer is out: a FIN after it, and the bytes behind it read until the client closes */
+        shutdown(d, SHUT_WR);
+        fcntl(d, F_SETFL, fcntl(d, F_GETFL) | O_NONBLOCK);
+        struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.u64 = LINGER_TAG | (uint64_t)i};
+        if (epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, d, &ev) == 0) {
+            s->linger_fd[i] = d;
+            s->linger_until[i] = st_now_s() + LINGER_S;
+            s->linger_left[i] = LINGER_BYTES;
+        } else {
+            close(d);
+        }
+    }
+    pthread_mutex_unlock(&s->linger_mu);
+}
+
+void srv_linger_read(srv *s, uint64_t slot) {
+    char buf[16384];
+    pthread_mutex_lock(&s->linger_mu);
+    const int i = (int)(slot & ~LINGER_TAG);
+    if (i >= 0 && i < LINGER_SOCKETS && s->linger_fd[i] >= 0) {
+        for (;;) {
+            const ssize_t n = recv(s->linger_fd[i], buf, sizeof buf, MSG_DONTWAIT);
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break; /* more later */
+            if (n <= 0 || (size_t)n >= s->linger_left[i]) { /* the client closed, or it sent enough */
+                linger_close(s, i);
+                break;
+            }
+            s->linger_left[i] -= (size_t)n;
+        }
+    }
+    pthread_mutex_unlock(&s->linger_mu);
+}
+
+void srv_linger_sweep(srv *s, double now) {
+    pthread_mutex_lock(&s->linger_mu);
+    for (int i = 0; i < LINGER_SOCKETS; i++)
+        if (s->linger_fd[i] >= 0 && (now < 0 || now >= s->linger_until[i])) linger_close(s, i);
+    pthread_mutex_unlock(&s->linger_mu);
+}
+
 static enum MHD_Result srv_refuse_headers(srv *s, struct MHD_Connection *c, const char *method, size_t bytes) {
     st_oai_error e;
     st_oai_error_set(&e, 431, "invalid_request_error", NULL, "request_header_fields_too_large",
@@ -504,8 +562,12 @@ static enum MHD_Result srv_refuse_headers(srv *s, struct MHD_Connection *c, cons
     free(body);
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     /* a fresh request's socket has sent everything before it: these few bytes fit its buffer */
-    if (ci && n > 0 && (size_t)n < sizeof msg && send(ci->connect_fd, msg, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
-        ST_DEBUG("http: the 431 could not be written: %s", strerror(errno));
+    if (ci && n > 0 && (size_t)n < sizeof msg) {
+        if (send(ci->connect_fd, msg, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
+            ST_DEBUG("http: the 431 could not be written: %s", strerror(errno));
+        else
+            srv_linger(s, ci->connect_fd); /* a body behind the headers must not reset the connection before it is read */
+    }
     st_metrics_count_status(&s->metrics, 431);
     return MHD_NO;
 }

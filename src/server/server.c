@@ -73,17 +73,22 @@ static void on_hangup(srv *s, uint64_t serial) {
     }
 }
 
-/* hang-ups of suspended connections, and keep-alive comments for idle streams */
+/* hang-ups of suspended connections, lingering sockets' bytes (and their time), and keep-alive
+ * comments for idle streams */
 static void *watch_main(void *arg) {
     srv *s = arg;
     double last_tick = 0;
     while (!atomic_load(&s->stopping)) {
         struct epoll_event evs[64];
         int n = epoll_wait(s->epoll_fd, evs, 64, 250);
-        for (int i = 0; i < n; i++) on_hangup(s, evs[i].data.u64);
+        for (int i = 0; i < n; i++) {
+            if (evs[i].data.u64 & LINGER_TAG) srv_linger_read(s, evs[i].data.u64);
+            else on_hangup(s, evs[i].data.u64);
+        }
         double t = st_now_s();
         if (t - last_tick < 0.25) continue;
         last_tick = t;
+        srv_linger_sweep(s, t);
         pthread_mutex_lock(&s->streams_mu);
         for (stream *st = s->streams; st; st = st->next) {
             pthread_mutex_lock(&st->mu);
@@ -294,6 +299,7 @@ st_status st_server_run(const st_server_params *p, volatile sig_atomic_t *stop, 
     pthread_mutex_init(&s->streams_mu, NULL);
     pthread_mutex_init(&s->prep_mu, NULL);
     pthread_cond_init(&s->prep_cv, NULL);
+    srv_linger_init(s);
     st_metrics_init(&s->metrics);
     atomic_store(&s->health, HEALTH_LOADING);
     if (p->model_name && *p->model_name) {
@@ -402,6 +408,7 @@ out:
         s->streams = x->next;
         srv_stream_free(x);
     }
+    srv_linger_sweep(s, -1.0); /* (MHD and the watcher are gone) */
     if (s->epoll_fd >= 0) close(s->epoll_fd);
     free(s->prep_ring);
     free(s->prep_threads);
@@ -415,6 +422,7 @@ out:
     pthread_mutex_destroy(&s->streams_mu);
     pthread_mutex_destroy(&s->prep_mu);
     pthread_cond_destroy(&s->prep_cv);
+    pthread_mutex_destroy(&s->linger_mu);
     free(s);
     return st;
 }

@@ -27,6 +27,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
 #include <microhttpd.h>
@@ -72,6 +73,15 @@ enum { HEALTH_LOADING = 0, HEALTH_READY = 1, HEALTH_UNHEALTHY = 2 };
  * max_header is answered 431 before anything else (srv_refuse_headers): the reserve holds every
  * other reply's header block; blocks past the pool get libmicrohttpd's own 431. */
 #define HEADER_RESERVE ((size_t)16 << 10)
+/* A refused request's socket is kept open a while after its answer, its unread bytes read and
+ * dropped (a lingering close): a socket closed with bytes unread resets the connection, and the
+ * client can lose the answer (a 431 before a request body). LINGER_SOCKETS at once (more close
+ * at once), each for at most LINGER_S seconds and LINGER_BYTES bytes; the watcher's epoll
+ * data of one is LINGER_TAG | its slot. */
+#define LINGER_SOCKETS 32
+#define LINGER_S 2.0
+#define LINGER_BYTES ((size_t)16 << 20)
+#define LINGER_TAG (1ull << 63)
 
 /* ---------------------------------------------------------------------------------------- */
 /* growable byte buffers (HTTP and prep threads only) */
@@ -243,6 +253,11 @@ struct srv {
     int prep_stop;
     atomic_ullong id_counter;
     uint64_t id_salt;
+    /* lingering sockets (linger_mu): a duplicate of each, -1 where a slot is free */
+    pthread_mutex_t linger_mu;
+    int linger_fd[LINGER_SOCKETS];
+    double linger_until[LINGER_SOCKETS];
+    size_t linger_left[LINGER_SOCKETS];
 };
 
 /* per HTTP request state */
@@ -284,6 +299,10 @@ ssize_t srv_sse_reader(void *cls, uint64_t pos, char *buf, size_t max);
 void srv_sse_reader_free(void *cls);
 
 /* ---- http.c: plumbing, routes, request preparation ---- */
+void srv_linger_init(srv *s);                    /* every slot free */
+void srv_linger(srv *s, int fd);                 /* HTTP thread: fd's socket lingers (a duplicate) */
+void srv_linger_read(srv *s, uint64_t slot);     /* the watcher: its bytes read and dropped */
+void srv_linger_sweep(srv *s, double now);       /* the watcher: those past their time close; now < 0: all */
 enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                const char *version, const char *upload, size_t *upload_size, void **con_cls);
 void srv_on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe);
