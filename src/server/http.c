@@ -485,9 +485,7 @@ static size_t srv_header_bytes(struct MHD_Connection *c, const char *url, const 
     return n;
 }
 
-/* 431 for a header block over max_header (srv.h, HEADER_RESERVE), written to the socket
- * directly: libmicrohttpd may have no room left to build a reply; then the connection closes
- * (MHD_NO: libmicrohttpd shuts its writing side down after these bytes) */
+/* lingering sockets (srv.h, LINGER_*): the HTTP threads add them, the watcher reads and closes them */
 void srv_linger_init(srv *s) {
     pthread_mutex_init(&s->linger_mu, NULL);
     for (int i = 0; i < LINGER_SOCKETS; i++) s->linger_fd[i] = -1;
@@ -546,6 +544,10 @@ void srv_linger_sweep(srv *s, double now) {
     pthread_mutex_unlock(&s->linger_mu);
 }
 
+/* 431 for a header block over max_header (srv.h, HEADER_RESERVE), written to the socket
+ * directly: libmicrohttpd may have no room left to build a reply; then the connection closes
+ * (MHD_NO: libmicrohttpd shuts its writing side down after these bytes) and the socket
+ * lingers (srv_linger) */
 static enum MHD_Result srv_refuse_headers(srv *s, struct MHD_Connection *c, const char *method, size_t bytes) {
     st_oai_error e;
     st_oai_error_set(&e, 431, "invalid_request_error", NULL, "request_header_fields_too_large",
