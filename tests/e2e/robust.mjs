@@ -162,28 +162,43 @@ await attempt('idle connections', async () => {
 });
 
 // ---- 3b. header blocks near the limit (64 KiB) ----
-// a GET /health on a connection of its own with an X-A header of n bytes: the status, 0 when the
-// server closes without answering, -1 when it does not answer within 5 s; the body
-function headerGet(base, n) {
+// a request's head (and `body` bytes of spaces behind it) on a connection of its own: the status,
+// 0 when the server closes without answering, -1 when it does not answer within 5 s; the body;
+// the socket's error
+function rawExchange(base, head, body = 0) {
   return new Promise((res) => {
     const u = new URL(base);
-    let text = '', settled = false;
-    const end = () => {
+    let text = '', err = null, settled = false;
+    const end = (timedOut) => {
       if (settled) return;
       settled = true;
       s.destroy();
       const m = text.match(/^HTTP\/1\.1 (\d+)/);
-      res({ n, status: m ? Number(m[1]) : 0, body: text.slice(text.indexOf('\r\n\r\n') + 4) });
+      res({ status: timedOut === true ? -1 : m ? Number(m[1]) : 0, body: text.slice(text.indexOf('\r\n\r\n') + 4), err });
     };
-    const s = net.connect(Number(u.port), u.hostname,
-      () => s.write(`GET /health HTTP/1.1\r\nHost: x\r\nX-A: ${'a'.repeat(n)}\r\nConnection: close\r\n\r\n`));
+    const s = net.connect(Number(u.port), u.hostname, () => {
+      s.write(head);
+      const chunk = Buffer.alloc(65536, 32);
+      let left = body;
+      const pump = () => {
+        while (left > 0) {
+          const k = Math.min(left, chunk.length);
+          left -= k;
+          if (!s.write(chunk.subarray(0, k))) { s.once('drain', pump); return; }
+        }
+      };
+      pump();
+    });
     s.on('data', (d) => { text += d; });
     s.on('end', end);
     s.on('close', end);
-    s.on('error', end);
-    setTimeout(() => { if (!settled) { text = ''; end(); res({ n, status: -1 }); } }, 5000);
+    s.on('error', (e) => { err = e.code; end(); });
+    setTimeout(() => end(true), 5000);
   });
 }
+// a GET /health with an X-A header of n bytes
+const headerGet = async (base, n) =>
+  ({ n, ...await rawExchange(base, `GET /health HTTP/1.1\r\nHost: x\r\nX-A: ${'a'.repeat(n)}\r\nConnection: close\r\n\r\n`) });
 await attempt('header blocks near the limit', async () => {
   // libmicrohttpd 0.9.75 kept such headers in its connection's pool and closed, unanswered, a
   // request that left too little room for the reply (an X-A of 65,096-65,279 bytes did)
@@ -203,38 +218,9 @@ await attempt('header blocks near the limit', async () => {
   const h = await freshGet(MAIN, '/health');
   check(h === 200, 'the server answers as before', h);
 });
-// a POST with an X-A header of n bytes and a body of `body` bytes sent behind it: the status
-// read (0: none came, the connection reset), the socket's error
-function headerPost(base, n, body) {
-  return new Promise((res) => {
-    const u = new URL(base);
-    let text = '', err = null, settled = false;
-    const s = net.connect(Number(u.port), u.hostname, () => {
-      s.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-A: ${'a'.repeat(n)}\r\n` +
-        `Content-Type: application/json\r\nContent-Length: ${body}\r\n\r\n`);
-      const chunk = Buffer.alloc(65536, 32);
-      let left = body;
-      const pump = () => {
-        while (left > 0) {
-          const k = Math.min(left, chunk.length);
-          left -= k;
-          if (!s.write(chunk.subarray(0, k))) { s.once('drain', pump); return; }
-        }
-      };
-      pump();
-    });
-    const end = () => {
-      if (settled) return;
-      settled = true;
-      s.destroy();
-      res({ status: Number((text.match(/^HTTP\/1\.1 (\d+)/) || [])[1] || 0), err });
-    };
-    s.on('data', (d) => { text += d; });
-    s.on('error', (e) => { err = e.code; end(); });
-    s.on('close', end);
-    setTimeout(end, 5000);
-  });
-}
+// a POST with an X-A header of n bytes and a body of `body` bytes sent behind it
+const headerPost = (base, n, body) => rawExchange(base, `POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n` +
+  `X-A: ${'a'.repeat(n)}\r\nContent-Type: application/json\r\nContent-Length: ${body}\r\n\r\n`, body);
 await attempt('too large a header block before a body', async () => {
   // the 431 is written and the connection closed before the body is read: closed with bytes
   // unread, a socket resets the connection, and the client lost the 431 (29 of 40 with a
