@@ -416,7 +416,33 @@ __device__ __forceinline__ void atc_tile(const cu_plan &p, const cu_attn_args &a
         __syncthreads(); /* the previous chunk's V^T, weights and rows are read */
         if (tid < ATT_CH) krow[tid] = c0 + tid <= pos_last ? (int64_t)kv_index(kv, p, it, a.li, 0, h, c0 + tid) : -1;
         __syncthreads();
-        { /* K rows as parts, [part][position][dim]: every load in flight before the first store */
+        /* a bf16 pool's K and V taken as one part (KP 1): loaded as stored and stored as they came
+         * (a bf16 value is its own one part; V's pairs by a byte permute), V's rows prefetched into
+         * L2 as K's loads go out, so that its loads after the scores meet L2: the same bits */
+        const bool raw = KP == 1 && kv.bf16;
+        if (raw) {
+            const uint16_t *kb = (const uint16_t *)kv.base;
+            uint4 kraw[ATC_KI];
+#pragma unroll
+            for (int k = 0; k < ATC_KI; k++) {
+                const int i = tid + k * ATT_THREADS, r = i / H8, e0 = (i % H8) * 8;
+                kraw[k] = make_uint4(0u, 0u, 0u, 0u);
+                if (i < ATT_CH * H8 && krow[r] >= 0) kraw[k] = *(const uint4 *)(kb + krow[r] + e0);
+            }
+            /* V's rows on their way into L2 while K's come and the scores run */
+#pragma unroll
+            for (int k = 0; k < ATC_KI; k++) {
+                const int i = tid + k * ATT_THREADS, r = i / H8, e0 = (i % H8) * 8;
+                if (i < ATT_CH * H8 && krow[r] >= 0 && e0 % 64 == 0)
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(kb + krow[r] + vstep + e0));
+            }
+#pragma unroll
+            for (int k = 0; k < ATC_KI; k++) {
+                const int i = tid + k * ATT_THREADS, r = i / H8, e0 = (i % H8) * 8;
+                if (i >= ATT_CH * H8) break;
+                *(uint4 *)(kvs + r * QS + e0) = kraw[k];
+            }
+        } else { /* K rows as parts, [part][position][dim]: every load in flight before the first store */
             float v[ATC_KI][8];
 #pragma unroll
             for (int k = 0; k < ATC_KI; k++) {
@@ -477,7 +503,29 @@ __device__ __forceinline__ void atc_tile(const cu_plan &p, const cu_attn_args &a
         __syncthreads();
         /* V^T as parts, [part][dim][position]: a thread two positions by 8 dims (a warp's
          * threads the 32 position pairs of 8 dims: their stores fall in distinct banks) */
-        {
+        if (raw) { /* dim e of the two rows: half e % 2 of word e / 2 of each */
+            const uint16_t *kb = (const uint16_t *)kv.base;
+            uint4 vraw[ATC_KI / 2][2];
+#pragma unroll
+            for (int k = 0; k < ATC_KI / 2; k++) {
+                const int i = tid + k * ATT_THREADS, pr = (i % (ATT_CH / 2)) * 2, e0 = (i / (ATT_CH / 2)) * 8;
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    vraw[k][u] = make_uint4(0u, 0u, 0u, 0u);
+                    if (i < (ATT_CH / 2) * H8 && krow[pr + u] >= 0) vraw[k][u] = *(const uint4 *)(kb + krow[pr + u] + vstep + e0);
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < ATC_KI / 2; k++) {
+                const int i = tid + k * ATT_THREADS, pr = (i % (ATT_CH / 2)) * 2, e0 = (i / (ATT_CH / 2)) * 8;
+                if (i >= (ATT_CH / 2) * H8) break;
+                const uint32_t w0[4] = {vraw[k][0].x, vraw[k][0].y, vraw[k][0].z, vraw[k][0].w};
+                const uint32_t w1[4] = {vraw[k][1].x, vraw[k][1].y, vraw[k][1].z, vraw[k][1].w};
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    *(uint32_t *)(kvs + (e0 + e) * VS + pr) = __byte_perm(w0[e / 2], w1[e / 2], e % 2 ? 0x7632 : 0x5410);
+            }
+        } else {
             float v[ATC_KI / 2][2][8];
 #pragma unroll
             for (int k = 0; k < ATC_KI / 2; k++) {
