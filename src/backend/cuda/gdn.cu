@@ -321,6 +321,41 @@ __global__ void __launch_bounds__(32 * GDN_WARPS) k_gdn_recur(cu_plan p, cu_gdn_
 #define GDN_DEC_MAX_RP 16  /* FUSED: key dims up to 128 (more rows a lane spill under its 128 registers) */
 #define GDN_DEC_FUSED_MAX CU_GDN_DEC_FUSED_MAX /* decode steps of up to this many items take FUSED */
 #define GDN_CONV_PER 2       /* FUSED 2: channels a thread convolves at most (2 Dk + Dv <= 4 Dv) */
+/* a decode lane's part of a head's state Sh [Dk][Dv]: rows r0 .. r0 + RP - 1, columns i0 .. i0 + 3
+ * (on: i0 < Dv), S[c][m] column i0 + c of row r0 + m (zeros off the state); and back */
+template <int RP>
+__device__ __forceinline__ void gdn_lane_load(const float *Sh, int Dk, int Dv, int r0, int i0, bool on, float (&S)[4][RP]) {
+#pragma unroll
+    for (int m = 0; m < RP; m++) {
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (on && r0 + m < Dk) v = *(const float4 *)(Sh + (size_t)(r0 + m) * Dv + i0);
+        S[0][m] = v.x, S[1][m] = v.y, S[2][m] = v.z, S[3][m] = v.w;
+    }
+}
+template <int RP>
+__device__ __forceinline__ void gdn_lane_store(float *Sh, int Dk, int Dv, int r0, int i0, bool on, const float (&S)[4][RP]) {
+#pragma unroll
+    for (int m = 0; m < RP; m++)
+        if (on && r0 + m < Dk) *(float4 *)(Sh + (size_t)(r0 + m) * Dv + i0) = make_float4(S[0][m], S[1][m], S[2][m], S[3][m]);
+}
+/* the lane's rows r0 .. r0 + RP - 1 of q and k (zeros past Dk); Dk and r0 are multiples of 4
+ * where RP is (cu_gdn_prepare): whole 16-byte pieces */
+template <int RP>
+__device__ __forceinline__ void gdn_lane_qk(const float *qr, const float *kr, int Dk, int r0, float (&q)[RP], float (&k)[RP]) {
+#pragma unroll
+    for (int m = 0; m < RP; m += (RP % 4 == 0 ? 4 : 1)) {
+        if constexpr (RP % 4 == 0) {
+            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f), y = x;
+            if (r0 + m < Dk) x = *(const float4 *)(qr + r0 + m), y = *(const float4 *)(kr + r0 + m);
+            q[m] = x.x, q[m + 1] = x.y, q[m + 2] = x.z, q[m + 3] = x.w;
+            k[m] = y.x, k[m + 1] = y.y, k[m + 2] = y.z, k[m + 3] = y.w;
+        } else {
+            q[m] = r0 + m < Dk ? qr[r0 + m] : 0.0f;
+            k[m] = r0 + m < Dk ? kr[r0 + m] : 0.0f;
+        }
+    }
+}
+
 template <int RP, int FUSED, bool QI = false>
 __global__ void __launch_bounds__(FUSED ? 32 * GDN_DEC_MAX_DV / 16 : 32 * GDN_DEC_WARPS) k_gdn_dec(cu_plan p, cu_gdn_args a) {
     if constexpr (!FUSED) pdl_wait();
@@ -332,12 +367,7 @@ __global__ void __launch_bounds__(FUSED ? 32 * GDN_DEC_MAX_DV / 16 : 32 * GDN_DE
     const int slot = p.slot[it];
     float *Sg = a.rec_state + (size_t)slot * a.rec_stride + (size_t)h * Dv * Dk;
     float S[4][RP];
-#pragma unroll
-    for (int m = 0; m < RP; m++) {
-        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (on && r0 + m < Dk) v = *(const float4 *)(Sg + (size_t)(r0 + m) * Dv + i0);
-        S[0][m] = v.x, S[1][m] = v.y, S[2][m] = v.z, S[3][m] = v.w;
-    }
+    gdn_lane_load(Sg, Dk, Dv, r0, i0, on, S);
     const int64_t t = p.item_t0[it];
     float *cq = gdn_o + Dv, *ck = cq + Dk, *cv = ck + Dk; /* FUSED 2: the convolved inputs */
     /* FUSED 2: channel j < 2 Dk is q's (j < Dk) or k's of key head g, then v's of head h */
@@ -399,19 +429,7 @@ __global__ void __launch_bounds__(FUSED ? 32 * GDN_DEC_MAX_DV / 16 : 32 * GDN_DE
         qr = cq, kr = ck;
     }
     float q[RP], k[RP];
-    /* Dk and r0 are multiples of 4 where RP is (cu_gdn_prepare): whole 16-byte pieces in or out */
-#pragma unroll
-    for (int m = 0; m < RP; m += (RP % 4 == 0 ? 4 : 1)) {
-        if constexpr (RP % 4 == 0) {
-            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f), y = x;
-            if (r0 + m < Dk) x = *(const float4 *)(qr + r0 + m), y = *(const float4 *)(kr + r0 + m);
-            q[m] = x.x, q[m + 1] = x.y, q[m + 2] = x.z, q[m + 3] = x.w;
-            k[m] = y.x, k[m + 1] = y.y, k[m + 2] = y.z, k[m + 3] = y.w;
-        } else {
-            q[m] = r0 + m < Dk ? qr[r0 + m] : 0.0f;
-            k[m] = r0 + m < Dk ? kr[r0 + m] : 0.0f;
-        }
-    }
+    gdn_lane_qk(qr, kr, Dk, r0, q, k);
     if constexpr (FUSED) { /* k_gdn_qknorm's in-place products, in registers */
         const float sq = gdn_l2_scale(qr, Dk, true), sk = gdn_l2_scale(kr, Dk, false);
 #pragma unroll
@@ -425,9 +443,7 @@ __global__ void __launch_bounds__(FUSED ? 32 * GDN_DEC_MAX_DV / 16 : 32 * GDN_DE
     gdn_token(S[2], S[3], q, k, make_float2(v.z, v.w), beta, alpha, o[2], o[3]);
     float *mo = a.mix + t * a.vd + (int64_t)h * Dv;
     if (ra == 0 && on) *(float4 *)((FUSED ? gdn_o : mo) + i0) = make_float4(o[0], o[1], o[2], o[3]);
-#pragma unroll
-    for (int m = 0; m < RP; m++)
-        if (on && r0 + m < Dk) *(float4 *)(Sg + (size_t)(r0 + m) * Dv + i0) = make_float4(S[0][m], S[1][m], S[2][m], S[3][m]);
+    gdn_lane_store(Sg, Dk, Dv, r0, i0, on, S);
     if constexpr (FUSED) { /* the gated norm of the head */
         if (FUSED == 2 && threadIdx.x == 0) {
             last = seen == ratio - 1;
@@ -568,19 +584,8 @@ __global__ void __launch_bounds__(GDN_DS_THREADS, 1) k_gdn_decs(cu_plan p, cu_gd
         mbar_wait(full + 8 * s, (i / stages) & 1);
         const float *st = (const float *)(ring + (size_t)s * SB), *qs = st + Dk * Dv, *ks = qs + Dk;
         float S[4][RP], q[RP], k[RP];
-#pragma unroll
-        for (int m = 0; m < RP; m++) {
-            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (on && r0 + m < Dk) v = *(const float4 *)(st + (r0 + m) * Dv + i0);
-            S[0][m] = v.x, S[1][m] = v.y, S[2][m] = v.z, S[3][m] = v.w;
-        }
-#pragma unroll
-        for (int m = 0; m < RP; m += 4) {
-            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f), y = x;
-            if (r0 + m < Dk) x = *(const float4 *)(qs + r0 + m), y = *(const float4 *)(ks + r0 + m);
-            q[m] = x.x, q[m + 1] = x.y, q[m + 2] = x.z, q[m + 3] = x.w;
-            k[m] = y.x, k[m + 1] = y.y, k[m + 2] = y.z, k[m + 3] = y.w;
-        }
+        gdn_lane_load(st, Dk, Dv, r0, i0, on, S);
+        gdn_lane_qk(qs, ks, Dk, r0, q, k);
         const float4 v = on ? *(const float4 *)(ks + Dk + i0) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         __syncwarp();
         if (lane == 0) mbar_arrive(empty + 8 * s); /* the warp's values are in its registers */
@@ -589,10 +594,7 @@ __global__ void __launch_bounds__(GDN_DS_THREADS, 1) k_gdn_decs(cu_plan p, cu_gd
         gdn_token(S[0], S[1], q, k, make_float2(v.x, v.y), beta, alpha, o[0], o[1]);
         gdn_token(S[2], S[3], q, k, make_float2(v.z, v.w), beta, alpha, o[2], o[3]);
         if (ra == 0 && on) *(float4 *)(a.mix + t * a.vd + (int64_t)h * Dv + i0) = make_float4(o[0], o[1], o[2], o[3]);
-        float *Sg = a.rec_state + (size_t)p.slot[it] * a.rec_stride + (size_t)h * Dv * Dk;
-#pragma unroll
-        for (int m = 0; m < RP; m++)
-            if (on && r0 + m < Dk) *(float4 *)(Sg + (size_t)(r0 + m) * Dv + i0) = make_float4(S[0][m], S[1][m], S[2][m], S[3][m]);
+        gdn_lane_store(a.rec_state + (size_t)p.slot[it] * a.rec_stride + (size_t)h * Dv * Dk, Dk, Dv, r0, i0, on, S);
     }
 }
 
