@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # One device call's measurements (a GPU machine's time is short and often none starts: build
-# and pack here, run this there). Session 35 (on H100s; README has each): k_gdn_decs and the
-# attention kernels' chunk count, kept (PARTS=84 then wd DB=16,64; PARTS=d4 DB=16,64), with
-# `make test-gpu` 16 of 16 on the final build; this build's bf16 table row on the H100
-# (PARTS=t TPREC=bf16). Nothing is pending: the next change brings its own pack. Letter
+# and pack here, run this there). Session 36 (on H100s; README has each): attention's bf16
+# K and V as stored, kept, and the rule's norms inside k_gdn_decs, not kept (PARTS=8do4
+# TV=dnn OB=64 OPV=dnn DB=16,64); the next unit's K and V prefetched into L2 by k_attn_split,
+# not kept (PARTS=8d, then L VS="prev new" LP=4096 LB=1,8, then 4). Nothing is pending: the
+# next change brings its own pack. VS: the libraries to run (default prev, every other
+# var/NAME.so, new); RT: seconds a bench run may take. Letter
 # parts: s (k_wgmma_stream under Nsight Compute in a decode step), a (decode attention's
 # kernels under Nsight Compute), r (the rule's decode kernel so), t (the README table's rows),
-# w (mmv_bench ws), d (decode side by side at batches $DB), o (a
+# w (mmv_bench ws), d (decode side by side at batches $DB), L (the same after long prompts), o (a
 # decode step by operation, prev and var/$OPV), g (k_wgmma under Nsight Compute, from
 # var/nb.so), b (the library's kernel for the same product), m (MLX batch-1 decode). Earlier
 # parts, kept for the next changes to their kernels:
@@ -68,7 +70,7 @@ if part 1; then
     grep -E "^fa" $O/fa.txt | cut -c1-400
 fi
 # 2. bf16 prefill, prev and new, twice round
-vs="prev $(cd var && ls *.so | sed 's/\.so$//' | grep -vx 'prev\|new' | tr '\n' ' ')new"
+vs=${VS:-"prev $(cd var && ls *.so | sed 's/\.so$//' | grep -vx 'prev\|new' | tr '\n' ' ')new"} # VS: these alone
 # on an H100, the libraries named in H100_SKIP stay out (measured there before)
 case "$(cat $O/smi.txt)" in *H100*) for v in ${H100_SKIP:-}; do vs=$(echo " $vs " | sed "s/ $v / /; s/^ //; s/ $//"); done ;; esac
 # every library of $vs twice round, in that order: F (the logs' prefix), WHAT, the table to
@@ -79,7 +81,7 @@ rounds() {
     for r in 1 2; do
         for v in $vs; do
             use $v
-            tl 60 $B "$@" >$O/$f${r}_$v.txt 2>$O/$f${r}_$v.err
+            tl ${RT:-60} $B "$@" >$O/$f${r}_$v.txt 2>$O/$f${r}_$v.err
             echo "$what $v rc $? $(el): $(row $tab $O/$f${r}_$v.txt | cut -d'|' -f1-4)"
         done
     done
@@ -91,11 +93,11 @@ if part w; then
     tl 90 build/mmv_bench ws 10 ${WS_T:-9,16,32,64,96,127} > $O/ws.txt 2>&1; echo "mmv_bench ws rc $? $(el)"
     grep -vE "^ *$" $O/ws.txt | cut -c1-120 | tail -60
 fi
-# o. a decode step by operation at batch ${OB:-16}, for prev and for var/$OPV.so (if named)
+# o. a decode step by operation at batch ${OB:-16} (prompts of ${OPP:-128}), for prev and for var/$OPV.so (if named)
 if part o; then
     for v in prev ${OPV:-}; do
         use $v
-        tl 60 $B --prompts 128 --batches ${OB:-16} --op-times >$O/ops_$v.txt 2>$O/ops_$v.err
+        tl 90 $B --prompts 128 --prompt-len ${OPP:-128} --batches ${OB:-16} --op-times >$O/ops_$v.txt 2>$O/ops_$v.err
         echo "decode (op times) $v rc $? $(el)"
         grep -A14 "device time of a decode step" $O/ops_$v.err | cut -c1-110
     done
@@ -103,6 +105,9 @@ if part o; then
 fi
 # d. decode side by side (batches $DB, after a 128-token prompt): prev, the other var/NAME.so, new
 part d && rounds d decode decode --prompts 128 --batches ${DB:-16,64}
+# L. decode after long prompts (${LP:-4096} tokens a sequence, batches ${LB:-1,8}) side by side:
+# attention reads every position's K and V each step
+part L && rounds l "decode (long)" decode --prompts 512 --prompt-len ${LP:-4096} --batches ${LB:-1,8}
 # t. the README table's 27B bf16 rows for new: `exact` and `bf16` (TPREC), prefill 512 / 2,048 / 8,192 and
 # decode at batches ${TB:-1,4,16,32,64}
 if part t; then
