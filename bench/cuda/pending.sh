@@ -180,11 +180,15 @@ if part s; then
     grep -E "Stall|stall|Throughput|Hit Rate|Busy|Bandwidth|Elapsed Cycles|SM Frequency|DRAM Frequency|Theoretical Occ|Waves" \
         $O/ws_details.txt | cut -c1-140 | head -40
 fi
-# a. a decode step's attention kernels under Nsight Compute (batch ${OB:-64}, AT_SKIP launches
+# a. a decode step's attention kernels under Nsight Compute (batch ${OB:-64}, prompts of ${OPP:-128}, AT_SKIP launches
 # of each skipped: 40, past the warm-up step's 16 (batch 1) and a batch-64 step's)
 if part a; then
-    prof atts k_attn_split ${AT_SKIP:-40} $B --prompts 128 --batches ${OB:-64} --decode-s 0.1
-    prof attm k_attn_merge ${AT_SKIP:-40} $B --prompts 128 --batches ${OB:-64} --decode-s 0.1
+    use ${AV:-new} # (AV: a var/NAME.so in place of new)
+    prof atts k_attn_split ${AT_SKIP:-40} $B --prompts 128 --prompt-len ${OPP:-128} --batches ${OB:-64} --decode-s 0.1
+    grep -E "Stall|stall|Throughput|Hit Rate|Busy|Bandwidth|Elapsed Cycles|Theoretical Occ|Achieved Occ|Block Limit" \
+        $O/atts_details.txt | cut -c1-140 | head -30
+    prof attm k_attn_merge ${AT_SKIP:-40} $B --prompts 128 --prompt-len ${OPP:-128} --batches ${OB:-64} --decode-s 0.1
+    use new
 fi
 # r. the delta rule's decode kernel under Nsight Compute in a batch-${OB:-64} step (RS_SKIP
 # launches skipped: the warm-up step's 48 (batch 1, fused), two batch-64 steps' 96, then 5)
