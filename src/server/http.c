@@ -505,8 +505,7 @@ void srv_linger(srv *s, int fd) {
     const int d = i < LINGER_SOCKETS && s->epoll_fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
     if (d >= 0) {
         /* the answer is out: a FIN after it, and the bytes behind it read until the client closes */
-        shutdown(d, SHUT_WR);
-        fcntl(d, F_SETFL, fcntl(d, F_GETFL) | O_NONBLOCK);
+        shutdown(d, SHUT_WR); /* (its reads pass MSG_DONTWAIT: the flags it shares with libmicrohttpd's fd stay) */
         struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.u64 = LINGER_TAG | (uint64_t)i};
         if (epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, d, &ev) == 0) {
             s->linger_fd[i] = d;
