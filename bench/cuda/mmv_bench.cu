@@ -46,6 +46,11 @@
  *                                    P V, or leaving it running into the next chunk), all
  *                                    against `exact` (k_attn_tc): agreement, ms and TFLOP/s;
  *                                    exits 1 where they disagree
+ *   build/mmv_bench ad [reps]        a decode step's attention split over the context (27B heads,
+ *                                    bf16 pool, 1-64 items at up to 32k positions, `exact` and
+ *                                    `bf16`): k_attn_ring against k_attn_split, both against
+ *                                    k_attn_tc bit for bit; ms and GB/s of K and V; exits 1
+ *                                    where they differ
  *   build/mmv_bench top [reps]       compact logit rows (sample.cu) of 1 and 64 rows of the 27B
  *                                    vocabulary against a host reference, and their time;
  *                                    exits 1 where they differ
@@ -1728,6 +1733,90 @@ static int fabench(int reps) {
     return bad ? 1 : 0;
 }
 
+/* ---- a decode step's attention split over the context: k_attn_ring against k_attn_split ----
+ * The 27B's heads over a bf16 pool (16-position blocks in reverse order), one token an item at
+ * the given positions: k_attn_tc (not split), k_attn_split and k_attn_ring, each in `exact`
+ * (3 parts) and `bf16`; every output must be k_attn_tc's bits; times the two split ones (the
+ * merge included) and the rate of the K and V they read. With the scratch a chunk short of
+ * the step's, both take whole tiles (also checked). */
+static int adbench(int reps) {
+    const int nh = 24, nkv = 4, hd = 256, bs = 16;
+    struct adcase { std::vector<int64_t> pos; int short_scratch; };
+    const adcase cases[] = {{{127}, 0},  {{4095}, 0}, {{32767}, 0}, {std::vector<int64_t>(8, 4095), 0},
+                            {std::vector<int64_t>(64, 127), 0}, {std::vector<int64_t>(64, 1023), 0},
+                            {std::vector<int64_t>(16, 8191), 0}, {{77, 4000, 130, 0, 63, 64}, 0}, {{77, 4000, 130}, 1}};
+    cudaStream_t s;
+    CK(cudaStreamCreate(&s));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    cu_attention_init(hd);
+    if (cu_attn_ring_init(hd) != 0) {
+        printf("ad: k_attn_ring does not fit this device\n");
+        return 1;
+    }
+    int bad = 0;
+    for (const adcase &cs : cases) {
+        const int items = (int)cs.pos.size();
+        std::vector<int64_t> t0(items + 1), bt0(items + 1);
+        int64_t NB = 0, chunks = 0;
+        double bytes = 0;
+        for (int i = 0; i < items; i++) {
+            t0[i] = i, bt0[i] = NB;
+            NB += cs.pos[i] / bs + 1, chunks += cs.pos[i] / CU_ATT_CH + 1;
+            bytes += (double)(cs.pos[i] + 1) * nkv * hd * 2 * 2;
+        }
+        t0[items] = items, bt0[items] = NB;
+        std::vector<int32_t> blocks(NB);
+        for (int64_t k = 0; k < NB; k++) blocks[k] = (int32_t)(NB - 1 - k);
+        const int64_t pool_n = NB * 2 * nkv * bs * hd, mix_n = (int64_t)items * nh * hd;
+        float *q = dev_floats((int64_t)items * 2 * nh * hd, 21, -4.0f, 4.0f), *pool_f = dev_floats(pool_n, 22, -1.0f, 1.0f);
+        uint16_t *pool_b;
+        CK(cudaMalloc(&pool_b, (size_t)pool_n * 2));
+        k_floats_to_bf16<<<1024, 256>>>(pool_f, pool_b, pool_n);
+        CK(cudaFree(pool_f));
+        float *split, *mix[3];
+        CK(cudaMalloc(&split, cu_attn_split_floats(chunks, nh, hd) * 4));
+        for (int i = 0; i < 3; i++) CK(cudaMalloc(&mix[i], (size_t)mix_n * 4));
+        int64_t *d_t0 = dev_copy(t0), *d_p0 = dev_copy(cs.pos), *d_bt0 = dev_copy(bt0);
+        int32_t *d_blocks = dev_copy(blocks);
+        cu_plan p = {};
+        p.n_items = items, p.n_tokens = items, p.item_t0 = d_t0, p.pos0 = d_p0, p.block_t0 = d_bt0, p.blocks = d_blocks;
+        cu_kv kv = {};
+        kv.base = pool_b, kv.bf16 = 1, kv.block_size = bs, kv.nkv = nkv, kv.hd = hd, kv.n_full = 1;
+        for (int parts = 3; parts >= 1; parts -= 2) {
+            cu_attn_args a = {};
+            a.q = q, a.nh = nh, a.nkv = nkv, a.hd = hd, a.li = 0, a.eps = 1e-6f, a.parts = parts;
+            double ms[3] = {0, 0, 0};
+            for (int path = 0; path < 3; path++) { /* k_attn_tc, k_attn_split, k_attn_ring */
+                a.mix = mix[path], a.split = path ? split : NULL, a.split_chunks = chunks - cs.short_scratch, a.ring = path == 2;
+                CK(cudaMemsetAsync(mix[path], 0xff, (size_t)mix_n * 4, s));
+                cu_attention(s, &p, &a, &kv);
+                CK(cudaStreamSynchronize(s));
+                CK(cudaGetLastError());
+                if (path) ms[path] = 1e3 * time_launches(s, e0, e1, reps, 1, [&](int) { cu_attention(s, &p, &a, &kv); });
+            }
+            const bool same = same_bits(mix[0], mix[1], mix_n) && same_bits(mix[0], mix[2], mix_n);
+            bad |= !same;
+            printf("ad %2d items at %5lld..%5lld%s, %s: split %7.3f ms %6.0f GB/s, ring %7.3f ms %6.0f GB/s (%.2fx); %s\n",
+                   items, (long long)*std::min_element(cs.pos.begin(), cs.pos.end()),
+                   (long long)*std::max_element(cs.pos.begin(), cs.pos.end()), cs.short_scratch ? " (scratch short: whole tiles)" : "",
+                   parts == 3 ? "exact" : "bf16 ", ms[1], bytes / ms[1] * 1e-6, ms[2], bytes / ms[2] * 1e-6, ms[1] / ms[2],
+                   same ? "k_attn_tc's bits" : "DIFFER  FAILED");
+        }
+        for (int i = 0; i < 3; i++) CK(cudaFree(mix[i]));
+        CK(cudaFree(split));
+        CK(cudaFree(q));
+        CK(cudaFree(pool_b));
+        CK(cudaFree(d_t0));
+        CK(cudaFree(d_p0));
+        CK(cudaFree(d_bt0));
+        CK(cudaFree(d_blocks));
+    }
+    printf("ad: %s\n", bad ? "FAILED" : "k_attn_ring gives k_attn_split's and k_attn_tc's bits");
+    return bad ? 1 : 0;
+}
+
 /* ---- compact logit rows (sample.cu) against a host reference ---- */
 
 static int topbench(int reps) {
@@ -2082,6 +2171,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "top")) return topbench(argc > 2 ? atoi(argv[2]) : 20);
     if (argc > 1 && !strcmp(argv[1], "gdn")) return gdnbench(argc > 2 ? atoi(argv[2]) : 10);
     if (argc > 1 && !strcmp(argv[1], "fa")) return fabench(argc > 2 ? atoi(argv[2]) : 10);
+    if (argc > 1 && !strcmp(argv[1], "ad")) return adbench(argc > 2 ? atoi(argv[2]) : 20);
     if (argc > 1 && !strcmp(argv[1], "sweep")) return sweep(argc > 2 ? atoi(argv[2]) : 10, argc > 3 ? argv[3] : NULL);
     if (argc > 5 && !strcmp(argv[1], "prof")) return prof(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atoi(argv[5]));
     if (argc > 6 && !strcmp(argv[1], "qprof"))

@@ -69,6 +69,11 @@ if part 1; then
     tl 60 build/mmv_bench fa 10 > $O/fa.txt 2>&1; echo "mmv_bench fa rc $? $(el)"
     grep -E "^fa" $O/fa.txt | cut -c1-400
 fi
+# A. a decode step's split attention alone: k_attn_ring against k_attn_split (bits, ms, GB/s)
+if part A; then
+    tl 90 build/mmv_bench ad 10 > $O/ad.txt 2>&1; echo "mmv_bench ad rc $? $(el)"
+    grep -E "^ad" $O/ad.txt | cut -c1-220
+fi
 # 2. bf16 prefill, prev and new, twice round
 vs=${VS:-"prev $(cd var && ls *.so | sed 's/\.so$//' | grep -vx 'prev\|new' | tr '\n' ' ')new"} # VS: these alone
 # on an H100, the libraries named in H100_SKIP stay out (measured there before)

@@ -722,6 +722,221 @@ __global__ void __launch_bounds__(ATT_THREADS, NQ == 1 ? 2 : 1) k_attn_split(cu_
     }
 }
 
+/* ---- decode steps, split over the context, streamed: k_attn_ring ----
+ * k_attn_split's units and arithmetic (k_attn_merge merges its results: the same bits) for a
+ * bf16 pool and up to 8 query heads a KV head, with the units' K and V streamed: each
+ * resident block (one an SM) takes a run of consecutive units in the order (item, KV head,
+ * chunk) and brings their K and V rows into shared memory by cp.async as stored, two chunks
+ * ahead of the one it computes: chunk c + 2's K goes out once chunk c's scores are done, its
+ * V once chunk c + 1 starts (chunk c's P V done). V is read transposed by ldmatrix.trans, the
+ * queries are split into their parts once a (item, KV head). k_attn_split brings each chunk's
+ * rows in before its scores and its V after them, two blocks an SM: Nsight Compute saw it
+ * reading a batch of 8 at 4,096 positions at 1.4 TB/s (H100), its warps waiting on loads
+ * between the phases. */
+#define ARING_PAD 8 /* bf16 of padding a K or V row: ldmatrix's 8 rows fall in distinct banks */
+/* shared memory: K and V of two chunks [2][2][ATT_CH][hd + ARING_PAD], queries [QP][8][hd +
+ * ARING_PAD], weights [QP][8][ATT_CH + ATC_PAD], scores [8][ATT_CH + 1] floats, pool rows
+ * [2][ATT_CH]; at least atc_tile's (whole tiles where the scratch is too small) */
+static size_t aring_smem(int hd, int qp) {
+    const size_t row = (size_t)(hd + ARING_PAD) * 2;
+    const size_t n = 4 * ATT_CH * row + (size_t)qp * 8 * row + (size_t)qp * 8 * (ATT_CH + ATC_PAD) * 2 +
+                     8 * (ATT_CH + 1) * 4 + 2 * ATT_CH * 8;
+    const size_t whole = atc_smem(hd, qp, 1, 1);
+    return n > whole ? n : whole;
+}
+
+/* a unit of the run: item it, KV head h, chunk c of the item's nch (first: the item's first
+ * chunk among the step's) */
+struct aring_unit {
+    int it, h;
+    int64_t c, nch, first;
+};
+/* unit u of the order (item, KV head, chunk); u below the step's units */
+__device__ __forceinline__ aring_unit aring_at(const cu_plan &p, int nkv, int64_t u) {
+    aring_unit k = {0, 0, 0, 1, 0};
+    for (int it = 0; it < p.n_items; it++) {
+        const int64_t nch = p.pos0[it] / ATT_CH + 1;
+        if (u < nch * nkv) {
+            k.it = it, k.h = (int)(u / nch), k.c = u % nch, k.nch = nch;
+            return k;
+        }
+        u -= nch * nkv, k.first += nch;
+    }
+    return k;
+}
+__device__ __forceinline__ void aring_next(const cu_plan &p, int nkv, aring_unit &k) {
+    if (++k.c < k.nch) return;
+    k.c = 0;
+    if (++k.h < nkv) return;
+    k.h = 0, k.first += k.nch;
+    if (++k.it < p.n_items) k.nch = p.pos0[k.it] / ATT_CH + 1;
+}
+
+template <int QP>
+__global__ void __launch_bounds__(ATT_THREADS, 1) k_attn_ring(cu_plan p, cu_attn_args a, cu_kv kv) {
+    pdl_wait();
+    int64_t none;
+    const int64_t total = dec_chunks_block(p, 0, &none);
+    if (total > a.split_chunks) { /* as k_attn_split: whole tiles */
+        for (int64_t u = blockIdx.x; u < (int64_t)p.n_items * a.nkv; u += gridDim.x) {
+            const int it = (int)(u / a.nkv);
+            atc_tile<QP, 1, false, 1>(p, a, kv, it, p.item_t0[it], 1, (int)(u % a.nkv), 0, NULL);
+        }
+        return;
+    }
+    extern __shared__ int64_t sh64[];
+    const int hd = a.hd, G = a.nh / a.nkv, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3, RS = hd + ARING_PAD, VS = ATT_CH + ATC_PAD, H8 = hd / 8;
+    uint16_t *kvs = (uint16_t *)sh64;                    /* [2 chunks][K, V][ATT_CH][RS] */
+    uint16_t *qs = kvs + 4 * ATT_CH * RS;                /* [QP][8][RS] */
+    uint16_t *ws = qs + QP * 8 * RS;                     /* [QP][8][VS] */
+    float *st = (float *)(ws + QP * 8 * VS);             /* [8][ATT_CH + 1] */
+    int64_t *krow = (int64_t *)(st + 8 * (ATT_CH + 1)); /* [2][ATT_CH]: a chunk's K rows in the pool (-1 past it) */
+    const int64_t N = total * a.nkv, u0 = N * blockIdx.x / gridDim.x, u1 = N * (blockIdx.x + 1) / gridDim.x;
+    if (u0 >= u1) return;
+    const uint32_t kvs_sa = smem_u32(kvs);
+    const int64_t vstep = (int64_t)kv.nkv * kv.block_size * hd; /* a V row from its K row */
+    const uint16_t *pool = (const uint16_t *)kv.base;
+    const float scale = 1.0f / sqrtf((float)hd);
+    /* unit u's pool rows into krow[u's slot], position i by the thread given i */
+    auto rows = [&](const aring_unit &k, int64_t u, int i) {
+        if (u < u1 && i >= 0 && i < ATT_CH) {
+            const int64_t pos = k.c * ATT_CH + i;
+            krow[((u - u0) & 1) * ATT_CH + i] = pos <= p.pos0[k.it] ? (int64_t)kv_index(kv, p, k.it, a.li, 0, k.h, pos) : -1;
+        }
+    };
+    /* unit u's K (which 0) or V (1) rows into its slot, by every thread, as one group (empty past the run) */
+    auto issue = [&](int64_t u, int which) {
+        if (u < u1) {
+            const int sl = (int)((u - u0) & 1);
+            const uint32_t dst = kvs_sa + (uint32_t)((2 * sl + which) * ATT_CH * RS * 2);
+            const int64_t *kr = krow + sl * ATT_CH;
+            for (int i = tid; i < ATT_CH * H8; i += ATT_THREADS) {
+                const int r = i / H8, e = i % H8;
+                const int64_t at = kr[r];
+                cp_async16_at(dst + (uint32_t)((r * RS + 8 * e) * 2), at >= 0 ? pool + at + (which ? vstep : 0) + 8 * e : pool,
+                              at >= 0 ? 16 : 0);
+            }
+        }
+        cp_async_commit();
+    };
+    aring_unit C = aring_at(p, a.nkv, u0), L = C; /* the unit computed; the next whose rows are found */
+    rows(L, u0, tid);
+    aring_next(p, a.nkv, L);
+    rows(L, u0 + 1, tid - ATT_CH);
+    aring_next(p, a.nkv, L);
+    __syncthreads();
+    issue(u0, 0), issue(u0, 1), issue(u0 + 1, 0);
+    int q_it = -1, q_h = -1; /* whose queries qs holds */
+    for (int64_t u = u0; u < u1; u++) {
+        const int sl = (int)((u - u0) & 1);
+        cp_async_wait<2>(); /* this thread's copies of u's K (V of u, K of u + 1 may be on their way) */
+        __syncthreads();    /* everyone's; the last unit's P V is done */
+        issue(u + 1, 1);    /* into the V slot the last unit read */
+        const int64_t c0 = C.c * ATT_CH, pos = p.pos0[C.it];
+        if (C.it != q_it || C.h != q_h) { /* the queries as k_attn_split splits them */
+            for (int i = tid; i < 8 * H8; i += ATT_THREADS) {
+                const int qi = i / H8, e0 = (i % H8) * 8;
+                float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+                if (qi < G) {
+                    const float *src = a.q + p.item_t0[C.it] * 2 * a.nh * hd + (int64_t)(C.h * G + qi) * 2 * hd + e0;
+#pragma unroll
+                    for (int k = 0; k < 8; k++) v[k] = __fmul_rn(src[k], scale);
+                }
+                uint4 o[QP];
+                split8<QP>(v, o);
+#pragma unroll
+                for (int q = 0; q < QP; q++) *(uint4 *)(qs + (q * 8 + qi) * RS + e0) = o[q];
+            }
+            q_it = C.it, q_h = C.h;
+            __syncthreads();
+        }
+        float *part = a.split + ((size_t)(C.first + C.c) * a.nh + (size_t)C.h * G) * (hd + 2);
+        if (warp < 4) { /* scores: warp w the positions 16 w .. + 15 */
+            const uint16_t *kb = kvs + 2 * sl * ATT_CH * RS;
+            const int mt = warp;
+            float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            const uint32_t ka = smem_u32(kb + (mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * RS + (lane >> 4) * 8);
+#pragma unroll 1
+            for (int ks = 0; ks < hd / 16; ks++) {
+                uint32_t af[1][4];
+                ldsm_x4(af[0], ka + (uint32_t)(ks * 32));
+                uint32_t bf[QP][2];
+#pragma unroll
+                for (int i = 0; i < QP; i++) {
+                    const uint16_t *qb = qs + (i * 8 + g) * RS + ks * 16 + 2 * t;
+                    bf[i][0] = *(const uint32_t *)qb, bf[i][1] = *(const uint32_t *)(qb + 8);
+                }
+                atc_mma<QP, 1>(sc, af, bf);
+            }
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int pr = mt * 16 + g + (e >= 2 ? 8 : 0), qi = 2 * t + (e & 1);
+                st[qi * (ATT_CH + 1) + pr] = c0 + pr <= pos ? sc[e] : -INFINITY;
+            }
+        } else
+            rows(L, u + 2, tid - 128); /* the idle warps: the rows of the unit two ahead */
+        __syncthreads();               /* the scores are in; u's K slot is free */
+        issue(u + 2, 0);
+        if (warp < G) { /* each query's chunk weights (as parts) and sum: a warp a query */
+            const float *w = st + warp * (ATT_CH + 1);
+            const float x0 = w[lane], x1 = w[lane + 32];
+            float mc = fmaxf(x0, x1);
+            for (int off = 16; off > 0; off >>= 1) mc = fmaxf(mc, __shfl_xor_sync(FULL, mc, off));
+            const float e0 = c0 + lane <= pos ? expf(x0 - mc) : 0.0f;
+            const float e1 = c0 + lane + 32 <= pos ? expf(x1 - mc) : 0.0f;
+            float r0 = e0, r1 = e1;
+#pragma unroll
+            for (int i = 0; i < QP; i++) {
+                const uint16_t h0 = f2bf16(r0), h1 = f2bf16(r1);
+                ws[(i * 8 + warp) * VS + lane] = h0;
+                ws[(i * 8 + warp) * VS + lane + 32] = h1;
+                r0 -= bf16f(h0), r1 -= bf16f(h1);
+            }
+            const float lc = warp_sum(__fadd_rn(e0, e1));
+            if (lane == 0) part[warp * (hd + 2)] = mc, part[warp * (hd + 2) + 1] = lc;
+        }
+        cp_async_wait<3>(); /* this thread's copies of u's V */
+        __syncthreads();    /* everyone's; the weights are in */
+        if (32 * warp < hd) { /* the chunk's output for this warp's 32 dims */
+            const uint16_t *vb = kvs + (2 * sl + 1) * ATT_CH * RS;
+            float oc[2][4];
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++) oc[mi][0] = oc[mi][1] = oc[mi][2] = oc[mi][3] = 0.0f;
+            /* V^T's A fragments from V's rows: matrix j of a 16 x 16 piece holds positions
+             * 8 (j / 2) .., dims 8 (j % 2) .. */
+            const uint32_t va = smem_u32(vb + ((lane & 7) + (lane >> 4) * 8) * RS + 32 * warp + ((lane >> 3) & 1) * 8);
+#pragma unroll 1
+            for (int ks = 0; ks < ATT_CH / 16; ks++) {
+                uint32_t av[2][1][4];
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++) {
+                    if (32 * warp + 16 * mi < hd) ldsm_x4_t(av[mi][0], va + (uint32_t)((ks * 16 * RS + 16 * mi) * 2));
+                    else av[mi][0][0] = av[mi][0][1] = av[mi][0][2] = av[mi][0][3] = 0u;
+                }
+                uint32_t bw[QP][2];
+#pragma unroll
+                for (int i = 0; i < QP; i++) {
+                    const uint16_t *wb = ws + (i * 8 + g) * VS + ks * 16 + 2 * t;
+                    bw[i][0] = *(const uint32_t *)wb, bw[i][1] = *(const uint32_t *)(wb + 8);
+                }
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++) atc_mma<QP, 1>(oc[mi], av[mi], bw);
+            }
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int qi = 2 * t + (e & 1), dim = 32 * warp + 16 * mi + g + (e >= 2 ? 8 : 0);
+                    if (qi < G && dim < hd) part[qi * (hd + 2) + 2 + dim] = oc[mi][e];
+                }
+        }
+        aring_next(p, a.nkv, C);
+        aring_next(p, a.nkv, L);
+    }
+    cp_async_wait<0>();
+}
+
 /* a block per (item, query head), a thread per dim: the chunks merged in order, then the gate */
 __global__ void k_attn_merge(cu_plan p, cu_attn_args a) {
     pdl_wait();
@@ -936,7 +1151,11 @@ extern "C" int cu_attention(cu_stream s, const cu_plan *p, const cu_attn_args *a
         const dim3 sgrid((unsigned)((per > 0 ? per : 1) * (sms > 0 ? sms : 1))); /* the blocks that stay */ \
         launch_pdl(k_attn_split<QP, KP, NQ>, sgrid, blk, atc_smem(a->hd, QP, KP, NQ), s, *p, *a, *kv);         \
     } while (0)
-        if (G <= 8) {
+        if (G <= 8 && kv->bf16 && a->ring) { /* streamed: a block an SM */
+            const dim3 rgrid((unsigned)(sms > 0 ? sms : 1));
+            if (parts == 3) launch_pdl(k_attn_ring<3>, rgrid, blk, aring_smem(a->hd, 3), s, *p, *a, *kv);
+            else launch_pdl(k_attn_ring<1>, rgrid, blk, aring_smem(a->hd, 1), s, *p, *a, *kv);
+        } else if (G <= 8) {
             if (parts == 3 && !kv->bf16) SPLIT_LAUNCH(3, 3, 1);
             else if (parts == 3) SPLIT_LAUNCH(3, 1, 1);
             else SPLIT_LAUNCH(1, 1, 1);
@@ -981,4 +1200,14 @@ extern "C" void cu_attention_init(int hd) {
     FA_ATTR(128);
     FA_ATTR(256);
 #undef FA_ATTR
+}
+
+extern "C" int cu_attn_ring_init(int hd) {
+    if (hd <= 0 || hd % 16 || hd > ATT_THREADS) return -1;
+    if (cudaFuncSetAttribute(k_attn_ring<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)aring_smem(hd, 3)) != cudaSuccess ||
+        cudaFuncSetAttribute(k_attn_ring<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)aring_smem(hd, 1)) != cudaSuccess) {
+        cudaGetLastError(); /* not this device's: the error is not the next launch's */
+        return -1;
+    }
+    return 0;
 }
