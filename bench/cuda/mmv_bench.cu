@@ -48,7 +48,8 @@
  *                                    exits 1 where they disagree
  *   build/mmv_bench ad [reps]        a decode step's attention split over the context (27B heads,
  *                                    bf16 pool, 1-64 items at up to 32k positions, `exact` and
- *                                    `bf16`): k_attn_ring against k_attn_split, both against
+ *                                    `bf16`): k_attn_ring (rings of 2 and 3 chunks) against
+ *                                    k_attn_split (both with k_attn_merge), all against
  *                                    k_attn_tc bit for bit; ms and GB/s of K and V; exits 1
  *                                    where they differ
  *   build/mmv_bench top [reps]       compact logit rows (sample.cu) of 1 and 64 rows of the 27B
@@ -1751,7 +1752,8 @@ static int adbench(int reps) {
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     cu_attention_init(hd);
-    if (cu_attn_ring_init(hd) != 0) {
+    const int depth = cu_attn_ring_init(hd);
+    if (depth < 2) {
         printf("ad: k_attn_ring does not fit this device\n");
         return 1;
     }
@@ -1775,9 +1777,9 @@ static int adbench(int reps) {
         CK(cudaMalloc(&pool_b, (size_t)pool_n * 2));
         k_floats_to_bf16<<<1024, 256>>>(pool_f, pool_b, pool_n);
         CK(cudaFree(pool_f));
-        float *split, *mix[3];
+        float *split, *mix[4];
         CK(cudaMalloc(&split, cu_attn_split_floats(chunks, nh, hd) * 4));
-        for (int i = 0; i < 3; i++) CK(cudaMalloc(&mix[i], (size_t)mix_n * 4));
+        for (int i = 0; i < 4; i++) CK(cudaMalloc(&mix[i], (size_t)mix_n * 4));
         int64_t *d_t0 = dev_copy(t0), *d_p0 = dev_copy(cs.pos), *d_bt0 = dev_copy(bt0);
         int32_t *d_blocks = dev_copy(blocks);
         cu_plan p = {};
@@ -1787,24 +1789,28 @@ static int adbench(int reps) {
         for (int parts = 3; parts >= 1; parts -= 2) {
             cu_attn_args a = {};
             a.q = q, a.nh = nh, a.nkv = nkv, a.hd = hd, a.li = 0, a.eps = 1e-6f, a.parts = parts;
-            double ms[3] = {0, 0, 0};
-            for (int path = 0; path < 3; path++) { /* k_attn_tc, k_attn_split, k_attn_ring */
-                a.mix = mix[path], a.split = path ? split : NULL, a.split_chunks = chunks - cs.short_scratch, a.ring = path == 2;
+            double ms[4] = {0, 0, 0, 0};
+            for (int path = 0; path < 2 + depth - 1; path++) { /* k_attn_tc, k_attn_split, k_attn_ring of depth 2, 3 */
+                a.mix = mix[path], a.split = path ? split : NULL, a.split_chunks = chunks - cs.short_scratch;
+                a.ring = path >= 2 ? path : 0;
                 CK(cudaMemsetAsync(mix[path], 0xff, (size_t)mix_n * 4, s));
                 cu_attention(s, &p, &a, &kv);
                 CK(cudaStreamSynchronize(s));
                 CK(cudaGetLastError());
                 if (path) ms[path] = 1e3 * time_launches(s, e0, e1, reps, 1, [&](int) { cu_attention(s, &p, &a, &kv); });
             }
-            const bool same = same_bits(mix[0], mix[1], mix_n) && same_bits(mix[0], mix[2], mix_n);
+            bool same = same_bits(mix[0], mix[1], mix_n) && same_bits(mix[0], mix[2], mix_n);
+            if (depth >= 3) same = same && same_bits(mix[0], mix[3], mix_n);
             bad |= !same;
-            printf("ad %2d items at %5lld..%5lld%s, %s: split %7.3f ms %6.0f GB/s, ring %7.3f ms %6.0f GB/s (%.2fx); %s\n",
+            printf("ad %2d items at %5lld..%5lld%s, %s: split %7.3f ms %5.0f GB/s, ring2 %7.3f ms %5.0f GB/s (%.2fx), "
+                   "ring3 %7.3f ms %5.0f GB/s (%.2fx); %s\n",
                    items, (long long)*std::min_element(cs.pos.begin(), cs.pos.end()),
                    (long long)*std::max_element(cs.pos.begin(), cs.pos.end()), cs.short_scratch ? " (scratch short: whole tiles)" : "",
                    parts == 3 ? "exact" : "bf16 ", ms[1], bytes / ms[1] * 1e-6, ms[2], bytes / ms[2] * 1e-6, ms[1] / ms[2],
+                   ms[3], ms[3] > 0 ? bytes / ms[3] * 1e-6 : 0.0, ms[3] > 0 ? ms[1] / ms[3] : 0.0,
                    same ? "k_attn_tc's bits" : "DIFFER  FAILED");
         }
-        for (int i = 0; i < 3; i++) CK(cudaFree(mix[i]));
+        for (int i = 0; i < 4; i++) CK(cudaFree(mix[i]));
         CK(cudaFree(split));
         CK(cudaFree(q));
         CK(cudaFree(pool_b));

@@ -726,21 +726,21 @@ __global__ void __launch_bounds__(ATT_THREADS, NQ == 1 ? 2 : 1) k_attn_split(cu_
  * k_attn_split's units and arithmetic (k_attn_merge merges its results: the same bits) for a
  * bf16 pool and up to 8 query heads a KV head, with the units' K and V streamed: each
  * resident block (one an SM) takes a run of consecutive units in the order (item, KV head,
- * chunk) and brings their K and V rows into shared memory by cp.async as stored, two chunks
- * ahead of the one it computes: chunk c + 2's K goes out once chunk c's scores are done, its
- * V once chunk c + 1 starts (chunk c's P V done). V is read transposed by ldmatrix.trans, the
+ * chunk) and brings their K and V rows into shared memory by cp.async as stored, into a ring
+ * of D chunks: chunk c + D's K goes out once chunk c's scores are done, chunk c + D - 1's V
+ * once chunk c starts (chunk c - 1's P V done). V is read transposed by ldmatrix.trans, the
  * queries are split into their parts once a (item, KV head). k_attn_split brings each chunk's
  * rows in before its scores and its V after them, two blocks an SM: Nsight Compute saw it
  * reading a batch of 8 at 4,096 positions at 1.4 TB/s (H100), its warps waiting on loads
  * between the phases. */
 #define ARING_PAD 8 /* bf16 of padding a K or V row: ldmatrix's 8 rows fall in distinct banks */
-/* shared memory: K and V of two chunks [2][2][ATT_CH][hd + ARING_PAD], queries [QP][8][hd +
+/* shared memory: K and V of D chunks [D][2][ATT_CH][hd + ARING_PAD], queries [QP][8][hd +
  * ARING_PAD], weights [QP][8][ATT_CH + ATC_PAD], scores [8][ATT_CH + 1] floats, pool rows
- * [2][ATT_CH]; at least atc_tile's (whole tiles where the scratch is too small) */
-static size_t aring_smem(int hd, int qp) {
+ * [D][ATT_CH]; at least atc_tile's (whole tiles where the scratch is too small) */
+static size_t aring_smem(int hd, int qp, int d) {
     const size_t row = (size_t)(hd + ARING_PAD) * 2;
-    const size_t n = 4 * ATT_CH * row + (size_t)qp * 8 * row + (size_t)qp * 8 * (ATT_CH + ATC_PAD) * 2 +
-                     8 * (ATT_CH + 1) * 4 + 2 * ATT_CH * 8;
+    const size_t n = 2 * (size_t)d * ATT_CH * row + (size_t)qp * 8 * row + (size_t)qp * 8 * (ATT_CH + ATC_PAD) * 2 +
+                     8 * (ATT_CH + 1) * 4 + (size_t)d * ATT_CH * 8;
     const size_t whole = atc_smem(hd, qp, 1, 1);
     return n > whole ? n : whole;
 }
@@ -772,8 +772,9 @@ __device__ __forceinline__ void aring_next(const cu_plan &p, int nkv, aring_unit
     if (++k.it < p.n_items) k.nch = p.pos0[k.it] / ATT_CH + 1;
 }
 
-template <int QP>
+template <int QP, int D>
 __global__ void __launch_bounds__(ATT_THREADS, 1) k_attn_ring(cu_plan p, cu_attn_args a, cu_kv kv) {
+    static_assert(D >= 2 && D * ATT_CH <= ATT_THREADS, "the prologue finds D chunks' rows at once");
     pdl_wait();
     int64_t none;
     const int64_t total = dec_chunks_block(p, 0, &none);
@@ -787,52 +788,57 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) k_attn_ring(cu_plan p, cu_attn
     extern __shared__ int64_t sh64[];
     const int hd = a.hd, G = a.nh / a.nkv, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3, RS = hd + ARING_PAD, VS = ATT_CH + ATC_PAD, H8 = hd / 8;
-    uint16_t *kvs = (uint16_t *)sh64;                    /* [2 chunks][K, V][ATT_CH][RS] */
-    uint16_t *qs = kvs + 4 * ATT_CH * RS;                /* [QP][8][RS] */
+    uint16_t *kvs = (uint16_t *)sh64;                    /* [D][K, V][ATT_CH][RS] */
+    uint16_t *qs = kvs + 2 * D * ATT_CH * RS;            /* [QP][8][RS] */
     uint16_t *ws = qs + QP * 8 * RS;                     /* [QP][8][VS] */
     float *st = (float *)(ws + QP * 8 * VS);             /* [8][ATT_CH + 1] */
-    int64_t *krow = (int64_t *)(st + 8 * (ATT_CH + 1)); /* [2][ATT_CH]: a chunk's K rows in the pool (-1 past it) */
+    int64_t *krow = (int64_t *)(st + 8 * (ATT_CH + 1)); /* [D][ATT_CH]: a chunk's K rows in the pool (-1 past it) */
     const int64_t N = total * a.nkv, u0 = N * blockIdx.x / gridDim.x, u1 = N * (blockIdx.x + 1) / gridDim.x;
     if (u0 >= u1) return;
     const uint32_t kvs_sa = smem_u32(kvs);
     const int64_t vstep = (int64_t)kv.nkv * kv.block_size * hd; /* a V row from its K row */
     const uint16_t *pool = (const uint16_t *)kv.base;
     const float scale = 1.0f / sqrtf((float)hd);
-    /* unit u's pool rows into krow[u's slot], position i by the thread given i */
-    auto rows = [&](const aring_unit &k, int64_t u, int i) {
+    /* unit u (ring slot sl)'s pool rows into krow[sl], position i by the thread given i */
+    auto rows = [&](const aring_unit &k, int64_t u, int sl, int i) {
         if (u < u1 && i >= 0 && i < ATT_CH) {
             const int64_t pos = k.c * ATT_CH + i;
-            krow[((u - u0) & 1) * ATT_CH + i] = pos <= p.pos0[k.it] ? (int64_t)kv_index(kv, p, k.it, a.li, 0, k.h, pos) : -1;
+            krow[sl * ATT_CH + i] = pos <= p.pos0[k.it] ? (int64_t)kv_index(kv, p, k.it, a.li, 0, k.h, pos) : -1;
         }
     };
-    /* unit u's K (which 0) or V (1) rows into its slot, by every thread, as one group (empty past the run) */
-    auto issue = [&](int64_t u, int which) {
+    /* unit u's K (which 0) or V (1) rows into ring slot sl, a warp a row, as one group (empty past the run) */
+    auto issue = [&](int64_t u, int sl, int which) {
         if (u < u1) {
-            const int sl = (int)((u - u0) & 1);
             const uint32_t dst = kvs_sa + (uint32_t)((2 * sl + which) * ATT_CH * RS * 2);
             const int64_t *kr = krow + sl * ATT_CH;
-            for (int i = tid; i < ATT_CH * H8; i += ATT_THREADS) {
-                const int r = i / H8, e = i % H8;
+            for (int r = warp; r < ATT_CH; r += ATT_THREADS / 32) {
                 const int64_t at = kr[r];
-                cp_async16_at(dst + (uint32_t)((r * RS + 8 * e) * 2), at >= 0 ? pool + at + (which ? vstep : 0) + 8 * e : pool,
-                              at >= 0 ? 16 : 0);
+                const uint16_t *src = at >= 0 ? pool + at + (which ? vstep : 0) : pool;
+                for (int e = lane; e < H8; e += 32)
+                    cp_async16_at(dst + (uint32_t)((r * RS + 8 * e) * 2), src + (at >= 0 ? 8 * e : 0), at >= 0 ? 16 : 0);
             }
         }
         cp_async_commit();
     };
     aring_unit C = aring_at(p, a.nkv, u0), L = C; /* the unit computed; the next whose rows are found */
-    rows(L, u0, tid);
-    aring_next(p, a.nkv, L);
-    rows(L, u0 + 1, tid - ATT_CH);
-    aring_next(p, a.nkv, L);
+#pragma unroll
+    for (int d = 0; d < D; d++) {
+        rows(L, u0 + d, d, tid - d * ATT_CH);
+        aring_next(p, a.nkv, L);
+    }
     __syncthreads();
-    issue(u0, 0), issue(u0, 1), issue(u0 + 1, 0);
+#pragma unroll
+    for (int d = 0; d < D; d++) {
+        issue(u0 + d, d, 0);
+        if (d < D - 1) issue(u0 + d, d, 1);
+    }
     int q_it = -1, q_h = -1; /* whose queries qs holds */
+    int sl = 0;              /* u's ring slot */
     for (int64_t u = u0; u < u1; u++) {
-        const int sl = (int)((u - u0) & 1);
-        cp_async_wait<2>(); /* this thread's copies of u's K (V of u, K of u + 1 may be on their way) */
-        __syncthreads();    /* everyone's; the last unit's P V is done */
-        issue(u + 1, 1);    /* into the V slot the last unit read */
+        const int sv = sl == 0 ? D - 1 : sl - 1; /* the slot of u - 1 and of u + D - 1 */
+        cp_async_wait<2 * (D - 1)>(); /* this thread's copies of u's K (later ones may be on their way) */
+        __syncthreads();              /* everyone's; the last unit's P V is done */
+        issue(u + D - 1, sv, 1);      /* into the V slot the last unit read */
         const int64_t c0 = C.c * ATT_CH, pos = p.pos0[C.it];
         if (C.it != q_it || C.h != q_h) { /* the queries as k_attn_split splits them */
             for (int i = tid; i < 8 * H8; i += ATT_THREADS) {
@@ -857,7 +863,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) k_attn_ring(cu_plan p, cu_attn
             const int mt = warp;
             float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             const uint32_t ka = smem_u32(kb + (mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * RS + (lane >> 4) * 8);
-#pragma unroll 1
+#pragma unroll 4 /* the K fragments' loads run ahead of the MMAs' chain */
             for (int ks = 0; ks < hd / 16; ks++) {
                 uint32_t af[1][4];
                 ldsm_x4(af[0], ka + (uint32_t)(ks * 32));
@@ -875,9 +881,9 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) k_attn_ring(cu_plan p, cu_attn
                 st[qi * (ATT_CH + 1) + pr] = c0 + pr <= pos ? sc[e] : -INFINITY;
             }
         } else
-            rows(L, u + 2, tid - 128); /* the idle warps: the rows of the unit two ahead */
-        __syncthreads();               /* the scores are in; u's K slot is free */
-        issue(u + 2, 0);
+            rows(L, u + D, sl, tid - 128); /* the idle warps: the rows of the unit D ahead */
+        __syncthreads();                   /* the scores are in; u's K slot is free */
+        issue(u + D, sl, 0);
         if (warp < G) { /* each query's chunk weights (as parts) and sum: a warp a query */
             const float *w = st + warp * (ATT_CH + 1);
             const float x0 = w[lane], x1 = w[lane + 32];
@@ -896,7 +902,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) k_attn_ring(cu_plan p, cu_attn
             const float lc = warp_sum(__fadd_rn(e0, e1));
             if (lane == 0) part[warp * (hd + 2)] = mc, part[warp * (hd + 2) + 1] = lc;
         }
-        cp_async_wait<3>(); /* this thread's copies of u's V */
+        cp_async_wait<2 * D - 1>(); /* this thread's copies of u's V */
         __syncthreads();    /* everyone's; the weights are in */
         if (32 * warp < hd) { /* the chunk's output for this warp's 32 dims */
             const uint16_t *vb = kvs + (2 * sl + 1) * ATT_CH * RS;
@@ -933,25 +939,71 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) k_attn_ring(cu_plan p, cu_attn
         }
         aring_next(p, a.nkv, C);
         aring_next(p, a.nkv, L);
+        sl = sl + 1 == D ? 0 : sl + 1;
     }
     cp_async_wait<0>();
 }
 
-/* a block per (item, query head), a thread per dim: the chunks merged in order, then the gate */
+/* a block per (item, query head), a thread per dim: the chunks merged in order, then the gate.
+ * The merge's arithmetic is k_attn_tc's (from m = -inf, l = 0, o = 0, each chunk in order:
+ * mn = max(m, mc), a = exp(m - mn), b = exp(mc - mn), l = l a + lc b, o = o a + oc b), but
+ * only l and o are chains: the running maxima are a scan (max is exact in any order) and
+ * every chunk's a and b follow from them at once, so a pass of MERGE_SEG chunks finds them
+ * side by side, and each thread's chain then takes MERGE_LD chunks' outputs a load. (Each
+ * chunk after a load of its own took ~0.4 us: a 32k-position item's 512 chunks 0.2 ms a
+ * layer on 24 SMs, an H100.) */
+#define MERGE_SEG 1024
+#define MERGE_LD 16
 __global__ void k_attn_merge(cu_plan p, cu_attn_args a) {
     pdl_wait();
-    const int it = blockIdx.x, j = blockIdx.y, e = threadIdx.x, hd = a.hd, E = hd + 2;
+    __shared__ float mcs[MERGE_SEG], mbs[MERGE_SEG], cas[MERGE_SEG], cbs[MERGE_SEG], lcs[MERGE_SEG];
+    __shared__ float m_end;
+    const int it = blockIdx.x, j = blockIdx.y, e = threadIdx.x, hd = a.hd, E = hd + 2, lane = e & 31;
     int64_t first; /* item it's first chunk */
     if (dec_chunks_block(p, it, &first) > a.split_chunks) return; /* k_attn_split took the tiles whole */
     const int64_t nch = p.pos0[it] / ATT_CH + 1;
+    const size_t cs = (size_t)a.nh * E; /* a chunk's results from the last's */
     const float *pp = a.split + ((size_t)first * a.nh + j) * E;
     float m = -INFINITY, l = 0.0f, o = 0.0f;
-    for (int64_t c = 0; c < nch; c++, pp += (size_t)a.nh * E) {
-        const float mc = pp[0], lc = pp[1];
-        const float mn = fmaxf(m, mc), ca = expf(m - mn), cb = expf(mc - mn);
-        l = __fmaf_rn(l, ca, __fmul_rn(lc, cb));
-        m = mn;
-        if (e < hd) o = __fmaf_rn(o, ca, __fmul_rn(pp[2 + e], cb));
+    for (int64_t s0 = 0; s0 < nch; s0 += MERGE_SEG, pp += MERGE_SEG * cs) {
+        const int n = (int)(nch - s0 < MERGE_SEG ? nch - s0 : MERGE_SEG);
+        __syncthreads(); /* the last pass's factors are read */
+        for (int c = e; c < n; c += blockDim.x) mcs[c] = pp[c * cs], lcs[c] = pp[c * cs + 1];
+        __syncthreads();
+        if (e < 32) { /* the maxima before each chunk, 32 chunks a round */
+            float carry = m;
+            for (int b0 = 0; b0 < n; b0 += 32) {
+                const int c = b0 + lane;
+                float inc = c < n ? mcs[c] : -INFINITY; /* the round's inclusive scan */
+                for (int off = 1; off < 32; off <<= 1) {
+                    const float y = __shfl_up_sync(FULL, inc, off);
+                    if (lane >= off) inc = fmaxf(inc, y);
+                }
+                const float before = __shfl_up_sync(FULL, inc, 1);
+                if (c < n) mbs[c] = lane == 0 ? carry : fmaxf(carry, before);
+                carry = fmaxf(carry, __shfl_sync(FULL, inc, 31));
+            }
+            if (lane == 0) m_end = carry;
+        }
+        __syncthreads();
+        for (int c = e; c < n; c += blockDim.x) {
+            const float mb = mbs[c], mc = mcs[c], mn = fmaxf(mb, mc);
+            cas[c] = expf(mb - mn), cbs[c] = expf(mc - mn);
+        }
+        m = m_end;
+        __syncthreads();
+        for (int c0 = 0; c0 < n; c0 += MERGE_LD) {
+            float ov[MERGE_LD];
+#pragma unroll
+            for (int k = 0; k < MERGE_LD; k++) ov[k] = e < hd && c0 + k < n ? pp[(c0 + k) * cs + 2 + e] : 0.0f;
+#pragma unroll
+            for (int k = 0; k < MERGE_LD; k++)
+                if (c0 + k < n) {
+                    const float ca = cas[c0 + k], cb = cbs[c0 + k];
+                    l = __fmaf_rn(l, ca, __fmul_rn(lcs[c0 + k], cb));
+                    o = __fmaf_rn(o, ca, __fmul_rn(ov[k], cb));
+                }
+        }
     }
     if (e >= hd) return;
     const int64_t tt = p.item_t0[it];
@@ -1151,10 +1203,13 @@ extern "C" int cu_attention(cu_stream s, const cu_plan *p, const cu_attn_args *a
         const dim3 sgrid((unsigned)((per > 0 ? per : 1) * (sms > 0 ? sms : 1))); /* the blocks that stay */ \
         launch_pdl(k_attn_split<QP, KP, NQ>, sgrid, blk, atc_smem(a->hd, QP, KP, NQ), s, *p, *a, *kv);         \
     } while (0)
-        if (G <= 8 && kv->bf16 && a->ring) { /* streamed: a block an SM */
+        if (G <= 8 && kv->bf16 && a->ring >= 2) { /* streamed: a block an SM */
             const dim3 rgrid((unsigned)(sms > 0 ? sms : 1));
-            if (parts == 3) launch_pdl(k_attn_ring<3>, rgrid, blk, aring_smem(a->hd, 3), s, *p, *a, *kv);
-            else launch_pdl(k_attn_ring<1>, rgrid, blk, aring_smem(a->hd, 1), s, *p, *a, *kv);
+            const int d = a->ring >= 3 ? 3 : 2;
+            if (parts == 3 && d == 3) launch_pdl(k_attn_ring<3, 3>, rgrid, blk, aring_smem(a->hd, 3, 3), s, *p, *a, *kv);
+            else if (parts == 3) launch_pdl(k_attn_ring<3, 2>, rgrid, blk, aring_smem(a->hd, 3, 2), s, *p, *a, *kv);
+            else if (d == 3) launch_pdl(k_attn_ring<1, 3>, rgrid, blk, aring_smem(a->hd, 1, 3), s, *p, *a, *kv);
+            else launch_pdl(k_attn_ring<1, 2>, rgrid, blk, aring_smem(a->hd, 1, 2), s, *p, *a, *kv);
         } else if (G <= 8) {
             if (parts == 3 && !kv->bf16) SPLIT_LAUNCH(3, 3, 1);
             else if (parts == 3) SPLIT_LAUNCH(3, 1, 1);
@@ -1203,11 +1258,13 @@ extern "C" void cu_attention_init(int hd) {
 }
 
 extern "C" int cu_attn_ring_init(int hd) {
-    if (hd <= 0 || hd % 16 || hd > ATT_THREADS) return -1;
-    if (cudaFuncSetAttribute(k_attn_ring<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)aring_smem(hd, 3)) != cudaSuccess ||
-        cudaFuncSetAttribute(k_attn_ring<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)aring_smem(hd, 1)) != cudaSuccess) {
-        cudaGetLastError(); /* not this device's: the error is not the next launch's */
-        return -1;
-    }
-    return 0;
+    if (hd <= 0 || hd % 16 || hd > ATT_THREADS) return 0;
+    int depth = 0;
+#define RING_ATTR(QP, D) \
+    (cudaFuncSetAttribute(k_attn_ring<QP, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)aring_smem(hd, QP, D)) == cudaSuccess)
+    if (RING_ATTR(3, 2) && RING_ATTR(1, 2)) depth = 2;
+    if (depth && RING_ATTR(3, 3) && RING_ATTR(1, 3)) depth = 3;
+#undef RING_ATTR
+    cudaGetLastError(); /* a depth the device has no room for: not the next launch's error */
+    return depth;
 }

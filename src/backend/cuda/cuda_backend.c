@@ -37,10 +37,11 @@ _Static_assert(sizeof(cu_logit_top) == sizeof(st_logit_top) && CU_TOP_MAX == ST_
                "cu_logit_top is st_logit_top");
 #include "model/model.h"
 
-/* 1: a decode step's attention split over the context takes k_attn_ring where the device
- * has its shared memory (the same bits as k_attn_split); -DCU_ATTN_RING=0 keeps k_attn_split */
+/* the depth of k_attn_ring's ring (2 or 3 chunks, at most what the device has the shared
+ * memory for) for a decode step's attention split over the context (the same bits as
+ * k_attn_split); -DCU_ATTN_RING=0 keeps k_attn_split */
 #ifndef CU_ATTN_RING
-#define CU_ATTN_RING 1
+#define CU_ATTN_RING 3
 #endif
 
 /* ---------------------------------------------------------------------------------------- */
@@ -96,7 +97,7 @@ typedef struct cuda_backend {
     int mm_mode;            /* CU_MM_* for bf16 matrices */
     int gdn_chunked;        /* many-token steps take the chunked delta rule (`bf16` precision) */
     int attn_fw;            /* the device runs k_attn_fw (cu_attn_fw_init; `bf16` prompts, CU_ATTN_FW) */
-    int attn_ring;          /* decode steps' split attention streams (cu_attn_ring_init, CU_ATTN_RING) */
+    int attn_ring;          /* decode steps' split attention: k_attn_ring's depth (cu_attn_ring_init, CU_ATTN_RING), or 0 */
     int tiled;              /* bf16 matrices are stored tiled for the tensor cores (not in FMA mode) */
     int64_t tiled_cols;     /* the widest tiled matrix (the split activations' scratch) */
     /* the bits and group of every MLX tiled matrix where they are all one (qi_mixed 0): the
@@ -542,7 +543,10 @@ static st_status cuda_create(const st_model *m, const st_cuda_params *p, const s
     b->device = p->device;
     b->mm_mode = p->no_tensor_cores ? CU_MM_FMA : p->precision == ST_PRECISION_BF16 ? CU_MM_BF16 : CU_MM_EXACT;
     b->attn_fw = b->mm_mode == CU_MM_BF16 && m->n_full > 0 && cu_attn_fw_init(m->cfg.head_dim) == 0;
-    b->attn_ring = CU_ATTN_RING && b->mm_mode != CU_MM_FMA && m->n_full > 0 && cu_attn_ring_init(m->cfg.head_dim) == 0;
+    if (CU_ATTN_RING && b->mm_mode != CU_MM_FMA && m->n_full > 0) {
+        const int depth = cu_attn_ring_init(m->cfg.head_dim);
+        b->attn_ring = depth < CU_ATTN_RING ? depth : CU_ATTN_RING;
+    }
     b->tiled = b->mm_mode != CU_MM_FMA;
     struct cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, p->device) == cudaSuccess) {

@@ -342,9 +342,9 @@ typedef struct cu_attn_args {
     /* 1: a `bf16` prompt's attention may take k_attn_fw (wgmma; cu_attn_fw_init returned 0 for
      * this device), where the build's CU_ATTN_FW says so; 0: k_attn_fa */
     int fw;
-    /* 1: a decode step's split takes k_attn_ring (each resident block streams a run of chunks'
-     * K and V through shared memory) where the pool is bf16 and a KV head has at most 8 query
-     * heads; 0: k_attn_split. The same bits either way */
+    /* 2 or 3: a decode step's split takes k_attn_ring (each resident block streams a run of
+     * chunks' K and V through a ring of that many chunks in shared memory) where the pool is
+     * bf16 and a KV head has at most 8 query heads; 0: k_attn_split. The same bits either way */
     int ring;
 } cu_attn_args;
 /* positions an attention chunk; the floats of the split scratch for `chunks` chunks */
@@ -361,8 +361,9 @@ void cu_attention_init(int hd);
  * device runs it for head dims hd (64, 128, 256), -1 where not; cu_attn_fw launches it for a
  * `bf16` step (a->parts 1) holding a prompt, -1 where it does not take these heads */
 int cu_attn_fw_init(int hd);
-/* k_attn_ring (cu_attn_args.ring): 0 where the device takes it for head dim hd (its shared
- * memory: two chunks' K and V, 150 KB at hd 256), after which it may be asked for */
+/* k_attn_ring (cu_attn_args.ring): the deepest ring the device has the shared memory for at
+ * head dim hd (3 chunks' K and V: 220 KB at hd 256; 2: 150 KB), 0 where none; a depth it
+ * returned may then be asked for */
 int cu_attn_ring_init(int hd);
 int cu_attn_fw(cu_stream s, const cu_plan *p, const cu_attn_args *a, const cu_kv *kv);
 
