@@ -3,14 +3,17 @@
 # and pack here, run this there). Session 36 (on H100s; README has each): attention's bf16
 # K and V as stored, kept, and the rule's norms inside k_gdn_decs, not kept (PARTS=8do4
 # TV=dnn OB=64 OPV=dnn DB=16,64); the next unit's K and V prefetched into L2 by k_attn_split,
-# not kept (PARTS=8d, then L VS="prev new" LP=4096 LB=1,8, then 4). Nothing is pending: the
+# not kept (PARTS=8d, then L VS="prev new" LP=4096 LB=1,8, then 4). Session 37 (H100s):
+# k_attn_ring and the scanning merge, kept (PARTS=A, then 4, then d VS="prev r0 m0 new"
+# DB=16,64, L VS="prev r0 new" LP=4096 LB=1,8 and LP=32768 LB=1). Nothing is pending: the
 # next change brings its own pack. VS: the libraries to run (default prev, every other
 # var/NAME.so, new); RT: seconds a bench run may take. Letter
 # parts: s (k_wgmma_stream under Nsight Compute in a decode step), a (decode attention's
 # kernels under Nsight Compute), r (the rule's decode kernel so), t (the README table's rows),
 # w (mmv_bench ws), d (decode side by side at batches $DB), L (the same after long prompts), o (a
 # decode step by operation, prev and var/$OPV), g (k_wgmma under Nsight Compute, from
-# var/nb.so), b (the library's kernel for the same product), m (MLX batch-1 decode). Earlier
+# var/nb.so), b (the library's kernel for the same product), m (MLX batch-1 decode), A
+# (mmv_bench ad: a decode step's split attention, k_attn_ring against k_attn_split). Earlier
 # parts, kept for the next changes to their kernels:
 #   1. mmv_bench fa: k_attn_fw against k_attn_fa and `exact`, times (the build before:
 #      8,192 tokens fa 4.47 ms, fw 3.67)

@@ -732,7 +732,9 @@ __global__ void __launch_bounds__(ATT_THREADS, NQ == 1 ? 2 : 1) k_attn_split(cu_
  * queries are split into their parts once a (item, KV head). k_attn_split brings each chunk's
  * rows in before its scores and its V after them, two blocks an SM: Nsight Compute saw it
  * reading a batch of 8 at 4,096 positions at 1.4 TB/s (H100), its warps waiting on loads
- * between the phases. */
+ * between the phases. mmv_bench ad (H100, the merge included, `bf16`): 8 items at 4,096
+ * positions 0.105 -> 0.084 ms a layer (1.59 TB/s of K and V), 16 at 8,192 0.331 -> 0.277,
+ * one at 32,768 0.144 -> 0.113 with a ring of 2; a ring of 3 no faster. */
 #define ARING_PAD 8 /* bf16 of padding a K or V row: ldmatrix's 8 rows fall in distinct banks */
 /* shared memory: K and V of D chunks [D][2][ATT_CH][hd + ARING_PAD], queries [QP][8][hd +
  * ARING_PAD], weights [QP][8][ATT_CH + ATC_PAD], scores [8][ATT_CH + 1] floats, pool rows
@@ -952,7 +954,10 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) k_attn_ring(cu_plan p, cu_attn
  * side by side, and each thread's chain then takes MERGE_LD chunks' outputs a load. (Each
  * chunk after a load of its own took ~0.4 us: a 32k-position item's 512 chunks 0.2 ms a
  * layer on 24 SMs, an H100.) */
-#define MERGE_SEG 1024
+#ifndef CU_MERGE_SEG
+#define CU_MERGE_SEG 1024
+#endif
+#define MERGE_SEG CU_MERGE_SEG
 #define MERGE_LD 16
 __global__ void k_attn_merge(cu_plan p, cu_attn_args a) {
     pdl_wait();

@@ -39,9 +39,13 @@ _Static_assert(sizeof(cu_logit_top) == sizeof(st_logit_top) && CU_TOP_MAX == ST_
 
 /* the depth of k_attn_ring's ring (2 or 3 chunks, at most what the device has the shared
  * memory for) for a decode step's attention split over the context (the same bits as
- * k_attn_split); -DCU_ATTN_RING=0 keeps k_attn_split */
+ * k_attn_split); -DCU_ATTN_RING=0 keeps k_attn_split. 2, as measured on an H100 side by side
+ * (2026-12-06): after 4,096-token prompts batch 8 380.8 -> 389.6-390.0 tok/s and batch 1
+ * 54.4 -> 55.3-55.4, after 32,768 batch 1 49.3 -> 51.0 (against k_attn_split with this
+ * build's merge), at 128 positions batch 16 and 64 unchanged; 3 chunks (220 KB of shared
+ * memory a block) slowed batch 16 at 128 positions by 2% (733 -> 718 tok/s) */
 #ifndef CU_ATTN_RING
-#define CU_ATTN_RING 3
+#define CU_ATTN_RING 2
 #endif
 
 /* ---------------------------------------------------------------------------------------- */
