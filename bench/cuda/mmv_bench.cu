@@ -66,6 +66,7 @@
 #include <string.h>
 #include <algorithm>
 #include <functional>
+#include <initializer_list>
 #include <vector>
 
 #include "backend/cuda/cu_common.cuh"
@@ -1343,6 +1344,11 @@ static T *dev_copy(const std::vector<T> &v) {
     return p;
 }
 
+/* cudaFree of each (NULL ones skipped) */
+static void dev_free(std::initializer_list<void *> ps) {
+    for (void *p : ps)
+        if (p) CK(cudaFree(p));
+}
 static float *dev_floats(int64_t n, unsigned seed, float lo, float hi) {
     float *p;
     CK(cudaMalloc(&p, (size_t)n * 4));
@@ -1721,14 +1727,7 @@ static int fabench(int reps) {
                cs.items, (long long)cs.len, (long long)cs.pos0, cs.bf16kv ? "bf16" : "fp32", ms[0], ms[1],
                flops / ms[1] * 1e-9, e_fa, ms[2], flops / ms[2] * 1e-9, e_fw, d, ms[3], flops / ms[3] * 1e-9,
                e_fa2, d2, ok ? "ok" : "DIFFER");
-        for (int i = 0; i < 4; i++) CK(cudaFree(mix[i]));
-        CK(cudaFree(q));
-        CK(cudaFree(pool_f));
-        if (pool_b) CK(cudaFree(pool_b));
-        CK(cudaFree(d_t0));
-        CK(cudaFree(d_p0));
-        CK(cudaFree(d_bt0));
-        CK(cudaFree(d_blocks));
+        dev_free({mix[0], mix[1], mix[2], mix[3], q, pool_f, pool_b, d_t0, d_p0, d_bt0, d_blocks});
     }
     printf("fa: %s\n", bad ? "FAILED" : "k_attn_fw agrees with k_attn_fa");
     return bad ? 1 : 0;
@@ -1810,14 +1809,7 @@ static int adbench(int reps) {
                    ms[3], ms[3] > 0 ? bytes / ms[3] * 1e-6 : 0.0, ms[3] > 0 ? ms[1] / ms[3] : 0.0,
                    same ? "k_attn_tc's bits" : "DIFFER  FAILED");
         }
-        for (int i = 0; i < 4; i++) CK(cudaFree(mix[i]));
-        CK(cudaFree(split));
-        CK(cudaFree(q));
-        CK(cudaFree(pool_b));
-        CK(cudaFree(d_t0));
-        CK(cudaFree(d_p0));
-        CK(cudaFree(d_bt0));
-        CK(cudaFree(d_blocks));
+        dev_free({mix[0], mix[1], mix[2], mix[3], split, q, pool_b, d_t0, d_p0, d_bt0, d_blocks});
     }
     printf("ad: %s\n", bad ? "FAILED" : "k_attn_ring gives k_attn_split's and k_attn_tc's bits");
     return bad ? 1 : 0;
