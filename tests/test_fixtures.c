@@ -415,10 +415,11 @@ static const st_tensor *longest_prompt(fixture *fx) {
 }
 
 /* A sequence's decode logits do not depend on what else its step holds: its next token in a
- * step of one token an item (where a GPU splits attention over the context) and beside another
- * sequence's prompt give the same bits. The prompt: 150 tokens (three attention chunks) of the
- * fixture's longest prompt repeated. */
-static void test_mixed_step(fixture *fx) {
+ * step of one token an item (where a GPU splits attention over the context: from a bf16 pool
+ * k_attn_ring, else k_attn_split) and beside another sequence's prompt give the same bits,
+ * with the KV cache in kvd. The prompt: 150 tokens (three attention chunks) of the fixture's
+ * longest prompt repeated. */
+static void test_mixed_step(fixture *fx, st_kv_dtype kvd) {
     const st_tensor *ti = longest_prompt(fx);
     if (!ti) return;
     enum { N = 150, NB = 12 };
@@ -431,6 +432,7 @@ static void test_mixed_step(fixture *fx) {
         st_cache_params cp = st_cache_default_params();
         cp.n_slots = 2;
         cp.max_seq_len = N + 8;
+        cp.kv_dtype = kvd;
         st_cache *cache = NULL;
         st_fwd *f = NULL;
         st_seq a = {.slot = -1}, b = {.slot = -1};
@@ -450,8 +452,8 @@ static void test_mixed_step(fixture *fx) {
         st_cache_destroy(cache);
     }
     CHECK(st == ST_OK && !memcmp(lg[0], lg[1], (size_t)fx->V * sizeof(float)),
-          "%s mixed step: a decode token's logits alone in its step equal those beside a prompt, bit for bit (%s)",
-          fx->dir, err.msg);
+          "%s mixed step, %s KV: a decode token's logits alone in its step equal those beside a prompt, bit for bit (%s)",
+          fx->dir, kvd == ST_KV_BF16 ? "bf16" : "f32", err.msg);
     free(lg[0]);
     free(lg[1]);
 }
@@ -541,7 +543,8 @@ int main(int argc, char **argv) {
             test_hidden(&fx);
             test_batch(&fx);
             test_long(&fx);
-            test_mixed_step(&fx);
+            test_mixed_step(&fx, ST_KV_F32);
+            test_mixed_step(&fx, ST_KV_BF16);
             test_wide_decode(&fx);
             test_text_only(&fx);
         }
