@@ -1270,6 +1270,6 @@ extern "C" int cu_attn_ring_init(int hd) {
     if (RING_ATTR(3, 2) && RING_ATTR(1, 2)) depth = 2;
     if (depth && RING_ATTR(3, 3) && RING_ATTR(1, 3)) depth = 3;
 #undef RING_ATTR
-    cudaGetLastError(); /* a depth the device has no room for: not the next launch's error */
+    if (depth < 3) cudaGetLastError(); /* a depth the device has no room for: not the next launch's error */
     return depth;
 }
