@@ -189,10 +189,11 @@ if part s; then
         $O/ws_details.txt | cut -c1-140 | head -40
 fi
 # a. a decode step's attention kernels under Nsight Compute (batch ${OB:-64}, prompts of ${OPP:-128}, AT_SKIP launches
-# of each skipped: 40, past the warm-up step's 16 (batch 1) and a batch-64 step's)
+# of each skipped: 40, past the warm-up step's 16 (batch 1) and a batch-64 step's; AK: the split kernel's regex,
+# k_attn_ring or k_attn_split, whichever runs)
 if part a; then
     use ${AV:-new} # (AV: a var/NAME.so in place of new)
-    prof atts k_attn_split ${AT_SKIP:-40} $B --prompts 128 --prompt-len ${OPP:-128} --batches ${OB:-64} --decode-s 0.1
+    prof atts "${AK:-k_attn_(ring|split)}" ${AT_SKIP:-40} $B --prompts 128 --prompt-len ${OPP:-128} --batches ${OB:-64} --decode-s 0.1
     grep -E "Stall|stall|Throughput|Hit Rate|Busy|Bandwidth|Elapsed Cycles|Theoretical Occ|Achieved Occ|Block Limit" \
         $O/atts_details.txt | cut -c1-140 | head -30
     prof attm k_attn_merge ${AT_SKIP:-40} $B --prompts 128 --prompt-len ${OPP:-128} --batches ${OB:-64} --decode-s 0.1
