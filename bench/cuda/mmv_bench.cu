@@ -1344,6 +1344,12 @@ static T *dev_copy(const std::vector<T> &v) {
     return p;
 }
 
+/* a bench's stream and its two timing events */
+static void timing_open(cudaStream_t *s, cudaEvent_t *e0, cudaEvent_t *e1) {
+    CK(cudaStreamCreate(s));
+    CK(cudaEventCreate(e0));
+    CK(cudaEventCreate(e1));
+}
 /* cudaFree of each (NULL ones skipped) */
 static void dev_free(std::initializer_list<void *> ps) {
     for (void *p : ps)
@@ -1375,10 +1381,8 @@ static int gdnbench(int reps) {
     const int64_t kd = Hk * Dk, vd = Hv * Dv, cd = 2 * kd + vd;
     const struct { int items; int64_t len; } cases[] = {{1, 8192}, {1, 1000}, {4, 2000}, {16, 130}, {1, 63}, {64, 1}, {16, 1}, {1, 1}};
     cudaStream_t s;
-    CK(cudaStreamCreate(&s));
     cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
+    timing_open(&s, &e0, &e1);
     if (cu_gdn_prepare(Dk, Dv) || cu_gdn_chunked_prepare(Dk, Dv)) {
         printf("gdn: the kernels refuse 128 x 128 heads\n");
         return 1;
@@ -1654,10 +1658,8 @@ static int fabench(int reps) {
     const struct { int items; int64_t len, pos0; int bf16kv; } cases[] = {
         {1, 8192, 0, 1}, {1, 2048, 0, 1}, {1, 1000, 0, 1}, {3, 300, 77, 1}, {1, 5, 0, 1}, {1, 2048, 0, 0}, {2, 129, 40, 0}};
     cudaStream_t s;
-    CK(cudaStreamCreate(&s));
     cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
+    timing_open(&s, &e0, &e1);
     cu_attention_init(hd);
     if (cu_attn_fw_init(hd) != 0) {
         printf("fa: k_attn_fw does not run on this device\n");
@@ -1746,10 +1748,8 @@ static int adbench(int reps) {
                             {std::vector<int64_t>(64, 127), 0}, {std::vector<int64_t>(64, 1023), 0},
                             {std::vector<int64_t>(16, 8191), 0}, {{77, 4000, 130, 0, 63, 64}, 0}, {{77, 4000, 130}, 1}};
     cudaStream_t s;
-    CK(cudaStreamCreate(&s));
     cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
+    timing_open(&s, &e0, &e1);
     cu_attention_init(hd);
     const int depth = cu_attn_ring_init(hd);
     if (depth < 2) {
@@ -1820,10 +1820,8 @@ static int adbench(int reps) {
 static int topbench(int reps) {
     const int64_t V = 248320;
     cudaStream_t s;
-    CK(cudaStreamCreate(&s));
     cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
+    timing_open(&s, &e0, &e1);
     int bad = 0;
     /* random rows with ties across segments; every segment alike (each one's top ties with
      * the others': more candidates left than the merge's threads); every logit equal */
@@ -2105,10 +2103,8 @@ static int bwbench(int reps) {
     printf("device %s, %d SMs, L2 %d MB, memory %.0f GB\n", prop.name, sms, prop.l2CacheSize >> 20,
            prop.totalGlobalMem / 1e9);
     cudaStream_t s;
-    CK(cudaStreamCreate(&s));
     cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
+    timing_open(&s, &e0, &e1);
     copy_bandwidth(s, e0, e1);
     const size_t bytes = (size_t)16 << 30;
     uint8_t *buf;
