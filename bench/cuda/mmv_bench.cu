@@ -131,6 +131,13 @@ struct agreement {
     double err() const { return mr > 0 ? md / mr : md; }
 };
 
+/* a bench's stream and its two timing events */
+static void timing_open(cudaStream_t *s, cudaEvent_t *e0, cudaEvent_t *e1) {
+    CK(cudaStreamCreate(s));
+    CK(cudaEventCreate(e0));
+    CK(cudaEventCreate(e1));
+}
+
 /* a bench's stream and two timing events, the backend's kernels set up (cu_mm_init) */
 struct bench_env {
     cudaStream_t s;
@@ -138,10 +145,8 @@ struct bench_env {
 };
 static bench_env bench_env_make(void) {
     bench_env b;
-    CK(cudaStreamCreate(&b.s));
+    timing_open(&b.s, &b.e0, &b.e1);
     cu_mm_init();
-    CK(cudaEventCreate(&b.e0));
-    CK(cudaEventCreate(&b.e1));
     return b;
 }
 
@@ -304,13 +309,11 @@ enum { NCFG = sizeof cfg1 / sizeof cfg1[0] };
 
 static int sweep(int reps, const char *tlist) {
     cudaStream_t s;
-    CK(cudaStreamCreate(&s));
+    cudaEvent_t e0, e1;
+    timing_open(&s, &e0, &e1);
     cu_mm_init();
     for (int i = 0; i < NCFG; i++) cfg1[i].attr(), cfg3[i].attr();
     CK(cudaMalloc(&sweep_part, (size_t)MM_SPLITS * 64 * 34816 * 4));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     const struct { const char *name; int64_t rows, cols; } shapes[] = {
         {"gate+up", 34816, 5120}, {"down", 5120, 17408}, {"gdn in", 16512, 5120}, {"out/o", 5120, 6144}, {"attn qkv", 14336, 5120}};
     const std::vector<int64_t> Ts = token_list(tlist, {32, 64, 128, 512, 2048});
@@ -715,11 +718,9 @@ static void qv_run(const qv_case<BITS> (&cases)[N], cudaStream_t s, cudaEvent_t 
 }
 static int qvbench(int reps) {
     cudaStream_t s;
-    CK(cudaStreamCreate(&s));
-    cu_mm_init();
     cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
+    timing_open(&s, &e0, &e1);
+    cu_mm_init();
     qv_run(qv4, s, e0, e1, reps);
     qv_run(qv8, s, e0, e1, reps);
     return 0;
@@ -782,16 +783,14 @@ static int qprof(int64_t rows, int64_t cols, int64_t T, int P, int bits) {
  * backend's, the activations multicast) and of 1, whose outputs must be the same bits ---- */
 static int wgbench(int reps, const char *tlist) {
     cudaStream_t s;
-    CK(cudaStreamCreate(&s));
+    cudaEvent_t e0, e1;
+    timing_open(&s, &e0, &e1);
     cu_mm_init();
     void *enc = cu_wgmma_available();
     if (!enc) {
         printf("wgmma: this device does not run the sm_90a kernel\n");
         return 1;
     }
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     const struct { const char *name; int64_t rows, cols; } shapes[] = {
         {"gate+up", 34816, 5120}, {"down", 5120, 17408}, {"gdn in", 16512, 5120}, {"out/o", 5120, 6144},
         {"attn qkv", 14336, 5120}, {"odd rows", 1000, 384}};
@@ -1179,16 +1178,14 @@ static void launch_bufs_free(launch_bufs &b) {
  * one 27B token's matrices summed against the copy-bandwidth floor ---- */
 static int wsbench(int reps, const char *tlist) {
     cudaStream_t s;
-    CK(cudaStreamCreate(&s));
+    cudaEvent_t e0, e1;
+    timing_open(&s, &e0, &e1);
     cu_mm_init();
     void *enc = cu_wgmma_available();
     if (!enc) {
         printf("wgmma: this device does not run the sm_90a kernel\n");
         return 1;
     }
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     const double copy_bw = copy_bandwidth(s, e0, e1);
     std::vector<dec_launch> groups(std::begin(k27_launches), std::end(k27_launches));
     groups.push_back({"odd", 3, {1000, 200, 16}, 384, 0});
@@ -1344,12 +1341,6 @@ static T *dev_copy(const std::vector<T> &v) {
     return p;
 }
 
-/* a bench's stream and its two timing events */
-static void timing_open(cudaStream_t *s, cudaEvent_t *e0, cudaEvent_t *e1) {
-    CK(cudaStreamCreate(s));
-    CK(cudaEventCreate(e0));
-    CK(cudaEventCreate(e1));
-}
 /* cudaFree of each (NULL ones skipped) */
 static void dev_free(std::initializer_list<void *> ps) {
     for (void *p : ps)
@@ -1913,14 +1904,12 @@ static void vp_attr() {
 
 static int vpbench(int reps) {
     cudaStream_t s;
-    CK(cudaStreamCreate(&s));
+    cudaEvent_t e0, e1;
+    timing_open(&s, &e0, &e1);
     cu_mm_init();
     vp_attr<4, 4>();
     vp_attr<6, 4>();
     vp_attr<8, 3>();
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     enum { NV = 5, NT = 4 };
     static const char *vn[NV] = {"backend", "D4B4", "D6B4", "D8B3", "D5B4/D6B3"};
     const int Ts[NT] = {1, 2, 4, 8};
@@ -2182,15 +2171,13 @@ int main(int argc, char **argv) {
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
     cudaStream_t s;
-    CK(cudaStreamCreate(&s));
+    cudaEvent_t e0, e1;
+    timing_open(&s, &e0, &e1);
     cu_mm_init();
     v_attr<4, 4, 4, 3, 1>();
     v_attr<4, 3, 3, 3, 2>();
     v_attr<6, 2, 6, 2, 2>();
     v_attr<2, 2, 2, 2, 4>(); /* four tiles a block: the activations' fragments serve four (9-16 tokens' L2 reads) */
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     const double copy_bw = copy_bandwidth(s, e0, e1);
     const shape shapes[] = {{"mlp gate/up", 17408, 5120, 128}, {"mlp down", 5120, 17408, 64}, {"gdn qkv", 10240, 5120, 48},
                             {"gdn z", 6144, 5120, 48}, {"gdn out, attn o", 5120, 6144, 64},   {"attn q+gate", 12288, 5120, 16},
