@@ -760,7 +760,8 @@ static int prof(int64_t rows, int64_t cols, int64_t T, int P) {
 
 /* ---- `mmv_bench qprof ROWS COLS T P BITS`: the backend's MLX product (groups of 64) of one
  * shape, over each of its 1 GiB of copies once, 3 rounds (for a profiler: ncu --kernel-name
- * regex:k_qmv --launch-skip 40 --launch-count 2 build/mmv_bench qprof 34816 5120 1 1 4) ---- */
+ * regex:k_qmv --launch-skip 12 --launch-count 2 build/mmv_bench qprof 34816 5120 1 1 4; that
+ * shape has 11 copies at 4 bits and 6 at 8, so 3 rounds launch 33 or 18 products: skip fewer) ---- */
 static int qprof(int64_t rows, int64_t cols, int64_t T, int P, int bits) {
     cudaStream_t s;
     CK(cudaStreamCreate(&s));
