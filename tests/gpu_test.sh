@@ -112,6 +112,22 @@ else
     nok "perplexity in bf16: '$p3', exact '$p2' ($(head -c 300 "$T/perr3"))"
 fi
 
+# the MLX products' `bf16` forms on a trained model: tiny-fortune at 8 bits (strand quantize,
+# groups of 64) in windows of 8 tokens, so that every step's products are those of up to 8
+# tokens (k_qmvp, at 8 bits its fp16 form), `bf16` within 0.1% of `exact`
+p6=; p7=
+if "$S" quantize -m models/tiny-fortune --bits 8 -o "$T/tf8" >"$T/q8" 2>&1; then
+    ppl8() { "$S" perplexity --device cuda --precision $1 -m "$T/tf8" --text-file models/tiny-fortune/heldout.txt \
+        --window 8 --batch 1 --json 2>>"$T/perr8" | grep -o '"perplexity": *[0-9.]*' | grep -o '[0-9.]*$'; }
+    p6=$(ppl8 exact)
+    p7=$(ppl8 bf16)
+fi
+if [ -n "$p6" ] && [ -n "$p7" ] && awk -v a="$p6" -v b="$p7" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d / a < 1e-3) }'; then
+    ok "tiny-fortune at 8 bits, windows of 8 tokens: perplexity with --precision bf16 $p7, exact $p6 (within 0.1%)"
+else
+    nok "8-bit perplexity in bf16: '$p7', exact '$p6' ($(tail -c 300 "$T/q8" "$T/perr8" 2>/dev/null | tr '\n' ' '))"
+fi
+
 # `exact` over step sizes: tiny-fortune's first 2,048 held-out tokens in one step (its
 # products on cuBLASLt as three bf16 parts, from CU_BLAS_EXACT_MIN_T tokens; only the
 # library's summation order differs) and in steps of 128 (k_gemm): the same greedy token at
