@@ -423,7 +423,7 @@ static int qbench(int reps) {
         {"gdn z", 6144, 5120, 48}, {"gdn out, attn o", 5120, 6144, 64}, {"attn q+gate", 12288, 5120, 16}};
     const int64_t Ts[] = {1, 4, 16};
     const int group = 64;
-    printf("MLX affine, groups of %d: GB/s of the bytes read; * the two differ in a bit\n", group);
+    printf("MLX affine, groups of %d: GB/s of the bytes read; * the two differ in a bit (then: how far)\n", group);
     printf("%-15s %4s %3s %2s %10s %10s\n", "shape", "bits", "T", "P", "k_qmvp", "k_qmv");
     double tot[2][2][3][2] = {{{{0}}}}; /* [bits 8, 4][P 1, 3][T][kernel] */
     for (int bi = 0; bi < 2; bi++) {
@@ -443,6 +443,7 @@ static int qbench(int reps) {
                     const int64_t T = Ts[ti];
                     double sec[2];
                     bool same = true;
+                    agreement ag; /* how far k_qmvp is from k_qmv where their bits differ (a trial form) */
                     for (int k = 0; k < 2; k++) {
                         auto launch = [&](int c) {
                             if (k == 0) {
@@ -463,12 +464,14 @@ static int qbench(int reps) {
                         launch(0);
                         CK(cudaGetLastError());
                         if (k == 0) CK(cudaMemcpyAsync(yref, y, T * sh.rows * 4, cudaMemcpyDeviceToDevice, s));
-                        else same = same_bits(y, yref, (size_t)(T * sh.rows));
+                        else if (!(same = same_bits(y, yref, (size_t)(T * sh.rows)))) ag.add(yref, y, (size_t)(T * sh.rows));
                         sec[k] = time_launches(s, e0, e1, reps, copies, launch);
                         tot[bi][P / 2][ti][k] += sec[k] * sh.per_token;
                     }
-                    printf("%-15s %4d %3lld %2d %10.0f %10.0f%s\n", sh.name, bits, (long long)T, P, bytes / sec[0] / 1e9,
-                           bytes / sec[1] / 1e9, same ? "" : " *");
+                    printf("%-15s %4d %3lld %2d %10.0f %10.0f", sh.name, bits, (long long)T, P, bytes / sec[0] / 1e9,
+                           bytes / sec[1] / 1e9);
+                    if (same) printf("\n");
+                    else printf(" * %.2e of the largest%s\n", ag.err(), ag.nan ? " (NaN)" : "");
                 }
             q_case_free(qc);
         }
