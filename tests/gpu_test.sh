@@ -73,7 +73,7 @@ fi
 
 if "$S" bench --device cuda --synth tiny --prompts 16 --batches 1,2 --decode-s 0.5 >"$T/bench" 2>&1 &&
     grep -q 'synthetic tiny' "$T/bench"; then
-    ok "strand bench --synth tiny: weights made in device memory, $(grep -A3 '^decode' "$T/bench" | sed -n 2p | awk '{print $4}') tok/s at batch 1"
+    ok "strand bench --synth tiny: weights made in device memory, $(grep -A3 '^decode  *batch' "$T/bench" | awk '$1 == 1 { print $3; exit }') tok/s at batch 1"
 else
     nok "bench --synth: $(tail -3 "$T/bench" | tr '\n' ' ')"
 fi
