@@ -97,32 +97,36 @@ v=$("$S" generate --device cuda -m $VL --ids 5,6,7,1002,1000,1000,1000,1000,1003
 if [ "$v" = "$VL_GREEDY" ]; then ok "images on the GPU (M-RoPE): tiny-vl's two-image prompt gives the reference's 12 greedy tokens"
 else nok "images on the GPU: '$v', the reference '$VL_GREEDY' ($(head -c 300 "$T/verr"))"; fi
 
-p1=$("$S" perplexity --device cpu -m models/tiny-fortune --text-file models/tiny-fortune/heldout.txt --json 2>/dev/null | grep -o '"perplexity": *[0-9.]*' | grep -o '[0-9.]*$')
-p2=$("$S" perplexity --device cuda -m models/tiny-fortune --text-file models/tiny-fortune/heldout.txt --json 2>"$T/perr" | grep -o '"perplexity": *[0-9.]*' | grep -o '[0-9.]*$')
-if [ -n "$p1" ] && [ -n "$p2" ] && awk -v a="$p1" -v b="$p2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d / a < 1e-4) }'; then
+# tiny-fortune's held-out perplexity (ppl ERRFILE ARGS...: strand perplexity's number, empty on
+# failure) and whether two of them are within a relative bound (near A B BOUND)
+ppl() { local e=$1; shift; "$S" perplexity "$@" --text-file models/tiny-fortune/heldout.txt --json 2>>"$e" |
+    grep -o '"perplexity": *[0-9.]*' | grep -o '[0-9.]*$'; }
+near() { [ -n "$1" ] && [ -n "$2" ] && awk -v a="$1" -v b="$2" -v r="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d / a < r) }'; }
+
+p1=$(ppl /dev/null --device cpu -m models/tiny-fortune)
+p2=$(ppl "$T/perr" --device cuda -m models/tiny-fortune)
+if near "$p1" "$p2" 1e-4; then
     ok "tiny-fortune held-out perplexity on the GPU $p2, on the CPU $p1 (within 1e-4)"
 else
     nok "perplexity: GPU '$p2', CPU '$p1' ($(head -c 300 "$T/perr"))"
 fi
 
-p3=$("$S" perplexity --device cuda --precision bf16 -m models/tiny-fortune --text-file models/tiny-fortune/heldout.txt --json 2>"$T/perr3" | grep -o '"perplexity": *[0-9.]*' | grep -o '[0-9.]*$')
-if [ -n "$p2" ] && [ -n "$p3" ] && awk -v a="$p2" -v b="$p3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d / a < 1e-3) }'; then
+p3=$(ppl "$T/perr3" --device cuda --precision bf16 -m models/tiny-fortune)
+if near "$p2" "$p3" 1e-3; then
     ok "tiny-fortune held-out perplexity with --precision bf16 $p3, exact $p2 (within 0.1%)"
 else
     nok "perplexity in bf16: '$p3', exact '$p2' ($(head -c 300 "$T/perr3"))"
 fi
 
-# the MLX products' `bf16` forms on a trained model: tiny-fortune at 8 bits (strand quantize,
+# the MLX products' `bf16` form on a trained model: tiny-fortune at 8 bits (strand quantize,
 # groups of 64) in windows of 8 tokens, so that every step's products are those of up to 8
-# tokens (k_qmvp, at 8 bits its fp16 form), `bf16` within 0.1% of `exact`
+# tokens (k_qmvp), `bf16` within 0.1% of `exact`
 p6=; p7=
 if "$S" quantize -m models/tiny-fortune --bits 8 -o "$T/tf8" >"$T/q8" 2>&1; then
-    ppl8() { "$S" perplexity --device cuda --precision $1 -m "$T/tf8" --text-file models/tiny-fortune/heldout.txt \
-        --window 8 --batch 1 --json 2>>"$T/perr8" | grep -o '"perplexity": *[0-9.]*' | grep -o '[0-9.]*$'; }
-    p6=$(ppl8 exact)
-    p7=$(ppl8 bf16)
+    p6=$(ppl "$T/perr8" --device cuda --precision exact -m "$T/tf8" --window 8 --batch 1)
+    p7=$(ppl "$T/perr8" --device cuda --precision bf16 -m "$T/tf8" --window 8 --batch 1)
 fi
-if [ -n "$p6" ] && [ -n "$p7" ] && awk -v a="$p6" -v b="$p7" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d / a < 1e-3) }'; then
+if near "$p6" "$p7" 1e-3; then
     ok "tiny-fortune at 8 bits, windows of 8 tokens: perplexity with --precision bf16 $p7, exact $p6 (within 0.1%)"
 else
     nok "8-bit perplexity in bf16: '$p7', exact '$p6' ($(tail -c 300 "$T/q8" "$T/perr8" 2>/dev/null | tr '\n' ' '))"
