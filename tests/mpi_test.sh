@@ -171,7 +171,14 @@ fault() {
     last=$(grep '^data: ' "$T/stream" | tail -1)
     if [ -n "$ev" ] && [ "$last" = "data: [DONE]" ]; then ok "$what mid-stream: the client gets an error event${tev:+ ${tev} s after}, then [DONE] ($ev)"
     else nok "$what mid-stream: the stream ends '$(tail -c 300 "$T/stream")'"; fi
-    if [ $gone = 1 ] && [ $rc -ne 0 ] && awk -v d="$dt" 'BEGIN { exit !(d <= 5.0) }'; then
+    # the bound: 5 s for a rank that dies (mpirun sees it: measured 2.0-2.1 s); for one that
+    # hangs, strand's watchdog (3 s), its shutdown (0.8-0.9 s: /health answers 503 a while,
+    # the streams get their error events) and then Open MPI's end of a stopped process
+    # (SIGTERM, odls_base_sigkill_timeout 1 s, SIGKILL): 3.9-5.9 s measured on a 2-core VM,
+    # the most under the CI's load, so 7 s
+    local bound=5.0
+    [ "$sig" = STOP ] && bound=7.0
+    if [ $gone = 1 ] && [ $rc -ne 0 ] && awk -v d="$dt" -v b="$bound" 'BEGIN { exit !(d <= b) }'; then
         ok "$what: the job exits non-zero (status $rc) ${dt} s after"
     else
         nok "$what: the job ended $gone, status $rc, after ${dt} s ($(tail -c 400 "$T/f.log"))"
