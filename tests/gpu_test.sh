@@ -118,6 +118,19 @@ else
     nok "perplexity in bf16: '$p3', exact '$p2' ($(head -c 300 "$T/perr3"))"
 fi
 
+# the chunked delta rule over slabs: windows of 4,096 tokens, one a step, are 64 chunks, which
+# the rule takes in two slabs of 32 (its workspace's two halves: the second slab's chunk part
+# runs beside the first's scan; `bf16` only: `exact` keeps the per-step rule); `bf16` within
+# 0.1% of `exact` with the same windows (H100, 2026-12-07: 173.0590 against 173.0460; the CPU
+# gives 173.0461)
+p4=$(ppl "$T/perr4" --device cuda --precision exact -m models/tiny-fortune --window 4096 --batch 1)
+p5=$(ppl "$T/perr4" --device cuda --precision bf16 -m models/tiny-fortune --window 4096 --batch 1)
+if near "$p4" "$p5" 1e-3; then
+    ok "tiny-fortune in windows of 4,096 tokens (the chunked rule in two slabs a step): perplexity with --precision bf16 $p5, exact $p4 (within 0.1%)"
+else
+    nok "perplexity in windows of 4,096 tokens, bf16: '$p5', exact '$p4' ($(head -c 300 "$T/perr4"))"
+fi
+
 # the MLX products' `bf16` form on a trained model: tiny-fortune at 8 bits (strand quantize,
 # groups of 64) in windows of 8 tokens, so that every step's products are those of up to 8
 # tokens (k_qmvp), `bf16` within 0.1% of `exact`

@@ -1005,6 +1005,12 @@ static int blasbench(int reps, const char *tlist) {
                 printf("%-9s untile: %zu elements differ  FAIL\n", sh.name, diff);
                 bad++;
             }
+            /* the backend's copy against the plain one (k_untile), GB/s read + written */
+            const double by = 2.0 * sh.rows * ldxs * 2;
+            const double t_b = time_launches(s, e0, e1, reps, 1, [&](int) { cu_untile_bf16(s, tc.wt, sh.rows, sh.cols, wrm); });
+            const double t_p =
+                time_launches(s, e0, e1, reps, 1, [&](int) { k_untile<<<4096, 256, 0, s>>>(tc.wt, sh.rows, sh.cols, wrm); });
+            printf("%-9s untile GB/s: the backend's %.0f, k_untile %.0f\n", sh.name, by / t_b / 1e9, by / t_p / 1e9);
         }
         const cu_mat w = {CU_FMT_BF16_TILED, 0, 0, 0, sh.rows, sh.cols, tc.wt, NULL, NULL};
         mm_group g;
@@ -1417,7 +1423,7 @@ static int gdnbench(int reps) {
         int64_t *d_t0 = dev_copy(t0);
         int32_t *d_slot = dev_copy(slot), *d_ch = dev_copy(ch), *d_ic = dev_copy(ic);
         const int ws_chunks = 32;
-        const size_t ws_n = (size_t)ws_chunks * Hv * cu_gdn_chunk_floats(Dk, Dv), conv_ws = ch.size() / 4 * (K - 1) * (size_t)cd;
+        const size_t ws_n = (size_t)CU_GDN_WS_SLABS * ws_chunks * Hv * cu_gdn_chunk_floats(Dk, Dv), conv_ws = ch.size() / 4 * (K - 1) * (size_t)cd;
         CK(cudaMalloc(&ws, (ws_n > conv_ws ? ws_n : conv_ws) * 4));
         float *qkv_after[2];
         for (int i = 0; i < 2; i++) CK(cudaMalloc(&qkv_after[i], (size_t)T * cd * 4));

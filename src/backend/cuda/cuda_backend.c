@@ -809,15 +809,19 @@ typedef struct plan_layout {
 /* the most chunks of the chunked delta rule a step cuts (each item's last may be partial) */
 static int64_t max_chunks_of(const st_ctx_params *p) { return (p->max_tokens + 63) / 64 + p->n_slots; }
 /* the chunks the chunked rule's workspace holds: a step's chunks run in slabs of this many */
+#ifndef CU_GDN_WS_CHUNKS
+#define CU_GDN_WS_CHUNKS 32
+#endif
 static int64_t ws_chunks_of(const cuda_backend *b, const st_ctx_params *p) {
     if (!b->gdn_chunked) return 0;
     const int64_t n = max_chunks_of(p);
-    return n < 32 ? n : 32;
+    return n < CU_GDN_WS_CHUNKS ? n : CU_GDN_WS_CHUNKS;
 }
 /* the workspace: the slabs' chunks, or the inputs the chunked conv saves before each chunk */
 static size_t chunk_ws_floats(const cuda_backend *b, const st_ctx_params *p) {
     if (!b->gdn_chunked) return 0;
-    const size_t rule = (size_t)ws_chunks_of(b, p) * (size_t)b->Hv * (size_t)cu_gdn_chunk_floats(b->Dk, b->Dv);
+    const size_t rule =
+        (size_t)CU_GDN_WS_SLABS * (size_t)ws_chunks_of(b, p) * (size_t)b->Hv * (size_t)cu_gdn_chunk_floats(b->Dk, b->Dv);
     const size_t conv = (size_t)max_chunks_of(p) * (size_t)(b->K - 1) * (size_t)b->cd;
     return rule > conv ? rule : conv;
 }

@@ -50,9 +50,10 @@ struct gc_ws {
     float *U, *G;
     uint16_t *W, *Q, *K, *P;
 };
-template <int DK> __device__ __forceinline__ gc_ws gc_ws_at(const cu_gdn_args &a, int slab_chunk, int h) {
+template <int DK> __device__ __forceinline__ gc_ws gc_ws_at(const cu_gdn_args &a, int c0, int slab_chunk, int h) {
     gc_ws r;
-    r.U = a.chunk_ws + ((size_t)slab_chunk * a.Hv + h) * (size_t)cu_gdn_chunk_floats(DK, a.Dv);
+    const int slab = CU_GDN_OVERLAP ? c0 / a.ws_chunks % 2 : 0; /* (CU_GDN_OVERLAP: slabs alternate) */
+    r.U = a.chunk_ws + (((size_t)slab * a.ws_chunks + slab_chunk) * a.Hv + h) * (size_t)cu_gdn_chunk_floats(DK, a.Dv);
     r.G = r.U + GC * a.Dv;
     r.W = (uint16_t *)(r.G + GC);
     r.Q = r.W + GC * DK, r.K = r.Q + GC * DK, r.P = r.K + GC * DK;
@@ -70,7 +71,14 @@ template <int DK> constexpr size_t cprep_floats(int Dv) {
 
 template <int DK>
 __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cprep(cu_gdn_args a, int c0) {
-    pdl_wait();
+    /* CU_GDN_OVERLAP, a slab after the first: what it reads was written before the scan ahead
+     * of it began (which waited for the first slab's part, which waited for them), so its
+     * blocks run beside that scan, into the other slab (which the scan before that one read, and
+     * that one finished before this grid could start); block (0, 0) waits for the scan at its
+     * end, so that this grid ends after it, and the next scan, which waits for this grid, after
+     * both. It lets the scan after it start only as it ends (it never calls pdl_wait) */
+    const bool beside = CU_GDN_OVERLAP && c0 > 0;
+    if (!beside) pdl_wait();
     extern __shared__ float4 cp_sh4[];
     constexpr int SW = DK + 4, LA = GC + 4;
     const int Dv = a.Dv, SV = Dv + 4; /* v's stride, where q was */
@@ -79,7 +87,7 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cprep(cu_gdn_args a, int 
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, h = blockIdx.y, c = c0 + blockIdx.x;
     const int64_t t0 = a.chunks[4 * c];
     const int n = a.chunks[4 * c + 1], kh = h / (a.Hv / a.Hk);
-    const gc_ws cw = gc_ws_at<DK>(a, blockIdx.x, h);
+    const gc_ws cw = gc_ws_at<DK>(a, c0, blockIdx.x, h);
     /* q and k of the chunk as the conv left them (zeros past its end), every copy in flight at once */
     for (int e = tid; e < GC * DK / 4; e += GC_THREADS) {
         const int r = e / (DK / 4), i = e % (DK / 4) * 4;
@@ -264,6 +272,7 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cprep(cu_gdn_args a, int 
                 }
         }
     }
+    if (beside && blockIdx.x == 0 && blockIdx.y == 0) asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
 /* ---- the scan over an item's chunks ---- */
@@ -342,7 +351,7 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cscan(cu_plan p, cu_gdn_a
     const int ubytes = uc < nc ? 16 : 0;
     /* chunk c's W, exp(g) q and U; its exp(g_last - g) k and P into buffer c & 1 */
     auto issue_wq = [&](int c) {
-        const gc_ws cw = gc_ws_at<DK>(a, c - c0, h);
+        const gc_ws cw = gc_ws_at<DK>(a, c0, c - c0, h);
 #pragma unroll
         for (int i = 0; i < PK::EACH; i++)
             if (PK::on(tid, i)) {
@@ -354,7 +363,7 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cscan(cu_plan p, cu_gdn_a
             if (PU::on(tid, i)) cp_async16_at(su + i * PU::STEP * L::UR, ubytes ? cw.U + gu + (size_t)i * PU::STEP * Dv : cw.U, ubytes);
     };
     auto issue_kp = [&](int c) {
-        const gc_ws cw = gc_ws_at<DK>(a, c - c0, h);
+        const gc_ws cw = gc_ws_at<DK>(a, c0, c - c0, h);
         const uint32_t kb = sa + L::K + (c & 1) * GC * L::SR + sk, pb = sa + L::P + (c & 1) * GC * L::PR + sp;
 #pragma unroll
         for (int i = 0; i < PK::EACH; i++)
@@ -377,7 +386,7 @@ __global__ void __launch_bounds__(GC_THREADS, 2) k_gdn_cscan(cu_plan p, cu_gdn_a
      * (.trans): row lane % 8 + 8 (lane / 16), columns from 8 ((lane / 8) % 2) */
     const int lr = lane & 15, lc = (lane >> 4) * 8, tr = (lane & 7) + (lane >> 4) * 8, tc = ((lane >> 3) & 1) * 8;
     for (int c = cb; c < ce; c++) {
-        const gc_ws cw = gc_ws_at<DK>(a, c - c0, h);
+        const gc_ws cw = gc_ws_at<DK>(a, c0, c - c0, h);
         const int64_t t0 = a.chunks[4 * c];
         const int n = a.chunks[4 * c + 1];
         const float g_last = cw.G[GC - 1]; /* the chunk's last log decay, ahead of the products */
