@@ -70,8 +70,56 @@ __global__ void k_untile(const uint16_t *src, int64_t rows, int64_t cols, uint16
     }
 }
 
+/* k_untile's copy in runs: a warp per (tile, 4 steps), whose 4 KB of the source it reads at
+ * once (8 16-byte pieces a lane) into shared memory and writes back as the tile's 16 rows'
+ * 256-byte runs, two rows a store: whole 128-byte lines where k_untile writes 64-byte halves
+ * of them in separate stores, and one division a unit where k_untile makes one a piece; 6
+ * blocks an SM (32 KB of shared memory each: all resident, so the grid has no late wave) */
+#define UNTILE_WARPS 8
+__global__ void __launch_bounds__(32 * UNTILE_WARPS) k_untile_runs(const uint16_t *src, int64_t rows, int64_t cols,
+                                                                    uint16_t *dst) {
+    __shared__ uint4 buf[UNTILE_WARPS][256];
+    const int64_t nsteps = tiled_steps(cols), ng = (nsteps + 3) / 4, ld = nsteps * 32;
+    const int64_t units = tiled_tiles(rows) * ng;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    uint4 *b = buf[w];
+    for (int64_t u = (int64_t)blockIdx.x * UNTILE_WARPS + w; u < units; u += (int64_t)gridDim.x * UNTILE_WARPS) {
+        const int64_t m = u / ng, k0 = u % ng * 4;
+        const int ns = nsteps - k0 < 4 ? (int)(nsteps - k0) : 4;
+        const uint4 *s4 = (const uint4 *)(src + (m * nsteps + k0) * 512); /* a step: 64 pieces */
+        uint4 v[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (lane + 32 * i < 64 * ns) v[i] = s4[lane + 32 * i];
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (lane + 32 * i < 64 * ns) b[lane + 32 * i] = v[i];
+        __syncwarp();
+        /* piece e of the runs: row e / 16 of the tile, its step (e % 16) / 4 of the 4 and 8
+         * columns e % 4 of that step; the source's piece of it: step * 64 + row * 4 + e % 4 */
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int e = lane + 32 * i, r = e >> 4, st = (e & 15) >> 2, t = e & 3;
+            const int64_t row = 16 * m + r;
+            if (st < ns && row < rows) *(uint4 *)(dst + row * ld + 32 * (k0 + st) + 8 * t) = b[st * 64 + r * 4 + t];
+        }
+        __syncwarp();
+    }
+}
+
+/* 1: k_untile_runs (0: k_untile, the reference it is checked against in `mmv_bench blas`).
+ * H100, 2026-12-07 (`mmv_bench blas 1 1024`, GB/s read + written): gate/up 2,870 against
+ * 2,804, down 2,850 / 2,776, GDN in 2,859 / 2,795, q/k/v 2,811 / 2,776, out/o 2,695 / 2,725:
+ * k_untile was already near the copy rate (3,020) there, and the 8,192-token prefill moved
+ * by less than its noise (10,294 / 10,308 against 10,247 / 10,313 tok/s) */
+#ifndef CU_UNTILE_RUNS
+#define CU_UNTILE_RUNS 1
+#endif
+
 extern "C" void cu_untile_bf16(cu_stream s, const uint16_t *src, int64_t rows, int64_t cols, uint16_t *dst) {
-    if (rows > 0 && cols > 0) k_untile<<<4096, 256, 0, s>>>(src, rows, cols, dst);
+    if (rows <= 0 || cols <= 0) return;
+    if (CU_UNTILE_RUNS) k_untile_runs<<<6 * mm_sms(), 32 * UNTILE_WARPS, 0, s>>>(src, rows, cols, dst);
+    else k_untile<<<4096, 256, 0, s>>>(src, rows, cols, dst);
 }
 
 /* The activations split once into bf16 parts for k_mmv: xs[p][n][c], c < ldxs (the width
