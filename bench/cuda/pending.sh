@@ -5,11 +5,13 @@
 # TV=dnn OB=64 OPV=dnn DB=16,64); the next unit's K and V prefetched into L2 by k_attn_split,
 # not kept (PARTS=8d, then L VS="prev new" LP=4096 LB=1,8, then 4). Session 37 (H100s):
 # k_attn_ring and the scanning merge, kept (PARTS=A, then 4, then d VS="prev r0 m0 new"
-# DB=16,64, L VS="prev r0 new" LP=4096 LB=1,8 and LP=32768 LB=1). Nothing is pending: the
-# next change brings its own pack. VS: the libraries to run (default prev, every other
-# var/NAME.so, new); RT: seconds a bench run may take. Letter
-# parts: s (k_wgmma_stream under Nsight Compute in a decode step), a (decode attention's
-# kernels under Nsight Compute), r (the rule's decode kernel so), t (the README table's rows),
+# DB=16,64, L VS="prev r0 new" LP=4096 LB=1,8 and LP=32768 LB=1). Pending (session 42):
+# `-DCU_WS_REG2=1` (r2) and with `-DCU_GDN_DEC_FUSED_MAX=64` (r2f), PARTS=dk VS="prev r2 r2f"
+# DB=40,64. VS: the libraries to run (default prev, every other var/NAME.so, new); RT:
+# seconds a bench run may take. Letter parts: k (a batch-64 step's products and delta rule,
+# each kernel alone under Nsight Compute, summed by shape, for each library of VS), s
+# (k_wgmma_stream under Nsight Compute in a decode step), a (decode attention's kernels under
+# Nsight Compute), r (the rule's decode kernel so), t (the README table's rows),
 # w (mmv_bench ws), d (decode side by side at batches $DB), L (the same after long prompts), o (a
 # decode step by operation, prev and var/$OPV), g (k_wgmma under Nsight Compute, from
 # var/nb.so), b (the library's kernel for the same product), m (MLX batch-1 decode), A
@@ -210,6 +212,29 @@ fi
 if part 9; then
     prof cprep k_gdn_cprep 3 $B --prompts 8192 --batches 1 --decode-s 0.1
     prof cscan k_gdn_cscan 3 $B --prompts 8192 --batches 1 --decode-s 0.1
+fi
+# k. a batch-${OB:-64} decode step's products and delta rule, each kernel alone under Nsight
+# Compute (its duration and DRAM bytes; KSKIP launches skipped: the prompts' step and the first
+# decode steps), summed by kernel and size for each library of $vs: how far each launch is from
+# its bytes at the copy rate (session 42, H100: every k_wgmma_stream launch about 12 us plus its
+# bytes at 2.89 TB/s)
+if part k; then
+    for v in $vs; do
+        use $v
+        tl 120 $NCU --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv \
+            --kernel-name regex:"${KREGEX:-k_wgmma_stream|k_gdn_dec}" --launch-skip ${KSKIP:-330} --launch-count ${KCOUNT:-330} \
+            $B --prompts 128 --batches ${OB:-64} --decode-s 0.2 > $O/k_$v.csv 2>&1
+        echo "ncu step $v rc $? $(el)"
+        awk -F'","' 'NF > 14 && $1 ~ /^"[0-9]/ { k = $1; n[k] = $5; sub(/\(.*/, "", n[k]); sub(/^void /, "", n[k])
+                v = $15; gsub(/[",]/, "", v)
+                if ($13 ~ /duration/) t[k] = v / 1e3; else if ($13 ~ /read/) r[k] = v / 1e6; else if ($13 ~ /write/) w[k] = v / 1e6 }
+            END { for (k in t) { g = n[k] SUBSEP int(r[k] + 0.5); c[g]++; ts[g] += t[k]; by[g] += r[k] + w[k]; all += t[k] }
+                  for (g in c) { split(g, f, SUBSEP)
+                      printf "%9.1f us  %-34s %5d MB read x%-3d %8.1f us each %5.0f GB/s\n", ts[g], substr(f[1], 1, 34), f[2], c[g],
+                          ts[g] / c[g], by[g] / ts[g] * 1e3 }
+                  printf "%9.1f us  all\n", all }' $O/k_$v.csv | sort -n -r | head -12
+    done
+    use new
 fi
 # 6. the library's products and the copy out of the tiled layout
 if part 6; then

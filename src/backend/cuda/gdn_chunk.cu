@@ -26,8 +26,10 @@
  * (item, head, 32 state columns) over the item's chunks in order, the fp32 state in its
  * warps' accumulators (a bf16 copy in shared memory as the products' operand), the products
  * mma.sync m16n8k16 on bf16 operands with fp32 sums, their fragments by ldmatrix; two such
- * blocks share an SM, each one's loads running while the other computes. The workspace holds
- * ws_chunks chunks; cu_gdn_chunked runs a step's chunks in slabs of that many.
+ * blocks share an SM, each one's loads running while the other computes. cu_gdn_chunked runs a
+ * step's chunks in slabs of ws_chunks; the workspace holds CU_GDN_WS_SLABS of them (two: a
+ * slab's k_gdn_cprep, after the first, runs beside the scan of the slab before, into the
+ * other half; see cuda_kernels.h).
  *
  * Rows past a partial chunk's end are zeros (beta 0, k 0, q 0, g constant), so they change
  * neither the outputs nor the state.
