@@ -352,7 +352,8 @@ struct ws_shape {
 #ifndef CU_WS_2BLK
 #define CU_WS_2BLK 0
 #endif
-#define WS_MINB(BN, KB, CL) (CU_WS_2BLK && (BN) == 64 && (KB) <= 110 && (CL) == 1 ? 2 : 1)
+#define WS_TWO_FIT(BN, KB, CL) ((BN) == 64 && (KB) <= 110 && (CL) == 1) /* two blocks' stages fit an SM */
+#define WS_MINB(BN, KB, CL) (CU_WS_2BLK && WS_TWO_FIT(BN, KB, CL) ? 2 : 1)
 /* CU_WS_REG2 1: the 64-token kernel in 110 KB compiled for two blocks an SM (at most 112
  * registers a thread) while the grid keeps one block an SM, so that a block of the next launch
  * fits beside a draining one (registers, not only shared memory) and makes its first weight
@@ -362,7 +363,7 @@ struct ws_shape {
 #ifndef CU_WS_REG2
 #define CU_WS_REG2 0
 #endif
-#define WS_REGB(BN, KB, CL) ((CU_WS_2BLK || CU_WS_REG2) && (BN) == 64 && (KB) <= 110 && (CL) == 1 ? 2 : 1)
+#define WS_REGB(BN, KB, CL) ((CU_WS_2BLK || CU_WS_REG2) && WS_TWO_FIT(BN, KB, CL) ? 2 : 1)
 /* CL: the blocks of a cluster (1: the backend's; 2 and 4: mmv_bench ws's variants). With CL >
  * 1, a unit is (group of CL row blocks, stage): the cluster's blocks take the group's row
  * blocks (block q of the cluster row block CL p + q) at the same stages, and each stage's
