@@ -336,19 +336,7 @@ __global__ void __launch_bounds__(32 * MM_S, NTC <= 2 ? 3 : 2)
  * share the activations' fragments, loaded a group ahead where they fit the registers (PF),
  * and the MMAs that sum them (sum_c x_c is the same for every row).
  * Shared memory: the ring [S][D][MT][qmvp_tile bytes], then the partial sums
- * [S][MT * NTC * 128] floats, then (CU_QMVP_BULK) each warp's D mbarriers [S][D].
- * CU_QMVP_BULK 1 (a build's switch, 0 in the backend until measured): each slot filled by its
- * warp's lane 0 with bulk copies (cp.async.bulk: a tile's values as one run, its scales and
- * its biases) completing on the slot's mbarrier, which every lane waits on, where the form
- * of 0 has every lane copy 16-byte pieces by cp.async (the same bytes, the same bits).
- * CU_QMVP_AHEAD: the bytes of values a warp's ring aims to hold in flight. */
-#ifndef CU_QMVP_BULK
-#define CU_QMVP_BULK 0
-#endif
-#ifndef CU_QMVP_AHEAD
-#define CU_QMVP_AHEAD 5120
-#endif
-#define QMVP_BAR (CU_QMVP_BULK ? 8 : 0) /* a slot's mbarrier */
+ * [S][MT * NTC * 128] floats. */
 template <int BITS, int GS>
 __host__ __device__ constexpr int qmvp_tile() { return GS * 32 * 2 * BITS + 64; } /* values; 16 bf16 scales, 16 biases */
 /* the tiles a block takes at once: 2 where the registers and the ring allow */
@@ -356,8 +344,7 @@ template <int NTC, int BITS, int GS>
 __host__ __device__ constexpr int qmvp_mt() { return NTC == 1 && GS * BITS <= 16 ? 2 : 1; }
 template <int NTC, int BITS, int GS, int D, int MT>
 __host__ __device__ constexpr size_t qmvp_smem() {
-    return (size_t)MM_SPLITS * D * MT * qmvp_tile<BITS, GS>() + (size_t)MM_SPLITS * MT * NTC * 128 * 4 +
-           (size_t)MM_SPLITS * D * QMVP_BAR;
+    return (size_t)MM_SPLITS * D * MT * qmvp_tile<BITS, GS>() + (size_t)MM_SPLITS * MT * NTC * 128 * 4;
 }
 
 template <int P, int NTC, int BITS, int GS, int D, int MINB, int MT, bool IM = false>
@@ -371,17 +358,6 @@ __global__ void __launch_bounds__(32 * MM_SPLITS, MINB)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     unsigned char *ring = (unsigned char *)smq + warp * D * SLOT;
     float(*red)[MT * NTC * 128] = (float(*)[MT * NTC * 128])((unsigned char *)smq + MM_SPLITS * D * SLOT);
-    /* CU_QMVP_BULK: this warp's slots' mbarriers (phase k of slot s: its k-th filling) */
-    const unsigned bar_sa = (unsigned)__cvta_generic_to_shared((unsigned char *)smq + MM_SPLITS * D * SLOT +
-                                                               MM_SPLITS * MT * NTC * 128 * 4) +
-                            (unsigned)(warp * D * QMVP_BAR);
-    if (CU_QMVP_BULK) {
-        if (lane == 0) {
-            for (int d = 0; d < D; d++) mbar_init(bar_sa + 8 * d, 1);
-            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        }
-        __syncwarp();
-    }
     const int64_t nsteps = grp.w[0].cols / 32, ng = grp.w[0].cols / grp.w[0].group; /* one width, bits and group */
     constexpr int es = 2; /* bf16 scales and biases (qmvp_fits) */
     const int ni = warp < ng ? (int)((ng - warp + MM_SPLITS - 1) / MM_SPLITS) : 0; /* a tile's groups, this warp */
@@ -395,7 +371,6 @@ __global__ void __launch_bounds__(32 * MM_SPLITS, MINB)
     const unsigned sm_sa = (unsigned)(sm_m * TB + VB + sm_w * 32 + sm_c * 16);
     const uint8_t *pv[MT]; /* the block's tiles' values, group 0 */
     const uint8_t *psb = NULL; /* this lane's scales or biases of its tile, group 0 */
-    const uint8_t *pbs = NULL, *pbb = NULL; /* CU_QMVP_BULK: the first tile's scales and biases, group 0 */
     auto p_open = [&]() {
         if (pb < nblk) {
             const mm_pick q = mm_select_at(grp, pb);
@@ -403,7 +378,6 @@ __global__ void __launch_bounds__(32 * MM_SPLITS, MINB)
             pn = left < MT ? (int)left : MT;
 #pragma unroll
             for (int m = 0; m < MT; m++) pv[m] = (const uint8_t *)q.w.data + (m0 + m) * nsteps * 32 * CB;
-            pbs = (const uint8_t *)q.w.scales + m0 * ng * 16 * es, pbb = (const uint8_t *)q.w.biases + m0 * ng * 16 * es;
             psb = (const uint8_t *)(sm_w ? q.w.biases : q.w.scales) + (m0 + sm_m) * ng * 16 * es + sm_c * 16;
         }
     };
@@ -411,42 +385,22 @@ __global__ void __launch_bounds__(32 * MM_SPLITS, MINB)
         if (ni > 0 && pb < nblk) {
             const int gj = warp + pi * MM_SPLITS;
             const unsigned sa = ring_sa + (unsigned)(ps * SLOT);
-            if (CU_QMVP_BULK) {
-                /* lane 0: each tile's values (a run of VB bytes), 16 scales and 16 biases, on the
-                 * slot's mbarrier; the warp's reads of the slot (the group before the last) came
-                 * before, in the generic proxy */
-                if (lane == 0) {
-                    const unsigned bar = bar_sa + 8 * ps;
-                    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-                    mbar_expect_tx(bar, (unsigned)(pn * (VB + 64)));
-                    const unsigned sb = (unsigned)gj * 16u * (unsigned)es; /* group gj's, within a tile's */
+            /* a tile's group of values is VB bytes in a run, copied as VB / 16 chunks of 16 bytes
+             * (through L2 only), chunk c by lane c % 32 */
 #pragma unroll
-                    for (int m = 0; m < MT; m++)
-                        if (m < pn) {
-                            const unsigned tb = (unsigned)m * (unsigned)ng * 16u * (unsigned)es; /* tile m's */
-                            bulk_load(sa + m * TB, pv[m] + (unsigned)gj * (unsigned)VB, VB, bar);
-                            bulk_load(sa + m * TB + VB, pbs + tb + sb, 32, bar);
-                            bulk_load(sa + m * TB + VB + 32, pbb + tb + sb, 32, bar);
-                        }
+            for (int m = 0; m < MT; m++)
+                if (m < pn) { /* past the matrix's last tile: rows never written */
+                    const uint8_t *src = pv[m] + (unsigned)gj * (unsigned)VB;
+#pragma unroll
+                    for (int c0 = 0; c0 < VB / 16; c0 += 32)
+                        if (c0 + lane < VB / 16)
+                            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa + m * TB + (c0 + lane) * 16),
+                                         "l"(src + (c0 + lane) * 16)
+                                         : "memory");
                 }
-            } else {
-                /* a tile's group of values is VB bytes in a run, copied as VB / 16 chunks of 16
-                 * bytes (through L2 only), chunk c by lane c % 32 */
-#pragma unroll
-                for (int m = 0; m < MT; m++)
-                    if (m < pn) { /* past the matrix's last tile: rows never written */
-                        const uint8_t *src = pv[m] + (unsigned)gj * (unsigned)VB;
-#pragma unroll
-                        for (int c0 = 0; c0 < VB / 16; c0 += 32)
-                            if (c0 + lane < VB / 16)
-                                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa + m * TB + (c0 + lane) * 16),
-                                             "l"(src + (c0 + lane) * 16)
-                                             : "memory");
-                    }
-                if (sm_m < pn)
-                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa + sm_sa), "l"(psb + (unsigned)gj * 16u * (unsigned)es)
-                                 : "memory");
-            }
+            if (sm_m < pn)
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa + sm_sa), "l"(psb + (unsigned)gj * 16u * (unsigned)es)
+                             : "memory");
             if (++pi == ni) pi = 0, pb += gridDim.x, p_open();
         }
         cp_async_commit();
@@ -502,7 +456,7 @@ __global__ void __launch_bounds__(32 * MM_SPLITS, MINB)
     };
     if (IM && PFL && ni > 0) load_l(0);
     const uint32_t one2 = 0x3f803f80u; /* bf16 1.0, 1.0 */
-    int cs = 0, filled = 0; /* (filled: the groups this warp has taken, for the slots' phases) */
+    int cs = 0;
     for (int64_t b = blockIdx.x; b < nblk; b += gridDim.x) {
         const mm_pick pk = mm_select_at(grp, b);
         float acc[MT][NTC][4];
@@ -511,13 +465,8 @@ __global__ void __launch_bounds__(32 * MM_SPLITS, MINB)
 #pragma unroll
             for (int j = 0; j < NTC; j++) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.0f;
         for (int i = 0; i < ni; i++) {
-            if (CU_QMVP_BULK) { /* this group's bulk copies are in */
-                mbar_wait(bar_sa + 8 * cs, (filled / D) & 1);
-                filled++;
-            } else {
-                cp_async_wait<D - 2>(); /* this group is in (this lane's copies) */
-                __syncwarp();           /* and the other lanes' */
-            }
+            cp_async_wait<D - 2>(); /* this group is in (this lane's copies) */
+            __syncwarp();           /* and the other lanes' */
             const unsigned char *sl = ring + cs * SLOT;
             uint4 cur[MT][GS];
             float sb[MT][4]; /* scale of rows g, g + 8, bias (as q_bias makes it) of rows g, g + 8 */
@@ -701,10 +650,10 @@ template <int P, int NTC, int BITS, int GS, int MT, int MINB = qmvp_minb<NTC>()>
 static constexpr int qmvp_depth() {
     /* about 5 KB of values in flight a warp (3 slots at least; measured with mmv_bench qv), as
      * deep as MINB blocks an SM allow */
-    constexpr int per = GS * 32 * 2 * BITS * MT, ahead = (CU_QMVP_AHEAD + per - 1) / per;
+    constexpr int per = GS * 32 * 2 * BITS * MT, ahead = (5120 + per - 1) / per;
     constexpr int want = ahead + 1 < 3 ? 3 : ahead + 1;
     constexpr int fit = (int)((227 * 1024 / MINB - 1024 - MM_SPLITS * MT * NTC * 128 * 4) /
-                              (MM_SPLITS * (MT * qmvp_tile<BITS, GS>() + QMVP_BAR)));
+                              (MM_SPLITS * MT * qmvp_tile<BITS, GS>()));
     return want < fit ? want : fit;
 }
 /* one token tile: the third shape, two blocks an SM of twice the tiles (4-bit) or deeper
