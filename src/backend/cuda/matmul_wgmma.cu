@@ -354,16 +354,11 @@ struct ws_shape {
 #endif
 #define WS_TWO_FIT(BN, KB, CL) ((BN) == 64 && (KB) <= 110 && (CL) == 1) /* two blocks' stages fit an SM */
 #define WS_MINB(BN, KB, CL) (CU_WS_2BLK && WS_TWO_FIT(BN, KB, CL) ? 2 : 1)
-/* CU_WS_REG2 1: the 64-token kernel in 110 KB compiled for two blocks an SM (at most 112
- * registers a thread) while the grid keeps one block an SM, so that a block of the next launch
- * fits beside a draining one (registers, not only shared memory) and makes its first weight
- * loads before the predecessor ends (Nsight Compute, H100, a batch-64 step: 166 registers a
- * thread held each SM to one block, and every launch's SMs sat idle ~12 us of its start and
- * tail: out_proj's SMs active 73% of its 36 us) */
-#ifndef CU_WS_REG2
-#define CU_WS_REG2 0
-#endif
-#define WS_REGB(BN, KB, CL) ((CU_WS_2BLK || CU_WS_REG2) && WS_TWO_FIT(BN, KB, CL) ? 2 : 1)
+/* Tried and not kept (H100, 2026-12-07, decode at 40 / 64 sequences, two rounds): the
+ * 64-token kernel compiled for two blocks an SM (95 registers a thread) while the grid keeps
+ * one, so a block of the next launch fits beside a draining one: 1,453-1,455 / 2,030-2,032 ->
+ * 1,322-1,324 / 2,026-2,028 tok/s (and with the fused decode rule at 64 sequences 1,346-1,347 /
+ * 1,950-1,952). */
 /* CL: the blocks of a cluster (1: the backend's; 2 and 4: mmv_bench ws's variants). With CL >
  * 1, a unit is (group of CL row blocks, stage): the cluster's blocks take the group's row
  * blocks (block q of the cluster row block CL p + q) at the same stages, and each stage's
@@ -405,7 +400,7 @@ __device__ __forceinline__ int ws_mat(const ws_args &a, int64_t R, int64_t *r) {
 }
 
 template <int BN, int KB, int CL, int SP>
-__global__ void __launch_bounds__(WS_THREADS, WS_REGB(BN, KB, CL)) k_wgmma_stream(const __grid_constant__ ws_maps maps, const ws_args a) {
+__global__ void __launch_bounds__(WS_THREADS, WS_MINB(BN, KB, CL)) k_wgmma_stream(const __grid_constant__ ws_maps maps, const ws_args a) {
     static_assert(CL == 1 || CL == 2 || CL == 4, "clusters of 1, 2 or 4 blocks");
     static_assert(SP == 2 || (SP == 4 && CL == 1), "stages of 2 steps, or of 4 without clusters");
     typedef ws_shape<BN, KB, SP> S;
