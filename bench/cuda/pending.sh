@@ -5,9 +5,10 @@
 # TV=dnn OB=64 OPV=dnn DB=16,64); the next unit's K and V prefetched into L2 by k_attn_split,
 # not kept (PARTS=8d, then L VS="prev new" LP=4096 LB=1,8, then 4). Session 37 (H100s):
 # k_attn_ring and the scanning merge, kept (PARTS=A, then 4, then d VS="prev r0 m0 new"
-# DB=16,64, L VS="prev r0 new" LP=4096 LB=1,8 and LP=32768 LB=1). Pending (session 42):
-# `-DCU_WS_REG2=1` (r2) and with `-DCU_GDN_DEC_FUSED_MAX=64` (r2f), PARTS=dk VS="prev r2 r2f"
-# DB=40,64. VS: the libraries to run (default prev, every other var/NAME.so, new); RT:
+# DB=16,64, L VS="prev r0 new" LP=4096 LB=1,8 and LP=32768 LB=1). Session 43 (H100): two
+# blocks an SM for the 64-token stream kernel, not kept (PARTS=dk VS="prev r2 r2f" DB=40,64);
+# the prefill's products on k_wgmma against the library (PARTS=0635, then 2 VS="new pp nb0
+# nbp"). VS: the libraries to run (default prev, every other var/NAME.so, new); RT:
 # seconds a bench run may take. Letter parts: k (a batch-64 step's products and delta rule,
 # each kernel alone under Nsight Compute, summed by shape, for each library of VS), s
 # (k_wgmma_stream under Nsight Compute in a decode step), a (decode attention's kernels under
