@@ -17,7 +17,8 @@
  *                                    a token's bits alone and in a batch, GB/s; exits 1 where
  *                                    the error passes 1e-5 or the bits differ
  *   build/mmv_bench wg [reps] [T,..] bf16 products on wgmma (matmul_wgmma.cu) against k_gemm,
- *                                    its clusters of 2 against single blocks (the same bits):
+ *                                    its clusters of 2 against single blocks and clusters of
+ *                                    2 x 2 (the same bits):
  *                                    agreement and TFLOP/s at 64 to 2,048 tokens (or those
  *                                    given); exits 1 where they disagree
  *   build/mmv_bench blastune [reps] [T,..] the 27B's prefill products at 2,048 and 8,192
@@ -784,7 +785,8 @@ static int qprof(int64_t rows, int64_t cols, int64_t T, int P, int bits) {
  * against k_gemm, on the same bf16 activations: the largest difference relative to the
  * largest output (the summation orders differ, so fp32 rounding apart: at most 4e-9 times the
  * columns passes), every output written, and TFLOP/s of each; k_wgmma on clusters of 2 (the
- * backend's, the activations multicast) and of 1, whose outputs must be the same bits ---- */
+ * backend's, the activations multicast), of 1 and of 4 (both operands multicast), whose
+ * outputs must be the same bits ---- */
 static int wgbench(int reps, const char *tlist) {
     cudaStream_t s;
     cudaEvent_t e0, e1;
@@ -802,7 +804,7 @@ static int wgbench(int reps, const char *tlist) {
     const int64_t TM = most_tokens(Ts);
     int bad = 0;
     printf("bf16 products on wgmma against k_gemm: TFLOP/s; err = max |wgmma - k_gemm| / max |k_gemm|\n");
-    printf("%-9s %6s %10s %10s %10s %10s\n", "shape", "T", "k_gemm", "wgmma", "cluster 1", "err");
+    printf("%-9s %6s %10s %10s %10s %10s %10s\n", "shape", "T", "k_gemm", "wgmma", "cluster 1", "cluster 4", "err");
     for (const auto &sh : shapes) {
         const tiled_case tc = tiled_case_make(s, sh.rows, sh.cols, TM, 13);
         uint16_t *const wt = tc.wt, *const xs = tc.xs;
@@ -812,21 +814,24 @@ static int wgbench(int reps, const char *tlist) {
         const int64_t ldxs = tiled_steps(sh.cols) * 32;
         mm_group g;
         g.n = 1, g.w[0] = w, g.y[0] = yref, g.ldy[0] = sh.rows, g.blk0[0] = 0;
-        float *y1;
+        float *y1, *y4;
         CK(cudaMalloc(&y1, (size_t)TM * sh.rows * 4));
+        CK(cudaMalloc(&y4, (size_t)TM * sh.rows * 4));
         for (int64_t T : Ts) {
             launch_split(s, x, sh.cols, T, sh.cols, xs, ldxs, 1);
             launch_gemm_shape<1>(s, g, xs, ldxs, T, &sc);
             CK(cudaMemsetAsync(y, 0xff, T * sh.rows * 4, s)); /* NaN: an output never written stays one */
             CK(cudaMemsetAsync(y1, 0xff, T * sh.rows * 4, s));
+            CK(cudaMemsetAsync(y4, 0xff, T * sh.rows * 4, s));
             if (cu_wgmma_matmul(s, enc, &w, xs, ldxs, T, y, sh.rows) != 0 ||
-                wg_matmul_cl(s, enc, &w, xs, ldxs, T, y1, sh.rows, 1) != 0) {
+                wg_matmul_cl(s, enc, &w, xs, ldxs, T, y1, sh.rows, 1) != 0 ||
+                wg_matmul_cl(s, enc, &w, xs, ldxs, T, y4, sh.rows, 4) != 0) {
                 printf("%-9s %6lld refused\n", sh.name, (long long)T);
                 bad++;
                 continue;
             }
             CK(cudaStreamSynchronize(s));
-            const bool same = same_bits(y, y1, (size_t)(T * sh.rows));
+            const bool same = same_bits(y, y1, (size_t)(T * sh.rows)) && same_bits(y, y4, (size_t)(T * sh.rows));
             agreement ag;
             ag.add(y, yref, (size_t)(T * sh.rows));
             const size_t nan = ag.nan;
@@ -841,14 +846,17 @@ static int wgbench(int reps, const char *tlist) {
             const double t_wg = time_launches(s, e0, e1, reps, 1, [&](int) { cu_wgmma_matmul(s, enc, &w, xs, ldxs, T, y, sh.rows); });
             const double t_wg1 =
                 time_launches(s, e0, e1, reps, 1, [&](int) { wg_matmul_cl(s, enc, &w, xs, ldxs, T, y1, sh.rows, 1); });
+            const double t_wg4 =
+                time_launches(s, e0, e1, reps, 1, [&](int) { wg_matmul_cl(s, enc, &w, xs, ldxs, T, y4, sh.rows, 4); });
             const double fl = 2.0 * sh.rows * sh.cols * T;
-            printf("%-9s %6lld %10.1f %10.1f %10.1f %10.2e%s", sh.name, (long long)T, fl / t_ref / 1e12, fl / t_wg / 1e12,
-                   fl / t_wg1 / 1e12, err, ok ? "\n" : "  FAIL");
+            printf("%-9s %6lld %10.1f %10.1f %10.1f %10.1f %10.2e%s", sh.name, (long long)T, fl / t_ref / 1e12,
+                   fl / t_wg / 1e12, fl / t_wg1 / 1e12, fl / t_wg4 / 1e12, err, ok ? "\n" : "  FAIL");
             if (nan) printf(" (%zu outputs not written)", nan);
-            if (!same) printf(" (clusters of 1 and 2 differ)");
+            if (!same) printf(" (clusters of 1, 2 and 4 differ)");
             if (!ok) printf("\n");
         }
         CK(cudaFree(y1));
+        CK(cudaFree(y4));
         tiled_case_free(tc);
     }
     printf("wgmma: %s\n", bad ? "FAILED" : "all products agree");

@@ -121,22 +121,36 @@ __device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const CUtensorMap *
                  : "memory");
 }
 
-/* CL: the blocks of a cluster, along the row blocks (1, or 2: the pair of row blocks 2 p and
+/* tma_load_4d, written into the shared memory of every block of `mask` (as tma_load_2d_mc) */
+__device__ __forceinline__ void tma_load_4d_mc(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, int c3,
+                                               uint32_t bar, uint16_t mask) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
+                 "[%1, {%2, %3, %4, %5}], [%6], %7;" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar), "h"(mask)
+                 : "memory");
+}
+
+/* CL: the blocks of a cluster: 1; 2, along the row blocks (the pair of row blocks 2 p and
  * 2 p + 1 of one token tile, each block's producer loading one of a stage's two activation
  * steps into both blocks' shared memory by TMA multicast, so the cluster reads the token
- * tile's activations from L2 once where two blocks read them twice; a stage is refilled once
- * both blocks' consumers have freed it, and neither block leaves before the other) */
+ * tile's activations from L2 once where two blocks read them twice); or 4, two row blocks by
+ * two token tiles (rank = token tile within the pair + 2 x row block within the pair): each
+ * block loads one of a stage's two weight steps into itself and the block of the same row
+ * block, and one of its two activation steps into itself and the block of the same token
+ * tile, so each operand is read from L2 once for two blocks (a quarter less than CL 2). A
+ * stage is refilled once every block's consumers have freed it, and no block leaves before
+ * the others. */
 template <int CL>
 __global__ void __launch_bounds__(WG_THREADS, 1)
     k_wgmma(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap, int64_t rows,
             int64_t T, int nsteps, float *y, int64_t ldy) {
-    static_assert(CL == 1 || CL == 2, "clusters of 1 or 2 blocks");
+    static_assert(CL == 1 || CL == 2 || CL == 4, "clusters of 1, 2 or 4 blocks");
     extern __shared__ uint8_t wg_raw[];
     const uint32_t base = (smem_u32(wg_raw) + 1023u) & ~1023u; /* the swizzle repeats every 512 bytes */
     const uint32_t full = base + WG_STAGES * WG_STAGE, empty = full + WG_STAGES * 8;
     const int tid = threadIdx.x, wg = tid / 128;
     const int tb = blockIdx.x, rb = blockIdx.y;
-    const int q = CL > 1 ? (int)wg_cluster_rank() : 0; /* (CL 2: rb % 2) */
+    const int q = CL > 1 ? (int)wg_cluster_rank() : 0; /* (CL 2: rb % 2; CL 4: tb % 2 + 2 (rb % 2)) */
     const int nk = nsteps / 2; /* stages: two steps each (nsteps is even) */
     if (tid == 0) {
         for (int s = 0; s < WG_STAGES; s++) {
@@ -153,16 +167,25 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
             for (int i = 0; i < nk; i++) {
                 const int s = i % WG_STAGES;
                 mbar_wait(empty + 8 * s, ((i / WG_STAGES) & 1) ^ 1);
-                mbar_expect_tx(full + 8 * s, WG_STAGE); /* (CL 2: one of the activation steps from the other block) */
+                mbar_expect_tx(full + 8 * s, WG_STAGE); /* (CL > 1: some of it from the other blocks) */
                 const uint32_t st = base + s * WG_STAGE;
-                for (int h = 0; h < 2; h++)
-                    tma_load_4d(st + h * WG_A_STEP, &wmap, 0, 0, 2 * i + h, rb * (WG_BM / 16), full + 8 * s);
-                if constexpr (CL > 1)
-                    tma_load_2d_mc(st + 2 * WG_A_STEP + q * WG_B_STEP, &xmap, 32 * (2 * i + q), tb * WG_BN, full + 8 * s,
-                                   (uint16_t)((1u << CL) - 1));
-                else
+                if constexpr (CL == 4) { /* weight step q % 2 to this row block's pair, activation step q / 2 to this token tile's */
+                    const int qt = q & 1, qr = q >> 1;
+                    tma_load_4d_mc(st + qt * WG_A_STEP, &wmap, 0, 0, 2 * i + qt, rb * (WG_BM / 16), full + 8 * s,
+                                   (uint16_t)(3u << (2 * qr)));
+                    tma_load_2d_mc(st + 2 * WG_A_STEP + qr * WG_B_STEP, &xmap, 32 * (2 * i + qr), tb * WG_BN, full + 8 * s,
+                                   (uint16_t)(5u << qt));
+                } else {
                     for (int h = 0; h < 2; h++)
-                        tma_load_2d(st + 2 * WG_A_STEP + h * WG_B_STEP, &xmap, 32 * (2 * i + h), tb * WG_BN, full + 8 * s);
+                        tma_load_4d(st + h * WG_A_STEP, &wmap, 0, 0, 2 * i + h, rb * (WG_BM / 16), full + 8 * s);
+                    if constexpr (CL > 1)
+                        tma_load_2d_mc(st + 2 * WG_A_STEP + q * WG_B_STEP, &xmap, 32 * (2 * i + q), tb * WG_BN,
+                                       full + 8 * s, (uint16_t)((1u << CL) - 1));
+                    else
+                        for (int h = 0; h < 2; h++)
+                            tma_load_2d(st + 2 * WG_A_STEP + h * WG_B_STEP, &xmap, 32 * (2 * i + h), tb * WG_BN,
+                                        full + 8 * s);
+                }
             }
         }
     } else {
@@ -193,7 +216,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
             wg_fence_regs(d);
             if (prev >= 0 && lane == 0) {
                 mbar_arrive(empty + 8 * prev);
-                if constexpr (CL > 1) mbar_arrive_at(empty + 8 * prev, (uint32_t)(q ^ 1));
+                for (int p = 1; p < CL; p++) mbar_arrive_at(empty + 8 * prev, (uint32_t)(q ^ p));
             }
             prev = s;
         }
@@ -210,7 +233,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                 if (r < rows && n < T) y[n * ldy + r] = d[4 * j + e];
             }
     }
-    /* CL 2: no block leaves while the other may still load into its stages or arrive on its barriers */
+    /* CL > 1: no block leaves while another may still load into its stages or arrive on its barriers */
     if constexpr (CL > 1) wg_cluster_sync();
 }
 
@@ -583,6 +606,7 @@ extern "C" void *cu_wgmma_available(void) {
         return NULL;
     if (cudaFuncSetAttribute(k_wgmma<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess ||
         cudaFuncSetAttribute(k_wgmma<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess ||
+        cudaFuncSetAttribute(k_wgmma<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess ||
         ws_attrs_backend() != 0)
         return NULL;
     return fn;
@@ -620,35 +644,39 @@ static bool wg_takes(const cu_mat *w) {
            ((uintptr_t)w->data & 15) == 0;
 }
 
-/* k_wgmma's blocks a cluster in the backend (a build may set 1 to compare) */
+/* k_wgmma's blocks a cluster in the backend (a build may set 1 or 4 to compare) */
 #ifndef CU_WG_CL
 #define CU_WG_CL 2
 #endif
 
-/* k_wgmma on clusters of cl (1 or 2) blocks */
+/* k_wgmma on clusters of cl (1, 2 or 4) blocks */
 static int wg_matmul_cl(cu_stream s, void *encode, const cu_mat *w, const uint16_t *xs, int64_t ldxs, int64_t T,
                         float *y, int64_t ldy, int cl) {
     const tmap_encode_fn enc = (tmap_encode_fn)encode;
     const int64_t nsteps = (w->cols + 31) / 32;
-    if (!enc || !wg_takes(w) || T <= 0 || ldxs % 32 != 0 || ((uintptr_t)xs & 15) || (cl != 1 && cl != 2)) return -1;
+    if (!enc || !wg_takes(w) || T <= 0 || ldxs % 32 != 0 || ((uintptr_t)xs & 15) || (cl != 1 && cl != 2 && cl != 4))
+        return -1;
     CUtensorMap wmap, xmap;
     if (wg_map_w(enc, w, &wmap) != 0 || wg_map_x(enc, xs, ldxs, T, WG_BN, &xmap) != 0) return -1;
     /* token tiles fastest: the blocks running at once share a few row blocks' weights, read
-     * from memory once, and the slice's activations stay in L2; the row blocks rounded up to
-     * whole clusters (a block past the matrix reads zeros and writes nothing) */
-    const int64_t rbs = (w->rows + WG_BM - 1) / WG_BM;
+     * from memory once, and the slice's activations stay in L2; the row blocks (cl 4: and the
+     * token tiles) rounded up to whole clusters (a block past the matrix reads zeros and
+     * writes nothing) */
+    const int64_t rbs = (w->rows + WG_BM - 1) / WG_BM, tbs = (T + WG_BN - 1) / WG_BN;
+    const int cx = cl == 4 ? 2 : 1, cy = cl == 4 ? 2 : cl; /* the cluster's blocks along token tiles, row blocks */
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)((T + WG_BN - 1) / WG_BN), (unsigned)((rbs + cl - 1) / cl * cl));
+    cfg.gridDim = dim3((unsigned)((tbs + cx - 1) / cx * cx), (unsigned)((rbs + cy - 1) / cy * cy));
     cfg.blockDim = dim3(WG_THREADS);
     cfg.dynamicSmemBytes = WG_SMEM;
     cfg.stream = s;
     cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = 1, at[0].val.clusterDim.y = (unsigned)cl, at[0].val.clusterDim.z = 1;
+    at[0].val.clusterDim.x = (unsigned)cx, at[0].val.clusterDim.y = (unsigned)cy, at[0].val.clusterDim.z = 1;
     cfg.attrs = at;
     cfg.numAttrs = 1;
-    const cudaError_t e = cl == 2 ? cudaLaunchKernelEx(&cfg, k_wgmma<2>, wmap, xmap, w->rows, T, (int)nsteps, y, ldy)
-                                  : cudaLaunchKernelEx(&cfg, k_wgmma<1>, wmap, xmap, w->rows, T, (int)nsteps, y, ldy);
+    const cudaError_t e = cl == 4   ? cudaLaunchKernelEx(&cfg, k_wgmma<4>, wmap, xmap, w->rows, T, (int)nsteps, y, ldy)
+                          : cl == 2 ? cudaLaunchKernelEx(&cfg, k_wgmma<2>, wmap, xmap, w->rows, T, (int)nsteps, y, ldy)
+                                    : cudaLaunchKernelEx(&cfg, k_wgmma<1>, wmap, xmap, w->rows, T, (int)nsteps, y, ldy);
     return e == cudaSuccess && cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
 
