@@ -18,7 +18,8 @@
  *                                    the error passes 1e-5 or the bits differ
  *   build/mmv_bench wg [reps] [T,..] bf16 products on wgmma (matmul_wgmma.cu) against k_gemm,
  *                                    its clusters of 2 against single blocks and clusters of
- *                                    2 x 2 (the same bits):
+ *                                    2 x 2 (the same bits) and its bf16 outputs (the fp32
+ *                                    ones rounded):
  *                                    agreement and TFLOP/s at 64 to 2,048 tokens (or those
  *                                    given); exits 1 where they disagree
  *   build/mmv_bench blastune [reps] [T,..] the 27B's prefill products at 2,048 and 8,192
@@ -71,6 +72,7 @@
 #include <vector>
 
 #include "backend/cuda/cu_common.cuh"
+#include "core/numeric.h"
 #include "backend/cuda/mm_int.cuh"
 #include "backend/cuda/elementwise.cu"
 #include "backend/cuda/matmul.cu"
@@ -109,6 +111,17 @@ static bool same_bits(const float *a, const float *b, size_t n) {
     CK(cudaMemcpy(ha.data(), a, n * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(hb.data(), b, n * 4, cudaMemcpyDeviceToHost));
     return !memcmp(ha.data(), hb.data(), n * 4);
+}
+
+/* whether b (bf16, device) is a (fp32, device) rounded to nearest even, every one of n */
+static bool rounds_to(const float *a, const uint16_t *b, size_t n) {
+    std::vector<float> ha(n);
+    std::vector<uint16_t> hb(n);
+    CK(cudaMemcpy(ha.data(), a, n * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hb.data(), b, n * 2, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++)
+        if (st_f32_to_bf16(ha[i]) != hb[i]) return false;
+    return true;
 }
 
 /* seconds a launch, over reps launches of launch(i % copies) after 3 to warm up */
@@ -786,7 +799,7 @@ static int qprof(int64_t rows, int64_t cols, int64_t T, int P, int bits) {
  * largest output (the summation orders differ, so fp32 rounding apart: at most 4e-9 times the
  * columns passes), every output written, and TFLOP/s of each; k_wgmma on clusters of 2 (the
  * backend's, the activations multicast), of 1 and of 4 (both operands multicast), whose
- * outputs must be the same bits ---- */
+ * outputs must be the same bits, and its bf16 outputs, which must be those rounded ---- */
 static int wgbench(int reps, const char *tlist) {
     cudaStream_t s;
     cudaEvent_t e0, e1;
@@ -815,8 +828,10 @@ static int wgbench(int reps, const char *tlist) {
         mm_group g;
         g.n = 1, g.w[0] = w, g.y[0] = yref, g.ldy[0] = sh.rows, g.blk0[0] = 0;
         float *y1, *y4;
+        uint16_t *yb;
         CK(cudaMalloc(&y1, (size_t)TM * sh.rows * 4));
         CK(cudaMalloc(&y4, (size_t)TM * sh.rows * 4));
+        CK(cudaMalloc(&yb, (size_t)TM * sh.rows * 2));
         for (int64_t T : Ts) {
             launch_split(s, x, sh.cols, T, sh.cols, xs, ldxs, 1);
             launch_gemm_shape<1>(s, g, xs, ldxs, T, &sc);
@@ -825,13 +840,15 @@ static int wgbench(int reps, const char *tlist) {
             CK(cudaMemsetAsync(y4, 0xff, T * sh.rows * 4, s));
             if (cu_wgmma_matmul(s, enc, &w, xs, ldxs, T, y, sh.rows) != 0 ||
                 wg_matmul_cl(s, enc, &w, xs, ldxs, T, y1, sh.rows, 1) != 0 ||
-                wg_matmul_cl(s, enc, &w, xs, ldxs, T, y4, sh.rows, 4) != 0) {
+                wg_matmul_cl(s, enc, &w, xs, ldxs, T, y4, sh.rows, 4) != 0 ||
+                cu_wgmma_matmul_bf16(s, enc, &w, xs, ldxs, T, yb, sh.rows) != 0) {
                 printf("%-9s %6lld refused\n", sh.name, (long long)T);
                 bad++;
                 continue;
             }
             CK(cudaStreamSynchronize(s));
             const bool same = same_bits(y, y1, (size_t)(T * sh.rows)) && same_bits(y, y4, (size_t)(T * sh.rows));
+            const bool rounded = rounds_to(y, yb, (size_t)(T * sh.rows)); /* the bf16 outputs' form */
             agreement ag;
             ag.add(y, yref, (size_t)(T * sh.rows));
             const size_t nan = ag.nan;
@@ -840,7 +857,7 @@ static int wgbench(int reps, const char *tlist) {
              * with the sum's length (measured on the H200: 6e-6 of the largest output at 5,120
              * columns, 2e-5 at 17,408); a wrong tile or index is of the order of the output */
             const double bound = 4e-9 * (double)sh.cols;
-            const bool ok = nan == 0 && err <= bound && same;
+            const bool ok = nan == 0 && err <= bound && same && rounded;
             bad += !ok;
             const double t_ref = time_launches(s, e0, e1, reps, 1, [&](int) { launch_gemm_shape<1>(s, g, xs, ldxs, T, &sc); });
             const double t_wg = time_launches(s, e0, e1, reps, 1, [&](int) { cu_wgmma_matmul(s, enc, &w, xs, ldxs, T, y, sh.rows); });
@@ -853,10 +870,12 @@ static int wgbench(int reps, const char *tlist) {
                    fl / t_wg / 1e12, fl / t_wg1 / 1e12, fl / t_wg4 / 1e12, err, ok ? "\n" : "  FAIL");
             if (nan) printf(" (%zu outputs not written)", nan);
             if (!same) printf(" (clusters of 1, 2 and 4 differ)");
+            if (!rounded) printf(" (the bf16 outputs are not the fp32 ones rounded)");
             if (!ok) printf("\n");
         }
         CK(cudaFree(y1));
         CK(cudaFree(y4));
+        CK(cudaFree(yb));
         tiled_case_free(tc);
     }
     printf("wgmma: %s\n", bad ? "FAILED" : "all products agree");

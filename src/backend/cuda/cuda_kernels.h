@@ -177,6 +177,9 @@ void *cu_wgmma_available(void);
  * (an odd number of 32-column steps, misaligned pointers, a refused tensor map) */
 int cu_wgmma_matmul(cu_stream s, void *encode, const cu_mat *w, const uint16_t *xs, int64_t ldxs, int64_t T,
                     float *y, int64_t ldy);
+/* the same with y bf16 [T][ldy], each sum rounded to nearest (ties to even) */
+int cu_wgmma_matmul_bf16(cu_stream s, void *encode, const cu_mat *w, const uint16_t *xs, int64_t ldxs, int64_t T,
+                         uint16_t *y, int64_t ldy);
 /* the floats part needs for products of up to `tokens` tokens and `rows` output rows (of all
  * the matrices of one launch together); splits are for up to 64 tokens */
 static inline size_t cu_mm_part_elems(int64_t tokens, int64_t rows) {
@@ -225,13 +228,20 @@ void cu_gather_rows(cu_stream s, const float *src, int64_t d, const int32_t *row
  * cuBLASLt; about half the bytes of fp32 gate, up and h and of the down product's split):
  * cu_mlp_gate_up_bf16: gate and up (bf16 tiled, one width; x [T][ldx] fp32) into gb and ub
  * (bf16 [T][rows]), then h = silu(g) u into hb (bf16 [T][ldh], ldh the rows rounded up to 32,
- * zeros past them). 0; or -1 where it does not take them (no library, fewer than
- * CU_BLAS_MIN_TOKENS(1) tokens, other formats or widths, rows not a multiple of 32, the
- * library refusing a product), with gb and ub perhaps written and hb untouched: the caller
+ * zeros past them). 0; or -1 where it does not take them (no library or fewer than
+ * CU_BLAS_MIN_TOKENS(1) tokens, unless CU_MLP_BF16_OWN; other formats or widths, rows not a
+ * multiple of 32, a product refused), with gb and ub perhaps written and hb untouched: the caller
  * then computes the MLP in fp32. cu_silu_mul_bf16: that SwiGLU alone (n and ldh multiples of
  * 8, the three 16-byte aligned). cu_matmul_bf16_in: y [T][ldy] = w (bf16 tiled) times xb (bf16
- * [T][ldxb], ldxb >= w's columns rounded up to 32, zeros past them), on the library or, where
- * it refuses, on k_gemm. */
+ * [T][ldxb], ldxb >= w's columns rounded up to 32, zeros past them), on the library (from
+ * CU_BLAS_MIN_TOKENS(1) tokens), else on k_wgmma (CU_MLP_BF16_OWN) or k_gemm. */
+/* CU_MLP_BF16_OWN 1 (a build's switch until measured): where the library does not take the
+ * MLP (none, or fewer than CU_BLAS_MIN_TOKENS(1) tokens), products of CU_WGMMA_MIN_T tokens
+ * or more take it on k_wgmma, gate and up written in bf16 (cu_wgmma_matmul_bf16), the down
+ * product on xb */
+#ifndef CU_MLP_BF16_OWN
+#define CU_MLP_BF16_OWN 0
+#endif
 int cu_mlp_gate_up_bf16(cu_stream s, const cu_mat *gate, const cu_mat *up, const float *x, int64_t ldx, int64_t T,
                         uint16_t *gb, uint16_t *ub, uint16_t *hb, const cu_mm_scratch *sc);
 void cu_silu_mul_bf16(cu_stream s, const uint16_t *g, const uint16_t *u, int64_t T, int64_t n, uint16_t *h,

@@ -970,12 +970,25 @@ int launch_blas(cu_stream s, const mm_group &g, const float *x, int64_t ldx, int
 extern "C" int cu_mlp_gate_up_bf16(cu_stream s, const cu_mat *gate, const cu_mat *up, const float *x, int64_t ldx,
                                    int64_t T, uint16_t *gb, uint16_t *ub, uint16_t *hb, const cu_mm_scratch *sc) {
     const int64_t rows = gate->rows, cols = gate->cols, ldxs = tiled_steps(cols) * 32;
-    if (!sc || !sc->blas || !sc->wrm || !sc->blas_ws || T < CU_BLAS_MIN_TOKENS(1) || gate->fmt != CU_FMT_BF16_TILED ||
-        up->fmt != CU_FMT_BF16_TILED || up->rows != rows || up->cols != cols || rows % 32 != 0 ||
-        2 * rows * ldxs > sc->wrm_elems)
+    if (!sc || gate->fmt != CU_FMT_BF16_TILED || up->fmt != CU_FMT_BF16_TILED || up->rows != rows || up->cols != cols ||
+        rows % 32 != 0)
         return -1;
+    const bool lib = sc->blas && sc->wrm && sc->blas_ws && T >= CU_BLAS_MIN_TOKENS(1) && 2 * rows * ldxs <= sc->wrm_elems;
+    const bool own = !lib && CU_MLP_BF16_OWN && sc->tma_encode && T >= CU_WGMMA_MIN_T;
+    if (!lib && !own) return -1;
     int64_t slice = sc->xs_elems > 0 ? sc->xs_elems / ldxs : sc->xs_tokens;
     if (slice < 16) return -1;
+    if (own) { /* k_wgmma, its sums rounded to bf16 as it writes them */
+        for (int64_t t0 = 0; t0 < T; t0 += slice) {
+            const int64_t n = T - t0 < slice ? T - t0 : slice;
+            launch_split(s, x + t0 * ldx, ldx, n, cols, sc->xs, ldxs, 1);
+            if (cu_wgmma_matmul_bf16(s, sc->tma_encode, gate, sc->xs, ldxs, n, gb + t0 * rows, rows) != 0 ||
+                cu_wgmma_matmul_bf16(s, sc->tma_encode, up, sc->xs, ldxs, n, ub + t0 * rows, rows) != 0)
+                return -1;
+        }
+        cu_silu_mul_bf16(s, gb, ub, T, rows, hb, rows);
+        return 0;
+    }
     uint16_t *wg = sc->wrm, *wu = sc->wrm + rows * ldxs;
     cu_untile_bf16(s, (const uint16_t *)gate->data, rows, cols, wg);
     cu_untile_bf16(s, (const uint16_t *)up->data, rows, cols, wu);
@@ -997,12 +1010,16 @@ extern "C" void cu_matmul_bf16_in(cu_stream s, const cu_mat *w, const uint16_t *
     const int64_t rows = w->rows, cols = w->cols;
     assert(w->fmt == CU_FMT_BF16_TILED && ldxb >= tiled_steps(cols) * 32);
     if (T <= 0) return;
-    if (sc->blas && sc->wrm && sc->blas_ws && rows * ldxb <= sc->wrm_elems && ldxb == tiled_steps(cols) * 32) {
+    if (sc->blas && sc->wrm && sc->blas_ws && T >= CU_BLAS_MIN_TOKENS(1) && rows * ldxb <= sc->wrm_elems &&
+        ldxb == tiled_steps(cols) * 32) {
         cu_untile_bf16(s, (const uint16_t *)w->data, rows, cols, sc->wrm);
         if (cu_blas_gemm_to(sc->blas, s, sc->wrm, ldxb, rows, cols, xb, ldxb, T, y, ldy, 0, 0, sc->blas_ws,
                             sc->blas_ws_bytes) == 0)
             return;
     }
+    if (CU_MLP_BF16_OWN && sc->tma_encode && T >= CU_WGMMA_MIN_T &&
+        cu_wgmma_matmul(s, sc->tma_encode, w, xb, ldxb, T, y, ldy) == 0)
+        return;
     /* k_gemm on xb as the split it is (one part), in slices its 32-bit offsets allow */
     mm_group g;
     g.n = 1, g.w[0] = *w, g.y[0] = y, g.ldy[0] = ldy, g.blk0[0] = 0;

@@ -140,10 +140,10 @@ __device__ __forceinline__ void tma_load_4d_mc(uint32_t dst, const CUtensorMap *
  * tile, so each operand is read from L2 once for two blocks (a quarter less than CL 2). A
  * stage is refilled once every block's consumers have freed it, and no block leaves before
  * the others. */
-template <int CL>
+template <int CL, bool YBF>
 __global__ void __launch_bounds__(WG_THREADS, 1)
     k_wgmma(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap, int64_t rows,
-            int64_t T, int nsteps, float *y, int64_t ldy) {
+            int64_t T, int nsteps, void *y, int64_t ldy) {
     static_assert(CL == 1 || CL == 2 || CL == 4, "clusters of 1, 2 or 4 blocks");
     extern __shared__ uint8_t wg_raw[];
     const uint32_t base = (smem_u32(wg_raw) + 1023u) & ~1023u; /* the swizzle repeats every 512 bytes */
@@ -230,7 +230,10 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int64_t r = r0 + (e >= 2 ? 8 : 0), n = n0 + 8 * j + (e & 1);
-                if (r < rows && n < T) y[n * ldy + r] = d[4 * j + e];
+                if (r < rows && n < T) {
+                    if constexpr (YBF) ((uint16_t *)y)[n * ldy + r] = f2bf16(d[4 * j + e]);
+                    else ((float *)y)[n * ldy + r] = d[4 * j + e];
+                }
             }
     }
     /* CL > 1: no block leaves while another may still load into its stages or arrive on its barriers */
@@ -604,9 +607,12 @@ extern "C" void *cu_wgmma_available(void) {
     if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
         q != cudaDriverEntryPointSuccess || !fn)
         return NULL;
-    if (cudaFuncSetAttribute(k_wgmma<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess ||
-        cudaFuncSetAttribute(k_wgmma<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess ||
-        cudaFuncSetAttribute(k_wgmma<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess ||
+    if (cudaFuncSetAttribute(k_wgmma<1, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess ||
+        cudaFuncSetAttribute(k_wgmma<2, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess ||
+        cudaFuncSetAttribute(k_wgmma<4, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess ||
+        cudaFuncSetAttribute(k_wgmma<1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess ||
+        cudaFuncSetAttribute(k_wgmma<2, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess ||
+        cudaFuncSetAttribute(k_wgmma<4, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess ||
         ws_attrs_backend() != 0)
         return NULL;
     return fn;
@@ -651,7 +657,7 @@ static bool wg_takes(const cu_mat *w) {
 
 /* k_wgmma on clusters of cl (1, 2 or 4) blocks */
 static int wg_matmul_cl(cu_stream s, void *encode, const cu_mat *w, const uint16_t *xs, int64_t ldxs, int64_t T,
-                        float *y, int64_t ldy, int cl) {
+                        void *y, int64_t ldy, int cl, int ybf = 0) {
     const tmap_encode_fn enc = (tmap_encode_fn)encode;
     const int64_t nsteps = (w->cols + 31) / 32;
     if (!enc || !wg_takes(w) || T <= 0 || ldxs % 32 != 0 || ((uintptr_t)xs & 15) || (cl != 1 && cl != 2 && cl != 4))
@@ -674,15 +680,20 @@ static int wg_matmul_cl(cu_stream s, void *encode, const cu_mat *w, const uint16
     at[0].val.clusterDim.x = (unsigned)cx, at[0].val.clusterDim.y = (unsigned)cy, at[0].val.clusterDim.z = 1;
     cfg.attrs = at;
     cfg.numAttrs = 1;
-    const cudaError_t e = cl == 4   ? cudaLaunchKernelEx(&cfg, k_wgmma<4>, wmap, xmap, w->rows, T, (int)nsteps, y, ldy)
-                          : cl == 2 ? cudaLaunchKernelEx(&cfg, k_wgmma<2>, wmap, xmap, w->rows, T, (int)nsteps, y, ldy)
-                                    : cudaLaunchKernelEx(&cfg, k_wgmma<1>, wmap, xmap, w->rows, T, (int)nsteps, y, ldy);
+    void (*const k[2][3])(CUtensorMap, CUtensorMap, int64_t, int64_t, int, void *, int64_t) = {
+        {k_wgmma<1, false>, k_wgmma<2, false>, k_wgmma<4, false>}, {k_wgmma<1, true>, k_wgmma<2, true>, k_wgmma<4, true>}};
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, k[ybf ? 1 : 0][cl == 4 ? 2 : cl - 1], wmap, xmap, w->rows, T, (int)nsteps, y, ldy);
     return e == cudaSuccess && cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
 
 extern "C" int cu_wgmma_matmul(cu_stream s, void *encode, const cu_mat *w, const uint16_t *xs, int64_t ldxs, int64_t T,
                                float *y, int64_t ldy) {
     return wg_matmul_cl(s, encode, w, xs, ldxs, T, y, ldy, CU_WG_CL);
+}
+
+extern "C" int cu_wgmma_matmul_bf16(cu_stream s, void *encode, const cu_mat *w, const uint16_t *xs, int64_t ldxs,
+                                    int64_t T, uint16_t *y, int64_t ldy) {
+    return wg_matmul_cl(s, encode, w, xs, ldxs, T, y, ldy, CU_WG_CL, 1);
 }
 
 /* a cluster launch's configuration (at: its attributes' storage, 2) */
