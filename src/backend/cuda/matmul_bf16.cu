@@ -967,6 +967,12 @@ int launch_blas(cu_stream s, const mm_group &g, const float *x, int64_t ldx, int
 
 /* ---- the `bf16` MLP of many tokens, its intermediates in bf16 (cuda_kernels.h) ---- */
 
+/* whether the `bf16` MLP of T tokens takes k_wgmma where the library does not take it
+ * (CU_MLP_BF16_OWN) */
+static bool mlp_own(const cu_mm_scratch *sc, int64_t T) {
+    return CU_MLP_BF16_OWN && sc->tma_encode && T >= CU_WGMMA_MIN_T;
+}
+
 extern "C" int cu_mlp_gate_up_bf16(cu_stream s, const cu_mat *gate, const cu_mat *up, const float *x, int64_t ldx,
                                    int64_t T, uint16_t *gb, uint16_t *ub, uint16_t *hb, const cu_mm_scratch *sc) {
     const int64_t rows = gate->rows, cols = gate->cols, ldxs = tiled_steps(cols) * 32;
@@ -974,32 +980,25 @@ extern "C" int cu_mlp_gate_up_bf16(cu_stream s, const cu_mat *gate, const cu_mat
         rows % 32 != 0)
         return -1;
     const bool lib = sc->blas && sc->wrm && sc->blas_ws && T >= CU_BLAS_MIN_TOKENS(1) && 2 * rows * ldxs <= sc->wrm_elems;
-    const bool own = !lib && CU_MLP_BF16_OWN && sc->tma_encode && T >= CU_WGMMA_MIN_T;
-    if (!lib && !own) return -1;
+    if (!lib && !mlp_own(sc, T)) return -1;
     int64_t slice = sc->xs_elems > 0 ? sc->xs_elems / ldxs : sc->xs_tokens;
     if (slice < 16) return -1;
-    if (own) { /* k_wgmma, its sums rounded to bf16 as it writes them */
-        for (int64_t t0 = 0; t0 < T; t0 += slice) {
-            const int64_t n = T - t0 < slice ? T - t0 : slice;
-            launch_split(s, x + t0 * ldx, ldx, n, cols, sc->xs, ldxs, 1);
-            if (cu_wgmma_matmul_bf16(s, sc->tma_encode, gate, sc->xs, ldxs, n, gb + t0 * rows, rows) != 0 ||
-                cu_wgmma_matmul_bf16(s, sc->tma_encode, up, sc->xs, ldxs, n, ub + t0 * rows, rows) != 0)
-                return -1;
-        }
-        cu_silu_mul_bf16(s, gb, ub, T, rows, hb, rows);
-        return 0;
-    }
+    /* the library reads the matrices copied out row-major; k_wgmma reads them tiled, its sums
+     * rounded to bf16 as it writes them */
     uint16_t *wg = sc->wrm, *wu = sc->wrm + rows * ldxs;
-    cu_untile_bf16(s, (const uint16_t *)gate->data, rows, cols, wg);
-    cu_untile_bf16(s, (const uint16_t *)up->data, rows, cols, wu);
+    if (lib) {
+        cu_untile_bf16(s, (const uint16_t *)gate->data, rows, cols, wg);
+        cu_untile_bf16(s, (const uint16_t *)up->data, rows, cols, wu);
+    }
+    auto product = [&](const cu_mat *w, const uint16_t *wr, int64_t n, uint16_t *out) {
+        return lib ? cu_blas_gemm_to(sc->blas, s, wr, ldxs, rows, cols, sc->xs, ldxs, n, out, rows, 1, 0, sc->blas_ws,
+                                     sc->blas_ws_bytes)
+                   : cu_wgmma_matmul_bf16(s, sc->tma_encode, w, sc->xs, ldxs, n, out, rows);
+    };
     for (int64_t t0 = 0; t0 < T; t0 += slice) {
         const int64_t n = T - t0 < slice ? T - t0 : slice;
         launch_split(s, x + t0 * ldx, ldx, n, cols, sc->xs, ldxs, 1);
-        if (cu_blas_gemm_to(sc->blas, s, wg, ldxs, rows, cols, sc->xs, ldxs, n, gb + t0 * rows, rows, 1, 0, sc->blas_ws,
-                            sc->blas_ws_bytes) != 0 ||
-            cu_blas_gemm_to(sc->blas, s, wu, ldxs, rows, cols, sc->xs, ldxs, n, ub + t0 * rows, rows, 1, 0, sc->blas_ws,
-                            sc->blas_ws_bytes) != 0)
-            return -1;
+        if (product(gate, wg, n, gb + t0 * rows) != 0 || product(up, wu, n, ub + t0 * rows) != 0) return -1;
     }
     cu_silu_mul_bf16(s, gb, ub, T, rows, hb, rows); /* (rows a multiple of 32: ldh is rows) */
     return 0;
@@ -1017,8 +1016,7 @@ extern "C" void cu_matmul_bf16_in(cu_stream s, const cu_mat *w, const uint16_t *
                             sc->blas_ws_bytes) == 0)
             return;
     }
-    if (CU_MLP_BF16_OWN && sc->tma_encode && T >= CU_WGMMA_MIN_T &&
-        cu_wgmma_matmul(s, sc->tma_encode, w, xb, ldxb, T, y, ldy) == 0)
+    if (mlp_own(sc, T) && cu_wgmma_matmul(s, sc->tma_encode, w, xb, ldxb, T, y, ldy) == 0)
         return;
     /* k_gemm on xb as the split it is (one part), in slices its 32-bit offsets allow */
     mm_group g;

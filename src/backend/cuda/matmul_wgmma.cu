@@ -241,6 +241,14 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 }
 
 
+/* k_wgmma's instance for clusters of cl (1, 2 or 4) blocks, fp32 (ybf 0) or bf16 outputs */
+typedef void (*wg_kernel_fn)(CUtensorMap, CUtensorMap, int64_t, int64_t, int, void *, int64_t);
+static wg_kernel_fn wg_kernel(int cl, int ybf) {
+    static const wg_kernel_fn k[2][3] = {{k_wgmma<1, false>, k_wgmma<2, false>, k_wgmma<4, false>},
+                                         {k_wgmma<1, true>, k_wgmma<2, true>, k_wgmma<4, true>}};
+    return k[ybf ? 1 : 0][cl == 4 ? 2 : cl - 1];
+}
+
 /* ---- few tokens: k_wgmma_stream ----
  * Decode steps of 9 to 127 sequences (and any product of fewer than CU_WGMMA_MIN_T tokens in
  * `bf16`) read every weight once for a few tokens: the bytes, not the arithmetic, set the
@@ -378,8 +386,7 @@ struct ws_shape {
 #ifndef CU_WS_2BLK
 #define CU_WS_2BLK 0
 #endif
-#define WS_TWO_FIT(BN, KB, CL) ((BN) == 64 && (KB) <= 110 && (CL) == 1) /* two blocks' stages fit an SM */
-#define WS_MINB(BN, KB, CL) (CU_WS_2BLK && WS_TWO_FIT(BN, KB, CL) ? 2 : 1)
+#define WS_MINB(BN, KB, CL) (CU_WS_2BLK && (BN) == 64 && (KB) <= 110 && (CL) == 1 ? 2 : 1)
 /* Tried and not kept (H100, 2026-12-07, decode at 40 / 64 sequences, two rounds): the
  * 64-token kernel compiled for two blocks an SM (95 registers a thread) while the grid keeps
  * one, so a block of the next launch fits beside a draining one: 1,453-1,455 / 2,030-2,032 ->
@@ -607,14 +614,11 @@ extern "C" void *cu_wgmma_available(void) {
     if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
         q != cudaDriverEntryPointSuccess || !fn)
         return NULL;
-    if (cudaFuncSetAttribute(k_wgmma<1, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess ||
-        cudaFuncSetAttribute(k_wgmma<2, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess ||
-        cudaFuncSetAttribute(k_wgmma<4, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess ||
-        cudaFuncSetAttribute(k_wgmma<1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess ||
-        cudaFuncSetAttribute(k_wgmma<2, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess ||
-        cudaFuncSetAttribute(k_wgmma<4, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess ||
-        ws_attrs_backend() != 0)
-        return NULL;
+    for (int i = 0; i < 6; i++)
+        if (cudaFuncSetAttribute(wg_kernel(i % 3 == 2 ? 4 : i % 3 + 1, i / 3), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 WG_SMEM) != cudaSuccess)
+            return NULL;
+    if (ws_attrs_backend() != 0) return NULL;
     return fn;
 }
 
@@ -680,9 +684,7 @@ static int wg_matmul_cl(cu_stream s, void *encode, const cu_mat *w, const uint16
     at[0].val.clusterDim.x = (unsigned)cx, at[0].val.clusterDim.y = (unsigned)cy, at[0].val.clusterDim.z = 1;
     cfg.attrs = at;
     cfg.numAttrs = 1;
-    void (*const k[2][3])(CUtensorMap, CUtensorMap, int64_t, int64_t, int, void *, int64_t) = {
-        {k_wgmma<1, false>, k_wgmma<2, false>, k_wgmma<4, false>}, {k_wgmma<1, true>, k_wgmma<2, true>, k_wgmma<4, true>}};
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, k[ybf ? 1 : 0][cl == 4 ? 2 : cl - 1], wmap, xmap, w->rows, T, (int)nsteps, y, ldy);
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, wg_kernel(cl, ybf), wmap, xmap, w->rows, T, (int)nsteps, y, ldy);
     return e == cudaSuccess && cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
 
