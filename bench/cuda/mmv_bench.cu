@@ -16,10 +16,10 @@
  *                                    as limbs) against the bf16 ones: error against `exact`,
  *                                    a token's bits alone and in a batch, GB/s; exits 1 where
  *                                    the error passes 1e-5 or the bits differ
- *   build/mmv_bench wg [reps] [T,..] bf16 products on wgmma (matmul_wgmma.cu) against k_gemm,
- *                                    its clusters of 2 against single blocks and clusters of
- *                                    2 x 2 (the same bits) and its bf16 outputs (the fp32
- *                                    ones rounded):
+ *   build/mmv_bench wg [reps] [T,..] [band] bf16 products on wgmma (matmul_wgmma.cu) against
+ *                                    k_gemm, its clusters of 2 against single blocks, clusters
+ *                                    of 2 x 2 and both in bands of `band` row blocks (16; the
+ *                                    same bits) and its bf16 outputs (the fp32 ones rounded):
  *                                    agreement and TFLOP/s at 64 to 2,048 tokens (or those
  *                                    given); exits 1 where they disagree
  *   build/mmv_bench blastune [reps] [T,..] the 27B's prefill products at 2,048 and 8,192
@@ -794,13 +794,14 @@ static int qprof(int64_t rows, int64_t cols, int64_t T, int P, int bits) {
     return 0;
 }
 
-/* ---- `mmv_bench wg [reps] [T,...]`: bf16 products of many tokens on wgmma (matmul_wgmma.cu)
- * against k_gemm, on the same bf16 activations: the largest difference relative to the
+/* ---- `mmv_bench wg [reps] [T,...] [band]`: bf16 products of many tokens on wgmma
+ * (matmul_wgmma.cu) against k_gemm, on the same bf16 activations: the largest difference relative to the
  * largest output (the summation orders differ, so fp32 rounding apart: at most 4e-9 times the
  * columns passes), every output written, and TFLOP/s of each; k_wgmma on clusters of 2 (the
- * backend's, the activations multicast), of 1 and of 4 (both operands multicast), whose
- * outputs must be the same bits, and its bf16 outputs, which must be those rounded ---- */
-static int wgbench(int reps, const char *tlist) {
+ * backend's, the activations multicast), of 1 and of 4 (both operands multicast), and of 2
+ * and 4 in bands of `band` row blocks (wg_place), whose outputs must be the same bits, and
+ * its bf16 outputs, which must be those rounded ---- */
+static int wgbench(int reps, const char *tlist, int group) {
     cudaStream_t s;
     cudaEvent_t e0, e1;
     timing_open(&s, &e0, &e1);
@@ -817,7 +818,9 @@ static int wgbench(int reps, const char *tlist) {
     const int64_t TM = most_tokens(Ts);
     int bad = 0;
     printf("bf16 products on wgmma against k_gemm: TFLOP/s; err = max |wgmma - k_gemm| / max |k_gemm|\n");
-    printf("%-9s %6s %10s %10s %10s %10s %10s\n", "shape", "T", "k_gemm", "wgmma", "cluster 1", "cluster 4", "err");
+    printf("bands of %d row blocks (\"band 2\", \"band 4\": clusters of 2 and 4 so)\n", group);
+    printf("%-9s %6s %9s %9s %9s %9s %9s %9s %9s\n", "shape", "T", "k_gemm", "wgmma", "cluster 1", "cluster 4", "band 2",
+           "band 4", "err");
     for (const auto &sh : shapes) {
         const tiled_case tc = tiled_case_make(s, sh.rows, sh.cols, TM, 13);
         uint16_t *const wt = tc.wt, *const xs = tc.xs;
@@ -827,10 +830,12 @@ static int wgbench(int reps, const char *tlist) {
         const int64_t ldxs = tiled_steps(sh.cols) * 32;
         mm_group g;
         g.n = 1, g.w[0] = w, g.y[0] = yref, g.ldy[0] = sh.rows, g.blk0[0] = 0;
-        float *y1, *y4;
+        float *y1, *y4, *yg2, *yg4;
         uint16_t *yb;
         CK(cudaMalloc(&y1, (size_t)TM * sh.rows * 4));
         CK(cudaMalloc(&y4, (size_t)TM * sh.rows * 4));
+        CK(cudaMalloc(&yg2, (size_t)TM * sh.rows * 4));
+        CK(cudaMalloc(&yg4, (size_t)TM * sh.rows * 4));
         CK(cudaMalloc(&yb, (size_t)TM * sh.rows * 2));
         for (int64_t T : Ts) {
             launch_split(s, x, sh.cols, T, sh.cols, xs, ldxs, 1);
@@ -838,16 +843,21 @@ static int wgbench(int reps, const char *tlist) {
             CK(cudaMemsetAsync(y, 0xff, T * sh.rows * 4, s)); /* NaN: an output never written stays one */
             CK(cudaMemsetAsync(y1, 0xff, T * sh.rows * 4, s));
             CK(cudaMemsetAsync(y4, 0xff, T * sh.rows * 4, s));
+            CK(cudaMemsetAsync(yg2, 0xff, T * sh.rows * 4, s));
+            CK(cudaMemsetAsync(yg4, 0xff, T * sh.rows * 4, s));
             if (cu_wgmma_matmul(s, enc, &w, xs, ldxs, T, y, sh.rows) != 0 ||
                 wg_matmul_cl(s, enc, &w, xs, ldxs, T, y1, sh.rows, 1) != 0 ||
                 wg_matmul_cl(s, enc, &w, xs, ldxs, T, y4, sh.rows, 4) != 0 ||
+                wg_matmul_cl(s, enc, &w, xs, ldxs, T, yg2, sh.rows, 2, 0, group) != 0 ||
+                wg_matmul_cl(s, enc, &w, xs, ldxs, T, yg4, sh.rows, 4, 0, group) != 0 ||
                 cu_wgmma_matmul_bf16(s, enc, &w, xs, ldxs, T, yb, sh.rows) != 0) {
                 printf("%-9s %6lld refused\n", sh.name, (long long)T);
                 bad++;
                 continue;
             }
             CK(cudaStreamSynchronize(s));
-            const bool same = same_bits(y, y1, (size_t)(T * sh.rows)) && same_bits(y, y4, (size_t)(T * sh.rows));
+            const size_t n = (size_t)(T * sh.rows);
+            const bool same = same_bits(y, y1, n) && same_bits(y, y4, n) && same_bits(y, yg2, n) && same_bits(y, yg4, n);
             const bool rounded = rounds_to(y, yb, (size_t)(T * sh.rows)); /* the bf16 outputs' form */
             agreement ag;
             ag.add(y, yref, (size_t)(T * sh.rows));
@@ -865,16 +875,23 @@ static int wgbench(int reps, const char *tlist) {
                 time_launches(s, e0, e1, reps, 1, [&](int) { wg_matmul_cl(s, enc, &w, xs, ldxs, T, y1, sh.rows, 1); });
             const double t_wg4 =
                 time_launches(s, e0, e1, reps, 1, [&](int) { wg_matmul_cl(s, enc, &w, xs, ldxs, T, y4, sh.rows, 4); });
+            const double t_g2 = time_launches(
+                s, e0, e1, reps, 1, [&](int) { wg_matmul_cl(s, enc, &w, xs, ldxs, T, yg2, sh.rows, 2, 0, group); });
+            const double t_g4 = time_launches(
+                s, e0, e1, reps, 1, [&](int) { wg_matmul_cl(s, enc, &w, xs, ldxs, T, yg4, sh.rows, 4, 0, group); });
             const double fl = 2.0 * sh.rows * sh.cols * T;
-            printf("%-9s %6lld %10.1f %10.1f %10.1f %10.1f %10.2e%s", sh.name, (long long)T, fl / t_ref / 1e12,
-                   fl / t_wg / 1e12, fl / t_wg1 / 1e12, fl / t_wg4 / 1e12, err, ok ? "\n" : "  FAIL");
+            printf("%-9s %6lld %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.2e%s", sh.name, (long long)T, fl / t_ref / 1e12,
+                   fl / t_wg / 1e12, fl / t_wg1 / 1e12, fl / t_wg4 / 1e12, fl / t_g2 / 1e12, fl / t_g4 / 1e12, err,
+                   ok ? "\n" : "  FAIL");
             if (nan) printf(" (%zu outputs not written)", nan);
-            if (!same) printf(" (clusters of 1, 2 and 4 differ)");
+            if (!same) printf(" (clusters of 1, 2 and 4 or the bands differ)");
             if (!rounded) printf(" (the bf16 outputs are not the fp32 ones rounded)");
             if (!ok) printf("\n");
         }
         CK(cudaFree(y1));
         CK(cudaFree(y4));
+        CK(cudaFree(yg2));
+        CK(cudaFree(yg4));
         CK(cudaFree(yb));
         tiled_case_free(tc);
     }
@@ -2199,7 +2216,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "q")) return qbench(argc > 2 ? atoi(argv[2]) : 20);
     if (argc > 1 && !strcmp(argv[1], "qi")) return qibench(argc > 2 ? atoi(argv[2]) : 20);
     if (argc > 1 && !strcmp(argv[1], "qv")) return qvbench(argc > 2 ? atoi(argv[2]) : 20);
-    if (argc > 1 && !strcmp(argv[1], "wg")) return wgbench(argc > 2 ? atoi(argv[2]) : 10, argc > 3 ? argv[3] : NULL);
+    if (argc > 1 && !strcmp(argv[1], "wg")) return wgbench(argc > 2 ? atoi(argv[2]) : 10, argc > 3 ? argv[3] : NULL, argc > 4 ? atoi(argv[4]) : 16);
     if (argc > 1 && !strcmp(argv[1], "blas")) return blasbench(argc > 2 ? atoi(argv[2]) : 10, argc > 3 ? argv[3] : NULL);
     if (argc > 1 && !strcmp(argv[1], "blastune")) return blastune(argc > 2 ? atoi(argv[2]) : 5, argc > 3 ? argv[3] : NULL);
     if (argc > 1 && !strcmp(argv[1], "ws")) return wsbench(argc > 2 ? atoi(argv[2]) : 20, argc > 3 ? argv[3] : NULL);

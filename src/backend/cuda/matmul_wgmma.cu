@@ -140,17 +140,40 @@ __device__ __forceinline__ void tma_load_4d_mc(uint32_t dst, const CUtensorMap *
  * tile, so each operand is read from L2 once for two blocks (a quarter less than CL 2). A
  * stage is refilled once every block's consumers have freed it, and no block leaves before
  * the others. */
+/* The grid is one-dimensional, CL consecutive blocks a cluster; the clusters cover a grid of
+ * cols (token tiles / the cluster's along them) by crows (row blocks / the cluster's along
+ * them). Cluster c's place in it: group 0, token tiles fastest (the blocks running at once
+ * share a few row blocks' weights, read from memory once); group g > 0, in bands of g
+ * cluster rows, each band's clusters row fastest, so that the blocks running at once cover a
+ * squarer patch of the output (fewer bytes of both operands read from memory a wave). */
+struct wg_raster {
+    int cols, crows, group;
+};
+__device__ __forceinline__ void wg_place(const wg_raster &r, int c, int *ct, int *cr) {
+    if (r.group <= 0) {
+        *ct = c % r.cols, *cr = c / r.cols;
+        return;
+    }
+    const int band = c / (r.group * r.cols), in = c % (r.group * r.cols), first = band * r.group;
+    const int h = min(r.group, r.crows - first); /* the last band may be thinner */
+    *cr = first + in % h, *ct = in / h;
+}
+
 template <int CL, bool YBF>
 __global__ void __launch_bounds__(WG_THREADS, 1)
     k_wgmma(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap, int64_t rows,
-            int64_t T, int nsteps, void *y, int64_t ldy) {
+            int64_t T, int nsteps, void *y, int64_t ldy, wg_raster ras) {
     static_assert(CL == 1 || CL == 2 || CL == 4, "clusters of 1, 2 or 4 blocks");
     extern __shared__ uint8_t wg_raw[];
     const uint32_t base = (smem_u32(wg_raw) + 1023u) & ~1023u; /* the swizzle repeats every 512 bytes */
     const uint32_t full = base + WG_STAGES * WG_STAGE, empty = full + WG_STAGES * 8;
     const int tid = threadIdx.x, wg = tid / 128;
-    const int tb = blockIdx.x, rb = blockIdx.y;
-    const int q = CL > 1 ? (int)wg_cluster_rank() : 0; /* (CL 2: rb % 2; CL 4: tb % 2 + 2 (rb % 2)) */
+    const int q = CL > 1 ? (int)wg_cluster_rank() : 0; /* blockIdx.x % CL */
+    int ct, cr;
+    wg_place(ras, (int)(blockIdx.x / CL), &ct, &cr);
+    /* CL 2: the cluster is row blocks 2 cr + q of token tile ct; CL 4: token tiles 2 ct + q % 2
+     * by row blocks 2 cr + q / 2 */
+    const int tb = CL == 4 ? 2 * ct + (q & 1) : ct, rb = CL == 4 ? 2 * cr + (q >> 1) : CL * cr + q;
     const int nk = nsteps / 2; /* stages: two steps each (nsteps is even) */
     if (tid == 0) {
         for (int s = 0; s < WG_STAGES; s++) {
@@ -242,7 +265,7 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 
 
 /* k_wgmma's instance for clusters of cl (1, 2 or 4) blocks, fp32 (ybf 0) or bf16 outputs */
-typedef void (*wg_kernel_fn)(CUtensorMap, CUtensorMap, int64_t, int64_t, int, void *, int64_t);
+typedef void (*wg_kernel_fn)(CUtensorMap, CUtensorMap, int64_t, int64_t, int, void *, int64_t, wg_raster);
 static wg_kernel_fn wg_kernel(int cl, int ybf) {
     static const wg_kernel_fn k[2][3] = {{k_wgmma<1, false>, k_wgmma<2, false>, k_wgmma<4, false>},
                                          {k_wgmma<1, true>, k_wgmma<2, true>, k_wgmma<4, true>}};
@@ -659,32 +682,40 @@ static bool wg_takes(const cu_mat *w) {
 #define CU_WG_CL 2
 #endif
 
-/* k_wgmma on clusters of cl (1, 2 or 4) blocks */
+/* k_wgmma's bands, in row blocks (0: token tiles fastest; a build may set others to compare) */
+#ifndef CU_WG_GROUP
+#define CU_WG_GROUP 0
+#endif
+
+/* k_wgmma on clusters of cl (1, 2 or 4) blocks, in bands of `group` row blocks (wg_place;
+ * rounded up to whole clusters) */
 static int wg_matmul_cl(cu_stream s, void *encode, const cu_mat *w, const uint16_t *xs, int64_t ldxs, int64_t T,
-                        void *y, int64_t ldy, int cl, int ybf = 0) {
+                        void *y, int64_t ldy, int cl, int ybf = 0, int group = CU_WG_GROUP) {
     const tmap_encode_fn enc = (tmap_encode_fn)encode;
     const int64_t nsteps = (w->cols + 31) / 32;
     if (!enc || !wg_takes(w) || T <= 0 || ldxs % 32 != 0 || ((uintptr_t)xs & 15) || (cl != 1 && cl != 2 && cl != 4))
         return -1;
     CUtensorMap wmap, xmap;
     if (wg_map_w(enc, w, &wmap) != 0 || wg_map_x(enc, xs, ldxs, T, WG_BN, &xmap) != 0) return -1;
-    /* token tiles fastest: the blocks running at once share a few row blocks' weights, read
-     * from memory once, and the slice's activations stay in L2; the row blocks (cl 4: and the
-     * token tiles) rounded up to whole clusters (a block past the matrix reads zeros and
-     * writes nothing) */
+    /* the row blocks (cl 4: and the token tiles) rounded up to whole clusters (a block past
+     * the matrix reads zeros and writes nothing) */
     const int64_t rbs = (w->rows + WG_BM - 1) / WG_BM, tbs = (T + WG_BN - 1) / WG_BN;
     const int cx = cl == 4 ? 2 : 1, cy = cl == 4 ? 2 : cl; /* the cluster's blocks along token tiles, row blocks */
+    const int64_t cols = (tbs + cx - 1) / cx, crows = (rbs + cy - 1) / cy;
+    if (cols * crows * cl > INT32_MAX || group < 0) return -1;
+    const wg_raster ras = {(int)cols, (int)crows, (group + cy - 1) / cy};
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)((tbs + cx - 1) / cx * cx), (unsigned)((rbs + cy - 1) / cy * cy));
+    cfg.gridDim = dim3((unsigned)(cols * crows * cl));
     cfg.blockDim = dim3(WG_THREADS);
     cfg.dynamicSmemBytes = WG_SMEM;
     cfg.stream = s;
     cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = (unsigned)cx, at[0].val.clusterDim.y = (unsigned)cy, at[0].val.clusterDim.z = 1;
+    at[0].val.clusterDim.x = (unsigned)cl, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
     cfg.attrs = at;
     cfg.numAttrs = 1;
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, wg_kernel(cl, ybf), wmap, xmap, w->rows, T, (int)nsteps, y, ldy);
+    const cudaError_t e =
+        cudaLaunchKernelEx(&cfg, wg_kernel(cl, ybf), wmap, xmap, w->rows, T, (int)nsteps, y, ldy, ras);
     return e == cudaSuccess && cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
 
