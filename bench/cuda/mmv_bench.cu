@@ -799,7 +799,8 @@ static int qprof(int64_t rows, int64_t cols, int64_t T, int P, int bits) {
  * largest output (the summation orders differ, so fp32 rounding apart: at most 4e-9 times the
  * columns passes), every output written, and TFLOP/s of each; k_wgmma on clusters of 2 (the
  * backend's, the activations multicast), of 1 and of 4 (both operands multicast), and of 2
- * and 4 in bands of `band` row blocks (wg_place), whose outputs must be the same bits, and
+ * and 4 in bands of `band` row blocks (wg_place), with the activations in 128-byte rows on
+ * clusters of 2 and on 4 in bands, whose outputs must be the same bits, and
  * its bf16 outputs, which must be those rounded ---- */
 static int wgbench(int reps, const char *tlist, int group) {
     cudaStream_t s;
@@ -818,9 +819,10 @@ static int wgbench(int reps, const char *tlist, int group) {
     const int64_t TM = most_tokens(Ts);
     int bad = 0;
     printf("bf16 products on wgmma against k_gemm: TFLOP/s; err = max |wgmma - k_gemm| / max |k_gemm|\n");
-    printf("bands of %d row blocks (\"band 2\", \"band 4\": clusters of 2 and 4 so)\n", group);
-    printf("%-9s %6s %9s %9s %9s %9s %9s %9s %9s\n", "shape", "T", "k_gemm", "wgmma", "cluster 1", "cluster 4", "band 2",
-           "band 4", "err");
+    printf("bands of %d row blocks (\"band 2\", \"band 4\": clusters of 2 and 4 so); \"x128\": the activations\n"
+           "in 128-byte rows, clusters of 2 (\"x128 b4\": of 4, in bands)\n", group);
+    printf("%-9s %6s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", "shape", "T", "k_gemm", "wgmma", "cluster 1", "cluster 4",
+           "band 2", "band 4", "x128", "x128 b4", "err");
     for (const auto &sh : shapes) {
         const tiled_case tc = tiled_case_make(s, sh.rows, sh.cols, TM, 13);
         uint16_t *const wt = tc.wt, *const xs = tc.xs;
@@ -830,12 +832,14 @@ static int wgbench(int reps, const char *tlist, int group) {
         const int64_t ldxs = tiled_steps(sh.cols) * 32;
         mm_group g;
         g.n = 1, g.w[0] = w, g.y[0] = yref, g.ldy[0] = sh.rows, g.blk0[0] = 0;
-        float *y1, *y4, *yg2, *yg4;
+        float *y1, *y4, *yg2, *yg4, *yx2, *yx4;
         uint16_t *yb;
         CK(cudaMalloc(&y1, (size_t)TM * sh.rows * 4));
         CK(cudaMalloc(&y4, (size_t)TM * sh.rows * 4));
         CK(cudaMalloc(&yg2, (size_t)TM * sh.rows * 4));
         CK(cudaMalloc(&yg4, (size_t)TM * sh.rows * 4));
+        CK(cudaMalloc(&yx2, (size_t)TM * sh.rows * 4));
+        CK(cudaMalloc(&yx4, (size_t)TM * sh.rows * 4));
         CK(cudaMalloc(&yb, (size_t)TM * sh.rows * 2));
         for (int64_t T : Ts) {
             launch_split(s, x, sh.cols, T, sh.cols, xs, ldxs, 1);
@@ -845,11 +849,15 @@ static int wgbench(int reps, const char *tlist, int group) {
             CK(cudaMemsetAsync(y4, 0xff, T * sh.rows * 4, s));
             CK(cudaMemsetAsync(yg2, 0xff, T * sh.rows * 4, s));
             CK(cudaMemsetAsync(yg4, 0xff, T * sh.rows * 4, s));
+            CK(cudaMemsetAsync(yx2, 0xff, T * sh.rows * 4, s));
+            CK(cudaMemsetAsync(yx4, 0xff, T * sh.rows * 4, s));
             if (cu_wgmma_matmul(s, enc, &w, xs, ldxs, T, y, sh.rows) != 0 ||
                 wg_matmul_cl(s, enc, &w, xs, ldxs, T, y1, sh.rows, 1) != 0 ||
                 wg_matmul_cl(s, enc, &w, xs, ldxs, T, y4, sh.rows, 4) != 0 ||
                 wg_matmul_cl(s, enc, &w, xs, ldxs, T, yg2, sh.rows, 2, 0, group) != 0 ||
                 wg_matmul_cl(s, enc, &w, xs, ldxs, T, yg4, sh.rows, 4, 0, group) != 0 ||
+                wg_matmul_cl(s, enc, &w, xs, ldxs, T, yx2, sh.rows, 2, 0, 0, 1) != 0 ||
+                wg_matmul_cl(s, enc, &w, xs, ldxs, T, yx4, sh.rows, 4, 0, group, 1) != 0 ||
                 cu_wgmma_matmul_bf16(s, enc, &w, xs, ldxs, T, yb, sh.rows) != 0) {
                 printf("%-9s %6lld refused\n", sh.name, (long long)T);
                 bad++;
@@ -857,7 +865,8 @@ static int wgbench(int reps, const char *tlist, int group) {
             }
             CK(cudaStreamSynchronize(s));
             const size_t n = (size_t)(T * sh.rows);
-            const bool same = same_bits(y, y1, n) && same_bits(y, y4, n) && same_bits(y, yg2, n) && same_bits(y, yg4, n);
+            const bool same = same_bits(y, y1, n) && same_bits(y, y4, n) && same_bits(y, yg2, n) && same_bits(y, yg4, n) &&
+                              same_bits(y, yx2, n) && same_bits(y, yx4, n);
             const bool rounded = rounds_to(y, yb, (size_t)(T * sh.rows)); /* the bf16 outputs' form */
             agreement ag;
             ag.add(y, yref, (size_t)(T * sh.rows));
@@ -879,12 +888,16 @@ static int wgbench(int reps, const char *tlist, int group) {
                 s, e0, e1, reps, 1, [&](int) { wg_matmul_cl(s, enc, &w, xs, ldxs, T, yg2, sh.rows, 2, 0, group); });
             const double t_g4 = time_launches(
                 s, e0, e1, reps, 1, [&](int) { wg_matmul_cl(s, enc, &w, xs, ldxs, T, yg4, sh.rows, 4, 0, group); });
+            const double t_x2 = time_launches(
+                s, e0, e1, reps, 1, [&](int) { wg_matmul_cl(s, enc, &w, xs, ldxs, T, yx2, sh.rows, 2, 0, 0, 1); });
+            const double t_x4 = time_launches(
+                s, e0, e1, reps, 1, [&](int) { wg_matmul_cl(s, enc, &w, xs, ldxs, T, yx4, sh.rows, 4, 0, group, 1); });
             const double fl = 2.0 * sh.rows * sh.cols * T;
-            printf("%-9s %6lld %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.2e%s", sh.name, (long long)T, fl / t_ref / 1e12,
-                   fl / t_wg / 1e12, fl / t_wg1 / 1e12, fl / t_wg4 / 1e12, fl / t_g2 / 1e12, fl / t_g4 / 1e12, err,
-                   ok ? "\n" : "  FAIL");
+            printf("%-9s %6lld %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.2e%s", sh.name, (long long)T,
+                   fl / t_ref / 1e12, fl / t_wg / 1e12, fl / t_wg1 / 1e12, fl / t_wg4 / 1e12, fl / t_g2 / 1e12,
+                   fl / t_g4 / 1e12, fl / t_x2 / 1e12, fl / t_x4 / 1e12, err, ok ? "\n" : "  FAIL");
             if (nan) printf(" (%zu outputs not written)", nan);
-            if (!same) printf(" (clusters of 1, 2 and 4 or the bands differ)");
+            if (!same) printf(" (clusters of 1, 2 and 4, the bands or x128 differ)");
             if (!rounded) printf(" (the bf16 outputs are not the fp32 ones rounded)");
             if (!ok) printf("\n");
         }
@@ -892,6 +905,8 @@ static int wgbench(int reps, const char *tlist, int group) {
         CK(cudaFree(y4));
         CK(cudaFree(yg2));
         CK(cudaFree(yg4));
+        CK(cudaFree(yx2));
+        CK(cudaFree(yx4));
         CK(cudaFree(yb));
         tiled_case_free(tc);
     }

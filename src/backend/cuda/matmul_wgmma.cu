@@ -130,16 +130,6 @@ __device__ __forceinline__ void tma_load_4d_mc(uint32_t dst, const CUtensorMap *
                  : "memory");
 }
 
-/* CL: the blocks of a cluster: 1; 2, along the row blocks (the pair of row blocks 2 p and
- * 2 p + 1 of one token tile, each block's producer loading one of a stage's two activation
- * steps into both blocks' shared memory by TMA multicast, so the cluster reads the token
- * tile's activations from L2 once where two blocks read them twice); or 4, two row blocks by
- * two token tiles (rank = token tile within the pair + 2 x row block within the pair): each
- * block loads one of a stage's two weight steps into itself and the block of the same row
- * block, and one of its two activation steps into itself and the block of the same token
- * tile, so each operand is read from L2 once for two blocks (a quarter less than CL 2). A
- * stage is refilled once every block's consumers have freed it, and no block leaves before
- * the others. */
 /* The grid is one-dimensional, CL consecutive blocks a cluster; the clusters cover a grid of
  * cols (token tiles / the cluster's along them) by crows (row blocks / the cluster's along
  * them). Cluster c's place in it: group 0, token tiles fastest (the blocks running at once
@@ -159,13 +149,26 @@ __device__ __forceinline__ void wg_place(const wg_raster &r, int c, int *ct, int
     *cr = first + in % h, *ct = in / h;
 }
 
-template <int CL, bool YBF>
+/* CL: the blocks of a cluster: 1; 2, along the row blocks (the pair of row blocks 2 p and
+ * 2 p + 1 of one token tile, each block's producer loading one of a stage's two activation
+ * steps into both blocks' shared memory by TMA multicast, so the cluster reads the token
+ * tile's activations from L2 once where two blocks read them twice); or 4, two row blocks by
+ * two token tiles (rank = token tile within the pair + 2 x row block within the pair): each
+ * block loads one of a stage's two weight steps into itself and the block of the same row
+ * block, and one of its two activation steps into itself and the block of the same token
+ * tile, so each operand is read from L2 once for two blocks (a quarter less than CL 2). A
+ * stage is refilled once every block's consumers have freed it, and no block leaves before
+ * the others. XW: the activations come as two halves of the token tile, 128 tokens of a
+ * stage's 64 columns each (rows of 128 bytes under the 128-byte swizzle: half the TMA rows
+ * of two 64-byte steps), where the clusters share them by halves (the same bytes each). YBF:
+ * the outputs rounded to bf16. */
+template <int CL, bool YBF, bool XW>
 __global__ void __launch_bounds__(WG_THREADS, 1)
     k_wgmma(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap, int64_t rows,
             int64_t T, int nsteps, void *y, int64_t ldy, wg_raster ras) {
     static_assert(CL == 1 || CL == 2 || CL == 4, "clusters of 1, 2 or 4 blocks");
     extern __shared__ uint8_t wg_raw[];
-    const uint32_t base = (smem_u32(wg_raw) + 1023u) & ~1023u; /* the swizzle repeats every 512 bytes */
+    const uint32_t base = (smem_u32(wg_raw) + 1023u) & ~1023u; /* the swizzles repeat every 512 / 1,024 bytes */
     const uint32_t full = base + WG_STAGES * WG_STAGE, empty = full + WG_STAGES * 8;
     const int tid = threadIdx.x, wg = tid / 128;
     const int q = CL > 1 ? (int)wg_cluster_rank() : 0; /* blockIdx.x % CL */
@@ -196,17 +199,23 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                     const int qt = q & 1, qr = q >> 1;
                     tma_load_4d_mc(st + qt * WG_A_STEP, &wmap, 0, 0, 2 * i + qt, rb * (WG_BM / 16), full + 8 * s,
                                    (uint16_t)(3u << (2 * qr)));
-                    tma_load_2d_mc(st + 2 * WG_A_STEP + qr * WG_B_STEP, &xmap, 32 * (2 * i + qr), tb * WG_BN, full + 8 * s,
-                                   (uint16_t)(5u << qt));
+                    if constexpr (XW) /* (half qr of the token tile's 64 columns) */
+                        tma_load_2d_mc(st + 2 * WG_A_STEP + qr * WG_B_STEP, &xmap, 64 * i, tb * WG_BN + qr * (WG_BN / 2),
+                                       full + 8 * s, (uint16_t)(5u << qt));
+                    else
+                        tma_load_2d_mc(st + 2 * WG_A_STEP + qr * WG_B_STEP, &xmap, 32 * (2 * i + qr), tb * WG_BN,
+                                       full + 8 * s, (uint16_t)(5u << qt));
                 } else {
                     for (int h = 0; h < 2; h++)
                         tma_load_4d(st + h * WG_A_STEP, &wmap, 0, 0, 2 * i + h, rb * (WG_BM / 16), full + 8 * s);
+                    /* XW: half h of the token tile's 64 columns; else step h's 32 columns of all of it */
+                    const int xc0 = 64 * i, xdc = XW ? 0 : 32, xdt = XW ? WG_BN / 2 : 0;
                     if constexpr (CL > 1)
-                        tma_load_2d_mc(st + 2 * WG_A_STEP + q * WG_B_STEP, &xmap, 32 * (2 * i + q), tb * WG_BN,
+                        tma_load_2d_mc(st + 2 * WG_A_STEP + q * WG_B_STEP, &xmap, xc0 + q * xdc, tb * WG_BN + q * xdt,
                                        full + 8 * s, (uint16_t)((1u << CL) - 1));
                     else
                         for (int h = 0; h < 2; h++)
-                            tma_load_2d(st + 2 * WG_A_STEP + h * WG_B_STEP, &xmap, 32 * (2 * i + h), tb * WG_BN,
+                            tma_load_2d(st + 2 * WG_A_STEP + h * WG_B_STEP, &xmap, xc0 + h * xdc, tb * WG_BN + h * xdt,
                                         full + 8 * s);
                 }
             }
@@ -232,7 +241,8 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 #pragma unroll
                 for (int kk = 0; kk < 2; kk++)
                     wgmma_256(d, wg_desc(st + h * WG_A_STEP + c * (64 * 64) + 32 * kk),
-                              wg_desc(st + 2 * WG_A_STEP + h * WG_B_STEP + 32 * kk));
+                              XW ? wg_desc128(st + 2 * WG_A_STEP + 32 * (2 * h + kk))
+                                 : wg_desc(st + 2 * WG_A_STEP + h * WG_B_STEP + 32 * kk));
             }
             wg_commit();
             wg_wait<1>();
@@ -264,12 +274,17 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 }
 
 
-/* k_wgmma's instance for clusters of cl (1, 2 or 4) blocks, fp32 (ybf 0) or bf16 outputs */
+/* k_wgmma's instance for clusters of cl (1, 2 or 4) blocks, fp32 (ybf 0) or bf16 outputs,
+ * the activations in 64-byte rows (xw 0) or 128 */
 typedef void (*wg_kernel_fn)(CUtensorMap, CUtensorMap, int64_t, int64_t, int, void *, int64_t, wg_raster);
-static wg_kernel_fn wg_kernel(int cl, int ybf) {
-    static const wg_kernel_fn k[2][3] = {{k_wgmma<1, false>, k_wgmma<2, false>, k_wgmma<4, false>},
-                                         {k_wgmma<1, true>, k_wgmma<2, true>, k_wgmma<4, true>}};
-    return k[ybf ? 1 : 0][cl == 4 ? 2 : cl - 1];
+#define WG_KERNELS 12
+static wg_kernel_fn wg_kernel(int cl, int ybf, int xw) {
+    static const wg_kernel_fn k[2][2][3] = {
+        {{k_wgmma<1, false, false>, k_wgmma<2, false, false>, k_wgmma<4, false, false>},
+         {k_wgmma<1, true, false>, k_wgmma<2, true, false>, k_wgmma<4, true, false>}},
+        {{k_wgmma<1, false, true>, k_wgmma<2, false, true>, k_wgmma<4, false, true>},
+         {k_wgmma<1, true, true>, k_wgmma<2, true, true>, k_wgmma<4, true, true>}}};
+    return k[xw ? 1 : 0][ybf ? 1 : 0][cl == 4 ? 2 : cl - 1];
 }
 
 /* ---- few tokens: k_wgmma_stream ----
@@ -637,9 +652,9 @@ extern "C" void *cu_wgmma_available(void) {
     if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
         q != cudaDriverEntryPointSuccess || !fn)
         return NULL;
-    for (int i = 0; i < 6; i++)
-        if (cudaFuncSetAttribute(wg_kernel(i % 3 == 2 ? 4 : i % 3 + 1, i / 3), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 WG_SMEM) != cudaSuccess)
+    for (int i = 0; i < WG_KERNELS; i++)
+        if (cudaFuncSetAttribute(wg_kernel(i % 3 == 2 ? 4 : i % 3 + 1, i / 3 % 2, i / 6),
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess)
             return NULL;
     if (ws_attrs_backend() != 0) return NULL;
     return fn;
@@ -658,13 +673,16 @@ static int wg_map_w(tmap_encode_fn enc, const cu_mat *w, CUtensorMap *map) {
                : -1;
 }
 
-/* the activations' tensor map: boxes of one step of `tokens` tokens */
-static int wg_map_x(tmap_encode_fn enc, const uint16_t *xs, int64_t ldxs, int64_t T, int tokens, CUtensorMap *map) {
+/* the activations' tensor map: boxes of one step of `tokens` tokens (wide: of two steps,
+ * 128-byte rows under the 128-byte swizzle) */
+static int wg_map_x(tmap_encode_fn enc, const uint16_t *xs, int64_t ldxs, int64_t T, int tokens, CUtensorMap *map,
+                    int wide = 0) {
     const cuuint64_t dim[2] = {(cuuint64_t)ldxs, (cuuint64_t)T};
     const cuuint64_t stride[1] = {(cuuint64_t)ldxs * 2};
-    const cuuint32_t box[2] = {32, (cuuint32_t)tokens}, ones[2] = {1, 1};
+    const cuuint32_t box[2] = {wide ? 64u : 32u, (cuuint32_t)tokens}, ones[2] = {1, 1};
     return enc(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)xs, dim, stride, box, ones,
-               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, wide ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS
                ? 0
                : -1;
@@ -687,16 +705,21 @@ static bool wg_takes(const cu_mat *w) {
 #define CU_WG_GROUP 0
 #endif
 
+/* whether k_wgmma reads the activations in 128-byte rows (a build may set 1 to compare) */
+#ifndef CU_WG_XW
+#define CU_WG_XW 0
+#endif
+
 /* k_wgmma on clusters of cl (1, 2 or 4) blocks, in bands of `group` row blocks (wg_place;
- * rounded up to whole clusters) */
+ * rounded up to whole clusters), the activations in rows of 64 bytes or (xw) 128 */
 static int wg_matmul_cl(cu_stream s, void *encode, const cu_mat *w, const uint16_t *xs, int64_t ldxs, int64_t T,
-                        void *y, int64_t ldy, int cl, int ybf = 0, int group = CU_WG_GROUP) {
+                        void *y, int64_t ldy, int cl, int ybf = 0, int group = CU_WG_GROUP, int xw = CU_WG_XW) {
     const tmap_encode_fn enc = (tmap_encode_fn)encode;
     const int64_t nsteps = (w->cols + 31) / 32;
     if (!enc || !wg_takes(w) || T <= 0 || ldxs % 32 != 0 || ((uintptr_t)xs & 15) || (cl != 1 && cl != 2 && cl != 4))
         return -1;
     CUtensorMap wmap, xmap;
-    if (wg_map_w(enc, w, &wmap) != 0 || wg_map_x(enc, xs, ldxs, T, WG_BN, &xmap) != 0) return -1;
+    if (wg_map_w(enc, w, &wmap) != 0 || wg_map_x(enc, xs, ldxs, T, xw ? WG_BN / 2 : WG_BN, &xmap, xw) != 0) return -1;
     /* the row blocks (cl 4: and the token tiles) rounded up to whole clusters (a block past
      * the matrix reads zeros and writes nothing) */
     const int64_t rbs = (w->rows + WG_BM - 1) / WG_BM, tbs = (T + WG_BN - 1) / WG_BN;
@@ -715,7 +738,7 @@ static int wg_matmul_cl(cu_stream s, void *encode, const cu_mat *w, const uint16
     cfg.attrs = at;
     cfg.numAttrs = 1;
     const cudaError_t e =
-        cudaLaunchKernelEx(&cfg, wg_kernel(cl, ybf), wmap, xmap, w->rows, T, (int)nsteps, y, ldy, ras);
+        cudaLaunchKernelEx(&cfg, wg_kernel(cl, ybf, xw), wmap, xmap, w->rows, T, (int)nsteps, y, ldy, ras);
     return e == cudaSuccess && cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
 

@@ -11,6 +11,8 @@
  *   MN-major (wg_desc_mn, with the MMA's transpose bit): the 64-byte rows run along M or N
  *     (32 of them a row), one row a k; 8 k-rows 512 bytes apart (the stride offset), the next
  *     32 of M or N `lbo` bytes on (the leading offset); a k16 step is 16 rows (1,024 bytes).
+ * k_wgmma may also read its activations K-major under the 128-byte swizzle (wg_desc128: rows
+ * of 128 bytes, piece i at i ^ (r & 7), 8 rows 1,024 bytes an atom, regions aligned to 1,024).
  */
 #ifndef ST_BACKEND_CUDA_WGMMA_CUH
 #define ST_BACKEND_CUDA_WGMMA_CUH
@@ -34,6 +36,12 @@ static inline bool wg_device_runs_sm90a(void) {
  * groups 512 bytes apart (the leading offset is unused in this layout) */
 __device__ __forceinline__ uint64_t wg_desc(uint32_t addr) {
     return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(512 >> 4) << 32 | (uint64_t)2 << 62;
+}
+
+/* K-major under the 128-byte swizzle: 128-byte rows (64 columns), 8 rows 1,024 bytes apart;
+ * a k16 step is 32 bytes on (the swizzle applied to the address as TMA wrote it) */
+__device__ __forceinline__ uint64_t wg_desc128(uint32_t addr) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
 }
 
 /* MN-major under the 64-byte swizzle: the next 32 of M or N lbo bytes on, the next 8 k-rows
