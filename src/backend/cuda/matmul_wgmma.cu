@@ -195,21 +195,19 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                 mbar_wait(empty + 8 * s, ((i / WG_STAGES) & 1) ^ 1);
                 mbar_expect_tx(full + 8 * s, WG_STAGE); /* (CL > 1: some of it from the other blocks) */
                 const uint32_t st = base + s * WG_STAGE;
-                if constexpr (CL == 4) { /* weight step q % 2 to this row block's pair, activation step q / 2 to this token tile's */
+                /* the activations' part h of a stage (XW: half h of the token tile's 64 columns;
+                 * else step h's 32 columns of all of it) starts at column xc0 + h xdc, token
+                 * tb WG_BN + h xdt */
+                const int xc0 = 64 * i, xdc = XW ? 0 : 32, xdt = XW ? WG_BN / 2 : 0;
+                if constexpr (CL == 4) { /* weight step q % 2 to this row block's pair, activation part q / 2 to this token tile's */
                     const int qt = q & 1, qr = q >> 1;
                     tma_load_4d_mc(st + qt * WG_A_STEP, &wmap, 0, 0, 2 * i + qt, rb * (WG_BM / 16), full + 8 * s,
                                    (uint16_t)(3u << (2 * qr)));
-                    if constexpr (XW) /* (half qr of the token tile's 64 columns) */
-                        tma_load_2d_mc(st + 2 * WG_A_STEP + qr * WG_B_STEP, &xmap, 64 * i, tb * WG_BN + qr * (WG_BN / 2),
-                                       full + 8 * s, (uint16_t)(5u << qt));
-                    else
-                        tma_load_2d_mc(st + 2 * WG_A_STEP + qr * WG_B_STEP, &xmap, 32 * (2 * i + qr), tb * WG_BN,
-                                       full + 8 * s, (uint16_t)(5u << qt));
+                    tma_load_2d_mc(st + 2 * WG_A_STEP + qr * WG_B_STEP, &xmap, xc0 + qr * xdc, tb * WG_BN + qr * xdt,
+                                   full + 8 * s, (uint16_t)(5u << qt));
                 } else {
                     for (int h = 0; h < 2; h++)
                         tma_load_4d(st + h * WG_A_STEP, &wmap, 0, 0, 2 * i + h, rb * (WG_BM / 16), full + 8 * s);
-                    /* XW: half h of the token tile's 64 columns; else step h's 32 columns of all of it */
-                    const int xc0 = 64 * i, xdc = XW ? 0 : 32, xdt = XW ? WG_BN / 2 : 0;
                     if constexpr (CL > 1)
                         tma_load_2d_mc(st + 2 * WG_A_STEP + q * WG_B_STEP, &xmap, xc0 + q * xdc, tb * WG_BN + q * xdt,
                                        full + 8 * s, (uint16_t)((1u << CL) - 1));
