@@ -832,44 +832,38 @@ static int wgbench(int reps, const char *tlist, int group) {
         const int64_t ldxs = tiled_steps(sh.cols) * 32;
         mm_group g;
         g.n = 1, g.w[0] = w, g.y[0] = yref, g.ldy[0] = sh.rows, g.blk0[0] = 0;
-        float *y1, *y4, *yg2, *yg4, *yx2, *yx4;
+        /* the variants of k_wgmma beside the backend's (clusters of CU_WG_CL), each checked for
+         * the same bits: clusters of 1 and 4, both in bands, the 128-byte activation rows */
+        struct wg_variant {
+            int cl, group, xw;
+            float *y;
+        } vs[] = {{1, 0, 0, NULL}, {4, 0, 0, NULL}, {2, group, 0, NULL}, {4, group, 0, NULL}, {2, 0, 1, NULL},
+                  {4, group, 1, NULL}};
+        for (auto &v : vs) CK(cudaMalloc(&v.y, (size_t)TM * sh.rows * 4));
         uint16_t *yb;
-        CK(cudaMalloc(&y1, (size_t)TM * sh.rows * 4));
-        CK(cudaMalloc(&y4, (size_t)TM * sh.rows * 4));
-        CK(cudaMalloc(&yg2, (size_t)TM * sh.rows * 4));
-        CK(cudaMalloc(&yg4, (size_t)TM * sh.rows * 4));
-        CK(cudaMalloc(&yx2, (size_t)TM * sh.rows * 4));
-        CK(cudaMalloc(&yx4, (size_t)TM * sh.rows * 4));
         CK(cudaMalloc(&yb, (size_t)TM * sh.rows * 2));
         for (int64_t T : Ts) {
+            const size_t n = (size_t)(T * sh.rows);
             launch_split(s, x, sh.cols, T, sh.cols, xs, ldxs, 1);
             launch_gemm_shape<1>(s, g, xs, ldxs, T, &sc);
-            CK(cudaMemsetAsync(y, 0xff, T * sh.rows * 4, s)); /* NaN: an output never written stays one */
-            CK(cudaMemsetAsync(y1, 0xff, T * sh.rows * 4, s));
-            CK(cudaMemsetAsync(y4, 0xff, T * sh.rows * 4, s));
-            CK(cudaMemsetAsync(yg2, 0xff, T * sh.rows * 4, s));
-            CK(cudaMemsetAsync(yg4, 0xff, T * sh.rows * 4, s));
-            CK(cudaMemsetAsync(yx2, 0xff, T * sh.rows * 4, s));
-            CK(cudaMemsetAsync(yx4, 0xff, T * sh.rows * 4, s));
-            if (cu_wgmma_matmul(s, enc, &w, xs, ldxs, T, y, sh.rows) != 0 ||
-                wg_matmul_cl(s, enc, &w, xs, ldxs, T, y1, sh.rows, 1) != 0 ||
-                wg_matmul_cl(s, enc, &w, xs, ldxs, T, y4, sh.rows, 4) != 0 ||
-                wg_matmul_cl(s, enc, &w, xs, ldxs, T, yg2, sh.rows, 2, 0, group) != 0 ||
-                wg_matmul_cl(s, enc, &w, xs, ldxs, T, yg4, sh.rows, 4, 0, group) != 0 ||
-                wg_matmul_cl(s, enc, &w, xs, ldxs, T, yx2, sh.rows, 2, 0, 0, 1) != 0 ||
-                wg_matmul_cl(s, enc, &w, xs, ldxs, T, yx4, sh.rows, 4, 0, group, 1) != 0 ||
-                cu_wgmma_matmul_bf16(s, enc, &w, xs, ldxs, T, yb, sh.rows) != 0) {
+            CK(cudaMemsetAsync(y, 0xff, n * 4, s)); /* NaN: an output never written stays one */
+            bool refused = cu_wgmma_matmul(s, enc, &w, xs, ldxs, T, y, sh.rows) != 0 ||
+                           cu_wgmma_matmul_bf16(s, enc, &w, xs, ldxs, T, yb, sh.rows) != 0;
+            for (auto &v : vs) {
+                CK(cudaMemsetAsync(v.y, 0xff, n * 4, s));
+                refused |= wg_matmul_cl(s, enc, &w, xs, ldxs, T, v.y, sh.rows, v.cl, 0, v.group, v.xw) != 0;
+            }
+            if (refused) {
                 printf("%-9s %6lld refused\n", sh.name, (long long)T);
                 bad++;
                 continue;
             }
             CK(cudaStreamSynchronize(s));
-            const size_t n = (size_t)(T * sh.rows);
-            const bool same = same_bits(y, y1, n) && same_bits(y, y4, n) && same_bits(y, yg2, n) && same_bits(y, yg4, n) &&
-                              same_bits(y, yx2, n) && same_bits(y, yx4, n);
-            const bool rounded = rounds_to(y, yb, (size_t)(T * sh.rows)); /* the bf16 outputs' form */
+            bool same = true;
+            for (const auto &v : vs) same = same && same_bits(y, v.y, n);
+            const bool rounded = rounds_to(y, yb, n); /* the bf16 outputs' form */
             agreement ag;
-            ag.add(y, yref, (size_t)(T * sh.rows));
+            ag.add(y, yref, n);
             const size_t nan = ag.nan;
             const double err = ag.err();
             /* two fp32 summation orders over `cols` products each: their rounding drifts apart
@@ -878,35 +872,23 @@ static int wgbench(int reps, const char *tlist, int group) {
             const double bound = 4e-9 * (double)sh.cols;
             const bool ok = nan == 0 && err <= bound && same && rounded;
             bad += !ok;
+            const double fl = 2.0 * sh.rows * sh.cols * T;
             const double t_ref = time_launches(s, e0, e1, reps, 1, [&](int) { launch_gemm_shape<1>(s, g, xs, ldxs, T, &sc); });
             const double t_wg = time_launches(s, e0, e1, reps, 1, [&](int) { cu_wgmma_matmul(s, enc, &w, xs, ldxs, T, y, sh.rows); });
-            const double t_wg1 =
-                time_launches(s, e0, e1, reps, 1, [&](int) { wg_matmul_cl(s, enc, &w, xs, ldxs, T, y1, sh.rows, 1); });
-            const double t_wg4 =
-                time_launches(s, e0, e1, reps, 1, [&](int) { wg_matmul_cl(s, enc, &w, xs, ldxs, T, y4, sh.rows, 4); });
-            const double t_g2 = time_launches(
-                s, e0, e1, reps, 1, [&](int) { wg_matmul_cl(s, enc, &w, xs, ldxs, T, yg2, sh.rows, 2, 0, group); });
-            const double t_g4 = time_launches(
-                s, e0, e1, reps, 1, [&](int) { wg_matmul_cl(s, enc, &w, xs, ldxs, T, yg4, sh.rows, 4, 0, group); });
-            const double t_x2 = time_launches(
-                s, e0, e1, reps, 1, [&](int) { wg_matmul_cl(s, enc, &w, xs, ldxs, T, yx2, sh.rows, 2, 0, 0, 1); });
-            const double t_x4 = time_launches(
-                s, e0, e1, reps, 1, [&](int) { wg_matmul_cl(s, enc, &w, xs, ldxs, T, yx4, sh.rows, 4, 0, group, 1); });
-            const double fl = 2.0 * sh.rows * sh.cols * T;
-            printf("%-9s %6lld %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.2e%s", sh.name, (long long)T,
-                   fl / t_ref / 1e12, fl / t_wg / 1e12, fl / t_wg1 / 1e12, fl / t_wg4 / 1e12, fl / t_g2 / 1e12,
-                   fl / t_g4 / 1e12, fl / t_x2 / 1e12, fl / t_x4 / 1e12, err, ok ? "\n" : "  FAIL");
+            printf("%-9s %6lld %9.1f %9.1f", sh.name, (long long)T, fl / t_ref / 1e12, fl / t_wg / 1e12);
+            for (const auto &v : vs) {
+                const double t = time_launches(s, e0, e1, reps, 1, [&](int) {
+                    wg_matmul_cl(s, enc, &w, xs, ldxs, T, v.y, sh.rows, v.cl, 0, v.group, v.xw);
+                });
+                printf(" %9.1f", fl / t / 1e12);
+            }
+            printf(" %9.2e%s", err, ok ? "\n" : "  FAIL");
             if (nan) printf(" (%zu outputs not written)", nan);
             if (!same) printf(" (clusters of 1, 2 and 4, the bands or x128 differ)");
             if (!rounded) printf(" (the bf16 outputs are not the fp32 ones rounded)");
             if (!ok) printf("\n");
         }
-        CK(cudaFree(y1));
-        CK(cudaFree(y4));
-        CK(cudaFree(yg2));
-        CK(cudaFree(yg4));
-        CK(cudaFree(yx2));
-        CK(cudaFree(yx4));
+        for (auto &v : vs) CK(cudaFree(v.y));
         CK(cudaFree(yb));
         tiled_case_free(tc);
     }
