@@ -800,8 +800,9 @@ static int qprof(int64_t rows, int64_t cols, int64_t T, int P, int bits) {
  * columns passes), every output written, and TFLOP/s of each; k_wgmma on clusters of 2 (the
  * backend's, the activations multicast), of 1 and of 4 (both operands multicast), and of 2
  * and 4 in bands of `band` row blocks (wg_place), with the activations in 128-byte rows on
- * clusters of 2 and on 4 in bands, whose outputs must be the same bits, and
- * its bf16 outputs, which must be those rounded ---- */
+ * clusters of 2 and on 4 in bands, and the default and the last on resident clusters
+ * (CU_WG_PERSIST's form), whose outputs must be the same bits, and its bf16 outputs, which
+ * must be those rounded ---- */
 static int wgbench(int reps, const char *tlist, int group) {
     cudaStream_t s;
     cudaEvent_t e0, e1;
@@ -819,10 +820,12 @@ static int wgbench(int reps, const char *tlist, int group) {
     const int64_t TM = most_tokens(Ts);
     int bad = 0;
     printf("bf16 products on wgmma against k_gemm: TFLOP/s; err = max |wgmma - k_gemm| / max |k_gemm|\n");
+    const int res2 = cu_wgmma_clusters(2), res4 = cu_wgmma_clusters(4);
     printf("bands of %d row blocks (\"band 2\", \"band 4\": clusters of 2 and 4 so); \"x128\": the activations\n"
-           "in 128-byte rows, clusters of 2 (\"x128 b4\": of 4, in bands)\n", group);
-    printf("%-9s %6s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", "shape", "T", "k_gemm", "wgmma", "cluster 1", "cluster 4",
-           "band 2", "band 4", "x128", "x128 b4", "err");
+           "in 128-byte rows, clusters of 2 (\"x128 b4\": of 4, in bands); \"res 2\", \"x128 b4 r\": those on\n"
+           "resident clusters (%d of 2, %d of 4), each taking every G-th output tile\n", group, res2, res4);
+    printf("%-9s %6s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", "shape", "T", "k_gemm", "wgmma", "cluster 1",
+           "cluster 4", "band 2", "band 4", "x128", "x128 b4", "res 2", "x128 b4 r", "err");
     for (const auto &sh : shapes) {
         const tiled_case tc = tiled_case_make(s, sh.rows, sh.cols, TM, 13);
         uint16_t *const wt = tc.wt, *const xs = tc.xs;
@@ -833,12 +836,13 @@ static int wgbench(int reps, const char *tlist, int group) {
         mm_group g;
         g.n = 1, g.w[0] = w, g.y[0] = yref, g.ldy[0] = sh.rows, g.blk0[0] = 0;
         /* the variants of k_wgmma beside the backend's (clusters of CU_WG_CL), each checked for
-         * the same bits: clusters of 1 and 4, both in bands, the 128-byte activation rows */
+         * the same bits: clusters of 1 and 4, both in bands, the 128-byte activation rows, on
+         * resident clusters */
         struct wg_variant {
-            int cl, group, xw;
+            int cl, group, xw, clusters;
             float *y;
-        } vs[] = {{1, 0, 0, NULL}, {4, 0, 0, NULL}, {2, group, 0, NULL}, {4, group, 0, NULL}, {2, 0, 1, NULL},
-                  {4, group, 1, NULL}};
+        } vs[] = {{1, 0, 0, 0, NULL},     {4, 0, 0, 0, NULL},     {2, group, 0, 0, NULL},    {4, group, 0, 0, NULL},
+                  {2, 0, 1, 0, NULL},     {4, group, 1, 0, NULL}, {2, 0, 0, res2 ? res2 : -1, NULL}, {4, group, 1, res4 ? res4 : -1, NULL}}; /* (-1: the query failed) */
         for (auto &v : vs) CK(cudaMalloc(&v.y, (size_t)TM * sh.rows * 4));
         uint16_t *yb;
         CK(cudaMalloc(&yb, (size_t)TM * sh.rows * 2));
@@ -847,11 +851,12 @@ static int wgbench(int reps, const char *tlist, int group) {
             launch_split(s, x, sh.cols, T, sh.cols, xs, ldxs, 1);
             launch_gemm_shape<1>(s, g, xs, ldxs, T, &sc);
             CK(cudaMemsetAsync(y, 0xff, n * 4, s)); /* NaN: an output never written stays one */
-            bool refused = cu_wgmma_matmul(s, enc, &w, xs, ldxs, T, y, sh.rows) != 0 ||
-                           cu_wgmma_matmul_bf16(s, enc, &w, xs, ldxs, T, yb, sh.rows) != 0;
+            bool refused = cu_wgmma_matmul(s, enc, &w, xs, ldxs, T, y, sh.rows, 0) != 0 ||
+                           cu_wgmma_matmul_bf16(s, enc, &w, xs, ldxs, T, yb, sh.rows, 0) != 0;
             for (auto &v : vs) {
                 CK(cudaMemsetAsync(v.y, 0xff, n * 4, s));
-                refused |= wg_matmul_cl(s, enc, &w, xs, ldxs, T, v.y, sh.rows, v.cl, 0, v.group, v.xw) != 0;
+                refused |= v.clusters < 0 ||
+                           wg_matmul_cl(s, enc, &w, xs, ldxs, T, v.y, sh.rows, v.cl, 0, v.group, v.xw, v.clusters) != 0;
             }
             if (refused) {
                 printf("%-9s %6lld refused\n", sh.name, (long long)T);
@@ -874,17 +879,17 @@ static int wgbench(int reps, const char *tlist, int group) {
             bad += !ok;
             const double fl = 2.0 * sh.rows * sh.cols * T;
             const double t_ref = time_launches(s, e0, e1, reps, 1, [&](int) { launch_gemm_shape<1>(s, g, xs, ldxs, T, &sc); });
-            const double t_wg = time_launches(s, e0, e1, reps, 1, [&](int) { cu_wgmma_matmul(s, enc, &w, xs, ldxs, T, y, sh.rows); });
+            const double t_wg = time_launches(s, e0, e1, reps, 1, [&](int) { cu_wgmma_matmul(s, enc, &w, xs, ldxs, T, y, sh.rows, 0); });
             printf("%-9s %6lld %9.1f %9.1f", sh.name, (long long)T, fl / t_ref / 1e12, fl / t_wg / 1e12);
             for (const auto &v : vs) {
                 const double t = time_launches(s, e0, e1, reps, 1, [&](int) {
-                    wg_matmul_cl(s, enc, &w, xs, ldxs, T, v.y, sh.rows, v.cl, 0, v.group, v.xw);
+                    wg_matmul_cl(s, enc, &w, xs, ldxs, T, v.y, sh.rows, v.cl, 0, v.group, v.xw, v.clusters);
                 });
                 printf(" %9.1f", fl / t / 1e12);
             }
             printf(" %9.2e%s", err, ok ? "\n" : "  FAIL");
             if (nan) printf(" (%zu outputs not written)", nan);
-            if (!same) printf(" (clusters of 1, 2 and 4, the bands or x128 differ)");
+            if (!same) printf(" (clusters of 1, 2 and 4, the bands, x128 or resident clusters differ)");
             if (!rounded) printf(" (the bf16 outputs are not the fp32 ones rounded)");
             if (!ok) printf("\n");
         }

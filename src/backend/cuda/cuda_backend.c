@@ -1089,6 +1089,7 @@ static st_status cuda_ctx_create(st_backend *base, const st_ctx_params *p, st_bc
      * CU_BLAS_EXACT) */
     c->mms.tma_encode = b->mm_mode == CU_MM_BF16 && b->tiled ? cu_wgmma_available() : NULL;
     c->mms.ws_clusters = c->mms.tma_encode ? cu_wgmma_stream_clusters(0) : 0; /* (a build's CU_WS_CL > 1) */
+    c->mms.wg_clusters = c->mms.tma_encode ? cu_wgmma_clusters(0) : 0;        /* (a build's CU_WG_PERSIST) */
     c->mms.xs_elems = (int64_t)cu_split_elems(xs_tokens(T), b->tiled_cols);
     for (size_t i = 0; i < sizeof acts / sizeof acts[0] && st == ST_OK; i++) {
         st = dev_alloc(b, (size_t)acts[i].n * sizeof(float), (void **)acts[i].p, err);

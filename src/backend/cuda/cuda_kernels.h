@@ -98,6 +98,9 @@ typedef struct cu_mm_scratch {
     /* its clusters of CU_WS_CL > 1 blocks: the most the device runs at once
      * (cu_wgmma_stream_clusters, asked once, outside any graph capture); 0: none */
     int ws_clusters;
+    /* k_wgmma's resident clusters where a build sets CU_WG_PERSIST (cu_wgmma_clusters, asked
+     * once); 0: a cluster for each output tile */
+    int wg_clusters;
     /* cuBLASLt (blas.h) for products of CU_BLAS_MIN_TOKENS(parts) tokens or more (bf16 activations; in
      * `exact`, with CU_BLAS_EXACT, bf16 tiled matrices only, the activations' three parts as
      * three products): its handle, a row-major bf16 copy of a launch's matrices [wrm_elems]
@@ -173,13 +176,18 @@ int cu_wgmma_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *c
  * products need when this device runs it (compute capability 9.0), else NULL. Once a device. */
 void *cu_wgmma_available(void);
 /* y[t*ldy + r] = sum_c W[r][c] xs[t*ldxs + c] for a CU_FMT_BF16_TILED W and bf16 activations
- * (the split's one part); 0, or -1 with nothing launched where it does not take the matrix
- * (an odd number of 32-column steps, misaligned pointers, a refused tensor map) */
+ * (the split's one part), on at most `clusters` resident clusters (cu_mm_scratch.wg_clusters;
+ * 0: a cluster for each output tile; the same bits either way); 0, or -1 with nothing
+ * launched where it does not take the matrix (an odd number of 32-column steps, misaligned
+ * pointers, a refused tensor map) */
 int cu_wgmma_matmul(cu_stream s, void *encode, const cu_mat *w, const uint16_t *xs, int64_t ldxs, int64_t T,
-                    float *y, int64_t ldy);
+                    float *y, int64_t ldy, int clusters);
 /* the same with y bf16 [T][ldy], each sum rounded to nearest (ties to even) */
 int cu_wgmma_matmul_bf16(cu_stream s, void *encode, const cu_mat *w, const uint16_t *xs, int64_t ldxs, int64_t T,
-                         uint16_t *y, int64_t ldy);
+                         uint16_t *y, int64_t ldy, int clusters);
+/* the most clusters of cl (1, 2 or 4) k_wgmma blocks the device runs at once (0: the query
+ * failed; an error is cleared); cl 0: the backend's (0 unless a build sets CU_WG_PERSIST) */
+int cu_wgmma_clusters(int cl);
 /* the floats part needs for products of up to `tokens` tokens and `rows` output rows (of all
  * the matrices of one launch together); splits are for up to 64 tokens */
 static inline size_t cu_mm_part_elems(int64_t tokens, int64_t rows) {

@@ -881,7 +881,7 @@ static mm_group one_of(const mm_group &gs, int i) {
  * else (or where it refuses the matrix) k_gemm */
 static void launch_one_bf16(cu_stream s, const mm_group &gs, int i, int64_t ldxs, int64_t n, const cu_mm_scratch *sc) {
     if (sc->tma_encode && n >= CU_WGMMA_MIN_T &&
-        cu_wgmma_matmul(s, sc->tma_encode, &gs.w[i], sc->xs, ldxs, n, gs.y[i], gs.ldy[i]) == 0)
+        cu_wgmma_matmul(s, sc->tma_encode, &gs.w[i], sc->xs, ldxs, n, gs.y[i], gs.ldy[i], sc->wg_clusters) == 0)
         return;
     launch_gemm_shape<1>(s, one_of(gs, i), sc->xs, ldxs, n, sc);
 }
@@ -993,7 +993,7 @@ extern "C" int cu_mlp_gate_up_bf16(cu_stream s, const cu_mat *gate, const cu_mat
     auto product = [&](const cu_mat *w, const uint16_t *wr, int64_t n, uint16_t *out) {
         return lib ? cu_blas_gemm_to(sc->blas, s, wr, ldxs, rows, cols, sc->xs, ldxs, n, out, rows, 1, 0, sc->blas_ws,
                                      sc->blas_ws_bytes)
-                   : cu_wgmma_matmul_bf16(s, sc->tma_encode, w, sc->xs, ldxs, n, out, rows);
+                   : cu_wgmma_matmul_bf16(s, sc->tma_encode, w, sc->xs, ldxs, n, out, rows, sc->wg_clusters);
     };
     for (int64_t t0 = 0; t0 < T; t0 += slice) {
         const int64_t n = T - t0 < slice ? T - t0 : slice;
@@ -1016,7 +1016,7 @@ extern "C" void cu_matmul_bf16_in(cu_stream s, const cu_mat *w, const uint16_t *
                             sc->blas_ws_bytes) == 0)
             return;
     }
-    if (mlp_own(sc, T) && cu_wgmma_matmul(s, sc->tma_encode, w, xb, ldxb, T, y, ldy) == 0)
+    if (mlp_own(sc, T) && cu_wgmma_matmul(s, sc->tma_encode, w, xb, ldxb, T, y, ldy, sc->wg_clusters) == 0)
         return;
     /* k_gemm on xb as the split it is (one part), in slices its 32-bit offsets allow */
     mm_group g;

@@ -130,14 +130,16 @@ __device__ __forceinline__ void tma_load_4d_mc(uint32_t dst, const CUtensorMap *
                  : "memory");
 }
 
-/* The grid is one-dimensional, CL consecutive blocks a cluster; the clusters cover a grid of
- * cols (token tiles / the cluster's along them) by crows (row blocks / the cluster's along
- * them). Cluster c's place in it: group 0, token tiles fastest (the blocks running at once
+/* The grid is one-dimensional, CL consecutive blocks a cluster; the clusters' places cover
+ * a grid of cols (token tiles / the cluster's along them) by crows (row blocks / the
+ * cluster's along them), cluster c of G in the launch taking places c, c + G, ... (G the
+ * places: one each; fewer: persistent clusters). Place c in it: group 0, token tiles fastest (the blocks running at once
  * share a few row blocks' weights, read from memory once); group g > 0, in bands of g
  * cluster rows, each band's clusters row fastest, so that the blocks running at once cover a
  * squarer patch of the output (fewer bytes of both operands read from memory a wave). */
 struct wg_raster {
     int cols, crows, group;
+    int n; /* the clusters' places: cols x crows */
 };
 __device__ __forceinline__ void wg_place(const wg_raster &r, int c, int *ct, int *cr) {
     if (r.group <= 0) {
@@ -172,12 +174,15 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     const uint32_t full = base + WG_STAGES * WG_STAGE, empty = full + WG_STAGES * 8;
     const int tid = threadIdx.x, wg = tid / 128;
     const int q = CL > 1 ? (int)wg_cluster_rank() : 0; /* blockIdx.x % CL */
-    int ct, cr;
-    wg_place(ras, (int)(blockIdx.x / CL), &ct, &cr);
-    /* CL 2: the cluster is row blocks 2 cr + q of token tile ct; CL 4: token tiles 2 ct + q % 2
-     * by row blocks 2 cr + q / 2 */
-    const int tb = CL == 4 ? 2 * ct + (q & 1) : ct, rb = CL == 4 ? 2 * cr + (q >> 1) : CL * cr + q;
-    const int nk = nsteps / 2; /* stages: two steps each (nsteps is even) */
+    const int c0 = (int)(blockIdx.x / CL), cstep = (int)(gridDim.x / CL); /* this cluster's places */
+    /* place c's token tile and row block for this block: CL 2, row blocks 2 cr + q of token
+     * tile ct; CL 4, token tiles 2 ct + q % 2 by row blocks 2 cr + q / 2 */
+    auto tile_of = [&](int c, int *tb, int *rb) {
+        int ct, cr;
+        wg_place(ras, c, &ct, &cr);
+        *tb = CL == 4 ? 2 * ct + (q & 1) : ct, *rb = CL == 4 ? 2 * cr + (q >> 1) : CL * cr + q;
+    };
+    const int nk = nsteps / 2; /* stages a place: two steps each (nsteps is even) */
     if (tid == 0) {
         for (int s = 0; s < WG_STAGES; s++) {
             mbar_init(full + 8 * s, 1);
@@ -190,31 +195,38 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     if (wg == 0) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
         if (tid == 0) {
-            for (int i = 0; i < nk; i++) {
-                const int s = i % WG_STAGES;
-                mbar_wait(empty + 8 * s, ((i / WG_STAGES) & 1) ^ 1);
-                mbar_expect_tx(full + 8 * s, WG_STAGE); /* (CL > 1: some of it from the other blocks) */
-                const uint32_t st = base + s * WG_STAGE;
-                /* the activations' part h of a stage (XW: half h of the token tile's 64 columns;
-                 * else step h's 32 columns of all of it) starts at column xc0 + h xdc, token
-                 * tb WG_BN + h xdt */
-                const int xc0 = 64 * i, xdc = XW ? 0 : 32, xdt = XW ? WG_BN / 2 : 0;
-                if constexpr (CL == 4) { /* weight step q % 2 to this row block's pair, activation part q / 2 to this token tile's */
-                    const int qt = q & 1, qr = q >> 1;
-                    tma_load_4d_mc(st + qt * WG_A_STEP, &wmap, 0, 0, 2 * i + qt, rb * (WG_BM / 16), full + 8 * s,
-                                   (uint16_t)(3u << (2 * qr)));
-                    tma_load_2d_mc(st + 2 * WG_A_STEP + qr * WG_B_STEP, &xmap, xc0 + qr * xdc, tb * WG_BN + qr * xdt,
-                                   full + 8 * s, (uint16_t)(5u << qt));
-                } else {
-                    for (int h = 0; h < 2; h++)
-                        tma_load_4d(st + h * WG_A_STEP, &wmap, 0, 0, 2 * i + h, rb * (WG_BM / 16), full + 8 * s);
-                    if constexpr (CL > 1)
-                        tma_load_2d_mc(st + 2 * WG_A_STEP + q * WG_B_STEP, &xmap, xc0 + q * xdc, tb * WG_BN + q * xdt,
-                                       full + 8 * s, (uint16_t)((1u << CL) - 1));
-                    else
+            /* it: the stages this block has loaded, every place's (the ring runs on across
+             * places, so the next place's first stages load while the consumers write out) */
+            int it = 0;
+            for (int pc = c0; pc < ras.n; pc += cstep) {
+                int tb, rb;
+                tile_of(pc, &tb, &rb);
+                for (int i = 0; i < nk; i++, it++) {
+                    const int s = it % WG_STAGES;
+                    mbar_wait(empty + 8 * s, ((it / WG_STAGES) & 1) ^ 1);
+                    mbar_expect_tx(full + 8 * s, WG_STAGE); /* (CL > 1: some of it from the other blocks) */
+                    const uint32_t st = base + s * WG_STAGE;
+                    /* the activations' part h of a stage (XW: half h of the token tile's 64 columns;
+                     * else step h's 32 columns of all of it) starts at column xc0 + h xdc, token
+                     * tb WG_BN + h xdt */
+                    const int xc0 = 64 * i, xdc = XW ? 0 : 32, xdt = XW ? WG_BN / 2 : 0;
+                    if constexpr (CL == 4) { /* weight step q % 2 to this row block's pair, activation part q / 2 to this token tile's */
+                        const int qt = q & 1, qr = q >> 1;
+                        tma_load_4d_mc(st + qt * WG_A_STEP, &wmap, 0, 0, 2 * i + qt, rb * (WG_BM / 16), full + 8 * s,
+                                       (uint16_t)(3u << (2 * qr)));
+                        tma_load_2d_mc(st + 2 * WG_A_STEP + qr * WG_B_STEP, &xmap, xc0 + qr * xdc, tb * WG_BN + qr * xdt,
+                                       full + 8 * s, (uint16_t)(5u << qt));
+                    } else {
                         for (int h = 0; h < 2; h++)
-                            tma_load_2d(st + 2 * WG_A_STEP + h * WG_B_STEP, &xmap, xc0 + h * xdc, tb * WG_BN + h * xdt,
-                                        full + 8 * s);
+                            tma_load_4d(st + h * WG_A_STEP, &wmap, 0, 0, 2 * i + h, rb * (WG_BM / 16), full + 8 * s);
+                        if constexpr (CL > 1)
+                            tma_load_2d_mc(st + 2 * WG_A_STEP + q * WG_B_STEP, &xmap, xc0 + q * xdc, tb * WG_BN + q * xdt,
+                                           full + 8 * s, (uint16_t)((1u << CL) - 1));
+                        else
+                            for (int h = 0; h < 2; h++)
+                                tma_load_2d(st + 2 * WG_A_STEP + h * WG_B_STEP, &xmap, xc0 + h * xdc, tb * WG_BN + h * xdt,
+                                            full + 8 * s);
+                    }
                 }
             }
         }
@@ -222,50 +234,60 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
         const int c = wg - 1, warp = (tid / 32) % 4, lane = tid % 32;
         float d[128];
+        int it = 0; /* the stages this block has used, every place's */
+        for (int pc = c0; pc < ras.n; pc += cstep) {
+            int tb, rb;
+            tile_of(pc, &tb, &rb);
 #pragma unroll
-        for (int i = 0; i < 128; i++) d[i] = 0.0f;
-        /* one stage's MMAs stay in flight while the next stage's are issued: a stage is freed
-         * once the group after it has been committed and its own has completed (the tensor
-         * cores never wait for the barrier round trip; the order of the sums is unchanged) */
-        int prev = -1;
-        for (int i = 0; i < nk; i++) {
-            const int s = i % WG_STAGES;
-            mbar_wait(full + 8 * s, (i / WG_STAGES) & 1);
-            const uint32_t st = base + s * WG_STAGE;
-            wg_fence_regs(d);
-            wg_fence();
+            for (int i = 0; i < 128; i++) d[i] = 0.0f;
+            /* one stage's MMAs stay in flight while the next stage's are issued: a stage is freed
+             * once the group after it has been committed and its own has completed (the tensor
+             * cores never wait for the barrier round trip; the order of the sums is unchanged);
+             * the place's last stage once its MMAs are done, before the outputs are written */
+            int prev = -1;
+            for (int i = 0; i < nk; i++, it++) {
+                const int s = it % WG_STAGES;
+                mbar_wait(full + 8 * s, (it / WG_STAGES) & 1);
+                const uint32_t st = base + s * WG_STAGE;
+                wg_fence_regs(d);
+                wg_fence();
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
+                for (int h = 0; h < 2; h++) {
 #pragma unroll
-                for (int kk = 0; kk < 2; kk++)
-                    wgmma_256(d, wg_desc(st + h * WG_A_STEP + c * (64 * 64) + 32 * kk),
-                              XW ? wg_desc128(st + 2 * WG_A_STEP + 32 * (2 * h + kk))
-                                 : wg_desc(st + 2 * WG_A_STEP + h * WG_B_STEP + 32 * kk));
+                    for (int kk = 0; kk < 2; kk++)
+                        wgmma_256(d, wg_desc(st + h * WG_A_STEP + c * (64 * 64) + 32 * kk),
+                                  XW ? wg_desc128(st + 2 * WG_A_STEP + 32 * (2 * h + kk))
+                                     : wg_desc(st + 2 * WG_A_STEP + h * WG_B_STEP + 32 * kk));
+                }
+                wg_commit();
+                wg_wait<1>();
+                wg_fence_regs(d);
+                if (prev >= 0 && lane == 0) {
+                    mbar_arrive(empty + 8 * prev);
+                    for (int p = 1; p < CL; p++) mbar_arrive_at(empty + 8 * prev, (uint32_t)(q ^ p));
+                }
+                prev = s;
             }
-            wg_commit();
-            wg_wait<1>();
+            wg_wait<0>();
             wg_fence_regs(d);
-            if (prev >= 0 && lane == 0) {
+            if (lane == 0) {
                 mbar_arrive(empty + 8 * prev);
                 for (int p = 1; p < CL; p++) mbar_arrive_at(empty + 8 * prev, (uint32_t)(q ^ p));
             }
-            prev = s;
-        }
-        wg_wait<0>();
-        wg_fence_regs(d);
-        /* d[4j + e]: row 16 warp + g (+ 8 for e >= 2), token 8j + 2t + (e & 1) */
-        const int g = lane / 4, t = lane % 4;
-        const int64_t r0 = (int64_t)rb * WG_BM + c * 64 + warp * 16 + g, n0 = (int64_t)tb * WG_BN + 2 * t;
+            /* d[4j + e]: row 16 warp + g (+ 8 for e >= 2), token 8j + 2t + (e & 1) */
+            const int g = lane / 4, t = lane % 4;
+            const int64_t r0 = (int64_t)rb * WG_BM + c * 64 + warp * 16 + g, n0 = (int64_t)tb * WG_BN + 2 * t;
 #pragma unroll
-        for (int j = 0; j < 32; j++)
+            for (int j = 0; j < 32; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int64_t r = r0 + (e >= 2 ? 8 : 0), n = n0 + 8 * j + (e & 1);
-                if (r < rows && n < T) {
-                    if constexpr (YBF) ((uint16_t *)y)[n * ldy + r] = f2bf16(d[4 * j + e]);
-                    else ((float *)y)[n * ldy + r] = d[4 * j + e];
+                for (int e = 0; e < 4; e++) {
+                    const int64_t r = r0 + (e >= 2 ? 8 : 0), n = n0 + 8 * j + (e & 1);
+                    if (r < rows && n < T) {
+                        if constexpr (YBF) ((uint16_t *)y)[n * ldy + r] = f2bf16(d[4 * j + e]);
+                        else ((float *)y)[n * ldy + r] = d[4 * j + e];
+                    }
                 }
-            }
+        }
     }
     /* CL > 1: no block leaves while another may still load into its stages or arrive on its barriers */
     if constexpr (CL > 1) wg_cluster_sync();
@@ -708,10 +730,52 @@ static bool wg_takes(const cu_mat *w) {
 #define CU_WG_XW 0
 #endif
 
+/* whether k_wgmma's clusters stay resident (a build may set 1 to compare): a grid of as many
+ * clusters as the device runs at once (cu_mm_scratch.wg_clusters), each taking every G-th
+ * place, its producer loading the next place's first stages while its consumers write the
+ * outputs of the one before; 0, a cluster for each place */
+#ifndef CU_WG_PERSIST
+#define CU_WG_PERSIST 0
+#endif
+
+/* the launch's configuration for n blocks in clusters of cl (at: its attribute's storage) */
+static cudaLaunchConfig_t wg_cfg(cu_stream s, int64_t n, int cl, cudaLaunchAttribute *at) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)n);
+    cfg.blockDim = dim3(WG_THREADS);
+    cfg.dynamicSmemBytes = WG_SMEM;
+    cfg.stream = s;
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = (unsigned)cl, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    return cfg;
+}
+
+extern "C" int cu_wgmma_clusters(int cl) {
+    if (cl == 0) {
+        if (!CU_WG_PERSIST) return 0;
+        cl = CU_WG_CL;
+    }
+    if (cl != 1 && cl != 2 && cl != 4) return 0;
+    int most = 0;
+    for (int ybf = 0; ybf < 2; ybf++) {
+        cudaLaunchAttribute at[1];
+        const cudaLaunchConfig_t cfg = wg_cfg(0, cl, cl, at);
+        int n = 0;
+        if (cudaOccupancyMaxActiveClusters(&n, wg_kernel(cl, ybf, CU_WG_XW), &cfg) != cudaSuccess) n = 0;
+        most = ybf == 0 || n < most ? n : most;
+    }
+    (void)cudaGetLastError(); /* a refused query: no error left for a later launch to report */
+    return most;
+}
+
 /* k_wgmma on clusters of cl (1, 2 or 4) blocks, in bands of `group` row blocks (wg_place;
- * rounded up to whole clusters), the activations in rows of 64 bytes or (xw) 128 */
+ * rounded up to whole clusters), the activations in rows of 64 bytes or (xw) 128; at most
+ * `clusters` clusters, resident, each taking every G-th place (0: a cluster a place) */
 static int wg_matmul_cl(cu_stream s, void *encode, const cu_mat *w, const uint16_t *xs, int64_t ldxs, int64_t T,
-                        void *y, int64_t ldy, int cl, int ybf = 0, int group = CU_WG_GROUP, int xw = CU_WG_XW) {
+                        void *y, int64_t ldy, int cl, int ybf = 0, int group = CU_WG_GROUP, int xw = CU_WG_XW,
+                        int clusters = 0) {
     const tmap_encode_fn enc = (tmap_encode_fn)encode;
     const int64_t nsteps = (w->cols + 31) / 32;
     if (!enc || !wg_takes(w) || T <= 0 || ldxs % 32 != 0 || ((uintptr_t)xs & 15) || (cl != 1 && cl != 2 && cl != 4))
@@ -724,30 +788,23 @@ static int wg_matmul_cl(cu_stream s, void *encode, const cu_mat *w, const uint16
     const int cx = cl == 4 ? 2 : 1, cy = cl == 4 ? 2 : cl; /* the cluster's blocks along token tiles, row blocks */
     const int64_t cols = (tbs + cx - 1) / cx, crows = (rbs + cy - 1) / cy;
     if (cols * crows * cl > INT32_MAX || group < 0) return -1;
-    const wg_raster ras = {(int)cols, (int)crows, (group + cy - 1) / cy};
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)(cols * crows * cl));
-    cfg.blockDim = dim3(WG_THREADS);
-    cfg.dynamicSmemBytes = WG_SMEM;
-    cfg.stream = s;
+    const wg_raster ras = {(int)cols, (int)crows, (group + cy - 1) / cy, (int)(cols * crows)};
+    const int64_t grid = clusters > 0 && clusters < ras.n ? clusters : ras.n;
     cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = (unsigned)cl, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
+    const cudaLaunchConfig_t cfg = wg_cfg(s, grid * cl, cl, at);
     const cudaError_t e =
         cudaLaunchKernelEx(&cfg, wg_kernel(cl, ybf, xw), wmap, xmap, w->rows, T, (int)nsteps, y, ldy, ras);
     return e == cudaSuccess && cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
 
 extern "C" int cu_wgmma_matmul(cu_stream s, void *encode, const cu_mat *w, const uint16_t *xs, int64_t ldxs, int64_t T,
-                               float *y, int64_t ldy) {
-    return wg_matmul_cl(s, encode, w, xs, ldxs, T, y, ldy, CU_WG_CL);
+                               float *y, int64_t ldy, int clusters) {
+    return wg_matmul_cl(s, encode, w, xs, ldxs, T, y, ldy, CU_WG_CL, 0, CU_WG_GROUP, CU_WG_XW, clusters);
 }
 
 extern "C" int cu_wgmma_matmul_bf16(cu_stream s, void *encode, const cu_mat *w, const uint16_t *xs, int64_t ldxs,
-                                    int64_t T, uint16_t *y, int64_t ldy) {
-    return wg_matmul_cl(s, encode, w, xs, ldxs, T, y, ldy, CU_WG_CL, 1);
+                                    int64_t T, uint16_t *y, int64_t ldy, int clusters) {
+    return wg_matmul_cl(s, encode, w, xs, ldxs, T, y, ldy, CU_WG_CL, 1, CU_WG_GROUP, CU_WG_XW, clusters);
 }
 
 /* a cluster launch's configuration (at: its attributes' storage, 2) */
