@@ -1394,7 +1394,8 @@ static void do_add_norm(cuda_ctx *c, int layer, st_norm which, int mode) {
 
 /* The `bf16` MLP of many tokens with its intermediates in bf16 (cuda_kernels.h): gate, up
  * and SwiGLU into h (bf16, in the lower half of the gate output's buffer; gate's bf16 output
- * in its upper half, up's in the up output's), which the down product then reads as it is.
+ * in its upper half, up's in the up output's, or both there side by side with
+ * CU_BLAS_GU_ONE), which the down product then reads as it is.
  * 0, or -1 where cu_mlp_gate_up_bf16 does not take them (the fp32 path then). */
 static int mlp_bf16(cuda_ctx *c, const cl_layer *L, st_act in, const st_mm *mm) {
     const cu_mat *g = &L->w[mm[0].w], *u = &L->w[mm[1].w];

@@ -235,12 +235,14 @@ void cu_gather_rows(cu_stream s, const float *src, int64_t d, const int32_t *row
 /* The `bf16` MLP of many tokens with its intermediates in bf16, as the peers keep them (on
  * cuBLASLt; about half the bytes of fp32 gate, up and h and of the down product's split):
  * cu_mlp_gate_up_bf16: gate and up (bf16 tiled, one width; x [T][ldx] fp32) into gb and ub
- * (bf16 [T][rows]), then h = silu(g) u into hb (bf16 [T][ldh], ldh the rows rounded up to 32,
- * zeros past them). 0; or -1 where it does not take them (no library or fewer than
- * CU_BLAS_MIN_TOKENS(1) tokens, unless CU_MLP_BF16_OWN; other formats or widths, rows not a
- * multiple of 32, a product refused), with gb and ub perhaps written and hb untouched: the caller
- * then computes the MLP in fp32. cu_silu_mul_bf16: that SwiGLU alone (n and ldh multiples of
- * 8, the three 16-byte aligned). cu_matmul_bf16_in: y [T][ldy] = w (bf16 tiled) times xb (bf16
+ * (bf16 [T][rows]; or, on the library with CU_BLAS_GU_ONE, both as one product into ub as
+ * [T][2 rows], gate's rows first: ub has room for that), then h = silu(g) u into hb (bf16
+ * [T][ldh], ldh the rows rounded up to 32, zeros past them). 0; or -1 where it does not take
+ * them (no library or fewer than CU_BLAS_MIN_TOKENS(1) tokens, unless CU_MLP_BF16_OWN; other
+ * formats or widths, rows not a multiple of 32, a product refused), with gb and ub perhaps
+ * written and hb untouched: the caller then computes the MLP in fp32. cu_silu_mul_bf16: that
+ * SwiGLU alone (g and u rows ldgu apart; n, ldgu and ldh multiples of 8, the three 16-byte
+ * aligned). cu_matmul_bf16_in: y [T][ldy] = w (bf16 tiled) times xb (bf16
  * [T][ldxb], ldxb >= w's columns rounded up to 32, zeros past them), on the library (from
  * CU_BLAS_MIN_TOKENS(1) tokens), else on k_wgmma (CU_MLP_BF16_OWN) or k_gemm. */
 /* CU_MLP_BF16_OWN 1 (a build's switch until measured): where the library does not take the
@@ -250,10 +252,16 @@ void cu_gather_rows(cu_stream s, const float *src, int64_t d, const int32_t *row
 #ifndef CU_MLP_BF16_OWN
 #define CU_MLP_BF16_OWN 0
 #endif
+/* CU_BLAS_GU_ONE 1 (a build's switch until measured): the library's gate and up as one
+ * product of twice the rows (their row-major copies lie one after the other), one launch and
+ * one heuristic's pick for the pair; 0, two products */
+#ifndef CU_BLAS_GU_ONE
+#define CU_BLAS_GU_ONE 0
+#endif
 int cu_mlp_gate_up_bf16(cu_stream s, const cu_mat *gate, const cu_mat *up, const float *x, int64_t ldx, int64_t T,
                         uint16_t *gb, uint16_t *ub, uint16_t *hb, const cu_mm_scratch *sc);
-void cu_silu_mul_bf16(cu_stream s, const uint16_t *g, const uint16_t *u, int64_t T, int64_t n, uint16_t *h,
-                      int64_t ldh);
+void cu_silu_mul_bf16(cu_stream s, const uint16_t *g, const uint16_t *u, int64_t ldgu, int64_t T, int64_t n,
+                      uint16_t *h, int64_t ldh);
 void cu_matmul_bf16_in(cu_stream s, const cu_mat *w, const uint16_t *xb, int64_t ldxb, int64_t T, float *y,
                        int64_t ldy, const cu_mm_scratch *sc);
 

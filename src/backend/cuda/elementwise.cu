@@ -186,13 +186,15 @@ __global__ void k_silu_mul4(float *g, const float *u, int64_t T, int64_t n, int6
 }
 
 /* SwiGLU of bf16 gate and up outputs into bf16 h (the `bf16` MLP of many tokens, whose down
- * product takes h as it is): a thread per 8 consecutive columns, g, u [T][n], h [T][ldh], n
- * and ldh multiples of 8, the three 16-byte aligned; fp32 arithmetic, h rounded to nearest */
-__global__ void k_silu_mul_bf(const uint16_t *g, const uint16_t *u, int64_t T, int64_t n, uint16_t *h, int64_t ldh) {
+ * product takes h as it is): a thread per 8 consecutive columns, g, u [T][ldgu] (n of each
+ * row), h [T][ldh], n, ldgu and ldh multiples of 8, the three 16-byte aligned; fp32
+ * arithmetic, h rounded to nearest */
+__global__ void k_silu_mul_bf(const uint16_t *g, const uint16_t *u, int64_t ldgu, int64_t T, int64_t n, uint16_t *h,
+                              int64_t ldh) {
     pdl_wait();
     const int64_t per = n / 8, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, t = i / per, c = i % per * 8;
     if (t >= T) return;
-    const uint4 gv = *(const uint4 *)(g + t * n + c), uv = *(const uint4 *)(u + t * n + c);
+    const uint4 gv = *(const uint4 *)(g + t * ldgu + c), uv = *(const uint4 *)(u + t * ldgu + c);
     const uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w}, uw[4] = {uv.x, uv.y, uv.z, uv.w};
     uint32_t hw[4];
 #pragma unroll
@@ -204,10 +206,10 @@ __global__ void k_silu_mul_bf(const uint16_t *g, const uint16_t *u, int64_t T, i
     *(uint4 *)(h + t * ldh + c) = make_uint4(hw[0], hw[1], hw[2], hw[3]);
 }
 
-extern "C" void cu_silu_mul_bf16(cu_stream s, const uint16_t *g, const uint16_t *u, int64_t T, int64_t n, uint16_t *h,
-                                 int64_t ldh) {
+extern "C" void cu_silu_mul_bf16(cu_stream s, const uint16_t *g, const uint16_t *u, int64_t ldgu, int64_t T, int64_t n,
+                                 uint16_t *h, int64_t ldh) {
     if (T <= 0 || n <= 0) return;
-    launch_pdl(k_silu_mul_bf, dim3((unsigned)((T * (n / 8) + 255) / 256)), dim3(256), 0, s, g, u, T, n, h, ldh);
+    launch_pdl(k_silu_mul_bf, dim3((unsigned)((T * (n / 8) + 255) / 256)), dim3(256), 0, s, g, u, ldgu, T, n, h, ldh);
 }
 
 /* SwiGLU with its result also as the IM form's limbs (no split): a warp per (token, group),
