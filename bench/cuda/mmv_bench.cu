@@ -821,11 +821,14 @@ static int wgbench(int reps, const char *tlist, int group) {
     int bad = 0;
     printf("bf16 products on wgmma against k_gemm: TFLOP/s; err = max |wgmma - k_gemm| / max |k_gemm|\n");
     const int res2 = cu_wgmma_clusters(2), res4 = cu_wgmma_clusters(4);
+    printf("\"wgmma\": the backend's (clusters of %d, %d-byte activation rows); \"x64\", \"x128\": clusters of 2\n"
+           "with 64- and 128-byte rows\n", CU_WG_CL, CU_WG_XW ? 128 : 64);
     printf("bands of %d row blocks (\"band 2\", \"band 4\": clusters of 2 and 4 so); \"x128\": the activations\n"
-           "in 128-byte rows, clusters of 2 (\"x128 b4\": of 4, in bands); \"res 2\", \"x128 b4 r\": those on\n"
-           "resident clusters (%d of 2, %d of 4), each taking every G-th output tile\n", group, res2, res4);
-    printf("%-9s %6s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", "shape", "T", "k_gemm", "wgmma", "cluster 1",
-           "cluster 4", "band 2", "band 4", "x128", "x128 b4", "res 2", "x128 b4 r", "err");
+           "in 128-byte rows, clusters of 2 (\"x128 b2\": in bands; \"x128 b4\": of 4, in bands); \"res 2\",\n"
+           "\"x128 b4 r\": those on resident clusters (%d of 2, %d of 4), each taking every G-th output tile\n",
+           group, res2, res4);
+    printf("%-9s %6s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", "shape", "T", "k_gemm", "wgmma", "cluster 1",
+           "cluster 4", "band 2", "band 4", "x64", "x128", "x128 b2", "x128 b4", "res 2", "x128 b4 r", "err");
     for (const auto &sh : shapes) {
         const tiled_case tc = tiled_case_make(s, sh.rows, sh.cols, TM, 13);
         uint16_t *const wt = tc.wt, *const xs = tc.xs;
@@ -842,7 +845,8 @@ static int wgbench(int reps, const char *tlist, int group) {
             int cl, group, xw, clusters;
             float *y;
         } vs[] = {{1, 0, 0, 0, NULL},     {4, 0, 0, 0, NULL},     {2, group, 0, 0, NULL},    {4, group, 0, 0, NULL},
-                  {2, 0, 1, 0, NULL},     {4, group, 1, 0, NULL}, {2, 0, 0, res2 ? res2 : -1, NULL}, {4, group, 1, res4 ? res4 : -1, NULL}}; /* (-1: the query failed) */
+                  {2, 0, 0, 0, NULL},     {2, 0, 1, 0, NULL},     {2, group, 1, 0, NULL},    {4, group, 1, 0, NULL},
+                  {2, 0, 0, res2 ? res2 : -1, NULL}, {4, group, 1, res4 ? res4 : -1, NULL}}; /* (-1: the query failed) */
         for (auto &v : vs) CK(cudaMalloc(&v.y, (size_t)TM * sh.rows * 4));
         uint16_t *yb;
         CK(cudaMalloc(&yb, (size_t)TM * sh.rows * 2));
