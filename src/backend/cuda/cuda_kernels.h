@@ -150,6 +150,16 @@ int cu_wgmma_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *c
 #ifndef CU_BLAS_MIN_T
 #define CU_BLAS_MIN_T 1024
 #endif
+/* where k_wgmma runs (Hopper, `bf16`), the fewest tokens a bf16 tiled product takes the
+ * library for: below it k_wgmma, which reads the tiled layout without the copy. An H100
+ * (2026-12-07, the prefill side by side, two rounds; k_wgmma with 128-byte activation rows,
+ * resident, the MLP in bf16): k_wgmma at every size against the library from 1,024 tokens,
+ * 1,024 tokens 8,605-8,650 against 8,024-8,054 tok/s, 2,048 9,926-9,941 / 9,282-9,302,
+ * 3,072 9,607-9,772 / 9,837-9,863, 4,096 9,706-9,843 / 9,698-9,777, 8,192 9,666-9,698 /
+ * 10,304-10,360. MLX matrices (dequantized for the library) keep CU_BLAS_MIN_T */
+#ifndef CU_WG_BLAS_MIN_T
+#define CU_WG_BLAS_MIN_T 3072
+#endif
 /* 1: `exact` products of CU_BLAS_MIN_T tokens or more of bf16 tiled matrices take cuBLASLt
  * too, the activations as their three bf16 parts (three library products, the lowest part
  * first, summed in fp32: every weight still meets all 24 bits of its activation, only the
@@ -238,19 +248,21 @@ void cu_gather_rows(cu_stream s, const float *src, int64_t d, const int32_t *row
  * (bf16 [T][rows]; or, on the library with CU_BLAS_GU_ONE, both as one product into ub as
  * [T][2 rows], gate's rows first: ub has room for that), then h = silu(g) u into hb (bf16
  * [T][ldh], ldh the rows rounded up to 32, zeros past them). 0; or -1 where it does not take
- * them (no library or fewer than CU_BLAS_MIN_TOKENS(1) tokens, unless CU_MLP_BF16_OWN; other
+ * them (no library or fewer tokens than it takes, CU_BLAS_MIN_TOKENS(1) or, where k_wgmma
+ * runs, CU_WG_BLAS_MIN_T, unless CU_MLP_BF16_OWN; other
  * formats or widths, rows not a multiple of 32, a product refused), with gb and ub perhaps
  * written and hb untouched: the caller then computes the MLP in fp32. cu_silu_mul_bf16: that
  * SwiGLU alone (g and u rows ldgu apart; n, ldgu and ldh multiples of 8, the three 16-byte
  * aligned). cu_matmul_bf16_in: y [T][ldy] = w (bf16 tiled) times xb (bf16
  * [T][ldxb], ldxb >= w's columns rounded up to 32, zeros past them), on the library (from
- * CU_BLAS_MIN_TOKENS(1) tokens), else on k_wgmma (CU_MLP_BF16_OWN) or k_gemm. */
-/* CU_MLP_BF16_OWN 1 (a build's switch until measured): where the library does not take the
- * MLP (none, or fewer than CU_BLAS_MIN_TOKENS(1) tokens), products of CU_WGMMA_MIN_T tokens
- * or more take it on k_wgmma, gate and up written in bf16 (cu_wgmma_matmul_bf16), the down
- * product on xb */
+ * the same threshold), else on k_wgmma (CU_MLP_BF16_OWN) or k_gemm. */
+/* CU_MLP_BF16_OWN 1: where the library does not take the MLP (none, or fewer tokens than it
+ * takes), products of CU_WGMMA_MIN_T tokens or more take it on k_wgmma, gate and up written
+ * in bf16 (cu_wgmma_matmul_bf16), the down product on xb; 0, the fp32 MLP there. 1 since an
+ * H100 measured it (2026-12-07, with the 128-byte activation rows, two rounds): the 512-token
+ * prefill 7,411-7,430 -> 7,651-7,667 tok/s, the rest the same */
 #ifndef CU_MLP_BF16_OWN
-#define CU_MLP_BF16_OWN 0
+#define CU_MLP_BF16_OWN 1
 #endif
 /* CU_BLAS_GU_ONE 1 (a build's switch until measured): the library's gate and up as one
  * product of twice the rows (their row-major copies lie one after the other), one launch and

@@ -899,6 +899,12 @@ static int64_t gemm_slice(int64_t tokens, int64_t ldxs) {
     return tokens;
 }
 
+/* the fewest tokens a `bf16` product of bf16 tiled matrices takes the library for: more
+ * where k_wgmma runs (CU_WG_BLAS_MIN_T) */
+static int64_t blas_min_tiled(const cu_mm_scratch *sc) {
+    return sc->tma_encode && CU_WG_BLAS_MIN_T > CU_BLAS_MIN_TOKENS(1) ? CU_WG_BLAS_MIN_T : CU_BLAS_MIN_TOKENS(1);
+}
+
 /* Products on cuBLASLt: the group's matrices copied out into sc->wrm side by side (bf16
  * tiled: as stored; MLX Q tiled: dequantized to bf16, as the peers feed their GEMMs), then
  * slices of as many tokens as xs holds in `parts` parts, each split once and multiplied by
@@ -919,6 +925,7 @@ int launch_blas(cu_stream s, const mm_group &g, const float *x, int64_t ldx, int
     const int64_t cols = g.w[0].cols, ldxs = tiled_steps(cols) * 32;
     const bool q = g.w[0].fmt == CU_FMT_Q_TILED;
     if (q && parts != 1) return -1;
+    if (!q && parts == 1 && T < blas_min_tiled(sc)) return -1; /* k_wgmma's */
     int64_t at[4], need = 0;
     for (int i = 0; i < g.n; i++) {
         if ((g.w[i].fmt != CU_FMT_BF16_TILED && g.w[i].fmt != CU_FMT_Q_TILED) || g.w[i].fmt != g.w[0].fmt ||
@@ -979,7 +986,7 @@ extern "C" int cu_mlp_gate_up_bf16(cu_stream s, const cu_mat *gate, const cu_mat
     if (!sc || gate->fmt != CU_FMT_BF16_TILED || up->fmt != CU_FMT_BF16_TILED || up->rows != rows || up->cols != cols ||
         rows % 32 != 0)
         return -1;
-    const bool lib = sc->blas && sc->wrm && sc->blas_ws && T >= CU_BLAS_MIN_TOKENS(1) && 2 * rows * ldxs <= sc->wrm_elems;
+    const bool lib = sc->blas && sc->wrm && sc->blas_ws && T >= blas_min_tiled(sc) && 2 * rows * ldxs <= sc->wrm_elems;
     if (!lib && !mlp_own(sc, T)) return -1;
     int64_t slice = sc->xs_elems > 0 ? sc->xs_elems / ldxs : sc->xs_tokens;
     if (slice < 16) return -1;
@@ -1019,7 +1026,7 @@ extern "C" void cu_matmul_bf16_in(cu_stream s, const cu_mat *w, const uint16_t *
     const int64_t rows = w->rows, cols = w->cols;
     assert(w->fmt == CU_FMT_BF16_TILED && ldxb >= tiled_steps(cols) * 32);
     if (T <= 0) return;
-    if (sc->blas && sc->wrm && sc->blas_ws && T >= CU_BLAS_MIN_TOKENS(1) && rows * ldxb <= sc->wrm_elems &&
+    if (sc->blas && sc->wrm && sc->blas_ws && T >= blas_min_tiled(sc) && rows * ldxb <= sc->wrm_elems &&
         ldxb == tiled_steps(cols) * 32) {
         cu_untile_bf16(s, (const uint16_t *)w->data, rows, cols, sc->wrm);
         if (cu_blas_gemm_to(sc->blas, s, sc->wrm, ldxb, rows, cols, xb, ldxb, T, y, ldy, 0, 0, sc->blas_ws,

@@ -725,17 +725,24 @@ static bool wg_takes(const cu_mat *w) {
 #define CU_WG_GROUP 0
 #endif
 
-/* whether k_wgmma reads the activations in 128-byte rows (a build may set 1 to compare) */
+/* whether k_wgmma reads the activations in 128-byte rows (0: two 64-byte steps a stage). 1
+ * since an H100 measured it (2026-12-07, `mmv_bench wg`, the 27B's shapes on clusters of 2):
+ * up to 10% faster at most shapes and sizes (down at 4,096 tokens 687 -> 761 TFLOP/s, gate+up
+ * at 2,048 674 -> 713, GDN in at 512 585 -> 670), slower only at a few (gate+up at 4,096 665
+ * -> 648), the same bits */
 #ifndef CU_WG_XW
-#define CU_WG_XW 0
+#define CU_WG_XW 1
 #endif
 
-/* whether k_wgmma's clusters stay resident (a build may set 1 to compare): a grid of as many
- * clusters as the device runs at once (cu_mm_scratch.wg_clusters), each taking every G-th
- * place, its producer loading the next place's first stages while its consumers write the
- * outputs of the one before; 0, a cluster for each place */
+/* whether k_wgmma's clusters stay resident: a grid of as many clusters as the device runs at
+ * once (cu_mm_scratch.wg_clusters), each taking every G-th place, its producer loading the
+ * next place's first stages while its consumers write the outputs of the one before; 0, a
+ * cluster for each place. 1 since an H100 measured it in the model (2026-12-07, 128-byte
+ * rows, every product on k_wgmma, two rounds): the prefill of 1,024 / 2,048 / 4,096 / 8,192
+ * tokens 8,628-8,630 / 9,727-9,772 / 9,626-9,674 / 9,542-9,553 -> 8,605-8,650 / 9,926-9,941 /
+ * 9,706-9,843 / 9,666-9,698 tok/s (512: 7,552-7,570 -> 7,475-7,530) */
 #ifndef CU_WG_PERSIST
-#define CU_WG_PERSIST 0
+#define CU_WG_PERSIST 1
 #endif
 
 /* the launch's configuration for n blocks in clusters of cl (at: its attribute's storage) */
