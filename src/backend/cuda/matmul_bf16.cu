@@ -997,23 +997,21 @@ extern "C" int cu_mlp_gate_up_bf16(cu_stream s, const cu_mat *gate, const cu_mat
         cu_untile_bf16(s, (const uint16_t *)gate->data, rows, cols, wg);
         cu_untile_bf16(s, (const uint16_t *)up->data, rows, cols, wu);
     }
-    auto product = [&](const cu_mat *w, const uint16_t *wr, int64_t n, uint16_t *out) {
-        return lib ? cu_blas_gemm_to(sc->blas, s, wr, ldxs, rows, cols, sc->xs, ldxs, n, out, rows, 1, 0, sc->blas_ws,
+    /* w's product of n tokens into out [n][ld] (the library: wr's first m rows) */
+    auto product = [&](const cu_mat *w, const uint16_t *wr, int64_t m, int64_t n, uint16_t *out, int64_t ld) {
+        return lib ? cu_blas_gemm_to(sc->blas, s, wr, ldxs, m, cols, sc->xs, ldxs, n, out, ld, 1, 0, sc->blas_ws,
                                      sc->blas_ws_bytes)
-                   : cu_wgmma_matmul_bf16(s, sc->tma_encode, w, sc->xs, ldxs, n, out, rows, sc->wg_clusters);
+                   : cu_wgmma_matmul_bf16(s, sc->tma_encode, w, sc->xs, ldxs, n, out, ld, sc->wg_clusters);
     };
     /* CU_BLAS_GU_ONE: the copies side by side are one matrix of 2 rows rows, its product [T][2 rows] in ub */
     const bool one = lib && CU_BLAS_GU_ONE;
     for (int64_t t0 = 0; t0 < T; t0 += slice) {
         const int64_t n = T - t0 < slice ? T - t0 : slice;
         launch_split(s, x + t0 * ldx, ldx, n, cols, sc->xs, ldxs, 1);
-        if (one) {
-            if (cu_blas_gemm_to(sc->blas, s, wg, ldxs, 2 * rows, cols, sc->xs, ldxs, n, ub + t0 * 2 * rows, 2 * rows, 1, 0,
-                                sc->blas_ws, sc->blas_ws_bytes) != 0)
-                return -1;
-            continue;
-        }
-        if (product(gate, wg, n, gb + t0 * rows) != 0 || product(up, wu, n, ub + t0 * rows) != 0) return -1;
+        if (one ? product(gate, wg, 2 * rows, n, ub + t0 * 2 * rows, 2 * rows) != 0
+                : product(gate, wg, rows, n, gb + t0 * rows, rows) != 0 ||
+                      product(up, wu, rows, n, ub + t0 * rows, rows) != 0)
+            return -1;
     }
     /* (rows a multiple of 32: ldh is rows) */
     if (one) cu_silu_mul_bf16(s, ub, ub + rows, 2 * rows, T, rows, hb, rows);
