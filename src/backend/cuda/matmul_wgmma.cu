@@ -133,8 +133,9 @@ __device__ __forceinline__ void tma_load_4d_mc(uint32_t dst, const CUtensorMap *
 /* The grid is one-dimensional, CL consecutive blocks a cluster; the clusters' places cover
  * a grid of cols (token tiles / the cluster's along them) by crows (row blocks / the
  * cluster's along them), cluster c of G in the launch taking places c, c + G, ... (G the
- * places: one each; fewer: persistent clusters). Place c in it: group 0, token tiles fastest (the blocks running at once
- * share a few row blocks' weights, read from memory once); group g > 0, in bands of g
+ * places: one each; fewer: persistent clusters). Place c in it: group 0, token tiles
+ * fastest (the blocks running at once share a few row blocks' weights, read from memory
+ * once); group g > 0, in bands of g
  * cluster rows, each band's clusters row fastest, so that the blocks running at once cover a
  * squarer patch of the output (fewer bytes of both operands read from memory a wave). */
 struct wg_raster {
@@ -244,6 +245,12 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
              * once the group after it has been committed and its own has completed (the tensor
              * cores never wait for the barrier round trip; the order of the sums is unchanged);
              * the place's last stage once its MMAs are done, before the outputs are written */
+            /* stage s freed in this block and (CL > 1) in the cluster's others: a warp's lane 0 arrives */
+            auto free_stage = [&](int s) {
+                if (lane != 0) return;
+                mbar_arrive(empty + 8 * s);
+                for (int p = 1; p < CL; p++) mbar_arrive_at(empty + 8 * s, (uint32_t)(q ^ p));
+            };
             int prev = -1;
             for (int i = 0; i < nk; i++, it++) {
                 const int s = it % WG_STAGES;
@@ -262,18 +269,12 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
                 wg_commit();
                 wg_wait<1>();
                 wg_fence_regs(d);
-                if (prev >= 0 && lane == 0) {
-                    mbar_arrive(empty + 8 * prev);
-                    for (int p = 1; p < CL; p++) mbar_arrive_at(empty + 8 * prev, (uint32_t)(q ^ p));
-                }
+                if (prev >= 0) free_stage(prev);
                 prev = s;
             }
             wg_wait<0>();
             wg_fence_regs(d);
-            if (lane == 0) {
-                mbar_arrive(empty + 8 * prev);
-                for (int p = 1; p < CL; p++) mbar_arrive_at(empty + 8 * prev, (uint32_t)(q ^ p));
-            }
+            free_stage(prev);
             /* d[4j + e]: row 16 warp + g (+ 8 for e >= 2), token 8j + 2t + (e & 1) */
             const int g = lane / 4, t = lane % 4;
             const int64_t r0 = (int64_t)rb * WG_BM + c * 64 + warp * 16 + g, n0 = (int64_t)tb * WG_BN + 2 * t;
@@ -745,18 +746,26 @@ static bool wg_takes(const cu_mat *w) {
 #define CU_WG_PERSIST 1
 #endif
 
-/* the launch's configuration for n blocks in clusters of cl (at: its attribute's storage) */
-static cudaLaunchConfig_t wg_cfg(cu_stream s, int64_t n, int cl, cudaLaunchAttribute *at) {
+/* a launch's configuration: n blocks of `threads` in clusters of cl, `smem` bytes of dynamic
+ * shared memory, programmatic dependent launch where pdl (at: its attributes' storage, 2) */
+static cudaLaunchConfig_t cluster_cfg(cu_stream s, int64_t n, int threads, size_t smem, int cl, bool pdl,
+                                      cudaLaunchAttribute *at) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)n);
-    cfg.blockDim = dim3(WG_THREADS);
-    cfg.dynamicSmemBytes = WG_SMEM;
+    cfg.blockDim = dim3((unsigned)threads);
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
     at[0].id = cudaLaunchAttributeClusterDimension;
     at[0].val.clusterDim.x = (unsigned)cl, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = pdl ? 2 : 1;
     return cfg;
+}
+/* k_wgmma's: n blocks in clusters of cl */
+static cudaLaunchConfig_t wg_cfg(cu_stream s, int64_t n, int cl, cudaLaunchAttribute *at) {
+    return cluster_cfg(s, n, WG_THREADS, WG_SMEM, cl, false, at);
 }
 
 extern "C" int cu_wgmma_clusters(int cl) {
@@ -767,7 +776,7 @@ extern "C" int cu_wgmma_clusters(int cl) {
     if (cl != 1 && cl != 2 && cl != 4) return 0;
     int most = 0;
     for (int ybf = 0; ybf < 2; ybf++) {
-        cudaLaunchAttribute at[1];
+        cudaLaunchAttribute at[2];
         const cudaLaunchConfig_t cfg = wg_cfg(0, cl, cl, at);
         int n = 0;
         if (cudaOccupancyMaxActiveClusters(&n, wg_kernel(cl, ybf, CU_WG_XW), &cfg) != cudaSuccess) n = 0;
@@ -797,7 +806,7 @@ static int wg_matmul_cl(cu_stream s, void *encode, const cu_mat *w, const uint16
     if (cols * crows * cl > INT32_MAX || group < 0) return -1;
     const wg_raster ras = {(int)cols, (int)crows, (group + cy - 1) / cy, (int)(cols * crows)};
     const int64_t grid = clusters > 0 && clusters < ras.n ? clusters : ras.n;
-    cudaLaunchAttribute at[1];
+    cudaLaunchAttribute at[2];
     const cudaLaunchConfig_t cfg = wg_cfg(s, grid * cl, cl, at);
     const cudaError_t e =
         cudaLaunchKernelEx(&cfg, wg_kernel(cl, ybf, xw), wmap, xmap, w->rows, T, (int)nsteps, y, ldy, ras);
@@ -817,18 +826,7 @@ extern "C" int cu_wgmma_matmul_bf16(cu_stream s, void *encode, const cu_mat *w, 
 /* a cluster launch's configuration (at: its attributes' storage, 2) */
 template <int BN, int KB, int CL>
 static cudaLaunchConfig_t ws_cluster_cfg(cu_stream s, int64_t blocks, cudaLaunchAttribute *at) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)blocks);
-    cfg.blockDim = dim3(WS_THREADS);
-    cfg.dynamicSmemBytes = (size_t)ws_shape<BN, KB, 2>::SMEM;
-    cfg.stream = s;
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = CL, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = CU_PDL ? 2 : 1;
-    return cfg;
+    return cluster_cfg(s, blocks, WS_THREADS, (size_t)ws_shape<BN, KB, 2>::SMEM, CL, CU_PDL, at);
 }
 /* the most clusters of CL blocks of the BN-token kernel the device runs at once (0: none, or
  * the query failed: the caller then takes its other kernel) */
