@@ -60,10 +60,10 @@ echo "start $(el) $(head -2 $O/smi.txt | tail -1)"
 cp build/libstrand-cuda.so var/new.so
 use() { cp var/$1.so build/libstrand-cuda.so; }
 part() { case ${PARTS:-1234567} in *$1*) return 0 ;; esac; return 1; }
-# 0. k_wgmma on clusters of 2 (the activations multicast) against clusters of 1 and k_gemm
+# 0. k_wgmma's forms against k_gemm (mmv_bench wg $WG_ARGS, at most WG_CAP seconds)
 if part 0; then
-    tl 90 build/mmv_bench wg 5 1024,2048,8192 > $O/wg.txt 2>&1; echo "mmv_bench wg rc $? $(el)"
-    grep -vE "^ *$" $O/wg.txt | cut -c1-160 | tail -22
+    tl ${WG_CAP:-90} build/mmv_bench wg ${WG_ARGS:-5 1024,2048,8192} > $O/wg.txt 2>&1; echo "mmv_bench wg rc $? $(el)"
+    grep -vE "^ *$" $O/wg.txt | cut -c1-200 | tail -22
 fi
 # 8. the delta rule's kernels alone: per step against chunked (agreement, times)
 if part 8; then
