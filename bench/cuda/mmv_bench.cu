@@ -801,9 +801,8 @@ static int qprof(int64_t rows, int64_t cols, int64_t T, int P, int bits) {
  * backend's, the activations multicast), of 1 and of 4 (both operands multicast), and of 2
  * and 4 in bands of `band` row blocks (wg_place), with the activations in 128-byte rows on
  * clusters of 2 and on 4 in bands, and the default and the last on resident clusters
- * (CU_WG_PERSIST's form), and 192 x 192 tiles (128-byte rows) on clusters of 2, of 2
- * resident and of 4 resident, and with the operands swapped on clusters of 2 resident, whose outputs must be the same bits, and its bf16 outputs,
- * which must be those rounded ---- */
+ * (CU_WG_PERSIST's form), whose outputs must be the same bits, and its bf16 outputs, which
+ * must be those rounded ---- */
 static int wgbench(int reps, const char *tlist, int group) {
     cudaStream_t s;
     cudaEvent_t e0, e1;
@@ -821,19 +820,15 @@ static int wgbench(int reps, const char *tlist, int group) {
     const int64_t TM = most_tokens(Ts);
     int bad = 0;
     printf("bf16 products on wgmma against k_gemm: TFLOP/s; err = max |wgmma - k_gemm| / max |k_gemm|\n");
-    const int res2 = wg_clusters_of(2, 0, 0), res4 = wg_clusters_of(4, 1, 0), resb = cu_wgmma_clusters(0);
-    const int t2 = wg_clusters_of(2, 1, 1), t4 = wg_clusters_of(4, 1, 1), s2 = wg_clusters_of(2, 1, 2);
+    const int res2 = cu_wgmma_clusters(2), res4 = cu_wgmma_clusters(4), resb = cu_wgmma_clusters(0);
     printf("\"wgmma\": the backend's (clusters of %d, %d-byte activation rows, %d resident: 0 a cluster a tile);\n"
            "\"x64\", \"x128\": clusters of 2 with 64- and 128-byte rows\n", CU_WG_CL, CU_WG_XW ? 128 : 64, resb);
     printf("bands of %d row blocks (\"band 2\", \"band 4\": clusters of 2 and 4 so); \"x128\": the activations\n"
            "in 128-byte rows, clusters of 2 (\"x128 b2\": in bands; \"x128 b4\": of 4, in bands); \"res 2\",\n"
-           "\"x128 b4 r\": those on resident clusters (%d of 2, %d of 4), each taking every G-th output tile;\n"
-           "\"t192\", \"t192 r\", \"t192 4r\": 192 x 192 tiles, 128-byte rows, clusters of 2, resident (%d),\n"
-           "of 4 resident (%d); \"swap r\": 192 x 192, the operands swapped, clusters of 2 resident (%d)\n",
-           group, res2, res4, t2, t4, s2);
-    printf("%-9s %6s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", "shape", "T", "k_gemm",
-           "wgmma", "cluster 1", "cluster 4", "band 2", "band 4", "x64", "x128", "x128 b2", "x128 b4", "res 2",
-           "x128 b4 r", "t192", "t192 r", "t192 4r", "swap r", "err");
+           "\"x128 b4 r\": those on resident clusters (%d of 2, %d of 4), each taking every G-th output tile\n",
+           group, res2, res4);
+    printf("%-9s %6s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", "shape", "T", "k_gemm", "wgmma", "cluster 1",
+           "cluster 4", "band 2", "band 4", "x64", "x128", "x128 b2", "x128 b4", "res 2", "x128 b4 r", "err");
     for (const auto &sh : shapes) {
         const tiled_case tc = tiled_case_make(s, sh.rows, sh.cols, TM, 13);
         uint16_t *const wt = tc.wt, *const xs = tc.xs;
@@ -847,14 +842,11 @@ static int wgbench(int reps, const char *tlist, int group) {
          * the same bits: clusters of 1 and 4, both in bands, the 128-byte activation rows, on
          * resident clusters */
         struct wg_variant {
-            int cl, group, xw, clusters, tile;
+            int cl, group, xw, clusters;
             float *y;
-        } vs[] = {{1, 0, 0, 0, 0, NULL},     {4, 0, 0, 0, 0, NULL},     {2, group, 0, 0, 0, NULL},
-                  {4, group, 0, 0, 0, NULL}, {2, 0, 0, 0, 0, NULL},     {2, 0, 1, 0, 0, NULL},
-                  {2, group, 1, 0, 0, NULL}, {4, group, 1, 0, 0, NULL}, {2, 0, 0, res2 ? res2 : -1, 0, NULL},
-                  {4, group, 1, res4 ? res4 : -1, 0, NULL},             {2, 0, 1, 0, 1, NULL},
-                  {2, 0, 1, t2 ? t2 : -1, 1, NULL},                     {4, 0, 1, t4 ? t4 : -1, 1, NULL},
-                  {2, 0, 1, s2 ? s2 : -1, 2, NULL}}; /* (-1: the query failed) */
+        } vs[] = {{1, 0, 0, 0, NULL},     {4, 0, 0, 0, NULL},     {2, group, 0, 0, NULL},    {4, group, 0, 0, NULL},
+                  {2, 0, 0, 0, NULL},     {2, 0, 1, 0, NULL},     {2, group, 1, 0, NULL},    {4, group, 1, 0, NULL},
+                  {2, 0, 0, res2 ? res2 : -1, NULL}, {4, group, 1, res4 ? res4 : -1, NULL}}; /* (-1: the query failed) */
         for (auto &v : vs) CK(cudaMalloc(&v.y, (size_t)TM * sh.rows * 4));
         uint16_t *yb;
         CK(cudaMalloc(&yb, (size_t)TM * sh.rows * 2));
@@ -868,7 +860,7 @@ static int wgbench(int reps, const char *tlist, int group) {
             for (auto &v : vs) {
                 CK(cudaMemsetAsync(v.y, 0xff, n * 4, s));
                 refused |= v.clusters < 0 ||
-                           wg_matmul_cl(s, enc, &w, xs, ldxs, T, v.y, sh.rows, v.cl, 0, v.group, v.xw, v.clusters, v.tile) != 0;
+                           wg_matmul_cl(s, enc, &w, xs, ldxs, T, v.y, sh.rows, v.cl, 0, v.group, v.xw, v.clusters) != 0;
             }
             if (refused) {
                 printf("%-9s %6lld refused\n", sh.name, (long long)T);
@@ -895,13 +887,13 @@ static int wgbench(int reps, const char *tlist, int group) {
             printf("%-9s %6lld %9.1f %9.1f", sh.name, (long long)T, fl / t_ref / 1e12, fl / t_wg / 1e12);
             for (const auto &v : vs) {
                 const double t = time_launches(s, e0, e1, reps, 1, [&](int) {
-                    wg_matmul_cl(s, enc, &w, xs, ldxs, T, v.y, sh.rows, v.cl, 0, v.group, v.xw, v.clusters, v.tile);
+                    wg_matmul_cl(s, enc, &w, xs, ldxs, T, v.y, sh.rows, v.cl, 0, v.group, v.xw, v.clusters);
                 });
                 printf(" %9.1f", fl / t / 1e12);
             }
             printf(" %9.2e%s", err, ok ? "\n" : "  FAIL");
             if (nan) printf(" (%zu outputs not written)", nan);
-            if (!same) printf(" (clusters of 1, 2 and 4, the bands, x128, resident clusters or 192 x 192 tiles differ)");
+            if (!same) printf(" (clusters of 1, 2 and 4, the bands, x128 or resident clusters differ)");
             if (!rounded) printf(" (the bf16 outputs are not the fp32 ones rounded)");
             if (!ok) printf("\n");
         }

@@ -32,33 +32,14 @@
 #include "backend/cuda/mm_int.cuh"
 #include "backend/cuda/wgmma.cuh"
 
-#define WG_BM 128                            /* weight rows a row block of k_wgmma_stream (2 consumers of 64) */
+#define WG_BM 128                            /* weight rows a block (2 consumers of 64) */
+#define WG_BN 256                            /* tokens a block */
 #define WG_STAGES 4                          /* stages of 2 steps in flight */
-#define WG_A_STEP (WG_BM * 64)               /* bytes of one step of 128 weight rows: 64 a row */
-
-/* k_wgmma's block tiles. TILE 0: 128 weight rows by 256 tokens, two consumer warpgroups of
- * m64n256 (128 accumulators a thread); TILE 1: 192 by 192, three of m64n192 (96 a thread), the
- * library's tile at many tokens (cuBLASLt's nvjet_sm90_tst_192x192_64x4_2x1): a stage is 48 KB
- * either way, but 192 x 192 does 12.5% more products a byte. The producer warpgroup gives its
- * registers to the consumers (setmaxnreg: 40 each, the consumers REGS, within 65,536). TILE 2:
- * 192 by 192 with the operands' roles swapped (SWAP): each consumer 64 tokens by the 192 rows,
- * the activations wgmma's A and the weights its B, so that a thread's accumulators pair
- * adjacent rows of an output token, stored as one (8 bytes, bf16 4) where TILE 1 stores one
- * value. The sums are the same, in the same order (16 columns at a time, column order). */
-template <int TILE>
-struct wg_tile {
-    static constexpr int CONS = TILE ? 3 : 2;                   /* consumer warpgroups, 64 rows (SWAP: tokens) each */
-    static constexpr bool SWAP = TILE == 2;
-    static constexpr int BM = 64 * CONS, BN = TILE ? 192 : 256; /* weight rows, tokens */
-    static constexpr int A_STEP = BM * 64, B_STEP = BN * 64;    /* one step (32 columns) of each, bytes */
-    static constexpr int STAGE = 2 * A_STEP + 2 * B_STEP;
-    static constexpr int SMEM = WG_STAGES * STAGE + 1024 + 2 * WG_STAGES * 8; /* + alignment, barriers */
-    static constexpr int THREADS = 128 * (CONS + 1);
-    static constexpr int ACC = BN / 2; /* a consumer thread's accumulators */
-    static constexpr int REGS = TILE ? 152 : 232;
-    static_assert(STAGE == 48 * 1024, "stages of 48 KB");
-    static_assert(128 * 40 + 128 * CONS * REGS <= 65536, "the registers fit");
-};
+#define WG_A_STEP (WG_BM * 64)               /* bytes of one step of the weights: 128 rows of 64 */
+#define WG_B_STEP (WG_BN * 64)               /* one step of the activations: 256 tokens of 64 */
+#define WG_STAGE (2 * WG_A_STEP + 2 * WG_B_STEP)
+#define WG_SMEM (WG_STAGES * WG_STAGE + 1024 + 2 * WG_STAGES * 8) /* + alignment, barriers */
+#define WG_THREADS 384
 
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, int c3,
                                             uint32_t bar) {
@@ -107,36 +88,6 @@ __device__ __forceinline__ void wgmma_256(float (&d)[128], uint64_t da, uint64_t
           "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
           "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
           "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-        : "l"(da), "l"(db), "r"(1));
-}
-
-/* d += A (64 rows x 16 columns) B^T (192 tokens x 16 columns) */
-__device__ __forceinline__ void wgmma_192(float (&d)[96], uint64_t da, uint64_t db) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %98, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
-        "}, %96, %97, p, 1, 1, 0, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
         : "l"(da), "l"(db), "r"(1));
 }
 
@@ -214,15 +165,14 @@ __device__ __forceinline__ void wg_place(const wg_raster &r, int c, int *ct, int
  * stage's 64 columns each (rows of 128 bytes under the 128-byte swizzle: half the TMA rows
  * of two 64-byte steps), where the clusters share them by halves (the same bytes each). YBF:
  * the outputs rounded to bf16. */
-template <int CL, bool YBF, bool XW, int TILE>
-__global__ void __launch_bounds__(wg_tile<TILE>::THREADS, 1)
+template <int CL, bool YBF, bool XW>
+__global__ void __launch_bounds__(WG_THREADS, 1)
     k_wgmma(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap, int64_t rows,
             int64_t T, int nsteps, void *y, int64_t ldy, wg_raster ras) {
     static_assert(CL == 1 || CL == 2 || CL == 4, "clusters of 1, 2 or 4 blocks");
-    typedef wg_tile<TILE> G;
     extern __shared__ uint8_t wg_raw[];
     const uint32_t base = (smem_u32(wg_raw) + 1023u) & ~1023u; /* the swizzles repeat every 512 / 1,024 bytes */
-    const uint32_t full = base + WG_STAGES * G::STAGE, empty = full + WG_STAGES * 8;
+    const uint32_t full = base + WG_STAGES * WG_STAGE, empty = full + WG_STAGES * 8;
     const int tid = threadIdx.x, wg = tid / 128;
     const int q = CL > 1 ? (int)wg_cluster_rank() : 0; /* blockIdx.x % CL */
     const int c0 = (int)(blockIdx.x / CL), cstep = (int)(gridDim.x / CL); /* this cluster's places */
@@ -237,7 +187,7 @@ __global__ void __launch_bounds__(wg_tile<TILE>::THREADS, 1)
     if (tid == 0) {
         for (int s = 0; s < WG_STAGES; s++) {
             mbar_init(full + 8 * s, 1);
-            mbar_init(empty + 8 * s, 4 * G::CONS * CL); /* a consumer warp's lane 0 each, of each block of the cluster */
+            mbar_init(empty + 8 * s, 8 * CL); /* a consumer warp's lane 0 each, of each block of the cluster */
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -255,42 +205,42 @@ __global__ void __launch_bounds__(wg_tile<TILE>::THREADS, 1)
                 for (int i = 0; i < nk; i++, it++) {
                     const int s = it % WG_STAGES;
                     mbar_wait(empty + 8 * s, ((it / WG_STAGES) & 1) ^ 1);
-                    mbar_expect_tx(full + 8 * s, G::STAGE); /* (CL > 1: some of it from the other blocks) */
-                    const uint32_t st = base + s * G::STAGE;
+                    mbar_expect_tx(full + 8 * s, WG_STAGE); /* (CL > 1: some of it from the other blocks) */
+                    const uint32_t st = base + s * WG_STAGE;
                     /* the activations' part h of a stage (XW: half h of the token tile's 64 columns;
                      * else step h's 32 columns of all of it) starts at column xc0 + h xdc, token
-                     * tb BN + h xdt */
-                    const int xc0 = 64 * i, xdc = XW ? 0 : 32, xdt = XW ? G::BN / 2 : 0;
+                     * tb WG_BN + h xdt */
+                    const int xc0 = 64 * i, xdc = XW ? 0 : 32, xdt = XW ? WG_BN / 2 : 0;
                     if constexpr (CL == 4) { /* weight step q % 2 to this row block's pair, activation part q / 2 to this token tile's */
                         const int qt = q & 1, qr = q >> 1;
-                        tma_load_4d_mc(st + qt * G::A_STEP, &wmap, 0, 0, 2 * i + qt, rb * (G::BM / 16), full + 8 * s,
+                        tma_load_4d_mc(st + qt * WG_A_STEP, &wmap, 0, 0, 2 * i + qt, rb * (WG_BM / 16), full + 8 * s,
                                        (uint16_t)(3u << (2 * qr)));
-                        tma_load_2d_mc(st + 2 * G::A_STEP + qr * G::B_STEP, &xmap, xc0 + qr * xdc, tb * G::BN + qr * xdt,
+                        tma_load_2d_mc(st + 2 * WG_A_STEP + qr * WG_B_STEP, &xmap, xc0 + qr * xdc, tb * WG_BN + qr * xdt,
                                        full + 8 * s, (uint16_t)(5u << qt));
                     } else {
                         for (int h = 0; h < 2; h++)
-                            tma_load_4d(st + h * G::A_STEP, &wmap, 0, 0, 2 * i + h, rb * (G::BM / 16), full + 8 * s);
+                            tma_load_4d(st + h * WG_A_STEP, &wmap, 0, 0, 2 * i + h, rb * (WG_BM / 16), full + 8 * s);
                         if constexpr (CL > 1)
-                            tma_load_2d_mc(st + 2 * G::A_STEP + q * G::B_STEP, &xmap, xc0 + q * xdc, tb * G::BN + q * xdt,
+                            tma_load_2d_mc(st + 2 * WG_A_STEP + q * WG_B_STEP, &xmap, xc0 + q * xdc, tb * WG_BN + q * xdt,
                                            full + 8 * s, (uint16_t)((1u << CL) - 1));
                         else
                             for (int h = 0; h < 2; h++)
-                                tma_load_2d(st + 2 * G::A_STEP + h * G::B_STEP, &xmap, xc0 + h * xdc, tb * G::BN + h * xdt,
+                                tma_load_2d(st + 2 * WG_A_STEP + h * WG_B_STEP, &xmap, xc0 + h * xdc, tb * WG_BN + h * xdt,
                                             full + 8 * s);
                     }
                 }
             }
         }
     } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(G::REGS));
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
         const int c = wg - 1, warp = (tid / 32) % 4, lane = tid % 32;
-        float d[G::ACC];
+        float d[128];
         int it = 0; /* the stages this block has used, every place's */
         for (int pc = c0; pc < ras.n; pc += cstep) {
             int tb, rb;
             tile_of(pc, &tb, &rb);
 #pragma unroll
-            for (int i = 0; i < G::ACC; i++) d[i] = 0.0f;
+            for (int i = 0; i < 128; i++) d[i] = 0.0f;
             /* one stage's MMAs stay in flight while the next stage's are issued: a stage is freed
              * once the group after it has been committed and its own has completed (the tensor
              * cores never wait for the barrier round trip; the order of the sums is unchanged);
@@ -305,24 +255,16 @@ __global__ void __launch_bounds__(wg_tile<TILE>::THREADS, 1)
             for (int i = 0; i < nk; i++, it++) {
                 const int s = it % WG_STAGES;
                 mbar_wait(full + 8 * s, (it / WG_STAGES) & 1);
-                const uint32_t st = base + s * G::STAGE;
+                const uint32_t st = base + s * WG_STAGE;
                 wg_fence_regs(d);
                 wg_fence();
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
 #pragma unroll
-                    for (int kk = 0; kk < 2; kk++) {
-                        if constexpr (G::SWAP) /* this consumer's 64 tokens times all the rows */
-                            wgmma_192(d, wg_desc128(st + 2 * G::A_STEP + c * (64 * 128) + 32 * (2 * h + kk)),
-                                      wg_desc(st + h * G::A_STEP + 32 * kk));
-                        else {
-                            const uint64_t da = wg_desc(st + h * G::A_STEP + c * (64 * 64) + 32 * kk),
-                                           db = XW ? wg_desc128(st + 2 * G::A_STEP + 32 * (2 * h + kk))
-                                                   : wg_desc(st + 2 * G::A_STEP + h * G::B_STEP + 32 * kk);
-                            if constexpr (TILE) wgmma_192(d, da, db);
-                            else wgmma_256(d, da, db);
-                        }
-                    }
+                    for (int kk = 0; kk < 2; kk++)
+                        wgmma_256(d, wg_desc(st + h * WG_A_STEP + c * (64 * 64) + 32 * kk),
+                                  XW ? wg_desc128(st + 2 * WG_A_STEP + 32 * (2 * h + kk))
+                                     : wg_desc(st + 2 * WG_A_STEP + h * WG_B_STEP + 32 * kk));
                 }
                 wg_commit();
                 wg_wait<1>();
@@ -333,42 +275,11 @@ __global__ void __launch_bounds__(wg_tile<TILE>::THREADS, 1)
             wg_wait<0>();
             wg_fence_regs(d);
             free_stage(prev);
-            const int g = lane / 4, t = lane % 4;
-            if constexpr (G::SWAP) {
-                /* d[4j + e]: token 16 warp + g (+ 8 for e >= 2) of this consumer's, rows 8j + 2t
-                 * and the next (e & 1): a pair, stored as one where both are in and aligned */
-                const int64_t n0 = (int64_t)tb * G::BN + c * 64 + warp * 16 + g, r0 = (int64_t)rb * G::BM + 2 * t;
-                const bool vec = ldy % 2 == 0 && ((uintptr_t)y & (YBF ? 3 : 7)) == 0;
-#pragma unroll
-                for (int j = 0; j < G::ACC / 4; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e += 2) {
-                        const int64_t n = n0 + (e ? 8 : 0), r = r0 + 8 * j;
-                        if (n >= T || r >= rows) continue;
-                        const float v0 = d[4 * j + e], v1 = d[4 * j + e + 1];
-                        if constexpr (YBF) {
-                            uint16_t *o = (uint16_t *)y + n * ldy + r;
-                            if (vec && r + 1 < rows)
-                                *(uint32_t *)o = (uint32_t)f2bf16(v0) | (uint32_t)f2bf16(v1) << 16;
-                            else {
-                                o[0] = f2bf16(v0);
-                                if (r + 1 < rows) o[1] = f2bf16(v1);
-                            }
-                        } else {
-                            float *o = (float *)y + n * ldy + r;
-                            if (vec && r + 1 < rows) *(float2 *)o = make_float2(v0, v1);
-                            else {
-                                o[0] = v0;
-                                if (r + 1 < rows) o[1] = v1;
-                            }
-                        }
-                    }
-                continue;
-            }
             /* d[4j + e]: row 16 warp + g (+ 8 for e >= 2), token 8j + 2t + (e & 1) */
-            const int64_t r0 = (int64_t)rb * G::BM + c * 64 + warp * 16 + g, n0 = (int64_t)tb * G::BN + 2 * t;
+            const int g = lane / 4, t = lane % 4;
+            const int64_t r0 = (int64_t)rb * WG_BM + c * 64 + warp * 16 + g, n0 = (int64_t)tb * WG_BN + 2 * t;
 #pragma unroll
-            for (int j = 0; j < G::ACC / 4; j++)
+            for (int j = 0; j < 32; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int64_t r = r0 + (e >= 2 ? 8 : 0), n = n0 + 8 * j + (e & 1);
@@ -385,24 +296,17 @@ __global__ void __launch_bounds__(wg_tile<TILE>::THREADS, 1)
 
 
 /* k_wgmma's instance for clusters of cl (1, 2 or 4) blocks, fp32 (ybf 0) or bf16 outputs,
- * the activations in 64-byte rows (xw 0) or 128, tiles of 128 x 256 (tile 0) or 192 x 192
- * (tile 1; 2 with the operands swapped; 128-byte rows alone: NULL for xw 0) */
+ * the activations in 64-byte rows (xw 0) or 128 */
 typedef void (*wg_kernel_fn)(CUtensorMap, CUtensorMap, int64_t, int64_t, int, void *, int64_t, wg_raster);
-static wg_kernel_fn wg_kernel(int cl, int ybf, int xw, int tile) {
-    static const wg_kernel_fn k[4][2][3] = {
-        {{k_wgmma<1, false, false, 0>, k_wgmma<2, false, false, 0>, k_wgmma<4, false, false, 0>},
-         {k_wgmma<1, true, false, 0>, k_wgmma<2, true, false, 0>, k_wgmma<4, true, false, 0>}},
-        {{k_wgmma<1, false, true, 0>, k_wgmma<2, false, true, 0>, k_wgmma<4, false, true, 0>},
-         {k_wgmma<1, true, true, 0>, k_wgmma<2, true, true, 0>, k_wgmma<4, true, true, 0>}},
-        {{k_wgmma<1, false, true, 1>, k_wgmma<2, false, true, 1>, k_wgmma<4, false, true, 1>},
-         {k_wgmma<1, true, true, 1>, k_wgmma<2, true, true, 1>, k_wgmma<4, true, true, 1>}},
-        {{k_wgmma<1, false, true, 2>, k_wgmma<2, false, true, 2>, k_wgmma<4, false, true, 2>},
-         {k_wgmma<1, true, true, 2>, k_wgmma<2, true, true, 2>, k_wgmma<4, true, true, 2>}}};
-    if ((tile && !xw) || tile < 0 || tile > 2 || (cl != 1 && cl != 2 && cl != 4)) return NULL;
-    return k[tile ? tile + 1 : xw ? 1 : 0][ybf ? 1 : 0][cl == 4 ? 2 : cl - 1];
+#define WG_KERNELS 12
+static wg_kernel_fn wg_kernel(int cl, int ybf, int xw) {
+    static const wg_kernel_fn k[2][2][3] = {
+        {{k_wgmma<1, false, false>, k_wgmma<2, false, false>, k_wgmma<4, false, false>},
+         {k_wgmma<1, true, false>, k_wgmma<2, true, false>, k_wgmma<4, true, false>}},
+        {{k_wgmma<1, false, true>, k_wgmma<2, false, true>, k_wgmma<4, false, true>},
+         {k_wgmma<1, true, true>, k_wgmma<2, true, true>, k_wgmma<4, true, true>}}};
+    return k[xw ? 1 : 0][ybf ? 1 : 0][cl == 4 ? 2 : cl - 1];
 }
-static int wg_threads(int tile) { return tile ? wg_tile<1>::THREADS : wg_tile<0>::THREADS; }
-static size_t wg_smem(int tile) { return tile ? wg_tile<1>::SMEM : wg_tile<0>::SMEM; }
 
 /* ---- few tokens: k_wgmma_stream ----
  * Decode steps of 9 to 127 sequences (and any product of fewer than CU_WGMMA_MIN_T tokens in
@@ -769,23 +673,20 @@ extern "C" void *cu_wgmma_available(void) {
     if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
         q != cudaDriverEntryPointSuccess || !fn)
         return NULL;
-    for (int tile = 0; tile < 3; tile++)
-        for (int xw = tile ? 1 : 0; xw < 2; xw++)
-            for (int ybf = 0; ybf < 2; ybf++)
-                for (int cl = 1; cl <= 4; cl *= 2)
-                    if (cudaFuncSetAttribute(wg_kernel(cl, ybf, xw, tile), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)wg_smem(tile)) != cudaSuccess)
-                        return NULL;
+    for (int i = 0; i < WG_KERNELS; i++)
+        if (cudaFuncSetAttribute(wg_kernel(i % 3 == 2 ? 4 : i % 3 + 1, i / 3 % 2, i / 6),
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess)
+            return NULL;
     if (ws_attrs_backend() != 0) return NULL;
     return fn;
 }
 
-/* the tensor map of a tiled bf16 matrix: boxes of one 32-column step of `rows` / 16 tiles */
-static int wg_map_w(tmap_encode_fn enc, const cu_mat *w, CUtensorMap *map, int rows = WG_BM) {
+/* the tensor map of a tiled bf16 matrix: boxes of one 32-column step of 8 tiles (128 rows) */
+static int wg_map_w(tmap_encode_fn enc, const cu_mat *w, CUtensorMap *map) {
     const int64_t nsteps = (w->cols + 31) / 32, ntiles = (w->rows + 15) / 16;
     const cuuint64_t dim[4] = {32, 16, (cuuint64_t)nsteps, (cuuint64_t)ntiles};
     const cuuint64_t stride[3] = {64, 1024, (cuuint64_t)nsteps * 1024};
-    const cuuint32_t box[4] = {32, 16, 1, (cuuint32_t)rows / 16}, ones[4] = {1, 1, 1, 1};
+    const cuuint32_t box[4] = {32, 16, 1, WG_BM / 16}, ones[4] = {1, 1, 1, 1};
     return enc(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)w->data, dim, stride, box, ones,
                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS
@@ -844,16 +745,16 @@ static bool wg_takes(const cu_mat *w) {
 #ifndef CU_WG_PERSIST
 #define CU_WG_PERSIST 1
 #endif
-
-/* k_wgmma's block tile in the backend: 0, 128 weight rows by 256 tokens; 1, 192 by 192; 2,
- * 192 by 192 with the operands swapped (wg_tile; 1 and 2 read the activations in 128-byte
- * rows alone) */
-#ifndef CU_WG_TILE
-#define CU_WG_TILE 0
-#endif
-#if CU_WG_TILE && !CU_WG_XW
-#error "k_wgmma's 192 x 192 tiles read the activations in 128-byte rows (CU_WG_XW 1)"
-#endif
+/* Tried and not kept (H100, 2026-12-07, session 46): blocks of 192 weight rows by 192 tokens,
+ * the tile of cuBLASLt's kernels at 8,192 tokens (nvjet_sm90_tst_192x192_64x4_2x1): three
+ * consumer warpgroups of m64n192k16 (setmaxnreg 40 / 152 in 512 threads), 48 KB stages, and
+ * the same with wgmma's operands swapped (the activations A, so that adjacent rows of a token
+ * are stored as one). The same bits; `mmv_bench wg` at 8,192 tokens, resident clusters of 2:
+ * gate+up 649.8 / 648.6 TFLOP/s, down 588.3 / 602.6, GDN in 606.5 / 629.2 against the 128 x
+ * 256 tile's 750.2, 767.2, 734.7; the prefill with every product on k_wgmma, 2,048 / 8,192
+ * tokens: 9,542 / 9,282 and 9,406 / 9,317 against 9,681 / 9,732 tok/s. With clusters of two
+ * along the row blocks both tiles read the same L2 bytes a product (an effective 256 x 256
+ * against 384 x 192), and a 192-token wgmma reads more of shared memory a product. */
 
 /* a launch's configuration: n blocks of `threads` in clusters of cl, `smem` bytes of dynamic
  * shared memory, programmatic dependent launch where pdl (at: its attributes' storage, 2) */
@@ -872,25 +773,9 @@ static cudaLaunchConfig_t cluster_cfg(cu_stream s, int64_t n, int threads, size_
     cfg.numAttrs = pdl ? 2 : 1;
     return cfg;
 }
-/* k_wgmma's: n blocks of the tile's in clusters of cl */
-static cudaLaunchConfig_t wg_cfg(cu_stream s, int64_t n, int cl, int tile, cudaLaunchAttribute *at) {
-    return cluster_cfg(s, n, wg_threads(tile), wg_smem(tile), cl, false, at);
-}
-
-/* the most clusters of cl blocks of the tile's k_wgmma (the activations in 128-byte rows or
- * not: xw) the device runs at once, both output forms' (0: none, or the query failed) */
-static int wg_clusters_of(int cl, int xw, int tile) {
-    if (!wg_kernel(cl, 0, xw, tile)) return 0;
-    int most = 0;
-    for (int ybf = 0; ybf < 2; ybf++) {
-        cudaLaunchAttribute at[2];
-        const cudaLaunchConfig_t cfg = wg_cfg(0, cl, cl, tile, at);
-        int n = 0;
-        if (cudaOccupancyMaxActiveClusters(&n, wg_kernel(cl, ybf, xw, tile), &cfg) != cudaSuccess) n = 0;
-        most = ybf == 0 || n < most ? n : most;
-    }
-    (void)cudaGetLastError(); /* a refused query: no error left for a later launch to report */
-    return most;
+/* k_wgmma's: n blocks in clusters of cl */
+static cudaLaunchConfig_t wg_cfg(cu_stream s, int64_t n, int cl, cudaLaunchAttribute *at) {
+    return cluster_cfg(s, n, WG_THREADS, WG_SMEM, cl, false, at);
 }
 
 extern "C" int cu_wgmma_clusters(int cl) {
@@ -898,34 +783,43 @@ extern "C" int cu_wgmma_clusters(int cl) {
         if (!CU_WG_PERSIST) return 0;
         cl = CU_WG_CL;
     }
-    return wg_clusters_of(cl, CU_WG_XW, CU_WG_TILE);
+    if (cl != 1 && cl != 2 && cl != 4) return 0;
+    int most = 0;
+    for (int ybf = 0; ybf < 2; ybf++) {
+        cudaLaunchAttribute at[2];
+        const cudaLaunchConfig_t cfg = wg_cfg(0, cl, cl, at);
+        int n = 0;
+        if (cudaOccupancyMaxActiveClusters(&n, wg_kernel(cl, ybf, CU_WG_XW), &cfg) != cudaSuccess) n = 0;
+        most = ybf == 0 || n < most ? n : most;
+    }
+    (void)cudaGetLastError(); /* a refused query: no error left for a later launch to report */
+    return most;
 }
 
 /* k_wgmma on clusters of cl (1, 2 or 4) blocks, in bands of `group` row blocks (wg_place;
- * rounded up to whole clusters), the activations in rows of 64 bytes or (xw) 128, tiles of
- * 128 x 256 or (tile 1, 2: swapped) 192 x 192; at most `clusters` clusters, resident, each taking every
- * G-th place (0: a cluster a place) */
+ * rounded up to whole clusters), the activations in rows of 64 bytes or (xw) 128; at most
+ * `clusters` clusters, resident, each taking every G-th place (0: a cluster a place) */
 static int wg_matmul_cl(cu_stream s, void *encode, const cu_mat *w, const uint16_t *xs, int64_t ldxs, int64_t T,
                         void *y, int64_t ldy, int cl, int ybf = 0, int group = CU_WG_GROUP, int xw = CU_WG_XW,
-                        int clusters = 0, int tile = CU_WG_TILE) {
+                        int clusters = 0) {
     const tmap_encode_fn enc = (tmap_encode_fn)encode;
     const int64_t nsteps = (w->cols + 31) / 32;
-    const wg_kernel_fn k = wg_kernel(cl, ybf, xw, tile);
-    if (!enc || !k || !wg_takes(w) || T <= 0 || ldxs % 32 != 0 || ((uintptr_t)xs & 15)) return -1;
-    const int bm = tile ? wg_tile<1>::BM : wg_tile<0>::BM, bn = tile ? wg_tile<1>::BN : wg_tile<0>::BN;
+    if (!enc || !wg_takes(w) || T <= 0 || ldxs % 32 != 0 || ((uintptr_t)xs & 15) || (cl != 1 && cl != 2 && cl != 4))
+        return -1;
     CUtensorMap wmap, xmap;
-    if (wg_map_w(enc, w, &wmap, bm) != 0 || wg_map_x(enc, xs, ldxs, T, xw ? bn / 2 : bn, &xmap, xw) != 0) return -1;
+    if (wg_map_w(enc, w, &wmap) != 0 || wg_map_x(enc, xs, ldxs, T, xw ? WG_BN / 2 : WG_BN, &xmap, xw) != 0) return -1;
     /* the row blocks (cl 4: and the token tiles) rounded up to whole clusters (a block past
      * the matrix reads zeros and writes nothing) */
-    const int64_t rbs = (w->rows + bm - 1) / bm, tbs = (T + bn - 1) / bn;
+    const int64_t rbs = (w->rows + WG_BM - 1) / WG_BM, tbs = (T + WG_BN - 1) / WG_BN;
     const int cx = cl == 4 ? 2 : 1, cy = cl == 4 ? 2 : cl; /* the cluster's blocks along token tiles, row blocks */
     const int64_t cols = (tbs + cx - 1) / cx, crows = (rbs + cy - 1) / cy;
     if (cols * crows * cl > INT32_MAX || group < 0) return -1;
     const wg_raster ras = {(int)cols, (int)crows, (group + cy - 1) / cy, (int)(cols * crows)};
     const int64_t grid = clusters > 0 && clusters < ras.n ? clusters : ras.n;
     cudaLaunchAttribute at[2];
-    const cudaLaunchConfig_t cfg = wg_cfg(s, grid * cl, cl, tile, at);
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, k, wmap, xmap, w->rows, T, (int)nsteps, y, ldy, ras);
+    const cudaLaunchConfig_t cfg = wg_cfg(s, grid * cl, cl, at);
+    const cudaError_t e =
+        cudaLaunchKernelEx(&cfg, wg_kernel(cl, ybf, xw), wmap, xmap, w->rows, T, (int)nsteps, y, ldy, ras);
     return e == cudaSuccess && cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
 
