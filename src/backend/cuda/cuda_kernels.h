@@ -264,11 +264,13 @@ void cu_gather_rows(cu_stream s, const float *src, int64_t d, const int32_t *row
 #ifndef CU_MLP_BF16_OWN
 #define CU_MLP_BF16_OWN 1
 #endif
-/* CU_BLAS_GU_ONE 1 (a build's switch until measured): the library's gate and up as one
- * product of twice the rows (their row-major copies lie one after the other), one launch and
- * one heuristic's pick for the pair; 0, two products */
+/* CU_BLAS_GU_ONE 1: the library's gate and up as one product of twice the rows (their
+ * row-major copies lie one after the other), one launch and one heuristic's pick for the pair;
+ * 0, two products. 1 since an H100 measured it (2026-12-07, two rounds): 8,192-token prefill
+ * 10,166-10,198 -> 10,226-10,259 tok/s, the rest within the noise; `make test-gpu` 18 of 18
+ * with it (its 4,096-token windows take this path) */
 #ifndef CU_BLAS_GU_ONE
-#define CU_BLAS_GU_ONE 0
+#define CU_BLAS_GU_ONE 1
 #endif
 int cu_mlp_gate_up_bf16(cu_stream s, const cu_mat *gate, const cu_mat *up, const float *x, int64_t ldx, int64_t T,
                         uint16_t *gb, uint16_t *ub, uint16_t *hb, const cu_mm_scratch *sc);
