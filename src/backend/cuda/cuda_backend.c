@@ -742,9 +742,14 @@ static void cuda_describe(const st_backend *base, char *buf, size_t cap) {
         snprintf(buf + at, cap > at ? cap - at : 0, "; all-reduces over %s", nc);
     const size_t at2 = strlen(buf);
     const char *as = b->mm_mode == CU_MM_EXACT ? " as three bf16 parts" : "";
-    if (blas_wanted(b) && b->blas)
+    if (blas_wanted(b) && b->blas) {
         snprintf(buf + at2, cap > at2 ? cap - at2 : 0, "; products of %d tokens or more on %s%s", blas_min_t(b),
                  b->blas_what, as);
+        const size_t at3 = strlen(buf); /* (matmul_bf16.cu's blas_min_tiled) */
+        if (b->mm_mode == CU_MM_BF16 && b->tiled && CU_WG_BLAS_MIN_T > blas_min_t(b))
+            snprintf(buf + at3, cap > at3 ? cap - at3 : 0, " (bf16 matrices from %d where the device runs k_wgmma)",
+                     CU_WG_BLAS_MIN_T);
+    }
     else if (blas_wanted(b))
         snprintf(buf + at2, cap > at2 ? cap - at2 : 0, "; products of %d tokens or more on its own kernels (cuBLASLt: %s)",
                  blas_min_t(b), b->blas_what);
