@@ -749,8 +749,7 @@ static void cuda_describe(const st_backend *base, char *buf, size_t cap) {
         if (b->mm_mode == CU_MM_BF16 && b->tiled && CU_WG_BLAS_MIN_T > blas_min_t(b))
             snprintf(buf + at3, cap > at3 ? cap - at3 : 0, " (bf16 matrices from %d where the device runs k_wgmma)",
                      CU_WG_BLAS_MIN_T);
-    }
-    else if (blas_wanted(b))
+    } else if (blas_wanted(b))
         snprintf(buf + at2, cap > at2 ? cap - at2 : 0, "; products of %d tokens or more on its own kernels (cuBLASLt: %s)",
                  blas_min_t(b), b->blas_what);
 }
