@@ -37,6 +37,11 @@
  *   build/mmv_bench ws [reps] [T,..] bf16 products of 1 to 128 tokens on resident wgmma blocks
  *                                    (k_wgmma_stream) against the backend's other path:
  *                                    agreement and GB/s; exits 1 where they disagree
+ *   build/mmv_bench qs [reps] [T,..] MLX 8- and 4-bit products of 1 to 127 tokens in bf16 on
+ *                                    resident wgmma blocks (k_wgmma_qstream) against the
+ *                                    backend's path without it, both against a fp64 reference
+ *                                    of the stream kernel's weights: error, GB/s; exits 1 where
+ *                                    the stream kernel is off
  *   build/mmv_bench gdn [reps]       the delta rule of one 27B layer (conv, norms, rule, gated
  *                                    norm) per step against chunked (gdn_chunk.cu): agreement
  *                                    of outputs and state, ms; a decode step's kernels (three,
@@ -1382,6 +1387,183 @@ static int wsbench(int reps, const char *tlist) {
     return bad ? 1 : 0;
 }
 
+/* ---- `mmv_bench qs [reps] [T,..]`: MLX 8- and 4-bit products of few tokens in `bf16` on
+ * resident wgmma blocks (cu_wgmma_qstream: the permuted split, then k_wgmma_qstream) against
+ * the backend's path without it (k_qmvp up to 16 tokens, k_qmv beyond), on the 27B launches
+ * (groups of 64, bf16 scales and biases, random values): each against a reference of the
+ * kernel's own weights (s q + b rounded to bf16 as it rounds them, times the activations in
+ * bf16, summed in fp64), the stream kernel within 4e-9 times the columns of the largest output
+ * (only its fp32 order differs; a wrong column, group or row is off by far more) with every
+ * output written; the backend's path (s and b outside its sums: a bf16 rounding of each
+ * weight away) for information; GB/s of the values, scales and biases, and one 27B token's
+ * matrices summed; exits 1 where the stream kernel is off or refuses ---- */
+
+/* y[t*ldy + r] = sum_c w(r, c) bf16(x[t*ldx + c]) in fp64, w as k_wgmma_qstream makes it from
+ * the Q tiled layout (a thread an output) */
+__global__ void k_qs_ref(cu_mat w, const float *x, int64_t ldx, int64_t T, float *y, int64_t ldy) {
+    const int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (o >= T * w.rows) return;
+    const int64_t t = o / w.rows, r = o % w.rows, m = r / 16, nsteps = w.cols / 32, ng = w.cols / w.group;
+    const int rr = (int)(r % 16), g = rr % 8, half = rr / 8;
+    double acc = 0.0;
+    for (int64_t c = 0; c < w.cols; c++) {
+        const int64_t k = c / 32;
+        const int L = 4 * g + (int)(c % 32) / 8, cc = (int)(c % 8);
+        const int64_t gi = (m * ng + c / w.group) * 16 + 2 * g + half;
+        const float s = bf16f(((const uint16_t *)w.scales)[gi]), b = bf16f(((const uint16_t *)w.biases)[gi]);
+        float v;
+        if (w.bits == 8) {
+            const uint8_t q = ((const uint8_t *)w.data)[((m * nsteps + k) * 32 + L) * 16 + half * 8 + cc];
+            v = fmaf(s, (float)q, b);
+        } else {
+            const uint32_t word = ((const uint32_t *)w.data)[((m * nsteps + k) * 32 + L) * 2 + half];
+            const uint32_t q = (word >> ((cc & 1) * 16 + (cc >> 1) * 4)) & 15u;
+            v = fmaf(s, (float)(16 + q), fmaf(-16.0f, s, b));
+        }
+        acc += (double)bf16f(f2bf16(v)) * (double)bf16f(f2bf16(x[t * ldx + c]));
+    }
+    y[t * ldy + r] = (float)acc;
+}
+
+static int qsbench(int reps, const char *tlist) {
+    const bench_env env = bench_env_make();
+    cudaStream_t s = env.s;
+    cudaEvent_t e0 = env.e0, e1 = env.e1;
+    void *enc = cu_wgmma_available();
+    if (!enc) {
+        printf("wgmma: this device does not run the sm_90a kernel\n");
+        return 1;
+    }
+    const double copy_bw = copy_bandwidth(s, e0, e1);
+    const std::vector<int64_t> Ts = token_list(tlist, {1, 4, 8, 16, 17, 24, 32, 48, 64, 96, 127});
+    const int64_t TM = 128;
+    const int group = 64;
+    float *wpart, *part;
+    int32_t *wcount;
+    uint16_t *xs;
+    const int64_t counts = cu_ws_counts(248320);
+    CK(cudaMalloc(&wpart, cu_ws_part_elems() * 4));
+    CK(cudaMalloc(&wcount, counts * 4));
+    CK(cudaMemset(wcount, 0, counts * 4));
+    CK(cudaMalloc(&part, cu_mm_part_elems(TM, 248320) * 4));
+    CK(cudaMalloc(&xs, cu_split_elems(TM, 17408) * 2));
+    cu_mm_scratch other = {}; /* the backend's path without the stream kernel */
+    other.xs = xs, other.xs_tokens = TM, other.part = part, other.part_elems = (int64_t)cu_mm_part_elems(TM, 248320);
+    cu_mm_scratch sc = other;
+    sc.tma_encode = enc, sc.wpart = wpart, sc.wpart_elems = (int64_t)cu_ws_part_elems(), sc.wcount = wcount,
+    sc.wcount_n = counts;
+    printf("MLX products of few tokens in bf16, groups of %d: the backend's path without the stream kernel\n"
+           "(other) against k_wgmma_qstream (qs); GB/s of values, scales and biases; err: max |y - ref| /\n"
+           "max |ref|, ref the stream kernel's weights summed in fp64\n", group);
+    printf("%-9s %4s %4s %8s %8s %10s %10s\n", "launch", "bits", "T", "other", "qs", "err other", "err qs");
+    int bad = 0;
+    double tot[2][2][64] = {{{0}}}; /* [bits 8, 4][other, qs][T] */
+    double tok_bytes[2] = {0, 0};  /* one 27B token's bytes of these launches */
+    for (int bi = 0; bi < 2; bi++) {
+        const int bits = bi ? 4 : 8;
+        for (const dec_launch &gr : k27_launches) {
+            size_t bytes = 0; /* one copy's */
+            for (int i = 0; i < gr.n; i++)
+                bytes += cu_qtiled_bytes(gr.rows[i], gr.cols, bits) + 4 * cu_qtiled_groups(gr.rows[i], gr.cols, group);
+            tok_bytes[bi] += (double)bytes * gr.per_token;
+            const int copies = (int)((((size_t)1 << 30) + bytes - 1) / bytes);
+            std::vector<cu_mat> ws((size_t)copies * gr.n);
+            for (int c = 0; c < copies; c++)
+                for (int i = 0; i < gr.n; i++) {
+                    const size_t vb = cu_qtiled_bytes(gr.rows[i], gr.cols, bits), gn = cu_qtiled_groups(gr.rows[i], gr.cols, group);
+                    void *d, *sc_, *bs;
+                    CK(cudaMalloc(&d, vb));
+                    CK(cudaMalloc(&sc_, gn * 2));
+                    CK(cudaMalloc(&bs, gn * 2));
+                    cu_synth_fill(s, d, vb / 4, CU_SYNTH_WORDS, 77 + 7 * c + i, 0.0f);
+                    cu_synth_fill(s, sc_, gn, CU_SYNTH_BF16, 500 + 7 * c + i, 0.01f);
+                    cu_synth_fill(s, bs, gn, CU_SYNTH_BF16, 900 + 7 * c + i, 0.01f);
+                    ws[(size_t)c * gr.n + i] = {CU_FMT_Q_TILED, 2, bits, group, gr.rows[i], gr.cols, d, sc_, bs};
+                }
+            float *x, *y[3][4]; /* [ref, other, qs][matrix] */
+            CK(cudaMalloc(&x, TM * gr.cols * 4));
+            for (int k = 0; k < 3; k++)
+                for (int i = 0; i < gr.n; i++) CK(cudaMalloc(&y[k][i], TM * gr.rows[i] * 4));
+            std::vector<float> hx(TM * gr.cols);
+            srand(13);
+            for (auto &v : hx) v = (float)rand() / RAND_MAX * 2.0f - 1.0f;
+            CK(cudaMemcpy(x, hx.data(), hx.size() * 4, cudaMemcpyHostToDevice));
+            for (int i = 0; i < gr.n; i++) {
+                const int64_t n = TM * gr.rows[i];
+                k_qs_ref<<<(unsigned)((n + 127) / 128), 128, 0, s>>>(ws[i], x, gr.cols, TM, y[0][i], gr.rows[i]);
+            }
+            CK(cudaStreamSynchronize(s));
+            CK(cudaGetLastError());
+            auto group_of = [&](int c, int k) {
+                mm_group g;
+                g.n = gr.n;
+                for (int i = 0; i < gr.n; i++) g.w[i] = ws[(size_t)c * gr.n + i], g.y[i] = y[k][i], g.ldy[i] = gr.rows[i];
+                return g;
+            };
+            auto run_other = [&](int c, int64_t T) { launch_qtiled(s, group_of(c, 1), x, gr.cols, T, 1, &other, 0, 0); };
+            auto run_qs = [&](int c, int64_t T) {
+                const mm_group g = group_of(c, 2);
+                const cu_mat *w[4];
+                for (int i = 0; i < gr.n; i++) w[i] = &g.w[i];
+                return cu_wgmma_qstream(s, &sc, g.n, w, g.y, g.ldy, x, gr.cols, T);
+            };
+            for (size_t ti = 0; ti < Ts.size() && ti < 64; ti++) {
+                const int64_t T = Ts[ti];
+                if (T < 1 || T > TM) continue;
+                for (int k = 1; k < 3; k++)
+                    for (int i = 0; i < gr.n; i++) /* NaN: an output never written stays one */
+                        CK(cudaMemsetAsync(y[k][i], 0xff, T * gr.rows[i] * 4, s));
+                run_other(0, T);
+                const int rq = run_qs(0, T);
+                CK(cudaStreamSynchronize(s));
+                CK(cudaGetLastError());
+                if (rq != 0) {
+                    printf("%-9s %4d %4lld refused\n", gr.name, bits, (long long)T);
+                    bad++;
+                    continue;
+                }
+                agreement ao, aq;
+                for (int i = 0; i < gr.n; i++) {
+                    ao.add(y[1][i], y[0][i], (size_t)(T * gr.rows[i]));
+                    aq.add(y[2][i], y[0][i], (size_t)(T * gr.rows[i]));
+                }
+                const bool ok = aq.nan == 0 && aq.err() <= 4e-9 * (double)gr.cols;
+                bad += !ok;
+                const double to = time_launches(s, e0, e1, reps, copies, [&](int c) { run_other(c, T); });
+                const double tq = time_launches(s, e0, e1, reps, copies, [&](int c) { run_qs(c, T); });
+                printf("%-9s %4d %4lld %8.0f %8.0f %10.2e %10.2e%s\n", gr.name, bits, (long long)T, bytes / to / 1e9,
+                       bytes / tq / 1e9, ao.err(), aq.err(), ok ? "" : "  FAIL");
+                if (aq.nan) printf("          (%zu outputs not written)\n", aq.nan);
+                tot[bi][0][ti] += to * gr.per_token;
+                tot[bi][1][ti] += tq * gr.per_token;
+            }
+            for (auto &w : ws) {
+                CK(cudaFree((void *)w.data));
+                CK(cudaFree((void *)w.scales));
+                CK(cudaFree((void *)w.biases));
+            }
+            CK(cudaFree(x));
+            for (int k = 0; k < 3; k++)
+                for (int i = 0; i < gr.n; i++) CK(cudaFree(y[k][i]));
+        }
+    }
+    printf("\none 27B token's matrices, summed: ms, other | qs (%% of the copy-bandwidth floor of their bytes)\n");
+    for (int bi = 0; bi < 2; bi++) {
+        const double floor_s = tok_bytes[bi] / 1e9 / copy_bw;
+        printf("%d-bit (%.1f GB):\n", bi ? 4 : 8, tok_bytes[bi] / 1e9);
+        for (size_t ti = 0; ti < Ts.size() && ti < 64; ti++)
+            if (tot[bi][0][ti] > 0)
+                printf("  T=%-4lld %8.2f (%5.1f%%) | %8.2f (%5.1f%%)\n", (long long)Ts[ti], tot[bi][0][ti] * 1e3,
+                       100.0 * floor_s / tot[bi][0][ti], tot[bi][1][ti] * 1e3, 100.0 * floor_s / tot[bi][1][ti]);
+    }
+    CK(cudaFree(wpart));
+    CK(cudaFree(wcount));
+    CK(cudaFree(part));
+    CK(cudaFree(xs));
+    printf("qs: %s\n", bad ? "FAILED" : "all products agree");
+    return bad ? 1 : 0;
+}
+
 /* ---- the delta rule: per step (gdn.cu) against chunked (gdn_chunk.cu) ---- */
 
 __global__ void k_fill_hash(float *p, int64_t n, unsigned seed, float lo, float hi) {
@@ -2225,6 +2407,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "wg")) return wgbench(argc > 2 ? atoi(argv[2]) : 10, argc > 3 ? argv[3] : NULL, argc > 4 ? atoi(argv[4]) : 16);
     if (argc > 1 && !strcmp(argv[1], "blas")) return blasbench(argc > 2 ? atoi(argv[2]) : 10, argc > 3 ? argv[3] : NULL);
     if (argc > 1 && !strcmp(argv[1], "blastune")) return blastune(argc > 2 ? atoi(argv[2]) : 5, argc > 3 ? argv[3] : NULL);
+    if (argc > 1 && !strcmp(argv[1], "qs")) return qsbench(argc > 2 ? atoi(argv[2]) : 20, argc > 3 ? argv[3] : NULL);
     if (argc > 1 && !strcmp(argv[1], "ws")) return wsbench(argc > 2 ? atoi(argv[2]) : 20, argc > 3 ? argv[3] : NULL);
     const int reps = argc > 1 ? atoi(argv[1]) : 20;
     cudaDeviceProp prop;

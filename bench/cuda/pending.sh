@@ -16,7 +16,8 @@
 # w (mmv_bench ws), d (decode side by side at batches $DB), L (the same after long prompts), o (a
 # decode step by operation, prev and var/$OPV), g (k_wgmma under Nsight Compute, from
 # var/nb.so), b (the library's kernel for the same product), m (MLX batch-1 decode), A
-# (mmv_bench ad: a decode step's split attention, k_attn_ring against k_attn_split). Earlier
+# (mmv_bench ad: a decode step's split attention, k_attn_ring against k_attn_split), q (MLX
+# products of few tokens on k_wgmma_qstream, and MLX decode with them). Earlier
 # parts, kept for the next changes to their kernels:
 #   1. mmv_bench fa: k_attn_fw against k_attn_fa and `exact`, times (the build before:
 #      8,192 tokens fa 4.47 ms, fw 3.67)
@@ -152,6 +153,22 @@ if part m; then
             echo "mlx $d $p rc $? $(el): $(row decode $O/m_${d}_$p.txt)"
         done
     done
+fi
+# q. MLX products of few tokens in `bf16` on k_wgmma_qstream (mmv_bench qs: against a fp64
+# reference, GB/s beside k_qmvp / k_qmv), then MLX ${QD:-q8} decode at batches ${QB:-16,32,64}
+# side by side, twice round: new against var/${QV:-qs}.so (a build with -DCU_QS=1 on matmul_q.cu.o)
+if part q; then
+    tl ${QS_CAP:-150} build/mmv_bench qs ${QS_REPS:-10} ${QS_T:-1,8,16,17,32,64,96,127} > $O/qs.txt 2>&1; echo "mmv_bench qs rc $? $(el)"
+    grep -vE "^ *$" $O/qs.txt | cut -c1-120 | tail -${QS_TAIL:-40}
+    for r in 1 2; do
+        for v in new ${QV:-qs}; do
+            use $v
+            tl 90 $S bench --device cuda --synth 27b --dtype ${QD:-q8} --precision bf16 --kv-dtype bf16 --prompts 128 \
+                --batches ${QB:-16,32,64} >$O/q${r}_$v.txt 2>$O/q${r}_$v.err
+            echo "mlx ${QD:-q8} decode $v rc $? $(el): $(row decode $O/q${r}_$v.txt)"
+        done
+    done
+    use new
 fi
 # 4. the GPU tests
 if part 4; then

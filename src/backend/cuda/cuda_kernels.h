@@ -142,6 +142,20 @@ int cu_wgmma_stream_clusters(int cl);
  * weights (matmul_wgmma.cu); 0, or -1 with nothing launched where it does not take them */
 int cu_wgmma_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *const *w, float *const *y,
                     const int64_t *ldy, const uint16_t *xs, int64_t ldxs, int64_t T);
+/* y[i][t*ldy[i] + r] = sum_c W_i[r][c] x[t*ldx + c] for n <= 4 MLX 4- or 8-bit CU_FMT_Q_TILED
+ * matrices of one width, bits and group (bf16 scales and biases) and 1 <= T <= 128 tokens in
+ * `bf16`: x split into sc->xs as bf16, permuted for it, then k_wgmma_qstream (matmul_wgmma.cu:
+ * the weights as bf16 s q + b); 0, or -1 with nothing launched where it does not take them */
+int cu_wgmma_qstream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *const *w, float *const *y,
+                     const int64_t *ldy, const float *x, int64_t ldx, int64_t T);
+/* whether `bf16` MLX products of CU_QS_MIN_T to CU_WGMMA_MIN_T - 1 tokens take
+ * cu_wgmma_qstream (1) or k_qmv (0: until a GPU has measured it, `mmv_bench qs`) */
+#ifndef CU_QS
+#define CU_QS 0
+#endif
+#ifndef CU_QS_MIN_T
+#define CU_QS_MIN_T 17
+#endif
 /* the fewest tokens a product takes k_wgmma for (`make mmv-bench; build/mmv_bench wg`) */
 #define CU_WGMMA_MIN_T 128
 /* the fewest tokens a product takes cuBLASLt for, where the scratch has it (each product

@@ -491,6 +491,63 @@ __device__ __forceinline__ int ws_mat(const ws_args &a, int64_t R, int64_t *r) {
     return i;
 }
 
+/* The end of unit u of a stream block's range (range_end: its range's last): where it ends
+ * the block's part of its row block (the row block's last stage, or the range's end), the
+ * row block out, or the block's piece of it; the last of the row block's blocks (clusters) to
+ * arrive adds the pieces in block order and writes y. d is left zero for the next row block.
+ * The consumer threads (tid < 256) alone call it; last is the block's shared flag. */
+template <int ACC, int CL>
+__device__ __forceinline__ void ws_unit_end(const ws_args &a, float (&d)[ACC], int64_t u, bool range_end, int64_t cl,
+                                            int q, int tid, int &last_flag) {
+    const int64_t R = u / a.nk;
+    if (u % a.nk != a.nk - 1 && !range_end) return;
+    const int warp = (tid / 32) % 4, c = tid / 128, lane = tid % 32, g = lane / 4, t = lane % 4;
+    /* this block's row block of unit R's (CL > 1: of group R's) is done here: out, or a piece of it */
+    int64_t r;
+    const int m = ws_mat(a, R, &r);
+    const int64_t b0 = R * a.nk / a.per, b1 = (R * a.nk + a.nk - 1) / a.per; /* the clusters sharing it */
+    const int64_t rows = a.rows[m], ldy = a.ldy[m], cnt = R * CL + q;
+    float *const y = a.y[m];
+    if (b0 != b1) {
+        /* cluster b's piece of it: slot 0 where it is the first of b's range */
+        auto piece = [&](int64_t b) {
+            const int slot = b * a.per / a.nk == R ? 0 : 1;
+            return a.part + ((size_t)(2 * (b * CL + q) + slot) * ACC) * 256 + tid;
+        };
+        float *pp = piece(cl);
+#pragma unroll
+        for (int e = 0; e < ACC; e++) pp[e * 256] = d[e];
+        __threadfence();
+        asm volatile("bar.sync 1, 256;" ::: "memory");
+        if (tid == 0) {
+            const int last = atomicAdd(&a.count[cnt], 1) == (int)(b1 - b0);
+            if (last) a.count[cnt] = 0; /* every piece is in: for the next launch */
+            last_flag = last;
+        }
+        asm volatile("bar.sync 1, 256;" ::: "memory");
+        const int last = last_flag;
+#pragma unroll
+        for (int e = 0; e < ACC; e++) d[e] = 0.0f;
+        if (!last) return;
+        __threadfence();
+        for (int64_t b = b0; b <= b1; b++) { /* this cluster's own piece too, as it left it */
+            const float *o = piece(b);
+#pragma unroll
+            for (int e = 0; e < ACC; e++) d[e] += __ldcg(o + e * 256);
+        }
+    }
+    /* d[4jj + e]: row 16 warp + g (+ 8 for e >= 2) of the row block, token 8jj + 2t + (e & 1) */
+    const int64_t row0 = (r * CL + q) * WG_BM + c * 64 + warp * 16 + g;
+#pragma unroll
+    for (int jj = 0; jj < ACC / 4; jj++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int64_t rr = row0 + (e >= 2 ? 8 : 0), n = 8 * jj + 2 * t + (e & 1);
+            if (rr < rows && n < a.T) y[n * ldy + rr] = d[4 * jj + e];
+            d[4 * jj + e] = 0.0f;
+        }
+}
+
 template <int BN, int KB, int CL, int SP>
 __global__ void __launch_bounds__(WS_THREADS, WS_MINB(BN, KB, CL)) k_wgmma_stream(const __grid_constant__ ws_maps maps, const ws_args a) {
     static_assert(CL == 1 || CL == 2 || CL == 4, "clusters of 1, 2 or 4 blocks");
@@ -555,7 +612,7 @@ __global__ void __launch_bounds__(WS_THREADS, WS_MINB(BN, KB, CL)) k_wgmma_strea
         }
     } else { /* the consumers */
         ws_griddep_wait(); /* y, part and count are the predecessors' until they are done */
-        const int c = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, t = lane % 4;
+        const int c = tid / 128, lane = tid % 32;
         float d[S::ACC];
 #pragma unroll
         for (int i = 0; i < S::ACC; i++) d[i] = 0.0f;
@@ -580,52 +637,7 @@ __global__ void __launch_bounds__(WS_THREADS, WS_MINB(BN, KB, CL)) k_wgmma_strea
 #pragma unroll
                     for (int p = 1; p < CL; p++) mbar_arrive_at(empty + 8 * s, (uint32_t)(q ^ p));
             }
-            const int64_t u = u0 + i, R = u / a.nk;
-            if (u % a.nk != a.nk - 1 && i != nu - 1) continue;
-            /* this block's row block of unit R's (CL > 1: of group R's) is done here: out, or a piece of it */
-            int64_t r;
-            const int m = ws_mat(a, R, &r);
-            const int64_t b0 = R * a.nk / a.per, b1 = (R * a.nk + a.nk - 1) / a.per; /* the clusters sharing it */
-            const int64_t rows = a.rows[m], ldy = a.ldy[m], cnt = R * CL + q;
-            float *const y = a.y[m];
-            if (b0 != b1) {
-                /* cluster b's piece of it: slot 0 where it is the first of b's range */
-                auto piece = [&](int64_t b) {
-                    const int slot = b * a.per / a.nk == R ? 0 : 1;
-                    return a.part + ((size_t)(2 * (b * CL + q) + slot) * S::ACC) * 256 + tid;
-                };
-                float *pp = piece(cl);
-#pragma unroll
-                for (int e = 0; e < S::ACC; e++) pp[e * 256] = d[e];
-                __threadfence();
-                asm volatile("bar.sync 1, 256;" ::: "memory");
-                if (tid == 0) {
-                    const int last = atomicAdd(&a.count[cnt], 1) == (int)(b1 - b0);
-                    if (last) a.count[cnt] = 0; /* every piece is in: for the next launch */
-                    ws_last = last;
-                }
-                asm volatile("bar.sync 1, 256;" ::: "memory");
-                const int last = ws_last;
-#pragma unroll
-                for (int e = 0; e < S::ACC; e++) d[e] = 0.0f;
-                if (!last) continue;
-                __threadfence();
-                for (int64_t b = b0; b <= b1; b++) { /* this cluster's own piece too, as it left it */
-                    const float *o = piece(b);
-#pragma unroll
-                    for (int e = 0; e < S::ACC; e++) d[e] += __ldcg(o + e * 256);
-                }
-            }
-            /* d[4jj + e]: row 16 warp + g (+ 8 for e >= 2) of the row block, token 8jj + 2t + (e & 1) */
-            const int64_t row0 = (r * CL + q) * WG_BM + c * 64 + warp * 16 + g;
-#pragma unroll
-            for (int jj = 0; jj < S::ACC / 4; jj++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int64_t rr = row0 + (e >= 2 ? 8 : 0), n = 8 * jj + 2 * t + (e & 1);
-                    if (rr < rows && n < a.T) y[n * ldy + rr] = d[4 * jj + e];
-                    d[4 * jj + e] = 0.0f;
-                }
+            ws_unit_end<S::ACC, CL>(a, d, u0 + i, i == nu - 1, cl, q, tid, ws_last);
         }
     }
     /* CL > 1: no block leaves while another may still load into its stages or arrive on its barriers */
@@ -666,6 +678,322 @@ static int ws_attrs_backend(void) {
 #endif
 }
 
+/* ---- MLX 4- and 8-bit matrices times few tokens on wgmma: k_wgmma_qstream (`bf16`) ----
+ * k_wgmma_stream's scheme for Q tiled matrices (matmul_q.cu's layout): one resident block an
+ * SM, the launch's units (row block of 128 rows = 8 tiles, stage of 4 steps) in order, block
+ * b the `per` consecutive units from b * per, the row blocks its range cuts summed in block
+ * order (ws_unit_end). Its producer thread fills each stage by bulk copies: a tile's 4 steps
+ * of values (one run of 4 * 64 * BITS bytes, the layout keeping a tile's steps in order), its
+ * scales and biases of the groups the stage touches (32 bytes a group, rows in the layout's
+ * order), and the activations' 4 steps by TMA as k_wgmma_stream's. Consumer warp w of
+ * warpgroup c takes tile 4c + w: each lane turns its 16 values of a step (8 columns of rows
+ * g and g + 8) into bf16 s q + b of their group, rounded to nearest (8-bit as k_dequant_q
+ * rounds cuBLASLt's copy; 4-bit from 16 + q as k_qmvp takes it, with the bias b - 16 s), the
+ * A registers of two wgmma m64nBNk16 whose B is the stage's activations.
+ * A lane holds columns 8t .. 8t + 7 of a step (the layout's), where a k16 MMA's A registers
+ * are its columns 2t, 2t + 1, 2t + 8, 2t + 9: the activations come permuted instead
+ * (k_split_qperm: in each 32-column step, position 16 kk + 8 hi + 2 t + i holds column
+ * 8 t + 4 kk + 2 hi + i), so that MMA kk takes a lane's columns 8t + 4kk .. 8t + 4kk + 3, the
+ * pairs k_qmvp's q_frag makes. The sums are the weights as rounded times the activations in
+ * bf16 (the library's operands in a prefill), in the tensor cores' order: not k_qmvp's bits,
+ * which keep s and b outside the sums, so `bf16` alone may take it. */
+#define QS_BM 128 /* rows a unit: 8 tiles of 16 */
+#define QS_SP 4 /* steps a stage (every group of 32, 64 or 128 columns falls in whole stages or holds them) */
+
+template <int BN, int BITS>
+struct qs_shape {
+    static constexpr int B_STEP = BN * 64;                 /* one step of the activations */
+    static constexpr int X = QS_SP * B_STEP;               /* the stage's activations (first: 1,024-aligned) */
+    static constexpr int V_TILE = QS_SP * 64 * BITS;       /* a tile's values of a stage */
+    static constexpr int G_TILE = QS_SP * 32;              /* a tile's scales (or biases): up to 4 groups */
+    static constexpr int STAGE = X + 8 * V_TILE + 16 * G_TILE; /* a multiple of 1,024 */
+    static constexpr int STAGES = 150 * 1024 / STAGE > 12 ? 12 : 150 * 1024 / STAGE;
+    static constexpr int SMEM = STAGES * STAGE + 1024 + 2 * STAGES * 8;
+    static constexpr int ACC = BN / 2;
+};
+
+/* a launch's MLX matrices beside k_wgmma_stream's arguments (whose y, rows and units it uses) */
+struct qs_args {
+    ws_args a;
+    const uint8_t *v[WS_MATS];  /* each matrix's Q tiled values */
+    const uint16_t *s[WS_MATS]; /* its bf16 scales, [tile][group][16] */
+    const uint16_t *b[WS_MATS]; /* its bf16 biases */
+    int64_t tiles[WS_MATS];     /* its 16-row tiles */
+    int64_t ng;                 /* groups a row (the width / the group) */
+    int gsh;                    /* the group's steps as a power of two: 0, 1 or 2 */
+};
+
+/* a lane's A registers of a step, both k16 MMAs (a[0..3], a[4..7]: q_frag's order): its values
+ * v (8-bit: v.x, v.y row g's columns 0-3, 4-7, v.z, v.w row g + 8's; 4-bit: v.x row g's 8
+ * nibbles, v.y row g + 8's) as bf16 s q + b, s0, b0 row g's scale and bias, s1, b1 row g + 8's
+ * (4-bit: the bias less 16 s) */
+template <int BITS>
+__device__ __forceinline__ void qs_frag(const uint4 &v, float s0, float b0, float s1, float b1, uint32_t (&a)[8]) {
+    if (BITS == 8) {
+        auto pr = [](uint32_t w, int b, float s, float o) {
+            const float f0 = __uint_as_float(__byte_perm(w, 0x4b000000u, 0x7440 + b)) - 8388608.0f;
+            const float f1 = __uint_as_float(__byte_perm(w, 0x4b000000u, 0x7441 + b)) - 8388608.0f;
+            return bf16x2_rn(fmaf(s, f0, o), fmaf(s, f1, o));
+        };
+        a[0] = pr(v.x, 0, s0, b0), a[1] = pr(v.z, 0, s1, b1), a[2] = pr(v.x, 2, s0, b0), a[3] = pr(v.z, 2, s1, b1);
+        a[4] = pr(v.y, 0, s0, b0), a[5] = pr(v.w, 0, s1, b1), a[6] = pr(v.y, 2, s0, b0), a[7] = pr(v.w, 2, s1, b1);
+    } else {
+        /* q_frag's pair of bf16 16 + n, then each as fp32 */
+        auto pr = [](uint32_t w, int sh, float s, float o) {
+            const uint32_t u = sh >= 3 ? w >> (sh - 3) : w << (3 - sh), hi = 0x41804180u;
+            uint32_t p;
+            asm("lop3.b32 %0, %1, 0x00780078, %2, 0xEA;" : "=r"(p) : "r"(u), "r"(hi));
+            return bf16x2_rn(fmaf(s, __uint_as_float(p << 16), o), fmaf(s, __uint_as_float(p & 0xffff0000u), o));
+        };
+        a[0] = pr(v.x, 0, s0, b0), a[1] = pr(v.y, 0, s1, b1), a[2] = pr(v.x, 4, s0, b0), a[3] = pr(v.y, 4, s1, b1);
+        a[4] = pr(v.x, 8, s0, b0), a[5] = pr(v.y, 8, s1, b1), a[6] = pr(v.x, 12, s0, b0), a[7] = pr(v.y, 12, s1, b1);
+    }
+}
+
+/* d += A (64 rows x 16 columns, from registers: a warp's 16 rows as mma.m16n8k16's A) B^T (8 tokens x 16 columns) */
+__device__ __forceinline__ void qs_wgmma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t db) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %9, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3"
+        "}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(1));
+}
+/* d += A (64 rows x 16 columns, from registers: a warp's 16 rows as mma.m16n8k16's A) B^T (16 tokens x 16 columns) */
+__device__ __forceinline__ void qs_wgmma(float (&d)[8], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t db) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7"
+        "}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(1));
+}
+/* d += A (64 rows x 16 columns, from registers: a warp's 16 rows as mma.m16n8k16's A) B^T (32 tokens x 16 columns) */
+__device__ __forceinline__ void qs_wgmma(float (&d)[16], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t db) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+        "}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(1));
+}
+/* d += A (64 rows x 16 columns, from registers: a warp's 16 rows as mma.m16n8k16's A) B^T (64 tokens x 16 columns) */
+__device__ __forceinline__ void qs_wgmma(float (&d)[32], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t db) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(1));
+}
+/* d += A (64 rows x 16 columns, from registers: a warp's 16 rows as mma.m16n8k16's A) B^T (128 tokens x 16 columns) */
+__device__ __forceinline__ void qs_wgmma(float (&d)[64], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t db) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(1));
+}
+
+template <int BN, int BITS>
+__global__ void __launch_bounds__(WS_THREADS, 1)
+    k_wgmma_qstream(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ qs_args qa) {
+    typedef qs_shape<BN, BITS> S;
+    const ws_args &a = qa.a;
+    extern __shared__ uint8_t wg_raw[];
+    __shared__ int qs_last;
+    const uint32_t base = (smem_u32(wg_raw) + 1023u) & ~1023u;
+    const uint8_t *ring = wg_raw + (base - smem_u32(wg_raw)); /* base as a pointer */
+    const uint32_t full = base + S::STAGES * S::STAGE, empty = full + S::STAGES * 8;
+    const int tid = threadIdx.x;
+    const int64_t u0 = (int64_t)blockIdx.x * a.per;
+    const int nu = (int)(a.units - u0 < a.per ? a.units - u0 : a.per);
+    const int64_t nsteps = (int64_t)a.nk * QS_SP;
+    if (tid == 0) {
+        for (int s = 0; s < S::STAGES; s++) {
+            mbar_init(full + 8 * s, 1);
+            mbar_init(empty + 8 * s, 8); /* a consumer warp's lane 0 each */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (tid >= 256) { /* the producer */
+        if (tid == 256) {
+            /* unit i: its matrix m, row block r of it, stage k; its tiles in the matrix (up to
+             * 8), the first group it touches and how many */
+            struct unit {
+                int m, k, nt, ngs;
+                int64_t t0, g0;
+            };
+            auto unit_of = [&](int i) {
+                unit o;
+                const int64_t u = u0 + i, R = u / a.nk;
+                int64_t r;
+                o.m = ws_mat(a, R, &r);
+                o.k = (int)(u % a.nk);
+                o.t0 = r * 8;
+                const int64_t left = qa.tiles[o.m] - o.t0;
+                o.nt = left < 8 ? (int)left : 8;
+                o.g0 = ((int64_t)QS_SP * o.k) >> qa.gsh;
+                o.ngs = (QS_SP >> qa.gsh) > 0 ? QS_SP >> qa.gsh : 1;
+                return o;
+            };
+            /* the stage's bytes: the activations' boxes whole (TMA counts the rows past T it
+             * fills), the tiles' values, scales and biases */
+            auto expect = [&](int i) {
+                const unit o = unit_of(i);
+                mbar_expect_tx(full + 8 * (i % S::STAGES), (uint32_t)(S::X + o.nt * (S::V_TILE + 2 * 32 * o.ngs)));
+            };
+            auto load_w = [&](int i) {
+                const unit o = unit_of(i);
+                const uint32_t st = base + (i % S::STAGES) * S::STAGE, bar = full + 8 * (i % S::STAGES);
+                for (int j = 0; j < o.nt; j++) {
+                    const int64_t tile = o.t0 + j;
+                    bulk_load(st + S::X + j * S::V_TILE, qa.v[o.m] + (tile * nsteps + (int64_t)QS_SP * o.k) * 64 * BITS,
+                              S::V_TILE, bar);
+                    bulk_load(st + S::X + 8 * S::V_TILE + j * S::G_TILE, qa.s[o.m] + (tile * qa.ng + o.g0) * 16,
+                              (uint32_t)(32 * o.ngs), bar);
+                    bulk_load(st + S::X + 8 * S::V_TILE + (8 + j) * S::G_TILE, qa.b[o.m] + (tile * qa.ng + o.g0) * 16,
+                              (uint32_t)(32 * o.ngs), bar);
+                }
+            };
+            auto load_x = [&](int i) {
+                const int k = (int)((u0 + i) % a.nk);
+                const uint32_t st = base + (i % S::STAGES) * S::STAGE, bar = full + 8 * (i % S::STAGES);
+                for (int h = 0; h < QS_SP; h++) tma_load_2d(st + h * S::B_STEP, &xmap, 32 * (QS_SP * k + h), 0, bar);
+            };
+            /* the first stages' weights go out before the predecessor (the split) is done; the
+             * activations after */
+            const int pre = nu < S::STAGES ? nu : S::STAGES;
+            for (int i = 0; i < pre; i++) {
+                expect(i);
+                load_w(i);
+            }
+            ws_griddep_wait();
+            for (int i = 0; i < pre; i++) load_x(i);
+            for (int i = pre; i < nu; i++) {
+                const int s = i % S::STAGES;
+                mbar_wait(empty + 8 * s, ((i / S::STAGES) & 1) ^ 1);
+                expect(i);
+                load_w(i);
+                load_x(i);
+            }
+        }
+    } else { /* the consumers */
+        ws_griddep_wait(); /* y, part and count are the predecessors' until they are done */
+        const int c = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4;
+        const int j = 4 * c + warp; /* this warp's tile of the row block (rows past the matrix: never written) */
+        float d[S::ACC];
+#pragma unroll
+        for (int i = 0; i < S::ACC; i++) d[i] = 0.0f;
+        for (int i = 0; i < nu; i++) {
+            const int s = i % S::STAGES;
+            const int64_t u = u0 + i;
+            const int64_t sk = (int64_t)QS_SP * (u % a.nk); /* the stage's first step */
+            mbar_wait(full + 8 * s, (i / S::STAGES) & 1);
+            const uint32_t st = base + s * S::STAGE;
+            const uint8_t *sv = ring + s * S::STAGE + S::X + j * S::V_TILE + lane * 2 * BITS;
+            const uint8_t *sg = ring + s * S::STAGE + S::X + 8 * S::V_TILE + j * S::G_TILE + 4 * g;
+            uint32_t af[QS_SP][8];
+#pragma unroll
+            for (int h = 0; h < QS_SP; h++) {
+                const int gl = (int)(((sk + h) >> qa.gsh) - (sk >> qa.gsh)); /* step h's group in the stage's */
+                const uint32_t sp = *(const uint32_t *)(sg + 32 * gl), bp = *(const uint32_t *)(sg + 8 * S::G_TILE + 32 * gl);
+                const float s0 = __uint_as_float(sp << 16), s1 = __uint_as_float(sp & 0xffff0000u);
+                float b0 = __uint_as_float(bp << 16), b1 = __uint_as_float(bp & 0xffff0000u);
+                uint4 v;
+                if (BITS == 8) v = *(const uint4 *)(sv + h * 64 * BITS);
+                else {
+                    const uint2 w = *(const uint2 *)(sv + h * 64 * BITS);
+                    v = make_uint4(w.x, w.y, 0, 0);
+                    b0 = fmaf(-16.0f, s0, b0), b1 = fmaf(-16.0f, s1, b1);
+                }
+                qs_frag<BITS>(v, s0, b0, s1, b1, af[h]);
+            }
+            wg_fence_regs(d);
+            wg_fence();
+#pragma unroll
+            for (int h = 0; h < QS_SP; h++)
+#pragma unroll
+                for (int kk = 0; kk < 2; kk++)
+                    qs_wgmma(d, af[h][4 * kk], af[h][4 * kk + 1], af[h][4 * kk + 2], af[h][4 * kk + 3],
+                             wg_desc(st + h * S::B_STEP + 32 * kk));
+            wg_commit();
+            wg_wait<0>();
+            wg_fence_regs(d);
+            if (lane == 0) mbar_arrive(empty + 8 * s);
+            ws_unit_end<S::ACC, 1>(a, d, u, i == nu - 1, (int64_t)blockIdx.x, 0, tid, qs_last);
+        }
+    }
+}
+
+/* xs[t][p] = x[t][c] rounded to bf16 as k_split rounds it, permuted as k_wgmma_qstream reads
+ * it: in each 32-column step, position 16 kk + 8 hi + 2 t + i holds column 8 t + 4 kk + 2 hi +
+ * i (zeros past cols); a thread a pair of positions */
+__global__ void k_split_qperm(const float *x, int64_t ldx, int64_t T, int64_t cols, uint16_t *xs, int64_t ldxs) {
+    pdl_wait(); /* x is the predecessor's */
+    const int64_t pairs = ldxs / 2, n = T * pairs;
+    for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < n; q += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = q / pairs, p = q % pairs;
+        const int P = (int)(p % 16), kk = P >> 3, hi = (P >> 2) & 1, t4 = P & 3;
+        const int64_t c = 32 * (p / 16) + 8 * t4 + 4 * kk + 2 * hi;
+        const float *xr = x + t * ldx;
+        const float lo = c < cols ? xr[c] : 0.0f, up = c + 1 < cols ? xr[c + 1] : 0.0f;
+        ((uint32_t *)xs)[q] = bf16x2_rn(lo, up);
+    }
+}
+
+template <int BN, int BITS>
+static int qs_attr() {
+    return cudaFuncSetAttribute(k_wgmma_qstream<BN, BITS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                qs_shape<BN, BITS>::SMEM) == cudaSuccess
+               ? 0
+               : -1;
+}
+template <int BITS>
+static int qs_attrs_b() {
+    return qs_attr<8, BITS>() || qs_attr<16, BITS>() || qs_attr<32, BITS>() || qs_attr<64, BITS>() ||
+                   qs_attr<128, BITS>()
+               ? -1
+               : 0;
+}
+
 extern "C" void *cu_wgmma_available(void) {
     if (!wg_device_runs_sm90a()) return NULL;
     void *fn = NULL;
@@ -677,7 +1005,7 @@ extern "C" void *cu_wgmma_available(void) {
         if (cudaFuncSetAttribute(wg_kernel(i % 3 == 2 ? 4 : i % 3 + 1, i / 3 % 2, i / 6),
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, WG_SMEM) != cudaSuccess)
             return NULL;
-    if (ws_attrs_backend() != 0) return NULL;
+    if (ws_attrs_backend() != 0 || qs_attrs_b<8>() != 0 || qs_attrs_b<4>() != 0) return NULL;
     return fn;
 }
 
@@ -941,4 +1269,79 @@ extern "C" int cu_wgmma_stream(cu_stream s, const cu_mm_scratch *sc, int n, cons
 #else
     return ws_stream<WS_SP2_KB, CU_WS_CL, 2>(s, sc, n, w, y, ldy, xs, ldxs, T);
 #endif
+}
+
+/* the backend's bf16-activation products of MLX matrices of few tokens (cuda_kernels.h) */
+extern "C" int cu_wgmma_qstream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *const *w, float *const *y,
+                                const int64_t *ldy, const float *x, int64_t ldx, int64_t T) {
+    const tmap_encode_fn enc = sc ? (tmap_encode_fn)sc->tma_encode : NULL;
+    if (!enc || !sc->wpart || !sc->wcount || !sc->xs || n < 1 || n > WS_MATS || T < 1 || T > 128 ||
+        T > sc->xs_tokens)
+        return -1;
+    const cu_mat *w0 = w[0];
+    const int64_t cols = w0->cols, nsteps = cols / 32;
+    const int gsh = w0->group == 32 ? 0 : w0->group == 64 ? 1 : w0->group == 128 ? 2 : -1;
+    if (gsh < 0 || (w0->bits != 4 && w0->bits != 8) || cols % 32 != 0 || nsteps % QS_SP != 0 || nsteps < QS_SP)
+        return -1;
+    qs_args qa;
+    memset(&qa, 0, sizeof qa);
+    ws_args &a = qa.a;
+    a.n = n;
+    a.nk = (int)(nsteps / QS_SP);
+    a.T = T;
+    qa.ng = cols / w0->group;
+    qa.gsh = gsh;
+    int64_t R = 0;
+    for (int i = 0; i < n; i++) {
+        const cu_mat *wi = w[i];
+        if (wi->fmt != CU_FMT_Q_TILED || wi->sdtype != 2 || wi->bits != w0->bits || wi->group != w0->group ||
+            wi->cols != cols || wi->rows < 1 || (((uintptr_t)wi->data | (uintptr_t)wi->scales | (uintptr_t)wi->biases) & 15))
+            return -1;
+        a.rb0[i] = R;
+        R += (wi->rows + QS_BM - 1) / QS_BM;
+        a.rows[i] = wi->rows, a.ldy[i] = ldy[i], a.y[i] = y[i];
+        qa.v[i] = (const uint8_t *)wi->data, qa.s[i] = (const uint16_t *)wi->scales, qa.b[i] = (const uint16_t *)wi->biases;
+        qa.tiles[i] = (wi->rows + 15) / 16;
+    }
+    a.rb0[n] = R;
+    const int bn = T <= 8 ? 8 : T <= 16 ? 16 : T <= 32 ? 32 : T <= 64 ? 64 : 128;
+    const int64_t ldxs = nsteps * 32;
+    CUtensorMap xmap;
+    if (R > sc->wcount_n || ((uintptr_t)sc->xs & 15) || wg_map_x(enc, sc->xs, ldxs, T, bn, &xmap) != 0) return -1;
+    a.units = R * a.nk;
+    /* a block an SM, as many as the scratch has pieces for, none without units */
+    int64_t blocks = mm_sms();
+    const int64_t fit = sc->wpart_elems / (256 * (int64_t)bn);
+    blocks = blocks < fit ? blocks : fit;
+    blocks = blocks < a.units ? blocks : a.units;
+    if (blocks < 1) return -1;
+    a.per = (a.units + blocks - 1) / blocks;
+    blocks = (a.units + a.per - 1) / a.per;
+    a.part = sc->wpart;
+    a.count = sc->wcount;
+    const int64_t pairs = T * ldxs / 2;
+    launch_pdl(k_split_qperm, dim3((unsigned)((pairs + 255) / 256 < 4096 ? (pairs + 255) / 256 : 4096)), dim3(256), 0,
+               s, x, ldx, T, cols, sc->xs, ldxs);
+    auto go = [&](auto kern, int smem) {
+        launch_pdl(kern, dim3((unsigned)blocks), dim3(WS_THREADS), (size_t)smem, s, xmap, qa);
+        return cudaGetLastError() == cudaSuccess ? 0 : -1;
+    };
+#define QS_GO(BN, BITS) go(k_wgmma_qstream<BN, BITS>, qs_shape<BN, BITS>::SMEM)
+    if (w0->bits == 8) {
+        switch (bn) {
+        case 8: return QS_GO(8, 8);
+        case 16: return QS_GO(16, 8);
+        case 32: return QS_GO(32, 8);
+        case 64: return QS_GO(64, 8);
+        default: return QS_GO(128, 8);
+        }
+    }
+    switch (bn) {
+    case 8: return QS_GO(8, 4);
+    case 16: return QS_GO(16, 4);
+    case 32: return QS_GO(32, 4);
+    case 64: return QS_GO(64, 4);
+    default: return QS_GO(128, 4);
+    }
+#undef QS_GO
 }
