@@ -826,13 +826,14 @@ static int wgbench(int reps, const char *tlist, int group) {
     int bad = 0;
     printf("bf16 products on wgmma against k_gemm: TFLOP/s; err = max |wgmma - k_gemm| / max |k_gemm|\n");
     const int res2 = cu_wgmma_clusters(2), res4 = cu_wgmma_clusters(4), resb = cu_wgmma_clusters(0);
-    printf("\"wgmma\": the backend's (clusters of %d, %d-byte activation rows, %d resident: 0 a cluster a tile);\n"
+    printf("\"wgmma\": the backend's (clusters of %d, %d-byte activation rows, %d resident: 0 a cluster a tile;\n"
+           "\"wg bf16\": the same with bf16 outputs, the MLP's gate and up);\n"
            "\"x64\", \"x128\": clusters of 2 with 64- and 128-byte rows\n", CU_WG_CL, CU_WG_XW ? 128 : 64, resb);
     printf("bands of %d row blocks (\"band 2\", \"band 4\": clusters of 2 and 4 so); \"x128\": the activations\n"
            "in 128-byte rows, clusters of 2 (\"x128 b2\": in bands; \"x128 b4\": of 4, in bands); \"res 2\",\n"
            "\"x128 b4 r\": those on resident clusters (%d of 2, %d of 4), each taking every G-th output tile\n",
            group, res2, res4);
-    printf("%-9s %6s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", "shape", "T", "k_gemm", "wgmma", "cluster 1",
+    printf("%-9s %6s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", "shape", "T", "k_gemm", "wgmma", "wg bf16", "cluster 1",
            "cluster 4", "band 2", "band 4", "x64", "x128", "x128 b2", "x128 b4", "res 2", "x128 b4 r", "err");
     for (const auto &sh : shapes) {
         const tiled_case tc = tiled_case_make(s, sh.rows, sh.cols, TM, 13);
@@ -889,7 +890,8 @@ static int wgbench(int reps, const char *tlist, int group) {
             const double fl = 2.0 * sh.rows * sh.cols * T;
             const double t_ref = time_launches(s, e0, e1, reps, 1, [&](int) { launch_gemm_shape<1>(s, g, xs, ldxs, T, &sc); });
             const double t_wg = time_launches(s, e0, e1, reps, 1, [&](int) { cu_wgmma_matmul(s, enc, &w, xs, ldxs, T, y, sh.rows, resb); });
-            printf("%-9s %6lld %9.1f %9.1f", sh.name, (long long)T, fl / t_ref / 1e12, fl / t_wg / 1e12);
+            const double t_wb = time_launches(s, e0, e1, reps, 1, [&](int) { cu_wgmma_matmul_bf16(s, enc, &w, xs, ldxs, T, yb, sh.rows, resb); });
+            printf("%-9s %6lld %9.1f %9.1f %9.1f", sh.name, (long long)T, fl / t_ref / 1e12, fl / t_wg / 1e12, fl / t_wb / 1e12);
             for (const auto &v : vs) {
                 const double t = time_launches(s, e0, e1, reps, 1, [&](int) {
                     wg_matmul_cl(s, enc, &w, xs, ldxs, T, v.y, sh.rows, v.cl, 0, v.group, v.xw, v.clusters);

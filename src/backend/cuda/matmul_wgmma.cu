@@ -416,6 +416,12 @@ __device__ __forceinline__ void ws_wgmma(float (&d)[64], uint64_t da, uint64_t d
 #ifndef CU_WS_SP
 #define CU_WS_SP 4
 #endif
+/* whether a stream block's consumers keep a stage's products in flight while they issue the
+ * next stage's (1: k_wgmma's order, a stage freed a stage later), or wait for each stage's
+ * before the next (0). The same sums in the same order: the same bits. Not yet measured: 0 */
+#ifndef CU_WS_ASYNC
+#define CU_WS_ASYNC 0
+#endif
 /* the blocks of the backend's clusters (1; a build may set 2 or 4 to compare in the model) */
 #ifndef CU_WS_CL
 #define CU_WS_CL 1
@@ -616,9 +622,16 @@ __global__ void __launch_bounds__(WS_THREADS, WS_MINB(BN, KB, CL)) k_wgmma_strea
         float d[S::ACC];
 #pragma unroll
         for (int i = 0; i < S::ACC; i++) d[i] = 0.0f;
-        for (int i = 0; i < nu; i++) {
-            const int s = i % S::STAGES;
-            mbar_wait(full + 8 * s, (i / S::STAGES) & 1);
+        /* stage s freed in this block and (CL > 1) in the cluster's others: a warp's lane 0 arrives */
+        auto free_stage = [&](int s) {
+            if (lane != 0) return;
+            mbar_arrive(empty + 8 * s);
+            if constexpr (CL > 1)
+#pragma unroll
+                for (int p = 1; p < CL; p++) mbar_arrive_at(empty + 8 * s, (uint32_t)(q ^ p));
+        };
+        /* a stage's products: issued and committed */
+        auto products = [&](int s) {
             const uint32_t st = base + s * S::STAGE;
             wg_fence_regs(d);
             wg_fence();
@@ -629,15 +642,39 @@ __global__ void __launch_bounds__(WS_THREADS, WS_MINB(BN, KB, CL)) k_wgmma_strea
                     ws_wgmma(d, wg_desc(st + h * WG_A_STEP + c * (64 * 64) + 32 * kk),
                              wg_desc(st + SP * WG_A_STEP + h * S::B_STEP + 32 * kk));
             wg_commit();
-            wg_wait<0>();
-            wg_fence_regs(d);
-            if (lane == 0) {
-                mbar_arrive(empty + 8 * s);
-                if constexpr (CL > 1)
-#pragma unroll
-                    for (int p = 1; p < CL; p++) mbar_arrive_at(empty + 8 * s, (uint32_t)(q ^ p));
+        };
+        if constexpr (CU_WS_ASYNC) {
+            /* the range in runs of units of one row block: within a run a stage's products stay
+             * in flight while the next stage's are issued, the one before freed once they are
+             * done (k_wgmma's order); at a run's end all are waited for */
+            for (int i = 0; i < nu;) {
+                const int64_t left = a.nk - (u0 + i) % a.nk;
+                const int run = left < nu - i ? (int)left : nu - i;
+                int prev = -1;
+                for (int e = 0; e < run; e++, i++) {
+                    const int s = i % S::STAGES;
+                    mbar_wait(full + 8 * s, (i / S::STAGES) & 1);
+                    products(s);
+                    wg_wait<1>();
+                    wg_fence_regs(d);
+                    if (prev >= 0) free_stage(prev);
+                    prev = s;
+                }
+                wg_wait<0>();
+                wg_fence_regs(d);
+                free_stage(prev);
+                ws_unit_end<S::ACC, CL>(a, d, u0 + i - 1, i == nu, cl, q, tid, ws_last);
             }
-            ws_unit_end<S::ACC, CL>(a, d, u0 + i, i == nu - 1, cl, q, tid, ws_last);
+        } else {
+            for (int i = 0; i < nu; i++) {
+                const int s = i % S::STAGES;
+                mbar_wait(full + 8 * s, (i / S::STAGES) & 1);
+                products(s);
+                wg_wait<0>();
+                wg_fence_regs(d);
+                free_stage(s);
+                ws_unit_end<S::ACC, CL>(a, d, u0 + i, i == nu - 1, cl, q, tid, ws_last);
+            }
         }
     }
     /* CL > 1: no block leaves while another may still load into its stages or arrive on its barriers */
