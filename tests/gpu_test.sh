@@ -144,18 +144,20 @@ if near "$p6" "$p7" 1e-3; then
 else
     nok "8-bit perplexity in bf16: '$p7', exact '$p6' ($(tail -c 300 "$T/q8" "$T/perr8" 2>/dev/null | tr '\n' ' '))"
 fi
-# and in windows of 64 tokens, whose products of 17 to 64 tokens take k_qmv, or
-# k_wgmma_qstream in a build with CU_QS (cuda_kernels.h), in `bf16`
-p8=; p9=
-if [ -d "$T/tf8" ]; then
-    p8=$(ppl "$T/perr64" --device cuda --precision exact -m "$T/tf8" --window 64 --batch 1)
-    p9=$(ppl "$T/perr64" --device cuda --precision bf16 -m "$T/tf8" --window 64 --batch 1)
-fi
-if near "$p8" "$p9" 1e-3; then
-    ok "tiny-fortune at 8 bits, windows of 64 tokens: perplexity with --precision bf16 $p9, exact $p8 (within 0.1%)"
-else
-    nok "8-bit perplexity in bf16, windows of 64: '$p9', exact '$p8' ($(tail -c 300 "$T/perr64" 2>/dev/null | tr '\n' ' '))"
-fi
+# and in windows of 64 tokens (in `bf16` their products take k_qmv, or k_wgmma_qstream in a
+# build with CU_QS) and of 128 (cuBLASLt on the values dequantized: CU_BLAS_Q_MIN_T)
+for w in 64 128; do
+    p8=; p9=
+    if [ -d "$T/tf8" ]; then
+        p8=$(ppl "$T/perr$w" --device cuda --precision exact -m "$T/tf8" --window $w --batch 1)
+        p9=$(ppl "$T/perr$w" --device cuda --precision bf16 -m "$T/tf8" --window $w --batch 1)
+    fi
+    if near "$p8" "$p9" 1e-3; then
+        ok "tiny-fortune at 8 bits, windows of $w tokens: perplexity with --precision bf16 $p9, exact $p8 (within 0.1%)"
+    else
+        nok "8-bit perplexity in bf16, windows of $w: '$p9', exact '$p8' ($(tail -c 300 "$T/perr$w" 2>/dev/null | tr '\n' ' '))"
+    fi
+done
 
 # `exact` over step sizes: tiny-fortune's first 2,048 held-out tokens in one step (its
 # products on cuBLASLt as three bf16 parts, from CU_BLAS_EXACT_MIN_T tokens; only the

@@ -485,8 +485,13 @@ static int cuda_available(int device, char *why, size_t cap) {
     return 1;
 }
 
-/* the fewest tokens of the precision's products on cuBLASLt (cuda_kernels.h) */
-static int blas_min_t(const cuda_backend *b) { return CU_BLAS_MIN_TOKENS(b->mm_mode == CU_MM_EXACT ? 3 : 1); }
+/* the fewest tokens of the precision's products on cuBLASLt (cuda_kernels.h): of bf16 tiled
+ * matrices, blas_min_bf16; `bf16`'s MLX ones from CU_BLAS_Q_MIN_T */
+static int blas_min_bf16(const cuda_backend *b) { return CU_BLAS_MIN_TOKENS(b->mm_mode == CU_MM_EXACT ? 3 : 1); }
+static int blas_min_t(const cuda_backend *b) {
+    const int t = blas_min_bf16(b);
+    return b->mm_mode == CU_MM_BF16 && b->qi_group && CU_BLAS_Q_MIN_T < t ? CU_BLAS_Q_MIN_T : t;
+}
 
 /* whether the precision's products of blas_min_t tokens or more may take cuBLASLt: `bf16`'s
  * tiled ones (bf16 and MLX); `exact`'s where CU_BLAS_EXACT and there are bf16 tiled matrices
@@ -745,8 +750,12 @@ static void cuda_describe(const st_backend *base, char *buf, size_t cap) {
     if (blas_wanted(b) && b->blas) {
         snprintf(buf + at2, cap > at2 ? cap - at2 : 0, "; products of %d tokens or more on %s%s", blas_min_t(b),
                  b->blas_what, as);
-        const size_t at3 = strlen(buf); /* (matmul_bf16.cu's blas_min_tiled) */
-        if (b->mm_mode == CU_MM_BF16 && b->tiled && CU_WG_BLAS_MIN_T > blas_min_t(b))
+        const size_t at3 = strlen(buf); /* (matmul_bf16.cu's launch_blas and blas_min_tiled) */
+        const int wg = b->mm_mode == CU_MM_BF16 && b->tiled && CU_WG_BLAS_MIN_T > blas_min_bf16(b);
+        if (blas_min_t(b) < blas_min_bf16(b))
+            snprintf(buf + at3, cap > at3 ? cap - at3 : 0, " (MLX matrices; bf16 ones from %d%s)",
+                     wg ? CU_WG_BLAS_MIN_T : blas_min_bf16(b), wg ? " where the device runs k_wgmma" : "");
+        else if (wg)
             snprintf(buf + at3, cap > at3 ? cap - at3 : 0, " (bf16 matrices from %d where the device runs k_wgmma)",
                      CU_WG_BLAS_MIN_T);
     } else if (blas_wanted(b))

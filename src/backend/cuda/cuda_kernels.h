@@ -164,13 +164,24 @@ int cu_wgmma_qstream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *
 #ifndef CU_BLAS_MIN_T
 #define CU_BLAS_MIN_T 1024
 #endif
+/* the fewest tokens a `bf16` product of MLX matrices takes the library for (their values
+ * dequantized into the copy: a read of the packed weights, a write and a read of them in bf16,
+ * some 20-30 ms for the 27B's on an H200, then the product). Their own kernel beyond 16 tokens,
+ * k_qmv, converts the values again for every 16 tokens: on the H200 (2026-12-05) the 8-bit
+ * 512-token prefill ran at 1,041 tok/s on it, the 2,048-token one at 8,702 on the library, and
+ * 64 sequences decoded no faster than 16 (about 14 ms of products a 16-token slice). So from
+ * 128 tokens, where k_qmv's eight slices (some 115 ms) cost about three times the library's
+ * copy and product; not yet measured at 128 to 1,023 tokens (session 47 had no GPU) */
+#ifndef CU_BLAS_Q_MIN_T
+#define CU_BLAS_Q_MIN_T 128
+#endif
 /* where k_wgmma runs (Hopper, `bf16`), the fewest tokens a bf16 tiled product takes the
  * library for: below it k_wgmma, which reads the tiled layout without the copy. An H100
  * (2026-12-07, the prefill side by side, two rounds; k_wgmma with 128-byte activation rows,
  * resident, the MLP in bf16): k_wgmma at every size against the library from 1,024 tokens,
  * 1,024 tokens 8,605-8,650 against 8,024-8,054 tok/s, 2,048 9,926-9,941 / 9,282-9,302,
  * 3,072 9,607-9,772 / 9,837-9,863, 4,096 9,706-9,843 / 9,698-9,777, 8,192 9,666-9,698 /
- * 10,304-10,360. MLX matrices (dequantized for the library) keep CU_BLAS_MIN_T */
+ * 10,304-10,360. MLX matrices (dequantized for the library) take CU_BLAS_Q_MIN_T */
 #ifndef CU_WG_BLAS_MIN_T
 #define CU_WG_BLAS_MIN_T 3072
 #endif

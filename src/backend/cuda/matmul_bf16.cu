@@ -915,16 +915,16 @@ static int64_t blas_min_tiled(const cu_mm_scratch *sc) {
  * first into y, then the middle and the high part added to it, fp32 sums of exact products
  * in the library's order; a matrix whose product the library refuses, at any of the three,
  * is computed again whole on k_gemm (launch_one_exact, which overwrites y). 0, or -1 with
- * nothing launched where it does not take the group (no library, too few tokens, matrices
+ * nothing launched where it does not take the group (no library, too few tokens: MLX from
+ * CU_BLAS_Q_MIN_T, bf16 tiled from CU_BLAS_MIN_TOKENS or blas_min_tiled; matrices
  * larger than the copy's scratch, MLX in `exact`, `exact` where CU_BLAS_EXACT is 0). */
 int launch_blas(cu_stream s, const mm_group &g, const float *x, int64_t ldx, int64_t T, int parts,
                 const cu_mm_scratch *sc) {
+    const bool q = g.w[0].fmt == CU_FMT_Q_TILED;
     if (!sc || !sc->blas || !sc->wrm || !sc->blas_ws || (parts != 1 && (parts != 3 || !CU_BLAS_EXACT)) ||
-        T < CU_BLAS_MIN_TOKENS(parts))
+        (q && parts != 1) || T < (q ? CU_BLAS_Q_MIN_T : CU_BLAS_MIN_TOKENS(parts)))
         return -1;
     const int64_t cols = g.w[0].cols, ldxs = tiled_steps(cols) * 32;
-    const bool q = g.w[0].fmt == CU_FMT_Q_TILED;
-    if (q && parts != 1) return -1;
     if (!q && parts == 1 && T < blas_min_tiled(sc)) return -1; /* k_wgmma's */
     int64_t at[4], need = 0;
     for (int i = 0; i < g.n; i++) {
