@@ -868,7 +868,9 @@ __device__ __forceinline__ void qs_wgmma(float (&d)[64], uint32_t a0, uint32_t a
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(1));
 }
 
-template <int BN, int BITS>
+/* AS: the next stage's values made while this stage's products run (a second set of A
+ * registers); else each stage's products waited for before the next stage's values */
+template <int BN, int BITS, bool AS>
 __global__ void __launch_bounds__(WS_THREADS, 1)
     k_wgmma_qstream(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ qs_args qa) {
     typedef qs_shape<BN, BITS> S;
@@ -959,15 +961,13 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         float d[S::ACC];
 #pragma unroll
         for (int i = 0; i < S::ACC; i++) d[i] = 0.0f;
-        for (int i = 0; i < nu; i++) {
+        /* unit i's stage, once in: this lane's A registers of its 4 steps */
+        auto convert = [&](int i, uint32_t(&af)[QS_SP][8]) {
             const int s = i % S::STAGES;
-            const int64_t u = u0 + i;
-            const int64_t sk = (int64_t)QS_SP * (u % a.nk); /* the stage's first step */
+            const int64_t sk = (int64_t)QS_SP * ((u0 + i) % a.nk); /* the stage's first step */
             mbar_wait(full + 8 * s, (i / S::STAGES) & 1);
-            const uint32_t st = base + s * S::STAGE;
             const uint8_t *sv = ring + s * S::STAGE + S::X + j * S::V_TILE + lane * 2 * BITS;
             const uint8_t *sg = ring + s * S::STAGE + S::X + 8 * S::V_TILE + j * S::G_TILE + 4 * g;
-            uint32_t af[QS_SP][8];
 #pragma unroll
             for (int h = 0; h < QS_SP; h++) {
                 const int gl = (int)(((sk + h) >> qa.gsh) - (sk >> qa.gsh)); /* step h's group in the stage's */
@@ -983,6 +983,10 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                 }
                 qs_frag<BITS>(v, s0, b0, s1, b1, af[h]);
             }
+        };
+        /* its products, issued and committed */
+        auto products = [&](int i, const uint32_t(&af)[QS_SP][8]) {
+            const uint32_t st = base + (i % S::STAGES) * S::STAGE;
             wg_fence_regs(d);
             wg_fence();
 #pragma unroll
@@ -992,10 +996,47 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                     qs_wgmma(d, af[h][4 * kk], af[h][4 * kk + 1], af[h][4 * kk + 2], af[h][4 * kk + 3],
                              wg_desc(st + h * S::B_STEP + 32 * kk));
             wg_commit();
-            wg_wait<0>();
-            wg_fence_regs(d);
-            if (lane == 0) mbar_arrive(empty + 8 * s);
-            ws_unit_end<S::ACC, 1>(a, d, u, i == nu - 1, (int64_t)blockIdx.x, 0, tid, qs_last);
+        };
+        auto free_stage = [&](int i) {
+            if (lane == 0) mbar_arrive(empty + 8 * (i % S::STAGES));
+        };
+        uint32_t af0[QS_SP][8], af1[QS_SP][8];
+        if constexpr (AS) {
+            /* the range in runs of units of one row block: within a run the next stage's values
+             * are made while this stage's products run (two sets of A registers, a stage's
+             * products waited for, and its stage freed, once the next stage's are issued) */
+            for (int i = 0; i < nu;) {
+                const int64_t left = a.nk - (u0 + i) % a.nk;
+                const int run = left < nu - i ? (int)left : nu - i;
+                for (int e = 0; e < run; e += 2) {
+                    convert(i + e, af0);
+                    products(i + e, af0);
+                    wg_wait<1>();
+                    wg_fence_regs(d);
+                    if (e > 0) free_stage(i + e - 1);
+                    if (e + 1 < run) {
+                        convert(i + e + 1, af1);
+                        products(i + e + 1, af1);
+                        wg_wait<1>();
+                        wg_fence_regs(d);
+                        free_stage(i + e);
+                    }
+                }
+                wg_wait<0>();
+                wg_fence_regs(d);
+                free_stage(i + run - 1);
+                i += run;
+                ws_unit_end<S::ACC, 1>(a, d, u0 + i - 1, i == nu, (int64_t)blockIdx.x, 0, tid, qs_last);
+            }
+        } else {
+            for (int i = 0; i < nu; i++) {
+                convert(i, af0);
+                products(i, af0);
+                wg_wait<0>();
+                wg_fence_regs(d);
+                free_stage(i);
+                ws_unit_end<S::ACC, 1>(a, d, u0 + i, i == nu - 1, (int64_t)blockIdx.x, 0, tid, qs_last);
+            }
         }
     }
 }
@@ -1018,8 +1059,11 @@ __global__ void k_split_qperm(const float *x, int64_t ldx, int64_t T, int64_t co
 
 template <int BN, int BITS>
 static int qs_attr() {
-    return cudaFuncSetAttribute(k_wgmma_qstream<BN, BITS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                qs_shape<BN, BITS>::SMEM) == cudaSuccess
+    const int n = qs_shape<BN, BITS>::SMEM;
+    return cudaFuncSetAttribute(k_wgmma_qstream<BN, BITS, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, n) ==
+                       cudaSuccess &&
+                   cudaFuncSetAttribute(k_wgmma_qstream<BN, BITS, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        n) == cudaSuccess
                ? 0
                : -1;
 }
@@ -1308,9 +1352,17 @@ extern "C" int cu_wgmma_stream(cu_stream s, const cu_mm_scratch *sc, int n, cons
 #endif
 }
 
-/* the backend's bf16-activation products of MLX matrices of few tokens (cuda_kernels.h) */
-extern "C" int cu_wgmma_qstream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *const *w, float *const *y,
-                                const int64_t *ldy, const float *x, int64_t ldx, int64_t T) {
+/* whether the backend's k_wgmma_qstream makes a stage's values while the stage before's
+ * products run (the form with two sets of A registers); `mmv_bench qs` times both. Not yet
+ * measured: 1, the order k_wgmma keeps */
+#ifndef CU_QS_ASYNC
+#define CU_QS_ASYNC 1
+#endif
+
+/* cu_wgmma_qstream with k_wgmma_qstream<.., AS> */
+template <bool AS>
+static int qs_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *const *w, float *const *y,
+                     const int64_t *ldy, const float *x, int64_t ldx, int64_t T) {
     const tmap_encode_fn enc = sc ? (tmap_encode_fn)sc->tma_encode : NULL;
     if (!enc || !sc->wpart || !sc->wcount || !sc->xs || n < 1 || n > WS_MATS || T < 1 || T > 128 ||
         T > sc->xs_tokens)
@@ -1363,7 +1415,7 @@ extern "C" int cu_wgmma_qstream(cu_stream s, const cu_mm_scratch *sc, int n, con
         launch_pdl(kern, dim3((unsigned)blocks), dim3(WS_THREADS), (size_t)smem, s, xmap, qa);
         return cudaGetLastError() == cudaSuccess ? 0 : -1;
     };
-#define QS_GO(BN, BITS) go(k_wgmma_qstream<BN, BITS>, qs_shape<BN, BITS>::SMEM)
+#define QS_GO(BN, BITS) go(k_wgmma_qstream<BN, BITS, AS>, qs_shape<BN, BITS>::SMEM)
     if (w0->bits == 8) {
         switch (bn) {
         case 8: return QS_GO(8, 8);
@@ -1381,4 +1433,10 @@ extern "C" int cu_wgmma_qstream(cu_stream s, const cu_mm_scratch *sc, int n, con
     default: return QS_GO(128, 4);
     }
 #undef QS_GO
+}
+
+/* the backend's bf16-activation products of MLX matrices of few tokens (cuda_kernels.h) */
+extern "C" int cu_wgmma_qstream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *const *w, float *const *y,
+                                const int64_t *ldy, const float *x, int64_t ldx, int64_t T) {
+    return qs_stream<CU_QS_ASYNC != 0>(s, sc, n, w, y, ldy, x, ldx, T);
 }
