@@ -802,6 +802,9 @@ static bool launch_qint(cu_stream s, const mm_group &g, const float *x, int64_t 
  * CU_QS_MIN_T to 127 tokens on resident wgmma blocks (cu_wgmma_qstream); on integer tensor cores where the
  * scratch has xq (launch_qint; xq_ready: xq holds x's limbs, T <= QI_TP); else qtiled_own.
  * CU_MM_XS: it left sc->xs holding x's split; CU_MM_XQ: sc->xq holding x's limbs (T <= QI_TP) */
+/* (the stream kernel leaves its permuted split in xs, which the caller's promise that xs holds
+ * x's split, made and kept for 16 tokens or fewer, must never meet) */
+static_assert(CU_QS_MIN_T > 16, "k_wgmma_qstream takes launches of more than 16 tokens alone");
 int launch_qtiled(cu_stream s, mm_group g, const float *x, int64_t ldx, int64_t T, int parts,
                   const cu_mm_scratch *sc, int xs_ready, int xq_ready) {
     if (parts == 1 && launch_blas(s, g, x, ldx, T, 1, sc) == 0) return 0;

@@ -501,7 +501,7 @@ __device__ __forceinline__ int ws_mat(const ws_args &a, int64_t R, int64_t *r) {
  * the block's part of its row block (the row block's last stage, or the range's end), the
  * row block out, or the block's piece of it; the last of the row block's blocks (clusters) to
  * arrive adds the pieces in block order and writes y. d is left zero for the next row block.
- * The consumer threads (tid < 256) alone call it; last is the block's shared flag. */
+ * The consumer threads (tid < 256) alone call it; last_flag is the block's shared word. */
 template <int ACC, int CL>
 __device__ __forceinline__ void ws_unit_end(const ws_args &a, float (&d)[ACC], int64_t u, bool range_end, int64_t cl,
                                             int q, int tid, int &last_flag) {
