@@ -158,8 +158,11 @@ fi
 # reference, GB/s beside k_qmvp / k_qmv), then MLX ${QD:-q8} decode at batches ${QB:-16,32,64}
 # side by side, twice round: new against var/${QV:-qs}.so (a build with -DCU_QS=1 on matmul_q.cu.o)
 if part q; then
-    tl ${QS_CAP:-150} build/mmv_bench qs ${QS_REPS:-10} ${QS_T:-1,8,16,17,32,64,96,127} > $O/qs.txt 2>&1; echo "mmv_bench qs rc $? $(el)"
-    grep -vE "^ *$" $O/qs.txt | cut -c1-120 | tail -${QS_TAIL:-40}
+    if [ -z "${QS_SKIP:-}" ]; then # (QS_SKIP: the decode alone)
+        tl ${QS_CAP:-150} build/mmv_bench qs ${QS_REPS:-10} ${QS_T:-1,8,16,17,32,64,96,127} > $O/qs.txt 2>&1
+        echo "mmv_bench qs rc $? $(el)"
+        grep -vE "^ *$" $O/qs.txt | cut -c1-120 | tail -${QS_TAIL:-40}
+    fi
     for r in 1 2; do
         for v in new ${QV:-qs}; do
             use $v
