@@ -1446,6 +1446,7 @@ static void do_matmul(cuda_ctx *c, int layer, st_act in, const st_mm *mm, int n,
         }
         const int kept = cu_matmul_group(c->stream, k, w, y, ldy, x, w[0]->cols, c->T, c->b->mm_mode, &c->mms,
                                          c->xs_holds == (int)in, c->xq_holds == (int)in);
+        if (kept & CU_MM_XS_LOST) c->xs_holds = -1;
         if ((kept & CU_MM_XS) && split_parts(c)) c->xs_holds = (int)in;
         if ((kept & CU_MM_XQ) && c->b->qi_group && !c->b->qi_mixed) c->xq_holds = (int)in;
         for (int i = 0; i < k; i++) {

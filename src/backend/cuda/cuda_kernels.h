@@ -149,7 +149,8 @@ int cu_wgmma_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *c
 int cu_wgmma_qstream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *const *w, float *const *y,
                      const int64_t *ldy, const float *x, int64_t ldx, int64_t T);
 /* whether `bf16` MLX products of CU_QS_MIN_T to CU_WGMMA_MIN_T - 1 tokens take
- * cu_wgmma_qstream (1) or k_qmv (0: until a GPU has measured it, `mmv_bench qs`) */
+ * cu_wgmma_qstream (1) or k_qmvp / k_qmv (0: until a GPU has measured it, `mmv_bench qs`;
+ * a build may set CU_QS_MIN_T below 17 to measure it against k_qmvp in the model) */
 #ifndef CU_QS
 #define CU_QS 0
 #endif
@@ -236,10 +237,13 @@ void cu_matmul(cu_stream s, const cu_mat *w, const float *x, int64_t ldx, int64_
 /* n matrices reading the same x: those of one width share a launch */
 /* xs_ready: sc->xs already holds x's split (cu_add_norm or cu_silu_mul made it; T <= 16);
  * xq_ready: sc->xq holds x's limbs for the MLX integer form (they made them; T <= 16).
- * Returns CU_MM_XS where a launch split x into sc->xs (T <= 16), | CU_MM_XQ where sc->xq
- * holds x's limbs after it (made or kept); 0 where none touched either (other formats) */
+ * Returns CU_MM_XS where a launch split x into sc->xs (T <= 16) and it holds that after them,
+ * CU_MM_XS_LOST where sc->xs holds something else after them (k_wgmma_qstream's permuted
+ * split: whatever xs held before is gone), | CU_MM_XQ where sc->xq holds x's limbs after it
+ * (made or kept); 0 where none touched either (other formats) */
 #define CU_MM_XS 1
 #define CU_MM_XQ 2
+#define CU_MM_XS_LOST 4
 int cu_matmul_group(cu_stream s, int n, const cu_mat *const *w, float *const *y, const int64_t *ldy,
                     const float *x, int64_t ldx, int64_t T, int mode, const cu_mm_scratch *sc, int xs_ready,
                     int xq_ready);

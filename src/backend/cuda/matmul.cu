@@ -255,19 +255,27 @@ extern "C" int cu_matmul_group(cu_stream s, int n, const cu_mat *const *w, float
                                const float *x, int64_t ldx, int64_t T, int mode, const cu_mm_scratch *sc,
                                int xs_ready, int xq_ready) {
     if (T <= 0) return 0;
-    int wrote = 0; /* CU_MM_XS: a launch split x into xs (T <= 16: the whole of it); CU_MM_XQ: xq holds its limbs */
+    /* CU_MM_XS: a launch split x into xs (T <= 16: the whole of it); CU_MM_XS_LOST: the last
+     * launch to write xs left something else there; CU_MM_XQ: xq holds its limbs */
+    int wrote = 0;
     const int parts = mode == CU_MM_BF16 ? 1 : 3;
     mm_group g;
     g.n = 0;
     auto flush = [&]() {
         if (g.n == 0) return;
+        int r;
         if (g.w[0].fmt == CU_FMT_Q_TILED) {
-            wrote |= launch_qtiled(s, g, x, ldx, T, parts, sc, xs_ready, xq_ready); /* (xq_ready: the caller's, for
-                                                                                       the model's one bits and group) */
+            r = launch_qtiled(s, g, x, ldx, T, parts, sc, xs_ready, xq_ready); /* (xq_ready: the caller's, for
+                                                                                  the model's one bits and group) */
         } else {
             launch_tiled(s, g, x, ldx, T, parts, sc, xs_ready);
-            wrote |= T <= 16 && sc ? CU_MM_XS : 0;
+            r = T <= 16 && sc ? CU_MM_XS : 0;
         }
+        if (r & CU_MM_XS_LOST) { /* the next launches split again */
+            xs_ready = 0;
+            wrote = (wrote & ~CU_MM_XS) | CU_MM_XS_LOST;
+        } else if (r & CU_MM_XS) wrote &= ~CU_MM_XS_LOST;
+        wrote |= r & ~CU_MM_XS_LOST;
         g.n = 0;
     };
     for (int i = 0; i < n; i++) {

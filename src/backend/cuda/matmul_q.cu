@@ -799,19 +799,17 @@ static bool launch_qint(cu_stream s, const mm_group &g, const float *x, int64_t 
 
 /* MLX tiled matrices (one width, bits and group): `bf16` products of many tokens on cuBLASLt
  * (the values dequantized to bf16 first: launch_blas); where a build sets CU_QS, those of
- * CU_QS_MIN_T to 127 tokens on resident wgmma blocks (cu_wgmma_qstream); on integer tensor cores where the
+ * CU_QS_MIN_T to 127 tokens on resident wgmma blocks (cu_wgmma_qstream: CU_MM_XS_LOST, its
+ * permuted split left in xs); on integer tensor cores where the
  * scratch has xq (launch_qint; xq_ready: xq holds x's limbs, T <= QI_TP); else qtiled_own.
  * CU_MM_XS: it left sc->xs holding x's split; CU_MM_XQ: sc->xq holding x's limbs (T <= QI_TP) */
-/* (the stream kernel leaves its permuted split in xs, which the caller's promise that xs holds
- * x's split, made and kept for 16 tokens or fewer, must never meet) */
-static_assert(CU_QS_MIN_T > 16, "k_wgmma_qstream takes launches of more than 16 tokens alone");
 int launch_qtiled(cu_stream s, mm_group g, const float *x, int64_t ldx, int64_t T, int parts,
                   const cu_mm_scratch *sc, int xs_ready, int xq_ready) {
     if (parts == 1 && launch_blas(s, g, x, ldx, T, 1, sc) == 0) return 0;
     if (CU_QS && parts == 1 && T >= CU_QS_MIN_T && T < CU_WGMMA_MIN_T && sc && sc->tma_encode) {
         const cu_mat *w[4];
         for (int i = 0; i < g.n; i++) w[i] = &g.w[i];
-        if (cu_wgmma_qstream(s, sc, g.n, w, g.y, g.ldy, x, ldx, T) == 0) return 0; /* (xs: permuted) */
+        if (cu_wgmma_qstream(s, sc, g.n, w, g.y, g.ldy, x, ldx, T) == 0) return CU_MM_XS_LOST; /* (xs: permuted) */
     }
     if (launch_qint(s, g, x, ldx, T, parts, sc, xq_ready)) return T <= QI_TP ? CU_MM_XQ : 0;
     qtiled_own(s, g, x, ldx, T, parts, sc, xs_ready);

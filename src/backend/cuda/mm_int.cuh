@@ -67,7 +67,8 @@ MM_HIDDEN int launch_blas(cu_stream s, const mm_group &g, const float *x, int64_
 
 /* matmul_q.cu */
 /* MLX tiled matrices of one width, bits and group (matmul_q.cu says which kernel): CU_MM_XS
- * where it left sc->xs holding x's split, CU_MM_XQ sc->xq its limbs */
+ * where it left sc->xs holding x's split, CU_MM_XS_LOST something else, CU_MM_XQ sc->xq its
+ * limbs */
 MM_HIDDEN int launch_qtiled(cu_stream s, mm_group g, const float *x, int64_t ldx, int64_t T, int parts,
                             const cu_mm_scratch *sc, int xs_ready, int xq_ready);
 /* k_qmvp's shared memory attributes (cu_mm_init) */
