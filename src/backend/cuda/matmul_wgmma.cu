@@ -48,6 +48,12 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap *map
                  "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
                  : "memory");
 }
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+                 "[%5];" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+                 : "memory");
+}
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
                  "[%4];" ::"r"(dst),
@@ -719,10 +725,12 @@ static int ws_attrs_backend(void) {
  * k_wgmma_stream's scheme for Q tiled matrices (matmul_q.cu's layout): one resident block an
  * SM, the launch's units (row block of 128 rows = 8 tiles, stage of 4 steps) in order, block
  * b the `per` consecutive units from b * per, the row blocks its range cuts summed in block
- * order (ws_unit_end). Its producer thread fills each stage by bulk copies: a tile's 4 steps
- * of values (one run of 4 * 64 * BITS bytes, the layout keeping a tile's steps in order), its
- * scales and biases of the groups the stage touches (32 bytes a group, rows in the layout's
- * order), and the activations' 4 steps by TMA as k_wgmma_stream's. Consumer warp w of
+ * order (ws_unit_end). Its producer thread fills each stage with five TMA loads and the
+ * activations' four (qs_maps): the 8 tiles' 4 steps of values, their scales and their biases of
+ * the groups the stage touches (32 bytes a tile and group, rows in the layout's order), a
+ * unit's place kept as a cursor (no division a stage: with 24 bulk copies a stage and the
+ * place divided out three times it held every launch near 27 ms a 27B token, at any token
+ * count and either width, on an H100). Consumer warp w of
  * warpgroup c takes tile 4c + w: each lane turns its 16 values of a step (8 columns of rows
  * g and g + 8) into bf16 s q + b of their group, rounded to nearest (8-bit as k_dequant_q
  * rounds cuBLASLt's copy; 4-bit from 16 + q as k_qmvp takes it, with the bias b - 16 s), the
@@ -742,22 +750,27 @@ struct qs_shape {
     static constexpr int B_STEP = BN * 64;                 /* one step of the activations */
     static constexpr int X = QS_SP * B_STEP;               /* the stage's activations (first: 1,024-aligned) */
     static constexpr int V_TILE = QS_SP * 64 * BITS;       /* a tile's values of a stage */
-    static constexpr int G_TILE = QS_SP * 32;              /* a tile's scales (or biases): up to 4 groups */
+    static constexpr int G_TILE = QS_SP * 32;              /* a tile's share of the scales (or biases): up to 4 groups */
     static constexpr int STAGE = X + 8 * V_TILE + 16 * G_TILE; /* a multiple of 1,024 */
     static constexpr int STAGES = 150 * 1024 / STAGE > 12 ? 12 : 150 * 1024 / STAGE;
     static constexpr int SMEM = STAGES * STAGE + 1024 + 2 * STAGES * 8;
     static constexpr int ACC = BN / 2;
 };
 
-/* a launch's MLX matrices beside k_wgmma_stream's arguments (whose y, rows and units it uses) */
+/* a launch's MLX matrices beside k_wgmma_stream's arguments (whose y, rows and units it
+ * uses), and their tensor maps: each matrix's values as bytes {256, BITS / 4, steps, tiles}
+ * (a tile's step is 64 BITS bytes), a box of {256, BITS / 4, 4, 8} a stage's 8 tiles' 4 steps
+ * (tile j's at j V_TILE, as they lie); its scales and biases as bf16 {16, groups, tiles}, a
+ * box of {16, ngs, 8} the stage's ngs groups of 8 tiles (tile j's at j ngs 32 bytes); tiles
+ * past the matrix read as zeros */
 struct qs_args {
     ws_args a;
-    const uint8_t *v[WS_MATS];  /* each matrix's Q tiled values */
-    const uint16_t *s[WS_MATS]; /* its bf16 scales, [tile][group][16] */
-    const uint16_t *b[WS_MATS]; /* its bf16 biases */
-    int64_t tiles[WS_MATS];     /* its 16-row tiles */
-    int64_t ng;                 /* groups a row (the width / the group) */
-    int gsh;                    /* the group's steps as a power of two: 0, 1 or 2 */
+    int ngs; /* groups a stage touches: 1, 2 or 4 */
+    int gsh; /* the group's steps as a power of two: 0, 1 or 2 */
+};
+struct qs_maps {
+    CUtensorMap v[WS_MATS], s[WS_MATS], b[WS_MATS];
+    CUtensorMap x;
 };
 
 /* a lane's A registers of a step, both k16 MMAs (a[0..3], a[4..7]: q_frag's order): its values
@@ -872,7 +885,7 @@ __device__ __forceinline__ void qs_wgmma(float (&d)[64], uint32_t a0, uint32_t a
  * registers); else each stage's products waited for before the next stage's values */
 template <int BN, int BITS, bool AS>
 __global__ void __launch_bounds__(WS_THREADS, 1)
-    k_wgmma_qstream(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ qs_args qa) {
+    k_wgmma_qstream(const __grid_constant__ qs_maps maps, const __grid_constant__ qs_args qa) {
     typedef qs_shape<BN, BITS> S;
     const ws_args &a = qa.a;
     extern __shared__ uint8_t wg_raw[];
@@ -883,7 +896,6 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     const int tid = threadIdx.x;
     const int64_t u0 = (int64_t)blockIdx.x * a.per;
     const int nu = (int)(a.units - u0 < a.per ? a.units - u0 : a.per);
-    const int64_t nsteps = (int64_t)a.nk * QS_SP;
     if (tid == 0) {
         for (int s = 0; s < S::STAGES; s++) {
             mbar_init(full + 8 * s, 1);
@@ -894,64 +906,43 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     __syncthreads();
     if (tid >= 256) { /* the producer */
         if (tid == 256) {
-            /* unit i: its matrix m, row block r of it, stage k; its tiles in the matrix (up to
-             * 8), the first group it touches and how many */
-            struct unit {
-                int m, k, nt, ngs;
-                int64_t t0, g0;
+            /* the unit to load next: row block R (r of matrix m), stage k; advanced a unit at a time */
+            int64_t R = u0 / a.nk, r;
+            int k = (int)(u0 % a.nk);
+            int m = ws_mat(a, R, &r);
+            auto advance = [&]() {
+                if (++k == a.nk) k = 0, m = ws_mat(a, ++R, &r);
             };
-            auto unit_of = [&](int i) {
-                unit o;
-                const int64_t u = u0 + i, R = u / a.nk;
-                int64_t r;
-                o.m = ws_mat(a, R, &r);
-                o.k = (int)(u % a.nk);
-                o.t0 = r * 8;
-                const int64_t left = qa.tiles[o.m] - o.t0;
-                o.nt = left < 8 ? (int)left : 8;
-                o.g0 = ((int64_t)QS_SP * o.k) >> qa.gsh;
-                o.ngs = (QS_SP >> qa.gsh) > 0 ? QS_SP >> qa.gsh : 1;
-                return o;
-            };
-            /* the stage's bytes: the activations' boxes whole (TMA counts the rows past T it
-             * fills), the tiles' values, scales and biases */
-            auto expect = [&](int i) {
-                const unit o = unit_of(i);
-                mbar_expect_tx(full + 8 * (i % S::STAGES), (uint32_t)(S::X + o.nt * (S::V_TILE + 2 * 32 * o.ngs)));
-            };
+            /* the stage's bytes: every box whole (TMA counts what it fills past the tensor) */
+            const uint32_t tx = (uint32_t)(S::X + 8 * S::V_TILE + 2 * 8 * 32 * qa.ngs);
             auto load_w = [&](int i) {
-                const unit o = unit_of(i);
                 const uint32_t st = base + (i % S::STAGES) * S::STAGE, bar = full + 8 * (i % S::STAGES);
-                for (int j = 0; j < o.nt; j++) {
-                    const int64_t tile = o.t0 + j;
-                    bulk_load(st + S::X + j * S::V_TILE, qa.v[o.m] + (tile * nsteps + (int64_t)QS_SP * o.k) * 64 * BITS,
-                              S::V_TILE, bar);
-                    bulk_load(st + S::X + 8 * S::V_TILE + j * S::G_TILE, qa.s[o.m] + (tile * qa.ng + o.g0) * 16,
-                              (uint32_t)(32 * o.ngs), bar);
-                    bulk_load(st + S::X + 8 * S::V_TILE + (8 + j) * S::G_TILE, qa.b[o.m] + (tile * qa.ng + o.g0) * 16,
-                              (uint32_t)(32 * o.ngs), bar);
-                }
+                const int t0 = (int)(r * 8), g0 = (QS_SP * k) >> qa.gsh;
+                tma_load_4d(st + S::X, &maps.v[m], 0, 0, QS_SP * k, t0, bar);
+                tma_load_3d(st + S::X + 8 * S::V_TILE, &maps.s[m], 0, g0, t0, bar);
+                tma_load_3d(st + S::X + 8 * S::V_TILE + 8 * S::G_TILE, &maps.b[m], 0, g0, t0, bar);
             };
-            auto load_x = [&](int i) {
-                const int k = (int)((u0 + i) % a.nk);
+            auto load_x = [&](int i, int kx) {
                 const uint32_t st = base + (i % S::STAGES) * S::STAGE, bar = full + 8 * (i % S::STAGES);
-                for (int h = 0; h < QS_SP; h++) tma_load_2d(st + h * S::B_STEP, &xmap, 32 * (QS_SP * k + h), 0, bar);
+                for (int h = 0; h < QS_SP; h++) tma_load_2d(st + h * S::B_STEP, &maps.x, 32 * (QS_SP * kx + h), 0, bar);
             };
             /* the first stages' weights go out before the predecessor (the split) is done; the
              * activations after */
             const int pre = nu < S::STAGES ? nu : S::STAGES;
             for (int i = 0; i < pre; i++) {
-                expect(i);
+                mbar_expect_tx(full + 8 * i, tx);
                 load_w(i);
+                advance();
             }
             ws_griddep_wait();
-            for (int i = 0; i < pre; i++) load_x(i);
+            for (int i = 0; i < pre; i++) load_x(i, (int)((u0 + i) % a.nk));
             for (int i = pre; i < nu; i++) {
                 const int s = i % S::STAGES;
                 mbar_wait(empty + 8 * s, ((i / S::STAGES) & 1) ^ 1);
-                expect(i);
+                mbar_expect_tx(full + 8 * s, tx);
                 load_w(i);
-                load_x(i);
+                load_x(i, k);
+                advance();
             }
         }
     } else { /* the consumers */
@@ -967,7 +958,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
             const int64_t sk = (int64_t)QS_SP * ((u0 + i) % a.nk); /* the stage's first step */
             mbar_wait(full + 8 * s, (i / S::STAGES) & 1);
             const uint8_t *sv = ring + s * S::STAGE + S::X + j * S::V_TILE + lane * 2 * BITS;
-            const uint8_t *sg = ring + s * S::STAGE + S::X + 8 * S::V_TILE + j * S::G_TILE + 4 * g;
+            const uint8_t *sg = ring + s * S::STAGE + S::X + 8 * S::V_TILE + j * 32 * qa.ngs + 4 * g;
 #pragma unroll
             for (int h = 0; h < QS_SP; h++) {
                 const int gl = (int)(((sk + h) >> qa.gsh) - (sk >> qa.gsh)); /* step h's group in the stage's */
@@ -1373,30 +1364,47 @@ static int qs_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *
     if (gsh < 0 || (w0->bits != 4 && w0->bits != 8) || cols % 32 != 0 || nsteps % QS_SP != 0 || nsteps < QS_SP)
         return -1;
     qs_args qa;
+    qs_maps maps;
     memset(&qa, 0, sizeof qa);
+    memset(&maps, 0, sizeof maps);
     ws_args &a = qa.a;
     a.n = n;
     a.nk = (int)(nsteps / QS_SP);
     a.T = T;
-    qa.ng = cols / w0->group;
+    const int64_t ng = cols / w0->group;
     qa.gsh = gsh;
+    qa.ngs = (QS_SP >> gsh) > 0 ? QS_SP >> gsh : 1;
+    const int bits = w0->bits;
     int64_t R = 0;
     for (int i = 0; i < n; i++) {
         const cu_mat *wi = w[i];
-        if (wi->fmt != CU_FMT_Q_TILED || wi->sdtype != 2 || wi->bits != w0->bits || wi->group != w0->group ||
+        if (wi->fmt != CU_FMT_Q_TILED || wi->sdtype != 2 || wi->bits != bits || wi->group != w0->group ||
             wi->cols != cols || wi->rows < 1 || (((uintptr_t)wi->data | (uintptr_t)wi->scales | (uintptr_t)wi->biases) & 15))
             return -1;
         a.rb0[i] = R;
         R += (wi->rows + QS_BM - 1) / QS_BM;
         a.rows[i] = wi->rows, a.ldy[i] = ldy[i], a.y[i] = y[i];
-        qa.v[i] = (const uint8_t *)wi->data, qa.s[i] = (const uint16_t *)wi->scales, qa.b[i] = (const uint16_t *)wi->biases;
-        qa.tiles[i] = (wi->rows + 15) / 16;
+        const cuuint64_t tiles = (cuuint64_t)((wi->rows + 15) / 16), ones[4] = {1, 1, 1, 1};
+        const cuuint64_t vdim[4] = {256, (cuuint64_t)bits / 4, (cuuint64_t)nsteps, tiles};
+        const cuuint64_t vstr[3] = {256, (cuuint64_t)(64 * bits), (cuuint64_t)(nsteps * 64 * bits)};
+        const cuuint32_t vbox[4] = {256, (cuuint32_t)bits / 4, QS_SP, 8};
+        const cuuint64_t gdim[3] = {16, (cuuint64_t)ng, tiles}, gstr[2] = {32, (cuuint64_t)(ng * 32)};
+        const cuuint32_t gbox[3] = {16, (cuuint32_t)qa.ngs, 8};
+        auto map = [&](CUtensorMap *mp, CUtensorMapDataType dt, cuuint32_t rank, const void *p, const cuuint64_t *dim,
+                       const cuuint64_t *str, const cuuint32_t *box) {
+            return enc(mp, dt, rank, (void *)p, dim, str, box, (const cuuint32_t *)ones, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                       CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+        };
+        if (!map(&maps.v[i], CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, wi->data, vdim, vstr, vbox) ||
+            !map(&maps.s[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, wi->scales, gdim, gstr, gbox) ||
+            !map(&maps.b[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, wi->biases, gdim, gstr, gbox))
+            return -1;
     }
     a.rb0[n] = R;
     const int bn = T <= 8 ? 8 : T <= 16 ? 16 : T <= 32 ? 32 : T <= 64 ? 64 : 128;
     const int64_t ldxs = nsteps * 32;
-    CUtensorMap xmap;
-    if (R > sc->wcount_n || ((uintptr_t)sc->xs & 15) || wg_map_x(enc, sc->xs, ldxs, T, bn, &xmap) != 0) return -1;
+    if (R > sc->wcount_n || ((uintptr_t)sc->xs & 15) || wg_map_x(enc, sc->xs, ldxs, T, bn, &maps.x) != 0) return -1;
     a.units = R * a.nk;
     /* a block an SM, as many as the scratch has pieces for, none without units */
     int64_t blocks = mm_sms();
@@ -1412,7 +1420,7 @@ static int qs_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *
     launch_pdl(k_split_qperm, dim3((unsigned)((pairs + 255) / 256 < 4096 ? (pairs + 255) / 256 : 4096)), dim3(256), 0,
                s, x, ldx, T, cols, sc->xs, ldxs);
     auto go = [&](auto kern, int smem) {
-        launch_pdl(kern, dim3((unsigned)blocks), dim3(WS_THREADS), (size_t)smem, s, xmap, qa);
+        launch_pdl(kern, dim3((unsigned)blocks), dim3(WS_THREADS), (size_t)smem, s, maps, qa);
         return cudaGetLastError() == cudaSuccess ? 0 : -1;
     };
 #define QS_GO(BN, BITS) go(k_wgmma_qstream<BN, BITS, AS>, qs_shape<BN, BITS>::SMEM)
