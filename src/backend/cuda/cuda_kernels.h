@@ -172,7 +172,9 @@ int cu_wgmma_qstream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *
  * 512-token prefill ran at 1,041 tok/s on it, the 2,048-token one at 8,702 on the library, and
  * 64 sequences decoded no faster than 16 (about 14 ms of products a 16-token slice). So from
  * 128 tokens, where k_qmv's eight slices (some 115 ms) cost about three times the library's
- * copy and product; not yet measured at 128 to 1,023 tokens (session 47 had no GPU) */
+ * copy and product. An H100 (2026-12-07, `strand bench --synth 27b --dtype q8 --precision
+ * bf16`): the 128 / 256 / 512-token prefill 2,039 / 3,792 / 5,944 tok/s against 1,040 /
+ * 1,061 / 1,053 with the library from 1,024 */
 #ifndef CU_BLAS_Q_MIN_T
 #define CU_BLAS_Q_MIN_T 128
 #endif
