@@ -1386,7 +1386,8 @@ static int qs_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *
         a.rb0[i] = R;
         R += (wi->rows + QS_BM - 1) / QS_BM;
         a.rows[i] = wi->rows, a.ldy[i] = ldy[i], a.y[i] = y[i];
-        const cuuint64_t tiles = (cuuint64_t)((wi->rows + 15) / 16), ones[4] = {1, 1, 1, 1};
+        const cuuint64_t tiles = (cuuint64_t)((wi->rows + 15) / 16);
+        const cuuint32_t ones[4] = {1, 1, 1, 1};
         const cuuint64_t vdim[4] = {256, (cuuint64_t)bits / 4, (cuuint64_t)nsteps, tiles};
         const cuuint64_t vstr[3] = {256, (cuuint64_t)(64 * bits), (cuuint64_t)(nsteps * 64 * bits)};
         const cuuint32_t vbox[4] = {256, (cuuint32_t)bits / 4, QS_SP, 8};
@@ -1394,7 +1395,7 @@ static int qs_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *
         const cuuint32_t gbox[3] = {16, (cuuint32_t)qa.ngs, 8};
         auto map = [&](CUtensorMap *mp, CUtensorMapDataType dt, cuuint32_t rank, const void *p, const cuuint64_t *dim,
                        const cuuint64_t *str, const cuuint32_t *box) {
-            return enc(mp, dt, rank, (void *)p, dim, str, box, (const cuuint32_t *)ones, CU_TENSOR_MAP_INTERLEAVE_NONE,
+            return enc(mp, dt, rank, (void *)p, dim, str, box, ones, CU_TENSOR_MAP_INTERLEAVE_NONE,
                        CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
         };
