@@ -954,16 +954,16 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         float d[S::ACC];
 #pragma unroll
         for (int i = 0; i < S::ACC; i++) d[i] = 0.0f;
-        /* unit i's stage, once in: this lane's A registers of its 4 steps */
-        auto convert = [&](int i, uint32_t(&af)[QS_SP][8]) {
+        /* unit i's stage (stage k of its row block), once in: this lane's A registers of its 4 steps */
+        auto convert = [&](int i, int k, uint32_t(&af)[QS_SP][8]) {
             const int s = i % S::STAGES;
-            const int64_t sk = (int64_t)QS_SP * ((u0 + i) % a.nk); /* the stage's first step */
+            const int sk = QS_SP * k; /* the stage's first step */
             mbar_wait(full + 8 * s, (i / S::STAGES) & 1);
             const uint8_t *sv = ring + s * S::STAGE + S::X + j * S::V_TILE + lane * 2 * BITS;
             const uint8_t *sg = ring + s * S::STAGE + S::X + 8 * S::V_TILE + j * 32 * qa.ngs + 4 * g;
 #pragma unroll
             for (int h = 0; h < QS_SP; h++) {
-                const int gl = (int)(((sk + h) >> qa.gsh) - (sk >> qa.gsh)); /* step h's group in the stage's */
+                const int gl = ((sk + h) >> qa.gsh) - (sk >> qa.gsh); /* step h's group in the stage's */
                 const uint32_t sp = *(const uint32_t *)(sg + 32 * gl), bp = *(const uint32_t *)(sg + 8 * S::G_TILE + 32 * gl);
                 const float s0 = __uint_as_float(sp << 16), s1 = __uint_as_float(sp & 0xffff0000u);
                 float b0 = __uint_as_float(bp << 16), b1 = __uint_as_float(bp & 0xffff0000u);
@@ -999,16 +999,16 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
              * are made while this stage's products run (two sets of A registers, a stage's
              * products waited for, and its stage freed, once the next stage's are issued) */
             for (int i = 0; i < nu;) {
-                const int64_t left = a.nk - (u0 + i) % a.nk;
-                const int run = left < nu - i ? (int)left : nu - i;
+                const int k0 = (int)((u0 + i) % a.nk), left = a.nk - k0; /* (once a run) */
+                const int run = left < nu - i ? left : nu - i;
                 for (int e = 0; e < run; e += 2) {
-                    convert(i + e, af0);
+                    convert(i + e, k0 + e, af0);
                     products(i + e, af0);
                     wg_wait<1>();
                     wg_fence_regs(d);
                     if (e > 0) free_stage(i + e - 1);
                     if (e + 1 < run) {
-                        convert(i + e + 1, af1);
+                        convert(i + e + 1, k0 + e + 1, af1);
                         products(i + e + 1, af1);
                         wg_wait<1>();
                         wg_fence_regs(d);
@@ -1022,13 +1022,16 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
                 ws_unit_end<S::ACC, 1>(a, d, u0 + i - 1, i == nu, (int64_t)blockIdx.x, 0, tid, qs_last);
             }
         } else {
+            int k = (int)(u0 % a.nk); /* the unit's stage in its row block, as a cursor */
             for (int i = 0; i < nu; i++) {
-                convert(i, af0);
+                convert(i, k, af0);
                 products(i, af0);
                 wg_wait<0>();
                 wg_fence_regs(d);
                 free_stage(i);
-                ws_unit_end<S::ACC, 1>(a, d, u0 + i, i == nu - 1, (int64_t)blockIdx.x, 0, tid, qs_last);
+                if (k == a.nk - 1 || i == nu - 1) /* (no division a stage) */
+                    ws_unit_end<S::ACC, 1>(a, d, u0 + i, i == nu - 1, (int64_t)blockIdx.x, 0, tid, qs_last);
+                k = k + 1 == a.nk ? 0 : k + 1;
             }
         }
     }
