@@ -422,14 +422,10 @@ __device__ __forceinline__ void ws_wgmma(float (&d)[64], uint64_t da, uint64_t d
 #ifndef CU_WS_SP
 #define CU_WS_SP 4
 #endif
-/* whether a stream block's consumers keep a stage's products in flight while they issue the
- * next stage's (1: k_wgmma's order, a stage freed a stage later), or wait for each stage's
- * before the next (0). The same sums in the same order: the same bits. 0: on an H100
- * (2026-12-07, decode side by side, two rounds) 1 ran 64 sequences at 1,838-1,843 tok/s
- * against 2,034-2,040 (the 64-token blocks' two stages freed later), 16 the same (751-754) */
-#ifndef CU_WS_ASYNC
-#define CU_WS_ASYNC 0
-#endif
+/* Tried and not kept (H100, 2026-12-07, decode side by side, two rounds): the consumers keeping
+ * a stage's products in flight while they issue the next stage's within a row block (k_wgmma's
+ * order, a stage freed a stage later; the same bits): 64 sequences 1,838-1,843 against
+ * 2,034-2,040 tok/s (the 64-token blocks' two stages come back later), 16 the same */
 /* the blocks of the backend's clusters (1; a build may set 2 or 4 to compare in the model) */
 #ifndef CU_WS_CL
 #define CU_WS_CL 1
@@ -651,38 +647,14 @@ __global__ void __launch_bounds__(WS_THREADS, WS_MINB(BN, KB, CL)) k_wgmma_strea
                              wg_desc(st + SP * WG_A_STEP + h * S::B_STEP + 32 * kk));
             wg_commit();
         };
-        if constexpr (CU_WS_ASYNC) {
-            /* the range in runs of units of one row block: within a run a stage's products stay
-             * in flight while the next stage's are issued, the one before freed once they are
-             * done (k_wgmma's order); at a run's end all are waited for */
-            for (int i = 0; i < nu;) {
-                const int64_t left = a.nk - (u0 + i) % a.nk;
-                const int run = left < nu - i ? (int)left : nu - i;
-                int prev = -1;
-                for (int e = 0; e < run; e++, i++) {
-                    const int s = i % S::STAGES;
-                    mbar_wait(full + 8 * s, (i / S::STAGES) & 1);
-                    products(s);
-                    wg_wait<1>();
-                    wg_fence_regs(d);
-                    if (prev >= 0) free_stage(prev);
-                    prev = s;
-                }
-                wg_wait<0>();
-                wg_fence_regs(d);
-                free_stage(prev);
-                ws_unit_end<S::ACC, CL>(a, d, u0 + i - 1, i == nu, cl, q, tid, ws_last);
-            }
-        } else {
-            for (int i = 0; i < nu; i++) {
-                const int s = i % S::STAGES;
-                mbar_wait(full + 8 * s, (i / S::STAGES) & 1);
-                products(s);
-                wg_wait<0>();
-                wg_fence_regs(d);
-                free_stage(s);
-                ws_unit_end<S::ACC, CL>(a, d, u0 + i, i == nu - 1, cl, q, tid, ws_last);
-            }
+        for (int i = 0; i < nu; i++) {
+            const int s = i % S::STAGES;
+            mbar_wait(full + 8 * s, (i / S::STAGES) & 1);
+            products(s);
+            wg_wait<0>();
+            wg_fence_regs(d);
+            free_stage(s);
+            ws_unit_end<S::ACC, CL>(a, d, u0 + i, i == nu - 1, cl, q, tid, ws_last);
         }
     }
     /* CL > 1: no block leaves while another may still load into its stages or arrive on its barriers */
