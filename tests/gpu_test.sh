@@ -144,18 +144,21 @@ if near "$p6" "$p7" 1e-3; then
 else
     nok "8-bit perplexity in bf16: '$p7', exact '$p6' ($(tail -c 300 "$T/q8" "$T/perr8" 2>/dev/null | tr '\n' ' '))"
 fi
-# and in windows of 64 tokens (in `bf16` their products take k_qmv, or k_wgmma_qstream in a
-# build with CU_QS) and of 128 (cuBLASLt on the values dequantized: CU_BLAS_Q_MIN_T)
-for w in 64 128; do
+# and in windows of 16 and 64 tokens (in `bf16` their products take k_wgmma_qstream where the
+# device runs it, else k_qmvp / k_qmv) and of 128 (cuBLASLt on the values dequantized:
+# CU_BLAS_Q_MIN_T); at 4 bits in windows of 64 (k_wgmma_qstream from CU_QS_MIN_T4 = 17)
+"$S" quantize -m models/tiny-fortune --bits 4 -o "$T/tf4" >"$T/q4" 2>&1 || rm -rf "$T/tf4"
+for bw in 8:16 8:64 8:128 4:64; do
+    b=${bw%:*} w=${bw#*:}
     p8=; p9=
-    if [ -d "$T/tf8" ]; then
-        p8=$(ppl "$T/perr$w" --device cuda --precision exact -m "$T/tf8" --window $w --batch 1)
-        p9=$(ppl "$T/perr$w" --device cuda --precision bf16 -m "$T/tf8" --window $w --batch 1)
+    if [ -d "$T/tf$b" ]; then
+        p8=$(ppl "$T/perr$b$w" --device cuda --precision exact -m "$T/tf$b" --window $w --batch 1)
+        p9=$(ppl "$T/perr$b$w" --device cuda --precision bf16 -m "$T/tf$b" --window $w --batch 1)
     fi
     if near "$p8" "$p9" 1e-3; then
-        ok "tiny-fortune at 8 bits, windows of $w tokens: perplexity with --precision bf16 $p9, exact $p8 (within 0.1%)"
+        ok "tiny-fortune at $b bits, windows of $w tokens: perplexity with --precision bf16 $p9, exact $p8 (within 0.1%)"
     else
-        nok "8-bit perplexity in bf16, windows of $w: '$p9', exact '$p8' ($(tail -c 300 "$T/perr$w" 2>/dev/null | tr '\n' ' '))"
+        nok "$b-bit perplexity in bf16, windows of $w: '$p9', exact '$p8' ($(tail -c 300 "$T/q$b" "$T/perr$b$w" 2>/dev/null | tr '\n' ' '))"
     fi
 done
 

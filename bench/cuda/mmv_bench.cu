@@ -1396,7 +1396,7 @@ static int wsbench(int reps, const char *tlist) {
  * kernel's own weights (s q + b rounded to bf16 as it rounds them, times the activations in
  * bf16, summed in fp64), the stream kernel within 4e-9 times the columns of the largest output
  * (only its fp32 order differs; a wrong column, group or row is off by far more) with every
- * output written, and its two forms (CU_QS_ASYNC and the other) the same bits; the backend's path (s and b outside its sums: a bf16 rounding of each
+ * output written; the backend's path (s and b outside its sums: a bf16 rounding of each
  * weight away) for information; GB/s of the values, scales and biases, and one 27B token's
  * matrices summed; exits 1 where the stream kernel is off or refuses ---- */
 
@@ -1455,12 +1455,11 @@ static int qsbench(int reps, const char *tlist) {
     sc.tma_encode = enc, sc.wpart = wpart, sc.wpart_elems = (int64_t)cu_ws_part_elems(), sc.wcount = wcount,
     sc.wcount_n = counts;
     printf("MLX products of few tokens in bf16, groups of %d: the backend's path without the stream kernel\n"
-           "(other) against k_wgmma_qstream (qs: the backend's form, %s; qs2: the other, the same bits);\n"
-           "GB/s of values, scales and biases; err: max |y - ref| / max |ref|, ref the stream kernel's\n"
-           "weights summed in fp64\n", group, CU_QS_ASYNC ? "values made while the stage before's products run" : "each stage's products waited for");
-    printf("%-9s %4s %4s %8s %8s %8s %10s %10s\n", "launch", "bits", "T", "other", "qs", "qs2", "err other", "err qs");
+           "(other) against k_wgmma_qstream (qs); GB/s of values, scales and biases; err: max |y - ref| /\n"
+           "max |ref|, ref the stream kernel's weights summed in fp64\n", group);
+    printf("%-9s %4s %4s %8s %8s %10s %10s\n", "launch", "bits", "T", "other", "qs", "err other", "err qs");
     int bad = 0;
-    double tot[2][3][64] = {{{0}}}; /* [bits 8, 4][other, qs, qs2][T] */
+    double tot[2][2][64] = {{{0}}}; /* [bits 8, 4][other, qs][T] */
     double tok_bytes[2] = {0, 0};  /* one 27B token's bytes of these launches */
     for (int bi = 0; bi < 2; bi++) {
         const int bits = bi ? 4 : 8;
@@ -1483,9 +1482,9 @@ static int qsbench(int reps, const char *tlist) {
                     cu_synth_fill(s, bs, gn, CU_SYNTH_BF16, 900 + 7 * c + i, 0.01f);
                     ws[(size_t)c * gr.n + i] = {CU_FMT_Q_TILED, 2, bits, group, gr.rows[i], gr.cols, d, sc_, bs};
                 }
-            float *x, *y[4][4]; /* [ref, other, qs, qs's other form][matrix] */
+            float *x, *y[3][4]; /* [ref, other, qs][matrix] */
             CK(cudaMalloc(&x, TM * gr.cols * 4));
-            for (int k = 0; k < 4; k++)
+            for (int k = 0; k < 3; k++)
                 for (int i = 0; i < gr.n; i++) CK(cudaMalloc(&y[k][i], TM * gr.rows[i] * 4));
             std::vector<float> hx(TM * gr.cols);
             srand(13);
@@ -1504,22 +1503,20 @@ static int qsbench(int reps, const char *tlist) {
                 return g;
             };
             auto run_other = [&](int c, int64_t T) { launch_qtiled(s, group_of(c, 1), x, gr.cols, T, 1, &other, 0, 0); };
-            /* k 2: the backend's form (CU_QS_ASYNC), 3: the other */
-            auto run_qs = [&](int c, int64_t T, int k = 2) {
-                const mm_group g = group_of(c, k);
+            auto run_qs = [&](int c, int64_t T) {
+                const mm_group g = group_of(c, 2);
                 const cu_mat *w[4];
                 for (int i = 0; i < gr.n; i++) w[i] = &g.w[i];
-                if (k == 3) return qs_stream<CU_QS_ASYNC == 0>(s, &sc, g.n, w, g.y, g.ldy, x, gr.cols, T);
                 return cu_wgmma_qstream(s, &sc, g.n, w, g.y, g.ldy, x, gr.cols, T);
             };
             for (size_t ti = 0; ti < Ts.size() && ti < 64; ti++) {
                 const int64_t T = Ts[ti];
                 if (T < 1 || T > TM) continue;
-                for (int k = 1; k < 4; k++)
+                for (int k = 1; k < 3; k++)
                     for (int i = 0; i < gr.n; i++) /* NaN: an output never written stays one */
                         CK(cudaMemsetAsync(y[k][i], 0xff, T * gr.rows[i] * 4, s));
                 run_other(0, T);
-                const int rq = run_qs(0, T) | run_qs(0, T, 3);
+                const int rq = run_qs(0, T);
                 CK(cudaStreamSynchronize(s));
                 CK(cudaGetLastError());
                 if (rq != 0) {
@@ -1528,24 +1525,19 @@ static int qsbench(int reps, const char *tlist) {
                     continue;
                 }
                 agreement ao, aq;
-                bool same = true; /* the two forms: the same sums in the same order */
                 for (int i = 0; i < gr.n; i++) {
                     ao.add(y[1][i], y[0][i], (size_t)(T * gr.rows[i]));
                     aq.add(y[2][i], y[0][i], (size_t)(T * gr.rows[i]));
-                    same = same && same_bits(y[2][i], y[3][i], (size_t)(T * gr.rows[i]));
                 }
-                const bool ok = aq.nan == 0 && aq.err() <= 4e-9 * (double)gr.cols && same;
+                const bool ok = aq.nan == 0 && aq.err() <= 4e-9 * (double)gr.cols;
                 bad += !ok;
                 const double to = time_launches(s, e0, e1, reps, copies, [&](int c) { run_other(c, T); });
                 const double tq = time_launches(s, e0, e1, reps, copies, [&](int c) { run_qs(c, T); });
-                const double t2 = time_launches(s, e0, e1, reps, copies, [&](int c) { run_qs(c, T, 3); });
-                printf("%-9s %4d %4lld %8.0f %8.0f %8.0f %10.2e %10.2e%s%s\n", gr.name, bits, (long long)T, bytes / to / 1e9,
-                       bytes / tq / 1e9, bytes / t2 / 1e9, ao.err(), aq.err(), ok ? "" : "  FAIL",
-                       same ? "" : " (the two forms differ)");
+                printf("%-9s %4d %4lld %8.0f %8.0f %10.2e %10.2e%s\n", gr.name, bits, (long long)T, bytes / to / 1e9,
+                       bytes / tq / 1e9, ao.err(), aq.err(), ok ? "" : "  FAIL");
                 if (aq.nan) printf("          (%zu outputs not written)\n", aq.nan);
                 tot[bi][0][ti] += to * gr.per_token;
                 tot[bi][1][ti] += tq * gr.per_token;
-                tot[bi][2][ti] += t2 * gr.per_token;
             }
             for (auto &w : ws) {
                 CK(cudaFree((void *)w.data));
@@ -1553,19 +1545,18 @@ static int qsbench(int reps, const char *tlist) {
                 CK(cudaFree((void *)w.biases));
             }
             CK(cudaFree(x));
-            for (int k = 0; k < 4; k++)
+            for (int k = 0; k < 3; k++)
                 for (int i = 0; i < gr.n; i++) CK(cudaFree(y[k][i]));
         }
     }
-    printf("\none 27B token's matrices, summed: ms, other | qs | qs2 (%% of the copy-bandwidth floor of their bytes)\n");
+    printf("\none 27B token's matrices, summed: ms, other | qs (%% of the copy-bandwidth floor of their bytes)\n");
     for (int bi = 0; bi < 2; bi++) {
         const double floor_s = tok_bytes[bi] / 1e9 / copy_bw;
         printf("%d-bit (%.1f GB):\n", bi ? 4 : 8, tok_bytes[bi] / 1e9);
         for (size_t ti = 0; ti < Ts.size() && ti < 64; ti++)
             if (tot[bi][0][ti] > 0)
-                printf("  T=%-4lld %8.2f (%5.1f%%) | %8.2f (%5.1f%%) | %8.2f (%5.1f%%)\n", (long long)Ts[ti],
-                       tot[bi][0][ti] * 1e3, 100.0 * floor_s / tot[bi][0][ti], tot[bi][1][ti] * 1e3,
-                       100.0 * floor_s / tot[bi][1][ti], tot[bi][2][ti] * 1e3, 100.0 * floor_s / tot[bi][2][ti]);
+                printf("  T=%-4lld %8.2f (%5.1f%%) | %8.2f (%5.1f%%)\n", (long long)Ts[ti], tot[bi][0][ti] * 1e3,
+                       100.0 * floor_s / tot[bi][0][ti], tot[bi][1][ti] * 1e3, 100.0 * floor_s / tot[bi][1][ti]);
     }
     CK(cudaFree(wpart));
     CK(cudaFree(wcount));

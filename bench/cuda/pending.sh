@@ -156,7 +156,8 @@ if part m; then
 fi
 # q. MLX products of few tokens in `bf16` on k_wgmma_qstream (mmv_bench qs: against a fp64
 # reference, GB/s beside k_qmvp / k_qmv), then MLX ${QD:-q8} decode at batches ${QB:-16,32,64}
-# side by side, twice round: new against var/${QV:-qs}.so (a build with -DCU_QS=1 on matmul_q.cu.o)
+# side by side, twice round: new against var/${QV:-qs}.so (e.g. a build with -DCU_QS=0 on
+# matmul_q.cu.o: k_qmvp / k_qmv; session 48, H100: b16 875 / 1,016, b64 841 / 2,557 tok/s)
 if part q; then
     if [ -z "${QS_SKIP:-}" ]; then # (QS_SKIP: the decode alone)
         tl ${QS_CAP:-150} build/mmv_bench qs ${QS_REPS:-10} ${QS_T:-1,8,16,17,32,64,96,127} > $O/qs.txt 2>&1

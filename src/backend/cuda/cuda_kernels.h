@@ -148,14 +148,19 @@ int cu_wgmma_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *c
  * the weights as bf16 s q + b); 0, or -1 with nothing launched where it does not take them */
 int cu_wgmma_qstream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *const *w, float *const *y,
                      const int64_t *ldy, const float *x, int64_t ldx, int64_t T);
-/* whether `bf16` MLX products of CU_QS_MIN_T to CU_WGMMA_MIN_T - 1 tokens take
- * cu_wgmma_qstream (1) or k_qmvp / k_qmv (0: until a GPU has measured it, `mmv_bench qs`;
- * a build may set CU_QS_MIN_T below 17 to measure it against k_qmvp in the model) */
+/* whether `bf16` MLX products of CU_QS_MIN_T8 (8-bit) or CU_QS_MIN_T4 (4-bit) to
+ * CU_WGMMA_MIN_T - 1 tokens take cu_wgmma_qstream (1) or k_qmvp / k_qmv (0). `mmv_bench qs`
+ * on an H100, one 27B token's matrices: 8-bit 12.3 ms at 9-16 tokens against k_qmvp's 15.5,
+ * 12.7-19.0 at 17-127 against k_qmv's 33-121, k_qmvp ahead to 8 (11.0 against 12.3); 4-bit
+ * k_qmvp ahead to 16 (11.7 against 11.9) */
 #ifndef CU_QS
-#define CU_QS 0
+#define CU_QS 1
 #endif
-#ifndef CU_QS_MIN_T
-#define CU_QS_MIN_T 17
+#ifndef CU_QS_MIN_T8
+#define CU_QS_MIN_T8 9
+#endif
+#ifndef CU_QS_MIN_T4
+#define CU_QS_MIN_T4 17
 #endif
 /* the fewest tokens a product takes k_wgmma for (`make mmv-bench; build/mmv_bench wg`) */
 #define CU_WGMMA_MIN_T 128

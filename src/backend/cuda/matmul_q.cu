@@ -798,15 +798,16 @@ static bool launch_qint(cu_stream s, const mm_group &g, const float *x, int64_t 
 }
 
 /* MLX tiled matrices (one width, bits and group): `bf16` products of many tokens on cuBLASLt
- * (the values dequantized to bf16 first: launch_blas); where a build sets CU_QS, those of
- * CU_QS_MIN_T to 127 tokens on resident wgmma blocks (cu_wgmma_qstream: CU_MM_XS_LOST, its
- * permuted split left in xs); on integer tensor cores where the
+ * (the values dequantized to bf16 first: launch_blas); those of CU_QS_MIN_T8 (8-bit) or
+ * CU_QS_MIN_T4 (4-bit) to 127 tokens on resident wgmma blocks where the device has them
+ * (cu_wgmma_qstream: CU_MM_XS_LOST, its permuted split left in xs); on integer tensor cores where the
  * scratch has xq (launch_qint; xq_ready: xq holds x's limbs, T <= QI_TP); else qtiled_own.
  * CU_MM_XS: it left sc->xs holding x's split; CU_MM_XQ: sc->xq holding x's limbs (T <= QI_TP) */
 int launch_qtiled(cu_stream s, mm_group g, const float *x, int64_t ldx, int64_t T, int parts,
                   const cu_mm_scratch *sc, int xs_ready, int xq_ready) {
     if (parts == 1 && launch_blas(s, g, x, ldx, T, 1, sc) == 0) return 0;
-    if (CU_QS && parts == 1 && T >= CU_QS_MIN_T && T < CU_WGMMA_MIN_T && sc && sc->tma_encode) {
+    if (CU_QS && parts == 1 && T >= (g.w[0].bits == 8 ? CU_QS_MIN_T8 : CU_QS_MIN_T4) && T < CU_WGMMA_MIN_T && sc &&
+        sc->tma_encode) {
         const cu_mat *w[4];
         for (int i = 0; i < g.n; i++) w[i] = &g.w[i];
         if (cu_wgmma_qstream(s, sc, g.n, w, g.y, g.ldy, x, ldx, T) == 0) return CU_MM_XS_LOST; /* (xs: permuted) */

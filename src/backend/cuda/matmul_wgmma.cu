@@ -717,16 +717,26 @@ static int ws_attrs_backend(void) {
  * bf16 (the library's operands in a prefill), in the tensor cores' order: not k_qmvp's bits,
  * which keep s and b outside the sums, so `bf16` alone may take it. */
 #define QS_BM 128 /* rows a unit: 8 tiles of 16 */
-#define QS_SP 4 /* steps a stage (every group of 32, 64 or 128 columns falls in whole stages or holds them) */
+#ifndef QS_SP
+#define QS_SP 4 /* steps a stage, 4 or 8 (every group of 32, 64 or 128 columns falls in whole stages or holds them) */
+#endif
+
+/* resident blocks an SM for launches of up to 32 tokens (a second block's warps hide the
+ * lanes' conversion and the wgmma chain's latency; more tokens' accumulators do not fit two) */
+#ifndef QS_MINB
+#define QS_MINB 1
+#endif
 
 template <int BN, int BITS>
 struct qs_shape {
+    static constexpr int MINB = BN <= 32 ? QS_MINB : 1;   /* resident blocks an SM */
     static constexpr int B_STEP = BN * 64;                 /* one step of the activations */
     static constexpr int X = QS_SP * B_STEP;               /* the stage's activations (first: 1,024-aligned) */
     static constexpr int V_TILE = QS_SP * 64 * BITS;       /* a tile's values of a stage */
     static constexpr int G_TILE = QS_SP * 32;              /* a tile's share of the scales (or biases): up to 4 groups */
     static constexpr int STAGE = X + 8 * V_TILE + 16 * G_TILE; /* a multiple of 1,024 */
-    static constexpr int STAGES = 150 * 1024 / STAGE > 12 ? 12 : 150 * 1024 / STAGE;
+    static constexpr int RING = MINB == 1 ? 150 * 1024 : 100 * 1024; /* a block's stages' bytes at most */
+    static constexpr int STAGES = RING / STAGE > 12 ? 12 : RING / STAGE;
     static constexpr int SMEM = STAGES * STAGE + 1024 + 2 * STAGES * 8;
     static constexpr int ACC = BN / 2;
 };
@@ -855,10 +865,8 @@ __device__ __forceinline__ void qs_wgmma(float (&d)[64], uint32_t a0, uint32_t a
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(1));
 }
 
-/* AS: the next stage's values made while this stage's products run (a second set of A
- * registers); else each stage's products waited for before the next stage's values */
-template <int BN, int BITS, bool AS>
-__global__ void __launch_bounds__(WS_THREADS, 1)
+template <int BN, int BITS>
+__global__ void __launch_bounds__(WS_THREADS, qs_shape<BN, BITS>::MINB)
     k_wgmma_qstream(const __grid_constant__ qs_maps maps, const __grid_constant__ qs_args qa) {
     typedef qs_shape<BN, BITS> S;
     const ws_args &a = qa.a;
@@ -965,46 +973,17 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         auto free_stage = [&](int i) {
             if (lane == 0) mbar_arrive(empty + 8 * (i % S::STAGES));
         };
-        uint32_t af0[QS_SP][8], af1[QS_SP][8];
-        if constexpr (AS) {
-            /* the range in runs of units of one row block: within a run the next stage's values
-             * are made while this stage's products run (two sets of A registers, a stage's
-             * products waited for, and its stage freed, once the next stage's are issued) */
-            for (int i = 0; i < nu;) {
-                const int k0 = (int)((u0 + i) % a.nk), left = a.nk - k0; /* (once a run) */
-                const int run = left < nu - i ? left : nu - i;
-                for (int e = 0; e < run; e += 2) {
-                    convert(i + e, k0 + e, af0);
-                    products(i + e, af0);
-                    wg_wait<1>();
-                    wg_fence_regs(d);
-                    if (e > 0) free_stage(i + e - 1);
-                    if (e + 1 < run) {
-                        convert(i + e + 1, k0 + e + 1, af1);
-                        products(i + e + 1, af1);
-                        wg_wait<1>();
-                        wg_fence_regs(d);
-                        free_stage(i + e);
-                    }
-                }
-                wg_wait<0>();
-                wg_fence_regs(d);
-                free_stage(i + run - 1);
-                i += run;
-                ws_unit_end<S::ACC, 1>(a, d, u0 + i - 1, i == nu, (int64_t)blockIdx.x, 0, tid, qs_last);
-            }
-        } else {
-            int k = (int)(u0 % a.nk); /* the unit's stage in its row block, as a cursor */
-            for (int i = 0; i < nu; i++) {
-                convert(i, k, af0);
-                products(i, af0);
-                wg_wait<0>();
-                wg_fence_regs(d);
-                free_stage(i);
-                if (k == a.nk - 1 || i == nu - 1) /* (no division a stage) */
-                    ws_unit_end<S::ACC, 1>(a, d, u0 + i, i == nu - 1, (int64_t)blockIdx.x, 0, tid, qs_last);
-                k = k + 1 == a.nk ? 0 : k + 1;
-            }
+        uint32_t af[QS_SP][8];
+        int k = (int)(u0 % a.nk); /* the unit's stage in its row block, as a cursor */
+        for (int i = 0; i < nu; i++) {
+            convert(i, k, af);
+            products(i, af);
+            wg_wait<0>();
+            wg_fence_regs(d);
+            free_stage(i);
+            if (k == a.nk - 1 || i == nu - 1) /* (no division a stage) */
+                ws_unit_end<S::ACC, 1>(a, d, u0 + i, i == nu - 1, (int64_t)blockIdx.x, 0, tid, qs_last);
+            k = k + 1 == a.nk ? 0 : k + 1;
         }
     }
 }
@@ -1028,10 +1007,7 @@ __global__ void k_split_qperm(const float *x, int64_t ldx, int64_t T, int64_t co
 template <int BN, int BITS>
 static int qs_attr() {
     const int n = qs_shape<BN, BITS>::SMEM;
-    return cudaFuncSetAttribute(k_wgmma_qstream<BN, BITS, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, n) ==
-                       cudaSuccess &&
-                   cudaFuncSetAttribute(k_wgmma_qstream<BN, BITS, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        n) == cudaSuccess
+    return cudaFuncSetAttribute(k_wgmma_qstream<BN, BITS>, cudaFuncAttributeMaxDynamicSharedMemorySize, n) == cudaSuccess
                ? 0
                : -1;
 }
@@ -1320,17 +1296,15 @@ extern "C" int cu_wgmma_stream(cu_stream s, const cu_mm_scratch *sc, int n, cons
 #endif
 }
 
-/* whether the backend's k_wgmma_qstream makes a stage's values while the stage before's
- * products run (the form with two sets of A registers); `mmv_bench qs` times both. Not yet
- * measured: 1, the order k_wgmma keeps */
-#ifndef CU_QS_ASYNC
-#define CU_QS_ASYNC 1
-#endif
-
-/* cu_wgmma_qstream with k_wgmma_qstream<.., AS> */
-template <bool AS>
-static int qs_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *const *w, float *const *y,
-                     const int64_t *ldy, const float *x, int64_t ldx, int64_t T) {
+/* the backend's bf16-activation products of MLX matrices of few tokens (cuda_kernels.h). A
+ * form that made the next stage's values while this stage's products ran (a second set of A
+ * registers, CU_QS_ASYNC) was measured on an H100 (mmv_bench qs, one 27B token's 8-bit
+ * matrices) and removed: 12.19 / 12.30 / 12.65 / 14.33 / 19.02 ms at 1 / 16 / 17 / 64 / 127
+ * tokens against this form's 12.39 / 12.49 / 12.47 / 13.59 / 17.80, 4-bit slower at every
+ * count from 16; ptxas serialized its wgmma (C7513: A registers defined while a stage's
+ * products ran), which fencing them did not mend */
+extern "C" int cu_wgmma_qstream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *const *w, float *const *y,
+                                const int64_t *ldy, const float *x, int64_t ldx, int64_t T) {
     const tmap_encode_fn enc = sc ? (tmap_encode_fn)sc->tma_encode : NULL;
     if (!enc || !sc->wpart || !sc->wcount || !sc->xs || n < 1 || n > WS_MATS || T < 1 || T > 128 ||
         T > sc->xs_tokens)
@@ -1384,8 +1358,8 @@ static int qs_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *
     const int64_t ldxs = nsteps * 32;
     if (R > sc->wcount_n || ((uintptr_t)sc->xs & 15) || wg_map_x(enc, sc->xs, ldxs, T, bn, &maps.x) != 0) return -1;
     a.units = R * a.nk;
-    /* a block an SM, as many as the scratch has pieces for, none without units */
-    int64_t blocks = mm_sms();
+    /* a block an SM (QS_MINB up to 32 tokens), as many as the scratch has pieces for, none without units */
+    int64_t blocks = mm_sms() * (bn <= 32 ? QS_MINB : 1);
     const int64_t fit = sc->wpart_elems / (256 * (int64_t)bn);
     blocks = blocks < fit ? blocks : fit;
     blocks = blocks < a.units ? blocks : a.units;
@@ -1401,7 +1375,7 @@ static int qs_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *
         launch_pdl(kern, dim3((unsigned)blocks), dim3(WS_THREADS), (size_t)smem, s, maps, qa);
         return cudaGetLastError() == cudaSuccess ? 0 : -1;
     };
-#define QS_GO(BN, BITS) go(k_wgmma_qstream<BN, BITS, AS>, qs_shape<BN, BITS>::SMEM)
+#define QS_GO(BN, BITS) go(k_wgmma_qstream<BN, BITS>, qs_shape<BN, BITS>::SMEM)
     if (w0->bits == 8) {
         switch (bn) {
         case 8: return QS_GO(8, 8);
@@ -1419,10 +1393,4 @@ static int qs_stream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *
     default: return QS_GO(128, 4);
     }
 #undef QS_GO
-}
-
-/* the backend's bf16-activation products of MLX matrices of few tokens (cuda_kernels.h) */
-extern "C" int cu_wgmma_qstream(cu_stream s, const cu_mm_scratch *sc, int n, const cu_mat *const *w, float *const *y,
-                                const int64_t *ldy, const float *x, int64_t ldx, int64_t T) {
-    return qs_stream<CU_QS_ASYNC != 0>(s, sc, n, w, y, ldy, x, ldx, T);
 }
