@@ -717,26 +717,23 @@ static int ws_attrs_backend(void) {
  * bf16 (the library's operands in a prefill), in the tensor cores' order: not k_qmvp's bits,
  * which keep s and b outside the sums, so `bf16` alone may take it. */
 #define QS_BM 128 /* rows a unit: 8 tiles of 16 */
+/* steps a stage, 4 or 8 (every group of 32, 64 or 128 columns falls in whole stages or holds
+ * them). Measured on an H100 (session 48, MLX 8-bit decode at 9 / 16 / 32 / 64 sequences): 8
+ * steps 628 / 1,039 / 1,754 / 2,632 tok/s against 4's 617 / 1,021 / 1,734 / 2,648, within the
+ * runs' spread; and two blocks an SM up to 32 tokens (100 KB of stages each) 586 / 977 /
+ * 1,667: slower, not kept */
 #ifndef QS_SP
-#define QS_SP 4 /* steps a stage, 4 or 8 (every group of 32, 64 or 128 columns falls in whole stages or holds them) */
-#endif
-
-/* resident blocks an SM for launches of up to 32 tokens (a second block's warps hide the
- * lanes' conversion and the wgmma chain's latency; more tokens' accumulators do not fit two) */
-#ifndef QS_MINB
-#define QS_MINB 1
+#define QS_SP 4
 #endif
 
 template <int BN, int BITS>
 struct qs_shape {
-    static constexpr int MINB = BN <= 32 ? QS_MINB : 1;   /* resident blocks an SM */
     static constexpr int B_STEP = BN * 64;                 /* one step of the activations */
     static constexpr int X = QS_SP * B_STEP;               /* the stage's activations (first: 1,024-aligned) */
     static constexpr int V_TILE = QS_SP * 64 * BITS;       /* a tile's values of a stage */
     static constexpr int G_TILE = QS_SP * 32;              /* a tile's share of the scales (or biases): up to 4 groups */
     static constexpr int STAGE = X + 8 * V_TILE + 16 * G_TILE; /* a multiple of 1,024 */
-    static constexpr int RING = MINB == 1 ? 150 * 1024 : 100 * 1024; /* a block's stages' bytes at most */
-    static constexpr int STAGES = RING / STAGE > 12 ? 12 : RING / STAGE;
+    static constexpr int STAGES = 150 * 1024 / STAGE > 12 ? 12 : 150 * 1024 / STAGE;
     static constexpr int SMEM = STAGES * STAGE + 1024 + 2 * STAGES * 8;
     static constexpr int ACC = BN / 2;
 };
@@ -866,7 +863,7 @@ __device__ __forceinline__ void qs_wgmma(float (&d)[64], uint32_t a0, uint32_t a
 }
 
 template <int BN, int BITS>
-__global__ void __launch_bounds__(WS_THREADS, qs_shape<BN, BITS>::MINB)
+__global__ void __launch_bounds__(WS_THREADS, 1)
     k_wgmma_qstream(const __grid_constant__ qs_maps maps, const __grid_constant__ qs_args qa) {
     typedef qs_shape<BN, BITS> S;
     const ws_args &a = qa.a;
@@ -1358,8 +1355,8 @@ extern "C" int cu_wgmma_qstream(cu_stream s, const cu_mm_scratch *sc, int n, con
     const int64_t ldxs = nsteps * 32;
     if (R > sc->wcount_n || ((uintptr_t)sc->xs & 15) || wg_map_x(enc, sc->xs, ldxs, T, bn, &maps.x) != 0) return -1;
     a.units = R * a.nk;
-    /* a block an SM (QS_MINB up to 32 tokens), as many as the scratch has pieces for, none without units */
-    int64_t blocks = mm_sms() * (bn <= 32 ? QS_MINB : 1);
+    /* a block an SM, as many as the scratch has pieces for, none without units */
+    int64_t blocks = mm_sms();
     const int64_t fit = sc->wpart_elems / (256 * (int64_t)bn);
     blocks = blocks < fit ? blocks : fit;
     blocks = blocks < a.units ? blocks : a.units;
