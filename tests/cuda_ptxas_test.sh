@@ -2,7 +2,8 @@
 # The wgmma kernels as ptxas builds them (no GPU needed, only nvcc): no register spills, and no
 # wgmma serialized (ptxas's C7518: the products then run one at a time, as where a warp may
 # branch away with products in flight; C7513: a product's input registers defined while
-# products run, as k_wgmma_qstream's removed form defined the next stage's A registers). Without nvcc it says so and skips. TAP lines.
+# products run, as k_wgmma_qstream's removed form defined the next stage's A registers).
+# Without nvcc it says so and skips. TAP lines.
 set -u
 cd "$(dirname "$0")/.."
 n=0

@@ -763,8 +763,9 @@ static void cuda_describe(const st_backend *base, char *buf, size_t cap) {
                  blas_min_t(b), b->blas_what);
     const size_t at4 = strlen(buf); /* (matmul_q.cu's launch_qtiled) */
     if (CU_QS && b->mm_mode == CU_MM_BF16 && b->tiled && b->qi_group && cu_wgmma_available())
-        snprintf(buf + at4, cap > at4 ? cap - at4 : 0, "; MLX products of %d (8-bit) or %d (4-bit) to %d tokens on k_wgmma_qstream",
-                 CU_QS_MIN_T8, CU_QS_MIN_T4, CU_WGMMA_MIN_T - 1);
+        snprintf(buf + at4, cap > at4 ? cap - at4 : 0,
+                 "; MLX products of %d (8-bit) or %d (4-bit) to %d tokens on k_wgmma_qstream", CU_QS_MIN_T8,
+                 CU_QS_MIN_T4, CU_WGMMA_MIN_T - 1);
 }
 
 /* ---------------------------------------------------------------------------------------- */

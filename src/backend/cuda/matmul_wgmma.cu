@@ -1004,7 +1004,8 @@ __global__ void k_split_qperm(const float *x, int64_t ldx, int64_t T, int64_t co
 template <int BN, int BITS>
 static int qs_attr() {
     const int n = qs_shape<BN, BITS>::SMEM;
-    return cudaFuncSetAttribute(k_wgmma_qstream<BN, BITS>, cudaFuncAttributeMaxDynamicSharedMemorySize, n) == cudaSuccess
+    return cudaFuncSetAttribute(k_wgmma_qstream<BN, BITS>, cudaFuncAttributeMaxDynamicSharedMemorySize, n) ==
+                   cudaSuccess
                ? 0
                : -1;
 }
