@@ -801,7 +801,8 @@ static bool launch_qint(cu_stream s, const mm_group &g, const float *x, int64_t 
  * (the values dequantized to bf16 first: launch_blas); those of CU_QS_MIN_T8 (8-bit) or
  * CU_QS_MIN_T4 (4-bit) to 127 tokens on resident wgmma blocks where the device has them
  * (cu_wgmma_qstream: CU_MM_XS_LOST, its permuted split left in xs); on integer tensor cores
- * where the scratch has xq (launch_qint; xq_ready: xq holds x's limbs, T <= QI_TP); else qtiled_own.
+ * where the scratch has xq (launch_qint; xq_ready: xq holds x's limbs, T <= QI_TP); else
+ * qtiled_own.
  * CU_MM_XS: it left sc->xs holding x's split; CU_MM_XQ: sc->xq holding x's limbs (T <= QI_TP) */
 int launch_qtiled(cu_stream s, mm_group g, const float *x, int64_t ldx, int64_t T, int parts,
                   const cu_mm_scratch *sc, int xs_ready, int xq_ready) {

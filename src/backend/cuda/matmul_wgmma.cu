@@ -717,14 +717,12 @@ static int ws_attrs_backend(void) {
  * bf16 (the library's operands in a prefill), in the tensor cores' order: not k_qmvp's bits,
  * which keep s and b outside the sums, so `bf16` alone may take it. */
 #define QS_BM 128 /* rows a unit: 8 tiles of 16 */
-/* steps a stage, 4 or 8 (every group of 32, 64 or 128 columns falls in whole stages or holds
- * them). Measured on an H100 (session 48, MLX 8-bit decode at 9 / 16 / 32 / 64 sequences): 8
- * steps 628 / 1,039 / 1,754 / 2,632 tok/s against 4's 617 / 1,021 / 1,734 / 2,648, within the
- * runs' spread; and two blocks an SM up to 32 tokens (100 KB of stages each) 586 / 977 /
- * 1,667: slower, not kept */
-#ifndef QS_SP
+/* steps a stage (every group of 32, 64 or 128 columns falls in whole stages or holds them).
+ * Tried and not kept (H100, session 48, MLX 8-bit decode at 9 / 16 / 32 / 64 sequences):
+ * stages of 8 steps 628 / 1,039 / 1,754 / 2,632 tok/s against 4's 617 / 1,021 / 1,734 /
+ * 2,648, within the runs' spread; two blocks an SM up to 32 tokens (100 KB of stages each)
+ * 586 / 977 / 1,667, slower */
 #define QS_SP 4
-#endif
 
 template <int BN, int BITS>
 struct qs_shape {
